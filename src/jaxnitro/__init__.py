@@ -1,0 +1,79 @@
+"""jaxnitro: a training framework for JAX that compiles only when the graph changes.
+
+An experiment is a class with marked fields plus hooks; `Nitro(e)` runs setup only, and
+`train`, `validate`, `evaluate` and `predict` work on it, trained or not.
+
+    import jaxnitro as nx
+
+    class MyExp(nx.Experiment):
+        width: nx.GraphConst[int] = 128       # bakes into the graph
+        smoothing: nx.Device[float] = 0.05    # a traced input: sweep it for free
+        max_epochs: int = 5                   # unmarked: Host, never traced
+        ...
+
+    nitro = nx.Nitro(MyExp())
+    nitro.train()
+"""
+
+from ._version import __version__ as __version__
+from .checkpoint.checkpointer import Best as Best
+from .checkpoint.checkpointer import Checkpointer as Checkpointer
+from .checkpoint.checkpointer import Last as Last
+from .checkpoint.checkpointer import ManifestEntry as ManifestEntry
+from .checkpoint.checkpointer import Selector as Selector
+from .checkpoint.checkpointer import check_control_readback as check_control_readback
+from .checkpoint.checkpointer import checkpoint_filename as checkpoint_filename
+from .checkpoint.checkpointer import read_manifest as read_manifest
+from .checkpoint.info import checkpoint_info as checkpoint_info
+from .compile.cache import cache_reset as cache_reset
+from .compile.cache import cache_stats as cache_stats
+from .errors import CheckpointError as CheckpointError
+from .errors import ConfigError as ConfigError
+from .errors import DivergenceError as DivergenceError
+from .errors import HookError as HookError
+from .errors import NitroError as NitroError
+from .errors import NitroWarning as NitroWarning
+from .errors import NotYetSupportedError as NotYetSupportedError
+from .errors import RoutingError as RoutingError
+from .errors import StaleHandleWarning as StaleHandleWarning
+from .errors import StrippedHostError as StrippedHostError
+from .experiment import Experiment as Experiment
+from .experiment import field as field
+from .handle import Nitro as Nitro
+from .handle import train as train
+from .logging.jsonl import JSONLogger as JSONLogger
+from .logging.protocol import Logger as Logger
+from .logging.protocol import backend as backend
+from .logging.protocol import logger_info as logger_info
+from .logging.protocol import logger_state as logger_state
+from .logging.protocol import run_id as run_id
+from .logging.protocol import run_url as run_url
+from .markers import Device as Device
+from .markers import GraphConst as GraphConst
+from .markers import Host as Host
+from .modes import training as training
+from .observe.phases import Compiling as Compiling
+from .observe.phases import Done as Done
+from .observe.phases import EvalCompiling as EvalCompiling
+from .observe.phases import EvalStepping as EvalStepping
+from .observe.phases import ExportCompiling as ExportCompiling
+from .observe.phases import Failed as Failed
+from .observe.phases import GradientCompiling as GradientCompiling
+from .observe.phases import Idle as Idle
+from .observe.phases import OptimizerCompiling as OptimizerCompiling
+from .observe.phases import Phase as Phase
+from .observe.phases import Starting as Starting
+from .observe.phases import Stepping as Stepping
+from .observe.phases import Terminal as Terminal
+from .observe.phases import TrainStepping as TrainStepping
+from .observe.report import set_config_report as set_config_report
+from .presets import from_preset as from_preset
+from .presets import presets as presets
+from .stripped import StrippedHost as StrippedHost
+from .traits import NO_DEFAULT as NO_DEFAULT
+from .traits import FieldMeta as FieldMeta
+from .traits import config_metadata as config_metadata
+from .traits import device_fields as device_fields
+from .traits import host_fields as host_fields
+from .view import assert_graphconst_hashable as assert_graphconst_hashable
+from .view import compile_view as compile_view

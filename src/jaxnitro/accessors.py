@@ -1,0 +1,165 @@
+"""Run keywords and the accessors they default to, resolved once at construction.
+
+Each accessor resolves as: the `Nitro` keyword, else the experiment's own method or a
+field of the same name, else the default on `Experiment`. Where each value came from
+is kept, for the binding report and the stale-handle check.
+
+Keywords and accessors owned by features that have not landed yet are refused when
+given, rather than silently ignored: a run never trains with a setting it did not
+honour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import NotYetSupportedError
+from .experiment import Experiment
+from .traits import field_names
+
+# Run keywords that default to the accessor of the same name.
+ACCESSOR_KEYWORDS = (
+    "seed",
+    "run_dir",
+    "n_devs",
+    "accum",
+    "max_epochs",
+    "schedules",
+    "gradient_clip_norm",
+    "check_divergence",
+    "autolog_schedules",
+    "log_every_n_steps",
+    "logger",
+    "checkpointer",
+    "early_stop",
+    "monitor",
+    "eval_loss",
+    "ema",
+)
+# Run keywords naming a fact about this construction; no accessor.
+PLAIN_KEYWORDS = (
+    "data",
+    "weights",
+    "resume",
+    "run_ref",
+    "w0",
+    "restore_optimizer",
+    "restore_best",
+    "eval_weights",
+    "load_ema",
+    "compile_options",
+    "preset",
+)
+RUN_KEYWORDS = ACCESSOR_KEYWORDS + PLAIN_KEYWORDS
+
+# Scalar accessors the stale-handle check compares (never the ones that construct).
+SCALAR_ACCESSORS = (
+    "seed",
+    "run_dir",
+    "n_devs",
+    "accum",
+    "max_epochs",
+    "gradient_clip_norm",
+    "check_divergence",
+    "autolog_schedules",
+    "log_every_n_steps",
+    "eval_loss",
+    "monitor",
+)
+
+# Hooks whose behaviour arrives with a later feature; overriding one is refused.
+_LATER_HOOKS = {
+    "param_group": "parameter groups",
+    "weight_decay": "weight decay",
+    "optimizer": "custom optimizer rules",
+    "decay_anchor": "decay anchors",
+    "no_decay": "the no-decay mask",
+    "grad_rule": "gradient rules (SAM/ASAM)",
+    "no_perturb": "gradient rules (SAM/ASAM)",
+    "adaptive_perturb": "gradient rules (SAM/ASAM)",
+    "train_step": "manual training",
+    "setup_optimizers": "manual training",
+}
+# Keywords (and accessor values) that arrive later: refused unless left at the default.
+_LATER_VALUES: dict[str, tuple[Any, str]] = {
+    "schedules": ({}, "schedules"),
+    "early_stop": (None, "early stopping"),
+    "ema": (None, "EMA of the weights"),
+    "w0": (None, "the w0 anchor"),
+    "restore_optimizer": (False, "restore_optimizer"),
+    "restore_best": (False, "restore_best"),
+    "eval_weights": (None, "eval_weights"),
+    "load_ema": (False, "load_ema"),
+}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One accessor's value and where it came from."""
+
+    value: Any
+    source: str  # "keyword", "method", "field" or "default"
+
+
+def defines(cls: type, name: str) -> bool:
+    """Whether `cls` defines `name` itself, above the `Experiment` defaults."""
+    for klass in cls.__mro__:
+        if klass is Experiment or klass is object:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
+
+
+def accessor_value(e: Any, name: str, cls: type | None = None) -> Resolved:
+    """The accessor `name` of `e`: a field, a method of `cls`, or the default."""
+    cls = cls or type(e)
+    if name in field_names(cls):
+        return Resolved(getattr(e, name), "field")
+    if defines(cls, name):
+        attr = getattr(cls, name)
+        return Resolved(attr(e) if callable(attr) else attr, "method")
+    return Resolved(getattr(Experiment, name)(e), "default")
+
+
+def resolve(e: Any, name: str, keywords: Mapping[str, Any]) -> Resolved:
+    """Keyword beats the experiment's method or field, which beats the default."""
+    if name in keywords:
+        return Resolved(keywords[name], "keyword")
+    return accessor_value(e, name)
+
+
+def refuse_later_features(e: Any, keywords: Mapping[str, Any]) -> None:
+    """Refuse hooks and keywords whose feature has not landed yet."""
+    cls = type(e)
+    for hook, feature in _LATER_HOOKS.items():
+        if defines(cls, hook) or hook in field_names(cls):
+            raise NotYetSupportedError(
+                f"{cls.__name__} defines `{hook}`, which configures {feature}; this "
+                f"jaxnitro does not support {feature} yet, and will not train while "
+                f"ignoring it. Remove `{hook}` for now."
+            )
+    for name, (default, feature) in _LATER_VALUES.items():
+        if name in keywords:
+            value, where = keywords[name], f"the keyword {name}="
+        elif name in ACCESSOR_KEYWORDS:
+            resolved = accessor_value(e, name)
+            value, where = resolved.value, f"`{name}` on {cls.__name__}"
+        else:
+            continue
+        if not _is_default(value, default):
+            raise NotYetSupportedError(
+                f"{where} sets {feature} ({value!r}), which this jaxnitro does not "
+                f"support yet; it will not train while ignoring it. Leave it unset."
+            )
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:
+        return False

@@ -1,0 +1,1 @@
+"""Checkpoints: the record format, the checkpointer and its manifest."""

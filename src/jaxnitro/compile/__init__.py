@@ -1,0 +1,1 @@
+"""Compiled programs and the module-level compile cache."""

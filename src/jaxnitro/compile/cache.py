@@ -1,0 +1,156 @@
+"""The module-level compile cache: key -> compiled executable.
+
+A key holds everything a compiled program depends on: the program kind, the experiment
+class (by module and qualname, so a reloaded class with unchanged hooks still hits),
+the GraphConst values, the fingerprints of the code the program traces, the model's
+static part, the abstract signature of every argument (tree structure, shapes, dtypes,
+shardings), the constants baked into the program, and the compile options. Device
+values, seeds, max_epochs and run_dir are in no key. A hit that served the wrong program
+would be the worst bug this framework could have, so every static a program captures
+belongs in its key.
+
+JAX's persistent compilation cache is configured too, so a second process skips XLA
+compilation: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches it off
+("0", "off", "false").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    """Everything one compiled program depends on."""
+
+    kind: str
+    experiment: tuple[str, str]
+    graphconst: tuple[tuple[str, Any], ...]
+    code: str
+    model: Hashable
+    signature: Hashable
+    baked: tuple[tuple[str, Any], ...]
+    compile_options: tuple[tuple[str, Any], ...]
+
+
+class CompileCache:
+    """A thread-safe map from `ProgramKey` to a compiled executable, with counters."""
+
+    def __init__(self) -> None:
+        self._entries: dict[ProgramKey, Any] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_compile(self, key: ProgramKey, compile_fn: Callable[[], Any]) -> Any:
+        """The executable under `key`, compiling it with `compile_fn` on a miss."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self.hits += 1
+                return found
+            self.misses += 1
+        executable = compile_fn()
+        with self._lock:
+            self._entries.setdefault(key, executable)
+            return self._entries[key]
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "entries": len(self._entries),
+            }
+
+    def reset(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = 0
+            self.misses = 0
+
+    def keys(self) -> list[ProgramKey]:
+        with self._lock:
+            return list(self._entries)
+
+
+_CACHE = CompileCache()
+
+
+def program_cache() -> CompileCache:
+    """The process-wide compile cache every `Nitro` shares."""
+    return _CACHE
+
+
+def cache_stats() -> dict[str, int]:
+    """The compile cache counters: `{"hits": ..., "misses": ..., "entries": ...}`.
+
+    Example:
+        >>> sorted(cache_stats())
+        ['entries', 'hits', 'misses']
+    """
+    return _CACHE.stats()
+
+
+def cache_reset() -> None:
+    """Empty the compile cache and its counters.
+
+    Not part of the run path: it exists so a test can assert a miss, and so a session
+    that changed something no key can see has an alternative to restarting.
+    """
+    _CACHE.reset()
+
+
+def abstract_signature(tree: Any) -> Hashable:
+    """The tree structure plus each leaf's shape, dtype, weak type and sharding."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, tuple(_leaf_signature(leaf) for leaf in leaves))
+
+
+def _leaf_signature(leaf: Any) -> Hashable:
+    if isinstance(leaf, jax.Array):
+        return (
+            leaf.shape,
+            leaf.dtype,
+            getattr(leaf, "weak_type", False),
+            leaf.sharding,
+        )
+    if isinstance(leaf, np.ndarray | np.generic):
+        return (np.shape(leaf), np.asarray(leaf).dtype, False, None)
+    return ("python", type(leaf))
+
+
+_PERSISTENT_LOCK = threading.Lock()
+_persistent_configured = False
+
+
+def configure_persistent_cache() -> str | None:
+    """Point JAX's persistent compilation cache at the jaxnitro cache directory.
+
+    Leaves a directory the user configured alone. Returns the directory in effect.
+    """
+    global _persistent_configured
+    with _PERSISTENT_LOCK:
+        current = jax.config.jax_compilation_cache_dir
+        if _persistent_configured or current:
+            return current or None
+        _persistent_configured = True
+        setting = os.environ.get("JAXNITRO_COMPILATION_CACHE", "")
+        if setting.lower() in ("0", "off", "false", "no"):
+            return None
+        directory = setting or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+            "jaxnitro",
+            "xla",
+        )
+        jax.config.update("jax_compilation_cache_dir", directory)
+        # Tiny eager ops are not worth a disk round trip.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        return directory

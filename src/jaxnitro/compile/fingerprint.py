@@ -1,0 +1,210 @@
+"""Code fingerprints: a digest of what a traced function would compute.
+
+A compiled program is only reusable while the code it traced is unchanged, so every
+cache key holds the fingerprints of the hooks a program traces and, transitively, of
+the user functions and classes they reach: globals they read, methods they call on
+`self`, closures, defaults. Functions from installed libraries (and from jaxnitro) are
+named, not walked: they change only with a new process. Simple global constants are
+fingerprinted by value, and global NumPy arrays by content, since a traced function
+bakes them in as constants.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import sysconfig
+import types
+from typing import Any
+
+import numpy as np
+
+_LIBRARY_ROOTS = tuple(
+    os.path.realpath(p)
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    if (p := sysconfig.get_paths().get(key))
+)
+_OWN_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
+_ARRAY_CONTENT_LIMIT = 64 * 2**20  # bytes; bigger global arrays key by identity
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library_file(path: str) -> bool:
+    real = os.path.realpath(path)
+    if real.startswith(_OWN_ROOT + os.sep):
+        return True
+    return any(real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+
+
+def is_user_code(obj: Any) -> bool:
+    """Whether `obj` is defined in the user's code rather than an installed library."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None:
+        return True
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return module.__name__ not in sys.builtin_module_names
+    return not _is_library_file(path)
+
+
+class _Fingerprinter:
+    def __init__(self, contents: bool) -> None:
+        self._memo: dict[int, str] = {}
+        self._active: set[int] = set()
+        self._contents = contents
+
+    def of(self, obj: Any, owner: type | None = None) -> str:
+        key = id(obj)
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._active:
+            return f"<recursive {getattr(obj, '__qualname__', type(obj).__name__)}>"
+        self._active.add(key)
+        try:
+            digest = hashlib.sha256(self._describe(obj, owner).encode()).hexdigest()
+        finally:
+            self._active.discard(key)
+        self._memo[key] = digest
+        return digest
+
+    def _describe(self, obj: Any, owner: type | None) -> str:
+        if isinstance(obj, types.MethodType):
+            return "method:" + self.of(obj.__func__, type(obj.__self__))
+        if isinstance(obj, functools.partial):
+            parts = [self.value(a) for a in obj.args]
+            parts += [f"{k}={self.value(v)}" for k, v in sorted(obj.keywords.items())]
+            return f"partial:{self.value(obj.func)}({','.join(parts)})"
+        if isinstance(obj, types.FunctionType):
+            return self._function(obj, owner)
+        if isinstance(obj, type):
+            return self._class(obj)
+        return self.value(obj)
+
+    def _function(self, fn: types.FunctionType, owner: type | None) -> str:
+        if not is_user_code(fn):
+            return f"library:{fn.__module__}.{fn.__qualname__}"
+        parts = [f"fn:{fn.__module__}.{fn.__qualname__}", self._code(fn.__code__)]
+        parts.append(f"defaults:{self.value(fn.__defaults__)}")
+        parts.append(f"kwdefaults:{self.value(fn.__kwdefaults__)}")
+        for cell in fn.__closure__ or ():
+            try:
+                parts.append(f"cell:{self.value(cell.cell_contents)}")
+            except ValueError:  # an empty cell
+                parts.append("cell:<empty>")
+        # co_names holds both global names and attribute names (`self.helper`), so
+        # each name is looked up in the globals and on the owning class.
+        for name in sorted(_names(fn.__code__)):
+            if name in fn.__globals__:
+                parts.append(f"global {name}:{self.value(fn.__globals__[name])}")
+            if owner is not None:
+                attr = next(
+                    (b.__dict__[name] for b in owner.__mro__ if name in b.__dict__),
+                    None,
+                )
+                if _is_code_like(attr):
+                    parts.append(f"self.{name}:{self.value(attr, owner)}")
+        return "\n".join(parts)
+
+    def _class(self, cls: type) -> str:
+        if not is_user_code(cls):
+            return f"library class:{cls.__module__}.{cls.__qualname__}"
+        parts = [f"class:{cls.__module__}.{cls.__qualname__}"]
+        parts += [f"base:{self.value(base)}" for base in cls.__bases__]
+        for name, attr in sorted(cls.__dict__.items()):
+            if _is_code_like(attr):
+                parts.append(f"{name}:{self.value(attr, cls)}")
+            elif name.startswith("__") or name == "_jaxnitro_meta":
+                continue
+            else:
+                parts.append(f"{name}={self.value(attr)}")
+        return "\n".join(parts)
+
+    def _code(self, code: types.CodeType) -> str:
+        consts = [
+            self._code(c) if isinstance(c, types.CodeType) else repr(c)
+            for c in code.co_consts
+        ]
+        return "|".join(
+            [code.co_code.hex(), ",".join(consts), ",".join(code.co_names)]
+        )
+
+    def value(self, value: Any, owner: type | None = None) -> str:
+        """A stable description of a value a traced function may depend on."""
+        if isinstance(value, staticmethod | classmethod):
+            value = value.__func__
+        if isinstance(value, property):
+            return "property:" + ",".join(
+                self.value(f, owner) for f in (value.fget, value.fset) if f is not None
+            )
+        if value is None or isinstance(value, bool | int | float | complex | str):
+            return f"{type(value).__name__}:{value!r}"
+        if isinstance(value, bytes):
+            return "bytes:" + hashlib.sha256(value).hexdigest()
+        if isinstance(value, tuple | frozenset):
+            inner = ",".join(self.value(v) for v in value)
+            return f"{type(value).__name__}({inner})"
+        if isinstance(value, list | dict | set | np.ndarray) and not self._contents:
+            return f"mutable {type(value).__name__}"
+        if isinstance(value, list):
+            return f"list({','.join(self.value(v) for v in value)})"
+        if isinstance(value, set):
+            return f"set({','.join(sorted(self.value(v) for v in value))})"
+        if isinstance(value, dict):
+            items = sorted(f"{self.value(k)}:{self.value(v)}" for k, v in value.items())
+            return f"dict({','.join(items)})"
+        if isinstance(value, np.ndarray | np.generic):
+            array = np.asarray(value)
+            if array.nbytes > _ARRAY_CONTENT_LIMIT:
+                return f"array:{array.dtype}{array.shape}@{id(value)}"
+            digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+            return f"array:{array.dtype}{array.shape}:{digest}"
+        if isinstance(value, types.ModuleType):
+            return f"module:{value.__name__}"
+        if _is_code_like(value) or isinstance(value, type):
+            return self.of(value, owner)
+        kind = type(value)
+        if is_user_code(kind):
+            return f"instance of {self.of(kind)}"
+        return f"object:{kind.__module__}.{kind.__qualname__}"
+
+
+def _is_code_like(value: Any) -> bool:
+    return isinstance(
+        value,
+        types.FunctionType
+        | types.MethodType
+        | functools.partial
+        | staticmethod
+        | classmethod
+        | property,
+    )
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """Every global and attribute name the code (and its nested code) loads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def fingerprint(*objects: Any, owner: type | None = None, contents: bool = True) -> str:
+    """One digest of the code behind `objects` (functions, methods, classes, values).
+
+    With `contents=False`, mutable containers and arrays count by type only: the
+    stale-handle check asks whether code changed, not whether a list it closes over
+    was appended to. Cache keys keep the default, since a traced hook bakes in what
+    it reads.
+
+    Example:
+        >>> def f(x): return x + 1
+        >>> def g(x): return x + 2
+        >>> fingerprint(f) == fingerprint(f), fingerprint(f) == fingerprint(g)
+        (True, False)
+    """
+    printer = _Fingerprinter(contents)
+    text = "\n".join(printer.value(obj, owner) for obj in objects)
+    return hashlib.sha256(text.encode()).hexdigest()

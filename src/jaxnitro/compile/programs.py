@@ -1,0 +1,267 @@
+"""The programs the automatic loop runs, and how each is keyed and compiled.
+
+| program       | computes                                               | donated          |
+| gradient      | forward, loss, grad (accumulated when accum > 1),      | the accumulator  |
+|               | loss terms, device train_metrics                       |                  |
+| optimizer     | global-norm clip, the Optax rule, zeroed accumulator   | params, opt state, grads |
+| eval_forward  | forward in eval mode                                   | nothing          |
+| eval_metrics  | metrics, when their residency is device                | nothing          |
+| eval_loss     | loss on eval outputs                                   | nothing          |
+
+Every program receives the experiment's Device fields as a plain dict and rebuilds the
+stripped view inside the trace, so a compiled program never depends on the identity of
+the experiment class object (a reloaded class with unchanged code still hits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import HookError
+from ..modes import training_mode
+from ..optim.rules import OptimizerPlan, clip_by_global_norm
+from ..view import replace_fields
+from .cache import CompileCache, ProgramKey, abstract_signature
+from .fingerprint import fingerprint
+
+class _Identity:
+    """Keys an unhashable object by identity, holding it alive while keyed."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def model_key(model: Any) -> Any:
+    """The model's static part as a key: its class code plus its value or identity."""
+    try:
+        hash(model)
+        value: Any = model
+    except TypeError:
+        value = _Identity(model)
+    return (fingerprint(type(model)), value)
+
+
+@dataclass
+class TraceContext:
+    """What one handle's programs close over: the view, the hooks, the model.
+
+    Attributes:
+        cls: the experiment class.
+        view: `compile_view` of the experiment; its Device fields are replaced by the
+            traced values inside each program.
+        device_names: the Device fields, passed to every program as a dict.
+        hooks: the hook functions frozen at construction, called as `hook(view, ...)`.
+        model: the static model object `build_model` returned.
+        graphconst: the GraphConst values, for the cache key.
+        compile_options: XLA compiler options for every program, for the key too.
+    """
+
+    cls: type
+    view: Any
+    device_names: tuple[str, ...]
+    hooks: dict[str, Callable[..., Any]]
+    model: Any
+    graphconst: tuple[tuple[str, Any], ...]
+    compile_options: dict[str, Any] = field(default_factory=dict)
+
+    def make_view(self, device_values: Mapping[str, Any]) -> Any:
+        return replace_fields(self.view, **device_values)
+
+    def code_fingerprint(self, traced: tuple[str, ...]) -> str:
+        """The fingerprint of the hooks in `traced` and of everything they call.
+
+        Taken afresh for every key, right before a trace would read the same code: a
+        memo could key a program traced from a helper redefined since.
+        """
+        return fingerprint(*(self.hooks[hook] for hook in traced), owner=self.cls)
+
+    def key(
+        self, kind: str, traced: tuple[str, ...], args: Any, baked: dict[str, Any]
+    ) -> ProgramKey:
+        return ProgramKey(
+            kind=kind,
+            experiment=(self.cls.__module__, self.cls.__qualname__),
+            graphconst=self.graphconst,
+            code=self.code_fingerprint(traced),
+            model=model_key(self.model),
+            signature=abstract_signature(args),
+            baked=tuple(sorted(baked.items())),
+            compile_options=tuple(sorted(self.compile_options.items())),
+        )
+
+    def compile(
+        self,
+        cache: CompileCache,
+        kind: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        traced: tuple[str, ...],
+        baked: dict[str, Any],
+        donate: tuple[int, ...] = (),
+        on_compile: Callable[[str], Any] | None = None,
+    ) -> Any:
+        """The compiled executable of `fn` for `args`, from the cache or compiled now.
+
+        `traced` names the hooks `fn` traces; `baked` holds every host constant `fn`
+        captures that the key does not otherwise see.
+        """
+        key = self.key(kind, traced, args, baked)
+
+        def build() -> Any:
+            if on_compile is not None:
+                on_compile(kind)
+            lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+            options = self.compile_options or None
+            return lowered.compile(compiler_options=options)
+
+        return cache.get_or_compile(key, build)
+
+
+def call_forward(
+    ctx: TraceContext, view: Any, params: Any, state: Any, batch: Mapping[str, Any]
+) -> tuple[Any, Any]:
+    """Call the frozen forward hook and check it returned `(outputs, new_state)`."""
+    result = ctx.hooks["forward"](view, ctx.model, params, state, **batch)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise HookError(
+            "`forward` must return (outputs, new_state); it returned "
+            f"{type(result).__name__}. Return the state unchanged for a stateless "
+            "model: `return outputs, state`."
+        )
+    return result
+
+
+def split_loss(value: Any) -> tuple[Any, dict[str, Any]]:
+    """`loss` returns a scalar or `(scalar, terms)`; split them."""
+    if isinstance(value, tuple):
+        if len(value) != 2 or not isinstance(value[1], Mapping):
+            raise HookError(
+                "`loss` must return a scalar or (scalar, terms) with terms a dict of "
+                f"scalars; it returned a tuple of {len(value)}."
+            )
+        return value[0], dict(value[1])
+    return value, {}
+
+
+def _check_scalar_loss(loss: Any) -> None:
+    if jnp.ndim(loss) != 0:
+        raise HookError(
+            f"`loss` must return a scalar; it returned shape {jnp.shape(loss)}. Reduce "
+            "it over the batch (e.g. `.mean()`) inside `loss`."
+        )
+
+
+@dataclass(frozen=True)
+class GradientFields:
+    """The batch fields each traced training hook receives."""
+
+    forward: tuple[str, ...]
+    loss: tuple[str, ...]
+    train_metrics: tuple[str, ...] | None  # None: no device train_metrics
+    host_outputs: bool  # return the outputs for host-side train_metrics
+
+
+def gradient_fn(ctx: TraceContext, fields: GradientFields, accum: int) -> Callable:
+    """The gradient program: loss, gradient, terms and device train_metrics."""
+    scale = 1.0 / accum
+
+    def compute(device_values, params, state, batch):
+        view = ctx.make_view(device_values)
+        with training_mode(True):
+
+            def objective(p):
+                outputs, new_state = call_forward(
+                    ctx, view, p, state, {k: batch[k] for k in fields.forward}
+                )
+                loss, terms = split_loss(
+                    ctx.hooks["loss"](view, outputs, **{k: batch[k] for k in fields.loss})
+                )
+                _check_scalar_loss(loss)
+                return loss, (outputs, new_state, terms)
+
+            (loss, (outputs, new_state, terms)), grads = jax.value_and_grad(
+                objective, has_aux=True
+            )(params)
+            stats = {}
+            if fields.train_metrics is not None:
+                stats = ctx.hooks["train_metrics"](
+                    view, outputs, **{k: batch[k] for k in fields.train_metrics}
+                )
+        extra = outputs if fields.host_outputs else None
+        return grads, loss, new_state, terms, stats, extra
+
+    if accum == 1:
+        return compute
+
+    def accumulate(device_values, params, state, accumulator, batch):
+        grads, *rest = compute(device_values, params, state, batch)
+        accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
+        return (accumulator, *rest)
+
+    return accumulate
+
+
+def optimizer_fn(plan: OptimizerPlan, accum: int) -> Callable:
+    """The optimizer program: clip, apply the rule, and zero the accumulator."""
+    clip = plan.clip_norm
+
+    def step(params, opt_state, grads, hp):
+        if clip > 0:
+            grads = clip_by_global_norm(grads, clip)
+        updates, opt_state = plan.transformation(hp).update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
+        if accum == 1:
+            return params, opt_state
+        return params, opt_state, jax.tree.map(jnp.zeros_like, grads)
+
+    return step
+
+
+def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
+    """The eval forward program: forward in eval mode; the new state is dropped."""
+
+    def run(device_values, params, state, batch):
+        view = ctx.make_view(device_values)
+        with training_mode(False):
+            outputs, _ = call_forward(ctx, view, params, state, {k: batch[k] for k in names})
+        return outputs
+
+    return run
+
+
+def eval_metrics_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
+    """Device-resident metrics on (already sliced) eval outputs."""
+
+    def run(device_values, outputs, batch):
+        view = ctx.make_view(device_values)
+        with training_mode(False):
+            return ctx.hooks["metrics"](view, outputs, **{k: batch[k] for k in names})
+
+    return run
+
+
+def eval_loss_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
+    """The loss on (already sliced) eval outputs, with its terms."""
+
+    def run(device_values, outputs, batch):
+        view = ctx.make_view(device_values)
+        with training_mode(False):
+            loss, terms = split_loss(
+                ctx.hooks["loss"](view, outputs, **{k: batch[k] for k in names})
+            )
+        _check_scalar_loss(loss)
+        return loss, terms
+
+    return run

@@ -1,0 +1,1 @@
+"""Data: the source protocol the loop iterates, padding, and file readers."""

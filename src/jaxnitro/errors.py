@@ -1,0 +1,52 @@
+"""The exception and warning classes jaxnitro raises.
+
+Every error the framework raises derives from `NitroError`, so a driver can catch the
+framework's refusals without catching unrelated bugs. Subclasses exist where a caller
+would reasonably catch one kind separately.
+"""
+
+from __future__ import annotations
+
+
+class NitroError(Exception):
+    """Base of every error jaxnitro raises."""
+
+
+class ConfigError(NitroError, ValueError):
+    """A configuration value is refused: a field, a run keyword, a preset key."""
+
+
+class HookError(NitroError, TypeError):
+    """An experiment hook is missing, or was called with or returned the wrong thing."""
+
+
+class RoutingError(HookError):
+    """A batch field a hook declares is missing, or a batch is not a mapping."""
+
+
+class StrippedHostError(NitroError, TypeError):
+    """Traced code used a Host field, which the tracer only sees as a sentinel."""
+
+
+class DivergenceError(NitroError, FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+
+class CheckpointError(NitroError):
+    """A checkpoint cannot be found, read, or matched to this experiment."""
+
+
+class NotYetSupportedError(NitroError, NotImplementedError):
+    """A spec feature whose implementation has not landed yet.
+
+    Raised instead of silently ignoring a keyword or an accessor override, so a run
+    never trains with a setting it did not honour.
+    """
+
+
+class NitroWarning(UserWarning):
+    """Base of every warning jaxnitro emits."""
+
+
+class StaleHandleWarning(NitroWarning):
+    """A hook or accessor was redefined after a `Nitro` froze it."""

@@ -1,0 +1,100 @@
+"""Reading an experiment's hooks: which exist, and freezing them at construction.
+
+A `Nitro` freezes the hook code it will run: each hook function is copied, so an
+in-place reload (IPython's autoreload patches `__code__`) cannot change what an
+existing handle runs. The fingerprints taken at the same moment let the handle report a
+redefinition later.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .compile.fingerprint import fingerprint
+from .errors import HookError
+from .experiment import Experiment
+
+REQUIRED_HOOKS = ("build_model", "build_data", "forward", "loss")
+# Hooks a handle calls after construction; frozen with it.
+RUNTIME_HOOKS = ("forward", "loss", "metrics", "train_metrics", "finalize_metrics")
+# Every hook whose redefinition makes a handle stale.
+WATCHED_HOOKS = ("build_model", "build_data", "derive", *RUNTIME_HOOKS)
+_DEFAULTED = ("finalize_metrics", "derive")
+
+
+def has_hook(cls: type, name: str) -> bool:
+    """Whether the experiment class provides hook `name` (beyond a base default)."""
+    if issubclass(cls, Experiment) and name in _DEFAULTED:
+        return any(name in k.__dict__ for k in cls.__mro__ if k is not Experiment)
+    return callable(getattr(cls, name, None))
+
+
+def hook_function(cls: type, name: str) -> Callable[..., Any]:
+    """The function implementing hook `name`, called as `fn(experiment, ...)`."""
+    if has_hook(cls, name):
+        attr = cls.__dict__.get(name)
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                break
+        if isinstance(attr, staticmethod):
+            inner = attr.__func__
+            return lambda _self, *args, **kwargs: inner(*args, **kwargs)
+        if isinstance(attr, classmethod):
+            bound = attr.__get__(None, cls)
+            return lambda _self, *args, **kwargs: bound(*args, **kwargs)
+        return attr  # type: ignore[no-any-return]
+    return getattr(Experiment, name)  # type: ignore[no-any-return]
+
+
+def check_required_hooks(cls: type, *, has_data: bool) -> None:
+    """Raise naming the first required hook the class lacks."""
+    for name in REQUIRED_HOOKS:
+        if name == "build_data" and has_data:
+            continue
+        if not has_hook(cls, name):
+            raise HookError(
+                f"{cls.__name__} does not define the required hook `{name}`. "
+                f"Every experiment defines build_model, build_data, forward and loss "
+                f"(build_data may be replaced by Nitro(e, data=...))."
+            )
+
+
+def freeze(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of `fn` that keeps today's code even if the original is patched."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    copy = types.FunctionType(
+        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__module__ = fn.__module__
+    copy.__dict__.update(fn.__dict__)
+    copy.__wrapped_original__ = fn  # type: ignore[attr-defined]
+    return copy
+
+
+def current_class(cls: type) -> type:
+    """The class as its module defines it now (after a reload), else `cls` itself."""
+    module = sys.modules.get(cls.__module__)
+    if module is None or "<locals>" in cls.__qualname__:
+        return cls
+    found: Any = module
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return cls
+    return found if isinstance(found, type) else cls
+
+
+def hook_fingerprints(cls: type) -> dict[str, str]:
+    """The fingerprint of every watched hook the class has (code and callees)."""
+    return {
+        name: fingerprint(hook_function(cls, name), owner=cls, contents=False)
+        for name in WATCHED_HOOKS
+        if has_hook(cls, name)
+    }

@@ -1,0 +1,1 @@
+"""Logging: the duck-typed logger protocol and the JSON-lines default."""

@@ -1,0 +1,140 @@
+"""The logger protocol: duck-typed verbs, no base class, no registration.
+
+A logger is any object with the verbs the run reaches. The framework calls the six
+writing verbs directly, so one a logger lacks fails loudly, naming the verb, the first
+time the run needs it; a contract of silent no-ops would make every wrapper lossy:
+
+    log_metrics(metrics, *, step, epoch, context, **kwargs)
+    log_params(params)
+    log_other(key, value)
+    log_tags(tags)
+    log_confusion(matrix, labels, *, epoch)
+    finish(status)            # "completed", "early_stop", "requested" or "error"
+
+Six informational verbs are optional, with the defaults of the helpers below:
+`run_id()`, `run_url()`, `logger_info()`, `logger_state()`, `reattach(state)` (needed
+exactly when `logger_state` returns something) and `backend()`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import HookError
+
+
+@runtime_checkable
+class Logger(Protocol):
+    """The verbs the training loop calls on every run (see the module docstring)."""
+
+    def log_metrics(
+        self, metrics: dict[str, Any], *, step: int, epoch: int, context: str
+    ) -> None: ...
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def log_other(self, key: str, value: Any) -> None: ...
+
+    def finish(self, status: str) -> None: ...
+
+
+def _verb(logger: Any, name: str) -> Any:
+    method = getattr(logger, name, None)
+    if method is None or not callable(method):
+        raise HookError(
+            f"The logger {type(logger).__name__} has no `{name}` method, which the run "
+            f"needs now. Implement `{name}` on it (see jaxnitro.logging.protocol), or "
+            f"pass logger=None to log nothing."
+        )
+    return method
+
+
+def finite_only(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Drop non-finite real values; pass other values (arrays, strings) through."""
+    kept = {}
+    for key, value in metrics.items():
+        if isinstance(value, numbers.Real) and not math.isfinite(value):
+            continue
+        kept[key] = value
+    return kept
+
+
+def log_metrics(
+    logger: Any, metrics: dict[str, Any], *, step: int, epoch: int, context: str
+) -> None:
+    """Log host metric values under `context`, dropping non-finite numbers."""
+    if logger is None:
+        return
+    _verb(logger, "log_metrics")(finite_only(metrics), step=step, epoch=epoch, context=context)
+
+
+def log_params(logger: Any, params: dict[str, Any]) -> None:
+    """Log the run's flat hyperparameters."""
+    if logger is not None:
+        _verb(logger, "log_params")(params)
+
+
+def log_other(logger: Any, key: str, value: Any) -> None:
+    """Log one free-form value under `key`."""
+    if logger is not None:
+        _verb(logger, "log_other")(key, value)
+
+
+def log_tags(logger: Any, tags: Any) -> None:
+    """Log free-form tags for the run."""
+    if logger is not None:
+        _verb(logger, "log_tags")(tags)
+
+
+def log_confusion(logger: Any, matrix: Any, labels: Any, *, epoch: int) -> None:
+    """Log a confusion matrix; the framework never calls this itself."""
+    if logger is not None:
+        _verb(logger, "log_confusion")(matrix, labels, epoch=epoch)
+
+
+def finish(logger: Any, status: str) -> None:
+    """Close the run on the backend with its stop reason."""
+    if logger is not None:
+        _verb(logger, "finish")(status)
+
+
+def _optional(logger: Any, name: str, default: Any) -> Any:
+    method = getattr(logger, name, None)
+    return method() if callable(method) else default
+
+
+def run_id(logger: Any) -> Any:
+    """The backend's run identifier, or None."""
+    return _optional(logger, "run_id", None)
+
+
+def run_url(logger: Any) -> Any:
+    """The backend's URL for the run, or None."""
+    return _optional(logger, "run_url", None)
+
+
+def logger_info(logger: Any) -> dict[str, Any]:
+    """Plain data identifying where the backend writes (default: empty)."""
+    if logger is None:
+        return {}
+    return dict(_optional(logger, "logger_info", {}) or {})
+
+
+def logger_state(logger: Any) -> Any:
+    """What a resumed run needs to continue the same logged run, or None."""
+    return _optional(logger, "logger_state", None)
+
+
+def reattach(logger: Any, state: Any) -> None:
+    """Point the logger back at the logged run `state` identifies."""
+    if logger is None or state is None:
+        return
+    _verb(logger, "reattach")(state)
+
+
+def backend(logger: Any) -> Any:
+    """The native backend object behind a wrapping logger (the logger by default)."""
+    method = getattr(logger, "backend", None)
+    return method() if callable(method) else logger

@@ -1,0 +1,1 @@
+"""The loops: automatic training, and validate/evaluate/predict."""

@@ -1,0 +1,261 @@
+"""validate, evaluate and predict: forward in eval mode, padding invisible.
+
+All three share one compiled eval forward program per handle (compiled for the eval
+batch width), so moving between them compiles nothing. A short batch is padded to the
+width, run, and every output leaf is sliced back to the real count before any hook sees
+it; a batch wider than the width runs in chunks. Metrics run on the host by default
+(`metrics_residency`), or in their own small program on the device; the loss, when
+reported, runs on the device as in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..compile.cache import program_cache
+from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
+from ..data.padding import check_batch_first, pad_batch, slice_outputs
+from ..data.sources import batch_size, epoch_batches
+from ..errors import HookError, RoutingError
+from ..metrics import MetricAccumulator, plain
+from ..observe import phases
+from ..routing import as_batch
+
+if TYPE_CHECKING:
+    from ..handle import Nitro
+
+
+def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:
+    """The handle's executable for (kind, memo), built through the cache once."""
+    key = (kind, memo)
+    found = nitro._executables.get(key)
+    if found is None:
+        found = build()
+        nitro._executables[key] = found
+    return found
+
+
+def _shapes(batch: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple((k, np.shape(v), str(getattr(v, "dtype", ""))) for k, v in batch.items())
+
+
+def _on_compile(nitro: Nitro, back: phases.Phase) -> Any:
+    def announce(kind: str) -> None:
+        nitro.set_phase(phases.COMPILE_PHASES[kind]())
+
+    return announce
+
+
+def _delete(tree: Any) -> None:
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+
+def forward_chunk(
+    nitro: Nitro, chunk: Mapping[str, Any], names: tuple[str, ...]
+) -> tuple[Any, int]:
+    """Device outputs of forward on one chunk (<= the eval width), sliced back."""
+    width = nitro._eval_width
+    assert width is not None
+    count = batch_size(chunk, names)
+    padded = pad_batch({k: chunk[k] for k in names}, width)
+    device_batch = jax.device_put(padded)
+    ctx = nitro._ctx
+    args = (nitro.device_values(), nitro._params, nitro._state, device_batch)
+    back = nitro.phase
+    executable = compiled(
+        nitro,
+        "eval_forward",
+        _shapes(padded),
+        lambda: ctx.compile(
+            program_cache(),
+            "eval_forward",
+            eval_forward_fn(ctx, names),
+            args,
+            traced=("forward",),
+            baked={"mode": "eval"},
+            on_compile=_on_compile(nitro, back),
+        ),
+    )
+    nitro.set_phase(back)
+    outputs = executable(*args)
+    if ("checked", width) not in nitro._executables:
+        check_batch_first(outputs, width)
+        nitro._executables[("checked", width)] = True
+    if count < width:
+        full = outputs
+        outputs = slice_outputs(full, count)
+        jax.block_until_ready(outputs)
+        _delete(full)
+    jax.block_until_ready(outputs)
+    _delete(device_batch)
+    return outputs, count
+
+
+def _device_metrics(
+    nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
+) -> Any:
+    ctx = nitro._ctx
+    fields = jax.device_put({k: np.asarray(chunk[k]) for k in names})
+    args = (nitro.device_values(), outputs, fields)
+    back = nitro.phase
+    executable = compiled(
+        nitro,
+        "eval_metrics",
+        (_shapes(fields), jax.tree.map(np.shape, outputs)),
+        lambda: ctx.compile(
+            program_cache(),
+            "eval_metrics",
+            eval_metrics_fn(ctx, names),
+            args,
+            traced=("metrics",),
+            baked={"mode": "eval"},
+            on_compile=_on_compile(nitro, back),
+        ),
+    )
+    nitro.set_phase(back)
+    result = jax.device_get(executable(*args))
+    _delete(fields)
+    return result
+
+
+def _device_loss(
+    nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
+) -> tuple[float, dict[str, Any]]:
+    ctx = nitro._ctx
+    fields = jax.device_put({k: np.asarray(chunk[k]) for k in names})
+    args = (nitro.device_values(), outputs, fields)
+    back = nitro.phase
+    executable = compiled(
+        nitro,
+        "eval_loss",
+        (_shapes(fields), jax.tree.map(np.shape, outputs)),
+        lambda: ctx.compile(
+            program_cache(),
+            "eval_loss",
+            eval_loss_fn(ctx, names),
+            args,
+            traced=("loss",),
+            baked={"mode": "eval"},
+            on_compile=_on_compile(nitro, back),
+        ),
+    )
+    nitro.set_phase(back)
+    loss, terms = jax.device_get(executable(*args))
+    _delete(fields)
+    return loss, terms
+
+
+def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any:
+    size = batch_size(batch, names)
+    if size <= width:
+        yield batch
+        return
+    for start in range(0, size, width):
+        yield {k: np.asarray(v)[start : start + width] for k, v in batch.items()}
+
+
+def evaluate_split(nitro: Nitro, split: str, *, stoppable: bool = True) -> dict[str, Any]:
+    """Run one split in eval mode and return its finalized metrics."""
+    previous = nitro.phase
+    nitro.set_phase(phases.EvalStepping())
+    fields = nitro._fields
+    has_metrics = "metrics" in nitro._hooks
+    eval_loss = bool(nitro._config["eval_loss"].value)
+    want_loss = not has_metrics or eval_loss
+    device_metrics = has_metrics and nitro._residency("metrics") == "device"
+    accumulator = MetricAccumulator()
+    loss_keys: set[str] = set()
+    for batch in epoch_batches(nitro.data[split], 0):
+        if stoppable and nitro._stop_requested:
+            break
+        keys = tuple(batch)
+        forward_names = fields["forward"].select(keys)
+        if nitro._eval_width is None:
+            nitro._eval_width = batch_size(batch, forward_names)
+        for chunk in _chunks(batch, forward_names, nitro._eval_width):
+            outputs, count = forward_chunk(nitro, chunk, forward_names)
+            if has_metrics:
+                names = fields["metrics"].select(keys)
+                if device_metrics:
+                    values = _device_metrics(nitro, outputs, chunk, names)
+                else:
+                    host_outputs = jax.device_get(outputs)
+                    host_fields = {k: np.asarray(chunk[k]) for k in names}
+                    values = nitro._hooks["metrics"](
+                        nitro.experiment, host_outputs, **host_fields
+                    )
+                if eval_loss and isinstance(values, Mapping) and "loss" in values:
+                    raise HookError(
+                        "metrics returns `loss` while eval_loss is on, which also "
+                        "reports `loss`: the two sources would collide. Rename the "
+                        "metric, or turn eval_loss off."
+                    )
+                accumulator.add(values)
+            if want_loss:
+                try:
+                    names = fields["loss"].select(keys)
+                except RoutingError:
+                    if has_metrics:  # eval_loss skips a split that lacks loss fields
+                        want_loss = False
+                        _delete(outputs)
+                        continue
+                    raise
+                loss, terms = _device_loss(nitro, outputs, chunk, names)
+                accumulator.add_leaf(("loss",), loss, 1)
+                for term, value in terms.items():
+                    loss_keys.add(f"loss/{term}")
+                    accumulator.add_leaf((f"loss/{term}",), value, 1)
+            _delete(outputs)
+    combined = accumulator.result()
+    # With custom metrics, eval_loss's keys join what finalize_metrics returns;
+    # without them the loss is the metric, and finalize_metrics sees it.
+    loss_part = (
+        {k: combined.pop(k) for k in ("loss", *sorted(loss_keys)) if k in combined}
+        if has_metrics
+        else {}
+    )
+    finalize = nitro._hooks.get("finalize_metrics")
+    if finalize is not None:
+        combined = finalize(nitro.experiment, combined, split)
+        if not isinstance(combined, Mapping):
+            raise HookError(
+                f"finalize_metrics must return a dict; it returned "
+                f"{type(combined).__name__}."
+            )
+    combined = {**dict(combined), **loss_part}
+    result = {k: _plain_tree(v) for k, v in dict(combined).items()}
+    nitro.set_phase(previous)
+    return result
+
+
+def _plain_tree(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain_tree(v) for k, v in value.items()}
+    if isinstance(value, jax.Array):
+        value = np.asarray(value)
+    return plain(value)
+
+
+def predict_batch(nitro: Nitro, batch: Any) -> Any:
+    """Host outputs of forward on one batch, sliced to its real sample count."""
+    batch = as_batch(batch, "predict takes a batch dict such as {'img': images}.")
+    names = nitro._fields["forward"].select(tuple(batch))
+    if nitro._eval_width is None:
+        nitro._eval_width = batch_size(batch, names)
+    previous = nitro.phase
+    nitro.set_phase(phases.EvalStepping())
+    pieces = []
+    for chunk in _chunks(batch, names, nitro._eval_width):
+        outputs, _ = forward_chunk(nitro, chunk, names)
+        pieces.append(jax.device_get(outputs))
+        _delete(outputs)
+    nitro.set_phase(previous)
+    if len(pieces) == 1:
+        return pieces[0]
+    return jax.tree.map(lambda *leaves: np.concatenate(leaves, axis=0), *pieces)

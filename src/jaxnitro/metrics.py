@@ -1,0 +1,142 @@
+"""Validation metrics: `(value, mode)` pairs combined across the batches of a split.
+
+`metrics` returns, per eval batch, a dict whose leaves are pairs:
+
+    {"acc": (n_correct, n_images),          # a count: summed, then divided at the end
+     "confusion": (matrix, "sum"),          # summed, never divided (None also means this)
+     "scores": (per_sample, "concat")}      # concatenated along the batch axis
+
+A dict value is a group: its own leaves carry their modes, or a mode on the group
+`(dict_of_values, "sum")` covers every leaf below it. The combined result has the same
+shape with the modes removed, and goes through `finalize_metrics(acc, split)`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import HookError
+
+SUM = "sum"
+CONCAT = "concat"
+
+
+def _is_mode(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value in (SUM, CONCAT)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Number | np.generic):
+        return True
+    return hasattr(value, "shape") and np.ndim(value) == 0
+
+
+@dataclass
+class _Leaf:
+    mode: str  # "count", "sum" or "concat"
+    total: Any = None
+    count: float = 0.0
+    parts: list[Any] = field(default_factory=list)
+
+
+def _flatten(tree: Any, path: tuple[str, ...], mode: Any, out: dict) -> None:
+    """Flatten one batch's metric tree into {path: (value, mode)}."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            _flatten(value, (*path, str(key)), mode, out)
+        return
+    if mode is not None:  # inside a group whose pair set one mode for every leaf
+        out[path] = (tree, mode)
+        return
+    if isinstance(tree, tuple) and len(tree) == 2 and _is_mode(tree[1]):
+        value, leaf_mode = tree
+        leaf_mode = SUM if leaf_mode is None else leaf_mode
+        if isinstance(value, Mapping):
+            for key, inner in value.items():
+                _flatten(inner, (*path, str(key)), leaf_mode, out)
+        else:
+            out[path] = (value, leaf_mode)
+        return
+    name = "/".join(path) or "<metrics>"
+    raise HookError(
+        f"metric `{name}` must be a (value, mode) pair, where mode is a count to divide"
+        f' by, None or "sum" to sum without dividing, or "concat"; got '
+        f"{type(tree).__name__}. Example: {{'acc': (n_correct, n_samples)}}."
+    )
+
+
+def flatten_metrics(tree: Any) -> dict[tuple[str, ...], tuple[Any, Any]]:
+    """One batch's metrics as {path: (value, mode)}, validating the pairs."""
+    if not isinstance(tree, Mapping):
+        raise HookError(
+            f"`metrics` must return a dict of (value, mode) pairs; it returned "
+            f"{type(tree).__name__}."
+        )
+    out: dict[tuple[str, ...], tuple[Any, Any]] = {}
+    for key, value in tree.items():
+        _flatten(value, (str(key),), None, out)
+    return out
+
+
+class MetricAccumulator:
+    """Combines the metric pairs of a split's batches as their modes say."""
+
+    def __init__(self) -> None:
+        self._leaves: dict[tuple[str, ...], _Leaf] = {}
+
+    def add(self, tree: Any) -> None:
+        """Add one batch's metrics (host or device values)."""
+        for path, (value, mode) in flatten_metrics(tree).items():
+            self.add_leaf(path, value, mode)
+
+    def add_leaf(self, path: tuple[str, ...], value: Any, mode: Any) -> None:
+        kind = mode if isinstance(mode, str) else "count"
+        leaf = self._leaves.setdefault(path, _Leaf(kind))
+        if leaf.mode != kind:
+            raise HookError(
+                f"metric `{'/'.join(path)}` changed its mode between batches "
+                f"({leaf.mode} then {kind}); a metric must combine one way."
+            )
+        host = np.asarray(value)
+        if kind == CONCAT:
+            if host.ndim == 0:
+                raise HookError(
+                    f'metric `{"/".join(path)}` is "concat" but a batch returned a '
+                    f"scalar; a concat metric needs one entry per sample on axis 0."
+                )
+            leaf.parts.append(host)
+            return
+        widened = host.astype(np.float64) if host.dtype.kind in "biuf" else host
+        leaf.total = widened if leaf.total is None else leaf.total + widened
+        if kind == "count":
+            leaf.count += float(np.asarray(mode))
+
+    def result(self) -> dict[str, Any]:
+        """The combined metrics, nested like the batches' dicts, modes removed."""
+        combined: dict[str, Any] = {}
+        for path, leaf in self._leaves.items():
+            if leaf.mode == CONCAT:
+                value = np.concatenate(leaf.parts, axis=0)
+            elif leaf.mode == "count":
+                value = leaf.total / leaf.count if leaf.count else np.nan * leaf.total
+            else:
+                value = leaf.total
+            node = combined
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = plain(value)
+        return combined
+
+
+def plain(value: Any) -> Any:
+    """A 0-d array becomes a Python number; other arrays stay NumPy arrays."""
+    if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
+        return np.asarray(value).item()
+    return value

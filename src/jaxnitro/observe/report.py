@@ -1,0 +1,98 @@
+"""Reports a handle prints: the binding report, the frozen values, the stale check.
+
+The binding report says where every configured value bound (a keyword, the experiment's
+method or field, or the default) and what the data looked like. The frozen-values
+report is `repr(nitro)`. The stale-handle report appears when a hook or a scalar
+accessor was redefined after the handle froze it:
+
+    jaxnitro: MyExp has values fixed at construction that have since been redefined...
+      ! `accum()` was redefined: it returned 2 at construction and returns 4 now. ...
+      ! hooks were redefined after this `Nitro` was built (loss). ...
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import StaleHandleWarning
+
+_REPORT_ENABLED = True
+
+
+def set_config_report(enabled: bool) -> bool:
+    """Switch the stale-handle report on or off; returns the previous setting."""
+    global _REPORT_ENABLED
+    previous = _REPORT_ENABLED
+    _REPORT_ENABLED = bool(enabled)
+    return previous
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):  # paths and names are shown whole
+        return value
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def binding_report(
+    experiment_name: str,
+    resolved: Mapping[str, Any],
+    splits: Mapping[str, int],
+    routing: Mapping[str, Sequence[str]],
+    notes: Sequence[str] = (),
+) -> str:
+    """Where each run value bound, the splits found, and the routed batch fields."""
+    lines = [f"jaxnitro binding report for {experiment_name}"]
+    width = max((len(name) for name in resolved), default=0)
+    for name, item in resolved.items():
+        lines.append(f"  {name:<{width}}  {_show(item.value):<24} from {item.source}")
+    if splits:
+        shown = ", ".join(f"{name} ({count} batches)" for name, count in splits.items())
+        lines.append(f"  data: {shown}")
+    for hook, fields in routing.items():
+        lines.append(f"  {hook} receives: {', '.join(fields) or 'no batch fields'}")
+    lines.extend(f"  {note}" for note in notes)
+    return "\n".join(lines)
+
+
+def frozen_values(values: Mapping[str, Any]) -> str:
+    """One line of the values a handle fixed at construction."""
+    return "   ".join(f"{name} {_show(value)}" for name, value in values.items())
+
+
+def stale_report(
+    experiment_name: str,
+    accessor_changes: Mapping[str, tuple[Any, Any]],
+    redefined_hooks: Sequence[str],
+) -> str | None:
+    """The stale-handle report text, or None when nothing changed."""
+    if not accessor_changes and not redefined_hooks:
+        return None
+    lines = [
+        f"jaxnitro: {experiment_name} has values fixed at construction that have "
+        f"since been redefined. This handle keeps what it froze; rebuild the `Nitro` "
+        f"to pick up the new ones, and see `repr(nitro)` for what it is currently "
+        f"holding."
+    ]
+    for name, (then, now) in accessor_changes.items():
+        lines.append(
+            f"  ! `{name}()` was redefined: it returned {_show(then)} at construction "
+            f"and returns {_show(now)} now. This handle still uses {_show(then)}; "
+            f"rebuild to pick up {_show(now)}."
+        )
+    if redefined_hooks:
+        lines.append(
+            f"  ! hooks were redefined after this `Nitro` was built "
+            f"({', '.join(redefined_hooks)}). It will keep running the programs it was "
+            f"built with; rebuild the `Nitro` to pick up the new code. The compile "
+            f"cache is module-level, so a rebuild recompiles only what changed."
+        )
+    return "\n".join(lines)
+
+
+def emit_stale_report(text: str | None) -> None:
+    """Warn with the stale-handle report, unless switched off."""
+    if text is not None and _REPORT_ENABLED:
+        warnings.warn(text, StaleHandleWarning, stacklevel=3)

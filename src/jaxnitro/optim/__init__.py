@@ -1,0 +1,1 @@
+"""The optimizer: rules and their per-step hyperparameters."""

@@ -1,0 +1,123 @@
+"""Conversions of field values: GraphConst normalization and Device placement.
+
+A GraphConst value must hash and compare by content, because the compile cache is keyed
+on it; lists become tuples here. A Device value becomes a `jax.Array` with the declared
+dtype (`float` is float32) when a `Nitro` is set up, and `set_device` converts a new
+value the same way, refusing one that would change the compiled program's signature.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError
+
+_PYTHON_DTYPES: dict[Any, Any] = {
+    float: np.float32,
+    int: np.int32,
+    bool: np.bool_,
+    complex: np.complex64,
+}
+_NARROW = {
+    np.dtype(np.float64): np.dtype(np.float32),
+    np.dtype(np.int64): np.dtype(np.int32),
+    np.dtype(np.uint64): np.dtype(np.uint32),
+    np.dtype(np.complex128): np.dtype(np.complex64),
+}
+
+
+def freeze_graphconst(value: Any) -> Any:
+    """Lists become tuples, recursively, so a GraphConst value hashes by content."""
+    if isinstance(value, list | tuple):
+        frozen = tuple(freeze_graphconst(item) for item in value)
+        return frozen if type(value) in (list, tuple) else type(value)(*frozen)
+    return value
+
+
+def coerce_graphconst(name: str, declared: Any, value: Any) -> Any:
+    """Convert a GraphConst value to its declared scalar type, refusing a lossy one."""
+    value = freeze_graphconst(value)
+    if declared is int and not isinstance(value, bool):
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, numbers.Real) and float(value).is_integer():
+            return int(value)
+        raise ConfigError(
+            f"GraphConst field `{name}` is declared int but got {value!r} "
+            f"({type(value).__name__}); pass an integer."
+        )
+    if declared is float and isinstance(value, numbers.Real):
+        return float(value)
+    if declared is bool and isinstance(value, bool | np.bool_):
+        return bool(value)
+    return value
+
+
+def device_dtype(declared: Any, value: Any) -> np.dtype:
+    """The dtype a Device field lives in: the declared one, else the value's, narrowed.
+
+    JAX runs in 32-bit unless x64 is enabled, so 64-bit host values narrow to 32 bits.
+    """
+    if declared in _PYTHON_DTYPES:
+        return np.dtype(_PYTHON_DTYPES[declared])
+    try:
+        if declared is not None and isinstance(declared, type | np.dtype):
+            dtype = np.dtype(declared)
+            if dtype.kind in "biufc":
+                return dtype
+    except TypeError:
+        pass
+    dtype = np.asarray(value).dtype if not isinstance(value, jax.Array) else value.dtype
+    if not jax.config.jax_enable_x64:
+        dtype = _NARROW.get(np.dtype(dtype), np.dtype(dtype))
+    return np.dtype(dtype)
+
+
+def to_host_array(name: str, dtype: np.dtype, value: Any) -> np.ndarray:
+    """Convert `value` to a host array of `dtype`, refusing a value that does not fit."""
+    if isinstance(value, jax.Array):
+        value = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"Device field `{name}` holds {dtype} values; {value!r} does not convert "
+            f"to an array ({error})."
+        ) from None
+    if array.dtype.kind not in "biufc":
+        raise ConfigError(
+            f"Device field `{name}` holds {dtype} values; {value!r} "
+            f"({type(value).__name__}) is not numeric. Pass a number or a numeric array."
+        )
+    if dtype.kind in "iu" and array.dtype.kind == "f":
+        if not np.all(np.isfinite(array)) or not np.all(array == np.round(array)):
+            raise ConfigError(
+                f"Device field `{name}` holds {dtype} values; {value!r} is not integral "
+                f"and would be truncated. Pass an integer."
+            )
+    if dtype.kind == "b" and array.dtype.kind != "b":
+        raise ConfigError(
+            f"Device field `{name}` holds bool values; got {value!r}. Pass True or False."
+        )
+    if dtype.kind in "biuf" and array.dtype.kind == "c":
+        raise ConfigError(
+            f"Device field `{name}` holds {dtype} values; {value!r} is complex."
+        )
+    return array.astype(dtype)
+
+
+def to_device(name: str, declared: Any, value: Any) -> jax.Array:
+    """Place a Device field's host value on the device with its declared dtype."""
+    dtype = device_dtype(declared, value)
+    return jnp.asarray(to_host_array(name, dtype, value))
+
+
+def to_host_value(value: Any) -> Any:
+    """A device value read back: a Python scalar for a 0-d array, else a NumPy array."""
+    array = np.asarray(value)
+    return array.item() if array.ndim == 0 else array

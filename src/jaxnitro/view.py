@@ -1,0 +1,115 @@
+"""`compile_view` and the other whole-experiment operations the framework needs.
+
+Only views reach a trace: every Host field is a `StrippedHost` sentinel, GraphConst
+fields bake, and Device fields pass through as traced inputs. These functions work on
+any experiment, derived from `Experiment` or written by hand with the three traits.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from typing import Any
+
+from .errors import ConfigError
+from .stripped import StrippedHost
+from .traits import field_names, graphconst_fields, host_fields
+
+
+def replace_fields(e: Any, **changes: Any) -> Any:
+    """A copy of `e` with fields replaced, bypassing the constructor and its checks."""
+    new = copy.copy(e)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
+    return new
+
+
+def compile_view(e: Any) -> Any:
+    """The experiment as traced code sees it: every Host field a `StrippedHost`.
+
+    Example:
+        >>> from jaxnitro import Experiment, GraphConst
+        >>> class E(Experiment):
+        ...     width: GraphConst[int] = 128
+        ...     images: list = None
+        >>> v = compile_view(E(images=[1, 2, 3]))
+        >>> v.width, v.images
+        (128, StrippedHost('images'))
+    """
+    owner = type(e).__name__
+    return replace_fields(
+        e, **{name: StrippedHost(name, owner) for name in host_fields(type(e))}
+    )
+
+
+def graphconst_values(e: Any) -> tuple[tuple[str, Any], ...]:
+    """The GraphConst fields and their values: the experiment's part of a cache key."""
+    return tuple((name, getattr(e, name)) for name in graphconst_fields(type(e)))
+
+
+GRAPHCONST_UNHASHABLE = """\
+GraphConst field `{field}` of {owner} holds a {kind} ({value}) that does not {what}.
+The compile cache is keyed on GraphConst values, so a value must hash and compare by
+content: two equal constructions must key the same, and a value mutated in place must
+not reuse a program compiled for its old contents. {reason}
+Fix: flatten it into separate fields (one knob per field), or use a tuple or a frozen
+dataclass of hashable values; an array that changes between runs should be Device."""
+
+
+def assert_graphconst_hashable(e: Any) -> None:
+    """Refuse a GraphConst value that does not hash and compare by content.
+
+    The check: the value and a deep copy of it must hash equal and compare equal.
+    """
+    for name, value in graphconst_values(e):
+        kind = type(value).__name__
+        shown = _short(value)
+        try:
+            twin = copy.deepcopy(value)
+            same_hash = hash(value) == hash(twin)
+        except TypeError as error:
+            raise ConfigError(
+                GRAPHCONST_UNHASHABLE.format(
+                    field=name,
+                    owner=type(e).__name__,
+                    kind=kind,
+                    value=shown,
+                    what="hash",
+                    reason=f"hash() raised: {error}.",
+                )
+            ) from None
+        try:
+            same_value = bool(value == twin)
+        except Exception as error:  # an array inside: ambiguous truth value
+            same_value = False
+            reason = f"Comparing it with a copy raised: {error}."
+        else:
+            reason = "Its hash falls back to object identity."
+        if not (same_hash and same_value):
+            raise ConfigError(
+                GRAPHCONST_UNHASHABLE.format(
+                    field=name,
+                    owner=type(e).__name__,
+                    kind=kind,
+                    value=shown,
+                    what="hash and compare by content",
+                    reason=reason,
+                )
+            )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_field_names(cls: type, names: Any, what: str, fix: str) -> None:
+    """Refuse keys that name no field of `cls`, listing the fields there are."""
+    known = field_names(cls)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"{what} {', '.join(f'`{n}`' for n in unknown)} "
+            f"{'is not a field' if len(unknown) == 1 else 'are not fields'} of "
+            f"{cls.__name__}. Its fields are: {', '.join(known)}. {fix}"
+        )

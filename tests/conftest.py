@@ -1,0 +1,28 @@
+"""Strict numerics, four fake CPU devices, no persistent compile cache, a tmp cwd."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ["JAXNITRO_COMPILATION_CACHE"] = "off"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """Every test runs in its own directory, so default run_dirs never collide."""
+    monkeypatch.chdir(tmp_path)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _config_report_on():
+    from jaxnitro.observe.report import set_config_report
+
+    previous = set_config_report(True)
+    yield
+    set_config_report(previous)

@@ -1,0 +1,246 @@
+"""The compile cache: what moves a key, and what never does."""
+
+import contextlib
+import importlib
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+from jaxnitro.compile.cache import program_cache
+
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def xla_compiles():
+    """Record every XLA backend compile (our programs and eager ops alike)."""
+    events: list[str] = []
+
+    def listen(name, duration, **kwargs):
+        if name == BACKEND_COMPILE:
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def quiet(**kw):
+    return {"logger": None, "checkpointer": None, **kw}
+
+
+def kinds_compiled(run):
+    """The program kinds `run()` added to the cache (each kind once)."""
+    before = set(program_cache().keys())
+    run()
+    return sorted({key.kind for key in set(program_cache().keys()) - before})
+
+
+class StepRecorder:
+    """A logger recording the cache misses at every logged line."""
+
+    def __init__(self):
+        self.lines = []
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        self.lines.append((context, epoch, step, nx.cache_stats()["misses"]))
+
+    def log_params(self, params):
+        pass
+
+    def log_other(self, key, value):
+        pass
+
+    def finish(self, status):
+        pass
+
+
+def test_two_epochs_compile_nothing_after_the_first_step():
+    nx.cache_reset()
+    recorder = StepRecorder()
+    nitro = nx.Nitro(Tiny(max_epochs=2, width=20), logger=recorder, checkpointer=None)
+    with xla_compiles() as events:
+        nitro.train()
+    train = [line for line in recorder.lines if line[0] == "train"]
+    assert [line[3] for line in train if line[1] == 1] == [2, 2, 2, 2]  # grad + opt
+    after_validation = [line for line in recorder.lines if line[0] == "validate"][0][3]
+    # + eval forward, + the eval loss at the full width (16) and at the short last
+    # batch's real size (8), since the loss must never see padding.
+    assert after_validation == 5
+    assert {line[3] for line in recorder.lines if line[1] == 2} == {after_validation}
+    # And XLA itself compiled nothing in the second epoch: rerun one more epoch.
+    more = nx.Nitro(Tiny(max_epochs=1, width=20), **quiet())
+    count = len(events)
+    with xla_compiles() as again:
+        more.train()
+    assert again == [] and count > 0
+
+
+def test_second_nitro_device_sweep_and_run_settings_compile_nothing(tmp_path):
+    nx.Nitro(Tiny(max_epochs=1), **quiet()).train()
+    misses = nx.cache_stats()["misses"]
+    for smoothing in (0.0, 0.05, 0.1, 0.2):
+        nx.Nitro(Tiny(max_epochs=1, smoothing=smoothing), **quiet()).train()
+    nx.Nitro(Tiny(max_epochs=3), seed=7, run_dir=str(tmp_path / "elsewhere"), logger=None).train()
+    assert nx.cache_stats()["misses"] == misses
+
+
+def test_graphconst_change_compiles_new_programs():
+    nx.Nitro(Tiny(max_epochs=1, width=16), **quiet()).train()
+    kinds = kinds_compiled(lambda: nx.Nitro(Tiny(max_epochs=1, width=24), **quiet()).train())
+    assert kinds == ["eval_forward", "eval_loss", "gradient", "optimizer"]
+
+
+def test_clip_recompiles_only_the_optimizer_and_accum_only_the_gradient():
+    nx.Nitro(Tiny(max_epochs=1), **quiet()).train()
+    clip = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1), gradient_clip_norm=1.0, **quiet()).train()
+    )
+    assert clip == ["optimizer"]
+    nx.Nitro(Tiny(max_epochs=1), accum=2, **quiet()).train()
+    accum = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1), accum=4, **quiet()).train()
+    )
+    assert accum == ["gradient"]
+
+
+def test_clip_zero_emits_no_clipping_ops():
+    import optax
+
+    from jaxnitro.compile.programs import optimizer_fn
+    from jaxnitro.optim.rules import OptimizerPlan, init_state
+
+    params = {"w": np.ones((4, 4), np.float32)}
+
+    def lowered(fn, plan):
+        args = (params, init_state(plan, params), params, plan.hyperparams(0))
+        text = jax.jit(fn).lower(*args).as_text()
+        return [line for line in text.splitlines() if "stablehlo." in line]
+
+    def unclipped(p, state, grads, hp):  # the rule alone, written by hand
+        updates, state = optax.radam(hp["learning_rate"]).update(grads, state, p)
+        return jax.tree.map(lambda a, u: (a + u).astype(a.dtype), p, updates), state
+
+    off = OptimizerPlan(learning_rate=1e-3, clip_norm=0.0)
+    on = OptimizerPlan(learning_rate=1e-3, clip_norm=1.0)
+    assert lowered(optimizer_fn(off, 1), off) == lowered(unclipped, off)
+    clipped = lowered(optimizer_fn(on, 1), on)
+    assert len(clipped) > len(lowered(unclipped, on))
+    sqrt = sum("stablehlo.sqrt" in line for line in clipped)
+    assert sqrt == sum("stablehlo.sqrt" in line for line in lowered(unclipped, on)) + 1
+
+
+MODULE = """
+import jax
+import jax.numpy as jnp
+import jaxnitro as nx
+from experiments import Tiny, mlp
+
+
+def activation(x):
+    return {activation}
+
+
+class Reloadable(Tiny):
+    def forward(self, model, params, state, *, x):
+        return activation(mlp(params, x)), state
+
+    def loss(self, logits, *, y):
+        return {loss}
+"""
+
+
+def write_module(path, activation="x", loss="Tiny.loss(self, logits, y=y)"):
+    path.write_text(textwrap.dedent(MODULE.format(activation=activation, loss=loss)))
+
+
+@pytest.fixture
+def reloadable(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "reloadable_exp.py"
+    write_module(path)
+    module = importlib.import_module("reloadable_exp")
+    yield module, path
+    sys.modules.pop("reloadable_exp", None)
+
+
+def fresh_run(module):
+    nx.Nitro(module.Reloadable(max_epochs=1), **quiet()).train()
+
+
+def test_reload_with_unchanged_code_compiles_nothing(reloadable):
+    module, path = reloadable
+    fresh_run(module)
+    write_module(path)
+    module = importlib.reload(module)
+    assert kinds_compiled(lambda: fresh_run(module)) == []
+
+
+def test_redefined_loss_recompiles_only_what_traces_it(reloadable):
+    module, path = reloadable
+    fresh_run(module)
+    write_module(path, loss="Tiny.loss(self, logits, y=y) * 2.0")
+    module = importlib.reload(module)
+    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_loss", "gradient"]
+
+
+def test_redefined_helper_that_forward_calls_is_caught(reloadable):
+    module, path = reloadable
+    fresh_run(module)
+    write_module(path, activation="jnp.tanh(x)")
+    module = importlib.reload(module)
+    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_forward", "gradient"]
+
+
+def test_a_global_constant_read_in_a_hook_is_in_the_key(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = """
+import jaxnitro as nx
+from experiments import Tiny, mlp
+
+SCALE = {scale}
+
+class Scaled(Tiny):
+    def forward(self, model, params, state, *, x):
+        return mlp(params, x) * SCALE, state
+"""
+    path = tmp_path / "scaled_exp.py"
+    path.write_text(source.format(scale=1.0))
+    module = importlib.import_module("scaled_exp")
+    x = {"x": np.ones((2, 8), np.float32)}
+    first = nx.Nitro(module.Scaled(), **quiet()).predict(x)
+    path.write_text(source.format(scale=3.0))
+    module = importlib.reload(module)
+    second = nx.Nitro(module.Scaled(), **quiet()).predict(x)
+    np.testing.assert_allclose(second, 3 * first, rtol=1e-5)
+    sys.modules.pop("scaled_exp", None)
+
+
+def test_cache_reset_empties_and_counts():
+    nx.Nitro(Tiny(), **quiet()).validate()
+    assert nx.cache_stats()["entries"] > 0
+    nx.cache_reset()
+    assert nx.cache_stats() == {"hits": 0, "misses": 0, "entries": 0}
+    nx.Nitro(Tiny(), **quiet()).validate()
+    assert nx.cache_stats()["misses"] == 3  # forward; the loss at widths 16 and 8
+
+
+def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatch):
+    from jaxnitro.compile import cache
+
+    monkeypatch.setattr(cache, "_persistent_configured", False)
+    monkeypatch.setenv("JAXNITRO_COMPILATION_CACHE", str(tmp_path / "xla"))
+    previous = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert cache.configure_persistent_cache() == str(tmp_path / "xla")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)

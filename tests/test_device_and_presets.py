@@ -1,0 +1,178 @@
+"""Device fields, set_device and device_value; presets; derive."""
+
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny, make_batches
+
+import jaxnitro as nx
+
+
+class WithArrays(Tiny):
+    class_weights: nx.Device[np.ndarray] = nx.field(
+        default_factory=lambda: np.ones(3, np.float64)
+    )
+    steps: nx.Device[int] = 3
+    flag: nx.Device[bool] = False
+    label: str = "plain"
+
+    @classmethod
+    def presets(cls):
+        return {
+            "reference": {"width": 8, "smoothing": 0.0},
+            "current": {"width": 32, "smoothing": 0.1, "label": "cur"},
+        }
+
+
+def quiet(**kw):
+    return {"logger": None, "checkpointer": None, **kw}
+
+
+def test_device_fields_become_arrays_with_declared_dtypes():
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    e = nitro.experiment
+    assert isinstance(e.smoothing, jax.Array) and e.smoothing.dtype == np.float32
+    assert e.steps.dtype == np.int32 and e.flag.dtype == np.bool_
+    assert e.class_weights.dtype == np.float32 and e.class_weights.shape == (3,)
+    assert nitro.device_value("smoothing") == 0.0
+    np.testing.assert_array_equal(nitro.device_value("class_weights"), np.ones(3))
+    assert isinstance(nitro.device_value("steps"), int)
+
+
+def test_set_device_writes_and_compiles_nothing():
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    batch = {"x": np.ones((5, 8), np.float32)}
+    first = nitro.predict(batch)
+    before = nx.cache_stats()
+    nitro.set_device(temperature=2.0)
+    second = nitro.predict(batch)
+    assert nx.cache_stats()["misses"] == before["misses"]
+    np.testing.assert_allclose(second, first / 2.0, rtol=1e-5)
+    assert nitro.device_value("temperature") == 2.0
+    nitro.set_device(class_weights=[1.0, 2.0, 3.0], steps=4.0)
+    assert nitro.device_value("steps") == 4
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"width": 4}, "`width` is GraphConst: it bakes into the compiled graph"),
+        ({"max_epochs": 4}, "`max_epochs` is a Host field: no compiled program reads it"),
+        ({"nope": 1}, "WithArrays has no field `nope`"),
+        ({"smoothing": "high"}, "Device field `smoothing` holds float32 values; 'high'"),
+        ({"steps": 2.5}, "is not integral and would be truncated"),
+        ({"flag": 1}, "holds bool values"),
+        ({"class_weights": np.ones(4)}, "`class_weights` has shape (3,); the new value has shape (4,)"),
+    ],
+)
+def test_set_device_refusals(kw, message):
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    with pytest.raises(nx.ConfigError) as info:
+        nitro.set_device(**kw)
+    assert message in str(info.value)
+
+
+def test_set_device_refuses_a_scheduled_field():
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    nitro._config["schedules"] = nitro._config["schedules"].__class__(
+        {"smoothing": lambda total: (lambda t: 0.1)}, "keyword"
+    )
+    with pytest.raises(nx.ConfigError, match="`smoothing` is scheduled"):
+        nitro.set_device(smoothing=0.3)
+
+
+def test_device_value_refuses_other_fields():
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    with pytest.raises(nx.ConfigError, match="`width` is a Host field|not a Device field"):
+        nitro.device_value("width")
+
+
+def test_presets_and_from_preset():
+    assert set(nx.presets(WithArrays)) == {"reference", "current"}
+    e = nx.from_preset(WithArrays, "current", max_epochs=7)
+    assert (e.width, e.smoothing, e.label, e.max_epochs) == (32, 0.1, "cur", 7)
+    with pytest.raises(nx.ConfigError, match='no preset "missing". Its presets are: "reference", "current"'):
+        nx.from_preset(WithArrays, "missing")
+    with pytest.raises(nx.ConfigError, match="`widht` is not a field of WithArrays"):
+        nx.from_preset(WithArrays, "current", widht=3)
+
+
+def test_preset_with_an_unknown_key_is_refused():
+    class BadPreset(Tiny):
+        @classmethod
+        def presets(cls):
+            return {"p": {"widht": 3}}
+
+    with pytest.raises(nx.ConfigError, match='Preset "p" sets `widht`'):
+        nx.from_preset(BadPreset, "p")
+
+
+def test_nitro_preset_form_splits_keywords(tmp_path):
+    nitro = nx.Nitro(WithArrays, "current", max_epochs=1, width=16, run_dir=str(tmp_path / "r"))
+    assert nitro.experiment.width == 16 and nitro.experiment.label == "cur"
+    assert nitro.frozen()["preset"] == "current"
+    assert nitro.params_to_log()["preset"] == "current"
+    nitro.train()
+    info = nx.checkpoint_info(tmp_path / "r" / nx.read_manifest(tmp_path / "r")[-1].file)
+    assert info["preset"] == "current"
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert '"preset": "current"' in lines[0]
+
+
+def test_nitro_preset_form_refusals():
+    with pytest.raises(nx.ConfigError, match="data= is refused in the preset form"):
+        nx.Nitro(WithArrays, "current", data={})
+    with pytest.raises(nx.ConfigError, match="bogus: neither a run keyword nor a field") as info:
+        nx.Nitro(WithArrays, "current", bogus=1)
+    assert "Run keywords: seed" in str(info.value) and "Fields: " in str(info.value)
+    with pytest.raises(nx.ConfigError, match='no preset "nope"'):
+        nx.Nitro(WithArrays, "nope")
+
+
+def test_unknown_run_keyword_is_refused():
+    with pytest.raises(nx.ConfigError, match="Unknown Nitro keyword max_epoch. The run keywords are"):
+        nx.Nitro(Tiny(), max_epoch=3)
+
+
+class Derived(Tiny):
+    class_weights: nx.Device[np.ndarray] = nx.field(
+        default_factory=lambda: np.zeros(0, np.float32)
+    )
+    n_seen: int = 0
+
+    def derive(self, data):
+        labels = np.concatenate([b["y"].argmax(-1) for b in data["train"]])
+        counts = np.bincount(labels, minlength=3)
+        return {"class_weights": counts / counts.sum(), "n_seen": int(labels.size)}
+
+
+def test_derive_merges_host_values_before_device_conversion():
+    nitro = nx.Nitro(Derived(), **quiet())
+    assert nitro.experiment.n_seen == 64
+    weights = nitro.device_value("class_weights")
+    assert weights.shape == (3,) and weights.dtype == np.float32
+    assert weights.sum() == pytest.approx(1.0)
+
+
+def test_derive_with_an_unknown_key_is_refused():
+    class BadDerive(Tiny):
+        def derive(self, data):
+            return {"class_wieghts": 1.0}
+
+    with pytest.raises(nx.ConfigError, match="derive returned `class_wieghts`"):
+        nx.Nitro(BadDerive(), **quiet())
+
+
+def test_data_keyword_skips_build_data():
+    class NoBuildData(nx.Experiment):
+        def build_model(self, rng):
+            return Tiny().build_model(rng)
+
+        def forward(self, model, params, state, *, x):
+            return Tiny().forward(model, params, state, x=x)
+
+        def loss(self, logits, *, y):
+            return Tiny().loss(logits, y=y)
+
+    nitro = nx.Nitro(NoBuildData(), data={"val": make_batches(16, 8)}, **quiet())
+    assert set(nitro.validate()) == {"loss"}

@@ -1,0 +1,185 @@
+"""Metrics and their modes, padding, residency, validate/evaluate/predict."""
+
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from experiments import N_CLASSES, Tiny, TinyMetrics, make_batches, mlp
+
+import jaxnitro as nx
+from jaxnitro.compile.cache import program_cache
+from jaxnitro.metrics import MetricAccumulator
+
+
+def quiet(**kw):
+    return {"logger": None, "checkpointer": None, **kw}
+
+
+def test_accumulator_modes():
+    acc = MetricAccumulator()
+    acc.add({"acc": (3, 4), "cm": (np.eye(2), None), "s": (np.array([1.0, 2.0]), "concat"),
+             "group": {"a": (1.0, 1), "b": (2.0, "sum")}, "whole": ({"p": 1.0, "q": 2.0}, "sum")})
+    acc.add({"acc": (1, 4), "cm": (np.eye(2), "sum"), "s": (np.array([3.0]), "concat"),
+             "group": {"a": (3.0, 1), "b": (2.0, "sum")}, "whole": ({"p": 1.0, "q": 2.0}, "sum")})
+    result = acc.result()
+    assert result["acc"] == 0.5
+    np.testing.assert_array_equal(result["cm"], 2 * np.eye(2))
+    np.testing.assert_array_equal(result["s"], [1.0, 2.0, 3.0])
+    assert result["group"] == {"a": 2.0, "b": 4.0}
+    assert result["whole"] == {"p": 2.0, "q": 4.0}
+
+
+def test_a_metric_that_is_not_a_pair_is_refused():
+    acc = MetricAccumulator()
+    with pytest.raises(nx.HookError, match="metric `acc` must be a \\(value, mode\\) pair"):
+        acc.add({"acc": 0.5})
+    with pytest.raises(nx.HookError, match='metric `s` is "concat" but a batch returned a scalar'):
+        acc.add({"s": (1.0, "concat")})
+
+
+def test_default_metric_is_loss_averaged_over_batches():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    result = nitro.validate()
+    assert set(result) == {"loss"}
+    val = make_batches(24, 16, seed=1)
+    e = nitro.experiment
+    per_batch = [
+        float(Tiny.loss(e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])))
+        for b in val
+    ]
+    assert result["loss"] == pytest.approx(np.mean(per_batch), rel=1e-5)
+
+
+class Counting(TinyMetrics):
+    def metrics(self, logits, *, y):
+        assert isinstance(logits, np.ndarray) and len(logits) == len(y)
+        base = TinyMetrics.metrics(self, logits, y=y)
+        return {**base, "n": (len(y), "sum"), "sizes": (np.full(len(y), len(y)), "concat")}
+
+    def finalize_metrics(self, acc, split):
+        c = acc["confusion"]
+        recall = np.diag(c) / np.maximum(c.sum(1), 1)
+        return {"acc": acc["acc"], "macro_recall": recall.mean(), "n": acc["n"],
+                "sizes": acc["sizes"], "split": split}
+
+
+def test_metrics_never_see_padding_and_finalize_gets_the_split():
+    nitro = nx.Nitro(Counting(), **quiet())
+    val = nitro.validate()
+    assert val["n"] == 24 and val["split"] == "val"
+    np.testing.assert_array_equal(val["sizes"], [16] * 16 + [8] * 8)
+    test = nitro.evaluate(split="test")
+    assert test["n"] == 40 and test["split"] == "test"
+    batches = make_batches(40, 16, seed=2)
+    x = np.concatenate([b["x"] for b in batches])
+    y = np.concatenate([b["y"] for b in batches])
+    pred = np.asarray(mlp(nitro.parameters, jnp.asarray(x))).argmax(-1)
+    assert test["acc"] == pytest.approx((pred == y.argmax(-1)).mean())
+
+
+def test_device_residency_matches_host():
+    class OnDevice(TinyMetrics):
+        def metrics(self, logits, *, y):
+            pred, truth = jnp.argmax(logits, -1), jnp.argmax(y, -1)
+            return {"acc": ((pred == truth).sum(), y.shape[0])}
+
+        def metrics_residency(self, hook):
+            return "device"
+
+    host = nx.Nitro(TinyMetrics(), **quiet()).evaluate("test")
+    device = nx.Nitro(OnDevice(), **quiet()).evaluate("test")
+    assert device["acc"] == pytest.approx(host["acc"])
+
+
+def test_eval_loss_adds_the_loss_and_refuses_a_collision():
+    nitro = nx.Nitro(TinyMetrics(), eval_loss=True, **quiet())
+    result = nitro.validate()
+    assert {"acc", "confusion", "loss"} <= set(result)
+
+    class Collides(TinyMetrics):
+        def metrics(self, logits, *, y):
+            return {"loss": (1.0, 1)}
+
+    with pytest.raises(nx.HookError, match="metrics returns `loss` while eval_loss is on"):
+        nx.Nitro(Collides(), eval_loss=True, **quiet()).validate()
+
+
+def test_custom_metrics_without_monitor_refuse_a_best_checkpointer():
+    class NoMonitor(TinyMetrics):
+        def monitor(self):
+            return None
+
+    with pytest.raises(nx.ConfigError, match="keeps Best checkpoints but NoMonitor defines its own metrics"):
+        nx.Nitro(NoMonitor(), logger=None)
+    nx.Nitro(NoMonitor(), logger=None, checkpointer=nx.Checkpointer(keep=nx.Last(1)))
+
+
+def test_evaluate_unknown_split_lists_the_splits():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    with pytest.raises(nx.ConfigError, match="no split 'holdout'. The splits are: train, val, test"):
+        nitro.evaluate(split="holdout")
+
+
+def test_predict_a_batch_pads_and_slices():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    x = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
+    out = nitro.predict({"x": x})
+    assert isinstance(out, np.ndarray) and out.shape == (5, N_CLASSES)
+    np.testing.assert_allclose(out, np.asarray(mlp(nitro.parameters, jnp.asarray(x))), rtol=1e-5)
+    wide = np.concatenate([x] * 8)  # 40 rows, wider than the eval width of 16
+    np.testing.assert_allclose(nitro.predict({"x": wide}), np.concatenate([out] * 8), rtol=1e-5)
+
+
+def test_predict_an_iterable_is_lazy():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    pulled = []
+
+    def loader():
+        for size in (16, 16, 7):
+            pulled.append(size)
+            yield {"x": np.ones((size, 8), np.float32)}
+
+    outputs = nitro.predict(loader())
+    assert isinstance(outputs, types.GeneratorType) and pulled == []
+    shapes = [o.shape for o in outputs]
+    assert shapes == [(16, 3), (16, 3), (7, 3)] and pulled == [16, 16, 7]
+
+
+def test_predict_a_bare_array_names_the_forward_fields():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    with pytest.raises(nx.RoutingError, match="forward is routed by field name and declares x. Pass \\{'x': ...\\}"):
+        nitro.predict(np.ones((3, 8), np.float32))
+
+
+def test_predict_needs_only_forward_fields():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    with pytest.raises(nx.RoutingError, match="`forward` declares the batch field `x`"):
+        nitro.predict({"img": np.ones((3, 8), np.float32)})
+
+
+def test_data_empty_predicts_with_width_from_the_first_batch():
+    nitro = nx.Nitro(Tiny(), data={}, **quiet())
+    assert nitro.predict({"x": np.ones((6, 8), np.float32)}).shape == (6, 3)
+    assert nitro.predict({"x": np.ones((2, 8), np.float32)}).shape == (2, 3)
+    assert nitro.predict({"x": np.ones((13, 8), np.float32)}).shape == (13, 3)
+
+
+def test_validate_evaluate_predict_share_one_eval_program():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    nitro.validate()
+    before = [k for k in program_cache().keys() if k.kind == "eval_forward"]
+    nitro.evaluate(split="test")
+    nitro.predict({"x": np.ones((3, 8), np.float32)})
+    list(nitro.predict(make_batches(20, 16)))
+    after = [k for k in program_cache().keys() if k.kind == "eval_forward"]
+    assert after == before
+
+
+def test_a_never_trained_handle_allocates_no_optimizer_state():
+    nitro = nx.Nitro(Tiny(), **quiet())
+    nitro.validate()
+    nitro.evaluate(split="test")
+    nitro.predict({"x": np.ones((3, 8), np.float32)})
+    assert nitro._opt_state is None
+    assert nitro.current_step == 0 and nitro.current_epoch == 0

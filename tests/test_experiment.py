@@ -1,0 +1,221 @@
+"""Experiments and markers: the dataclass, the traits, compile_view, hashability."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+
+
+class Marked(nx.Experiment):
+    width: nx.GraphConst[int] = 128
+    """Hidden width. Structural."""
+
+    layers: nx.GraphConst[tuple] = (64, 32)
+
+    smoothing: nx.Device[float] = 0.05
+    """Label smoothing.
+
+    Swept without recompiling."""
+
+    images: nx.Host[np.ndarray] = nx.field(default_factory=lambda: np.zeros((3, 4)))
+    max_epochs: int = 20
+    name: str = nx.field(default="run", doc="A display name.")
+
+
+def test_subclass_is_frozen_keyword_only_dataclass():
+    e = Marked(width=64)
+    assert dataclasses.is_dataclass(e)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.width = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Marked(64)  # type: ignore[misc]
+
+
+def test_traits_record_the_markers():
+    assert Marked.device_fields() == ("smoothing",)
+    assert Marked.host_fields() == ("images", "max_epochs", "name")
+    assert nx.device_fields(Marked) == ("smoothing",)
+    assert nx.host_fields(Marked) == ("images", "max_epochs", "name")
+
+
+def test_config_metadata_has_type_default_kind_doc_and_line():
+    meta = nx.config_metadata(Marked)
+    assert list(meta) == ["width", "layers", "smoothing", "images", "max_epochs", "name"]
+    assert meta["width"] == nx.FieldMeta(
+        type=int, default=128, kind="graphconst", doc="Hidden width. Structural.",
+        line=meta["width"].line,
+    )
+    assert meta["smoothing"].kind == "device" and meta["smoothing"].type is float
+    assert meta["smoothing"].doc == "Label smoothing.\n\nSwept without recompiling."
+    assert meta["max_epochs"].kind == "host" and meta["max_epochs"].doc is None
+    assert meta["name"].doc == "A display name."
+    with open(__file__) as f:
+        source = f.read().splitlines()
+    assert source[meta["width"].line - 1].strip().startswith("width:")
+
+
+def test_required_field_reports_no_default():
+    class Required(nx.Experiment):
+        seed: int
+        width: nx.GraphConst[int]
+
+    assert nx.config_metadata(Required)["width"].default is nx.NO_DEFAULT
+    assert Required(seed=3, width=2).seed == 3
+    with pytest.raises(TypeError):
+        Required(width=2)  # type: ignore[call-arg]
+
+
+def test_graphconst_lists_become_tuples_and_ints_convert():
+    class Lists(nx.Experiment):
+        widths: nx.GraphConst[tuple] = [8, [4, 2]]  # type: ignore[assignment]
+        depth: nx.GraphConst[int] = 2
+
+    e = Lists(widths=[1, [2, 3]], depth=3.0)  # type: ignore[arg-type]
+    assert e.widths == (1, (2, 3)) and Lists().widths == (8, (4, 2))
+    assert e.depth == 3 and type(e.depth) is int
+    with pytest.raises(nx.ConfigError, match="`depth` is declared int but got 2.5"):
+        Lists(depth=2.5)  # type: ignore[arg-type]
+
+
+def test_repr_never_prints_large_arrays_or_device_buffers():
+    e = Marked(images=np.zeros((1000, 784), np.float32))
+    text = repr(e)
+    assert "float32[1000x784]" in text and "0., 0." not in text
+    on_device = dataclasses.replace(e)
+    object.__setattr__(on_device, "smoothing", jnp.ones((500,)))
+    assert "float32[500] on device" in repr(on_device)
+
+
+def test_experiment_is_a_pytree_with_device_children():
+    e = Marked()
+    leaves, treedef = jax.tree_util.tree_flatten(e)
+    assert leaves == [0.05]
+    rebuilt = jax.tree_util.tree_unflatten(treedef, [0.5])
+    assert rebuilt.smoothing == 0.5 and rebuilt.width == 128
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(e)[0]]
+    assert paths == [".smoothing"]
+
+
+def test_compile_view_strips_host_fields_only():
+    e = Marked(images=np.ones((4, 4)))
+    view = nx.compile_view(e)
+    assert view.images == nx.StrippedHost("images")
+    assert view.max_epochs == nx.StrippedHost("max_epochs")
+    assert view.width == 128 and view.smoothing == 0.05
+    assert hash(view.images) == hash(nx.StrippedHost("images"))
+    assert e.images.shape == (4, 4)  # the real experiment is untouched
+
+
+@pytest.mark.parametrize(
+    "use, operation",
+    [
+        (lambda s: s + 1, "the operator `+`"),
+        (lambda s: 2 * s, "the operator `*`"),
+        (lambda s: s[0], "indexing"),
+        (lambda s: list(s), "iteration"),
+        (lambda s: s.shape, "attribute `.shape`"),
+        (lambda s: float(s), "float()"),
+        (lambda s: np.asarray(s), "conversion to an array"),
+        (lambda s: jnp.asarray(s), "conversion to a JAX array"),
+        (lambda s: bool(s), "conversion to bool"),
+        (lambda s: len(s), "len()"),
+    ],
+)
+def test_stripped_host_raises_naming_field_and_fixes(use, operation):
+    sentinel = nx.compile_view(Marked()).images
+    with pytest.raises(nx.StrippedHostError) as info:
+        use(sentinel)
+    message = str(info.value)
+    assert "Host field `images` of Marked" in message
+    assert operation in message
+    assert "GraphConst" in message and "Device" in message and "host-side" in message
+
+
+def test_stripped_host_inside_jit_raises():
+    view = nx.compile_view(Marked())
+
+    @jax.jit
+    def traced(x):
+        return x * view.max_epochs
+
+    with pytest.raises(nx.StrippedHostError, match="`max_epochs`"):
+        traced(jnp.ones(3))
+
+
+def test_graphconst_hashable_by_content_passes():
+    nx.assert_graphconst_hashable(Marked(layers=(1, 2)))
+
+
+def test_graphconst_hashed_by_identity_is_refused():
+    class Config:
+        def __init__(self):
+            self.width = 3
+
+    class Nested(nx.Experiment):
+        cfg: nx.GraphConst[object] = None
+
+    with pytest.raises(nx.ConfigError, match="`cfg` of Nested holds a Config") as info:
+        nx.assert_graphconst_hashable(Nested(cfg=Config()))
+    assert "flatten it into separate fields" in str(info.value)
+    assert "identity" in str(info.value)
+
+
+def test_graphconst_unhashable_is_refused():
+    @dataclasses.dataclass
+    class Mutable:
+        widths: list
+
+    class Nested(nx.Experiment):
+        cfg: nx.GraphConst[object] = None
+
+    with pytest.raises(nx.ConfigError, match="does not hash"):
+        nx.assert_graphconst_hashable(Nested(cfg=Mutable([1])))
+    with pytest.raises(nx.ConfigError, match="does not hash"):
+        nx.assert_graphconst_hashable(Nested(cfg=np.ones(3)))
+
+
+@pytest.mark.parametrize("name", ["seed", "max_epochs"])
+def test_seed_or_max_epochs_marked_graphconst_is_refused_at_setup(name):
+    namespace = {"__annotations__": {name: nx.GraphConst[int]}, name: 1}
+    bad = type("Bad", (Tiny,), namespace)
+    with pytest.raises(nx.ConfigError, match=f"Field `{name}` of Bad is marked GraphConst") as info:
+        nx.Nitro(bad())
+    assert "mark it Host" in str(info.value)
+
+
+def test_handwritten_experiment_with_traits_trains():
+    from experiments import init_mlp, make_batches, mlp
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Handwritten:
+        width: int = 8
+        smoothing: float = 0.0
+        max_epochs: int = 1
+
+        device_fields = ("smoothing",)
+        host_fields = ("max_epochs",)
+
+        def build_data(self, dist):
+            return {"train": make_batches(32, 16), "val": make_batches(16, 16, seed=1)}
+
+        def build_model(self, rng):
+            return None, init_mlp(rng, self.width), {}
+
+        def forward(self, model, params, state, *, x):
+            return mlp(params, x), state
+
+        def loss(self, logits, *, y):
+            return -jnp.mean(jnp.sum((1 - self.smoothing) * y * jax.nn.log_softmax(logits), -1))
+
+    assert nx.config_metadata(Handwritten)["width"].kind == "graphconst"
+    nitro = nx.Nitro(Handwritten(), logger=None, checkpointer=None)
+    assert isinstance(nitro.experiment.smoothing, jax.Array)
+    nitro.train()
+    assert nitro.current_step == 2
+    assert np.isfinite(nitro.history[-1]["loss"])
+    assert nx.compile_view(Handwritten()).max_epochs == nx.StrippedHost("max_epochs")

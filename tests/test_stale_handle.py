@@ -1,0 +1,107 @@
+"""The stale-handle report: a handle keeps what it froze and says so."""
+
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+
+
+def quiet(**kw):
+    return {"logger": None, "checkpointer": None, **kw}
+
+
+def fresh_class():
+    return type("Fresh", (Tiny,), {"__module__": __name__})
+
+
+def test_nothing_changed_reports_nothing():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(max_epochs=1), accum=2, **quiet())
+    nitro.train()  # warnings are errors in this suite: silence is the assertion
+    nitro.validate()
+
+
+def test_redefined_accessor_is_reported_and_the_handle_keeps_its_value():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(max_epochs=1), **quiet())
+    cls.accum = lambda self: 4
+    with pytest.warns(nx.StaleHandleWarning) as record:
+        nitro.train()
+    message = str(record[0].message)
+    assert "Fresh has values fixed at construction that have since been redefined" in message
+    assert "`accum()` was redefined: it returned 1 at construction and returns 4 now" in message
+    assert "This handle still uses 1; rebuild to pick up 4." in message
+    assert nitro.current_step == 4  # 4 batches at accum 1, not 1 step at accum 4
+    assert nitro.frozen()["accum"] == 1
+
+
+def test_a_keyword_is_not_mistaken_for_a_stale_accessor():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(max_epochs=1), accum=2, **quiet())
+    nitro.train()
+    assert nitro.current_step == 2
+
+
+def test_redefined_hook_is_reported_and_the_old_code_keeps_running():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(), **quiet())
+    expected = nx.Nitro(Tiny(), **quiet()).validate()["loss"]
+
+    def loss(self, logits, *, y):
+        return 100.0 * Tiny.loss(self, logits, y=y)
+
+    cls.loss = loss
+    with pytest.warns(nx.StaleHandleWarning, match=r"hooks were redefined after this `Nitro` was built \(loss\)"):
+        result = nitro.validate()
+    assert result["loss"] == pytest.approx(expected, rel=1e-6)
+    rebuilt = nx.Nitro(cls(), **quiet()).validate()["loss"]
+    assert rebuilt == pytest.approx(100 * expected, rel=1e-5)
+
+
+def test_validate_checks_seed_and_run_dir_only():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(), **quiet())
+    cls.accum = lambda self: 4
+    nitro.validate()  # accum is not validate's concern
+    cls.seed = lambda self: 7
+    with pytest.warns(nx.StaleHandleWarning, match="`seed\\(\\)` was redefined: it returned 42"):
+        nitro.evaluate(split="test")
+
+
+def test_set_config_report_silences_it():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(), **quiet())
+    cls.seed = lambda self: 7
+    previous = nx.set_config_report(False)
+    try:
+        nitro.validate()
+    finally:
+        nx.set_config_report(previous)
+
+
+def test_repr_lists_the_frozen_values(tmp_path):
+    nitro = nx.Nitro(Tiny(max_epochs=3), accum=2, gradient_clip_norm=1.0,
+                     run_dir=str(tmp_path / "r"), **quiet())
+    text = repr(nitro)
+    assert text.startswith("Nitro(Tiny) values fixed at construction")
+    for piece in ("seed 42", "accum 2", "max_epochs 3", "total 6", "clip 1.0",
+                  f"run_dir {tmp_path / 'r'}", "step 0", "epoch 0"):
+        assert piece in text
+
+
+def test_an_autoreload_style_patch_does_not_change_a_built_handle():
+    cls = fresh_class()
+
+    def forward(self, model, params, state, *, x):
+        return Tiny.forward(self, model, params, state, x=x), state  # wrong on purpose
+
+    def good_forward(self, model, params, state, *, x):
+        return Tiny.forward(self, model, params, state, x=x)
+
+    cls.forward = good_forward
+    nitro = nx.Nitro(cls(), **quiet())
+    good_forward.__code__ = forward.__code__  # what IPython's autoreload does
+    with pytest.warns(nx.StaleHandleWarning, match="forward"):
+        out = nitro.evaluate(split="test")
+    assert np.isfinite(out["loss"])
