@@ -26,7 +26,9 @@ def test_default_checkpointer_writes_records_and_a_manifest(tmp_path):
     best3 = sorted(scores, key=scores.get)[:3]
     assert sorted(e.epoch for e in entries) == sorted(set(best3) | {5})
     last = max(entries, key=lambda e: e.epoch)
-    assert last.stop_reason == "completed" and last.metric == "loss" and last.mode == "min"
+    assert (
+        last.stop_reason == "completed" and last.metric == "loss" and last.mode == "min"
+    )
     assert {e.run for e in entries} == {nitro.checkpoint_run}
     assert last.file == nx.checkpoint_filename(
         epoch=5, step=20, metric="loss", score=scores[5]
@@ -43,9 +45,15 @@ def test_a_record_holds_no_pickle_and_reads_back(tmp_path):
     nitro.train()
     path = tmp_path / nx.read_manifest(str(tmp_path))[0].file
     record = Record(str(path))
-    assert set(k.split("/")[0] for k in record.arrays) == {"params", "opt_state", "device"}
+    assert set(k.split("/")[0] for k in record.arrays) == {
+        "params",
+        "opt_state",
+        "device",
+    }
     restored = record.restore("params", nitro.parameters, "parameter")
-    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(nitro.parameters), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(nitro.parameters), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert b"pickle" not in path.read_bytes()[:200]
 
@@ -66,31 +74,60 @@ def test_weights_restores_parameters_and_derived_values_and_skips_derive(tmp_pat
     trained.train()
     expected = trained.evaluate(split="test")
     path = tmp_path / max(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch).file
-    loaded = nx.Nitro(WithDerive(), weights=str(path), data={"test": make_batches(40, 16, seed=2)},
-                      logger=None, checkpointer=None)
+    loaded = nx.Nitro(
+        WithDerive(),
+        weights=str(path),
+        data={"test": make_batches(40, 16, seed=2)},
+        logger=None,
+        checkpointer=None,
+    )
     assert calls == [1]  # derive ran for the trained handle only
     np.testing.assert_allclose(loaded.device_value("class_weights"), [0.2, 0.3, 0.5])
-    assert loaded.evaluate(split="test")["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert loaded.evaluate(split="test")["loss"] == pytest.approx(
+        expected["loss"], rel=1e-6
+    )
     assert loaded.current_step == 0  # weights carry no training position
 
 
 def test_weights_by_run_and_which(tmp_path):
     nitro = nx.Nitro(Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None)
     nitro.train()
-    best = nx.Nitro(Tiny(), run_dir=str(tmp_path), weights=("latest", "best"), logger=None,
-                    checkpointer=None)
-    assert best.validate()["loss"] == pytest.approx(min(r["loss"] for r in nitro.history), rel=1e-6)
-    by_id = nx.Nitro(Tiny(), run_dir=str(tmp_path), weights=(nitro.checkpoint_run, "latest"),
-                     logger=None, checkpointer=None)
-    assert by_id.validate()["loss"] == pytest.approx(nitro.history[-1]["loss"], rel=1e-6)
+    best = nx.Nitro(
+        Tiny(),
+        run_dir=str(tmp_path),
+        weights=("latest", "best"),
+        logger=None,
+        checkpointer=None,
+    )
+    assert best.validate()["loss"] == pytest.approx(
+        min(r["loss"] for r in nitro.history), rel=1e-6
+    )
+    by_id = nx.Nitro(
+        Tiny(),
+        run_dir=str(tmp_path),
+        weights=(nitro.checkpoint_run, "latest"),
+        logger=None,
+        checkpointer=None,
+    )
+    assert by_id.validate()["loss"] == pytest.approx(
+        nitro.history[-1]["loss"], rel=1e-6
+    )
 
 
 @pytest.mark.parametrize(
     "source, error, message",
     [
         ("best", nx.ConfigError, 'weights=\\("latest", "best"\\)'),
-        ("nowhere.safetensors", nx.CheckpointError, "no such checkpoint file. The run directory"),
-        (("latest", "best"), nx.CheckpointError, "holds no checkpoints \\(runs: none\\)"),
+        (
+            "nowhere.safetensors",
+            nx.CheckpointError,
+            "no such checkpoint file. The run directory",
+        ),
+        (
+            ("latest", "best"),
+            nx.CheckpointError,
+            "holds no checkpoints \\(runs: none\\)",
+        ),
         (("all", "latest"), nx.ConfigError, 'is \\("latest", "latest"\\)'),
     ],
 )
@@ -111,43 +148,88 @@ def leaves(tree):
 
 @pytest.mark.parametrize("accum", [1, 2])
 @pytest.mark.parametrize("stop_after", [1, 3])
-def test_resume_is_bitwise_identical_to_an_uninterrupted_run(tmp_path, accum, stop_after):
-    straight = nx.Nitro(Tiny(max_epochs=4), run_dir=str(tmp_path / "a"), accum=accum, logger=None)
+def test_resume_is_bitwise_identical_to_an_uninterrupted_run(
+    tmp_path, accum, stop_after
+):
+    straight = nx.Nitro(
+        Tiny(max_epochs=4), run_dir=str(tmp_path / "a"), accum=accum, logger=None
+    )
     straight.train()
 
-    first = nx.Nitro(Tiny(max_epochs=stop_after), run_dir=str(tmp_path / "b"), accum=accum,
-                     logger=None)
+    first = nx.Nitro(
+        Tiny(max_epochs=stop_after),
+        run_dir=str(tmp_path / "b"),
+        accum=accum,
+        logger=None,
+    )
     first.train()
-    resumed = nx.Nitro(Tiny(max_epochs=4), run_dir=str(tmp_path / "b"), accum=accum,
-                       logger=None, resume="auto")
-    assert (resumed.current_epoch, resumed.current_step) == (stop_after, stop_after * 4 // accum)
+    resumed = nx.Nitro(
+        Tiny(max_epochs=4),
+        run_dir=str(tmp_path / "b"),
+        accum=accum,
+        logger=None,
+        resume="auto",
+    )
+    assert (resumed.current_epoch, resumed.current_step) == (
+        stop_after,
+        stop_after * 4 // accum,
+    )
     resumed.train()
     assert resumed.current_step == straight.current_step
-    for a, b in zip(leaves(resumed.parameters), leaves(straight.parameters), strict=True):
+    for a, b in zip(
+        leaves(resumed.parameters), leaves(straight.parameters), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(leaves(resumed._opt_state), leaves(straight._opt_state), strict=True):
+    for a, b in zip(
+        leaves(resumed._opt_state), leaves(straight._opt_state), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
-    tail = [(r["epoch"], r["step"], r["train_loss"], r["loss"]) for r in straight.history[stop_after:]]
-    assert [(r["epoch"], r["step"], r["train_loss"], r["loss"]) for r in resumed.history] == tail
-    assert resumed.checkpoint_run == first.checkpoint_run  # the newest record continues its run
+    tail = [
+        (r["epoch"], r["step"], r["train_loss"], r["loss"])
+        for r in straight.history[stop_after:]
+    ]
+    assert [
+        (r["epoch"], r["step"], r["train_loss"], r["loss"]) for r in resumed.history
+    ] == tail
+    assert (
+        resumed.checkpoint_run == first.checkpoint_run
+    )  # the newest record continues its run
 
 
 def test_resume_restores_the_recorded_seed_with_a_warning(tmp_path):
     nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, seed=5).train()
-    with pytest.warns(nx.NitroWarning, match="recorded seed 5; the seed given here \\(42\\) is ignored"):
-        resumed = nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None, resume="auto")
+    with pytest.warns(
+        nx.NitroWarning,
+        match="recorded seed 5; the seed given here \\(42\\) is ignored",
+    ):
+        resumed = nx.Nitro(
+            Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None, resume="auto"
+        )
     assert resumed.frozen()["seed"] == 5
 
 
 def test_resume_refuses_changed_graphconst_fields(tmp_path):
     nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
-    with pytest.raises(nx.ConfigError, match="GraphConst fields differ .*width: 16 in the record, 32 now"):
-        nx.Nitro(Tiny(max_epochs=2, width=32), run_dir=str(tmp_path), logger=None, resume="auto")
+    with pytest.raises(
+        nx.ConfigError,
+        match="GraphConst fields differ .*width: 16 in the record, 32 now",
+    ):
+        nx.Nitro(
+            Tiny(max_epochs=2, width=32),
+            run_dir=str(tmp_path),
+            logger=None,
+            resume="auto",
+        )
 
 
 def test_resume_appends_to_the_same_log(tmp_path):
     nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path)).train()
     nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), resume="auto").train()
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [x["status"] for x in lines if x["type"] == "finish"] == ["completed", "completed"]
+    lines = [
+        json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [x["status"] for x in lines if x["type"] == "finish"] == [
+        "completed",
+        "completed",
+    ]
     assert [x["epoch"] for x in lines if x.get("context") == "validate"] == [1, 2]

@@ -38,9 +38,9 @@ def quiet(**kw):
 
 def kinds_compiled(run):
     """The program kinds `run()` added to the cache (each kind once)."""
-    before = set(program_cache().keys())
+    before = set(program_cache().program_keys())
     run()
-    return sorted({key.kind for key in set(program_cache().keys()) - before})
+    return sorted({key.kind for key in set(program_cache().program_keys()) - before})
 
 
 class StepRecorder:
@@ -88,13 +88,17 @@ def test_second_nitro_device_sweep_and_run_settings_compile_nothing(tmp_path):
     misses = nx.cache_stats()["misses"]
     for smoothing in (0.0, 0.05, 0.1, 0.2):
         nx.Nitro(Tiny(max_epochs=1, smoothing=smoothing), **quiet()).train()
-    nx.Nitro(Tiny(max_epochs=3), seed=7, run_dir=str(tmp_path / "elsewhere"), logger=None).train()
+    nx.Nitro(
+        Tiny(max_epochs=3), seed=7, run_dir=str(tmp_path / "elsewhere"), logger=None
+    ).train()
     assert nx.cache_stats()["misses"] == misses
 
 
 def test_graphconst_change_compiles_new_programs():
     nx.Nitro(Tiny(max_epochs=1, width=16), **quiet()).train()
-    kinds = kinds_compiled(lambda: nx.Nitro(Tiny(max_epochs=1, width=24), **quiet()).train())
+    kinds = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1, width=24), **quiet()).train()
+    )
     assert kinds == ["eval_forward", "eval_loss", "gradient", "optimizer"]
 
 

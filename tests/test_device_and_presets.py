@@ -57,12 +57,21 @@ def test_set_device_writes_and_compiles_nothing():
     "kw, message",
     [
         ({"width": 4}, "`width` is GraphConst: it bakes into the compiled graph"),
-        ({"max_epochs": 4}, "`max_epochs` is a Host field: no compiled program reads it"),
+        (
+            {"max_epochs": 4},
+            "`max_epochs` is a Host field: no compiled program reads it",
+        ),
         ({"nope": 1}, "WithArrays has no field `nope`"),
-        ({"smoothing": "high"}, "Device field `smoothing` holds float32 values; 'high'"),
+        (
+            {"smoothing": "high"},
+            "Device field `smoothing` holds float32 values; 'high'",
+        ),
         ({"steps": 2.5}, "is not integral and would be truncated"),
         ({"flag": 1}, "holds bool values"),
-        ({"class_weights": np.ones(4)}, "`class_weights` has shape (3,); the new value has shape (4,)"),
+        (
+            {"class_weights": np.ones(4)},
+            "`class_weights` has shape (3,); the new value has shape (4,)",
+        ),
     ],
 )
 def test_set_device_refusals(kw, message):
@@ -75,7 +84,7 @@ def test_set_device_refusals(kw, message):
 def test_set_device_refuses_a_scheduled_field():
     nitro = nx.Nitro(WithArrays(), **quiet())
     nitro._config["schedules"] = nitro._config["schedules"].__class__(
-        {"smoothing": lambda total: (lambda t: 0.1)}, "keyword"
+        {"smoothing": lambda total: lambda t: 0.1}, "keyword"
     )
     with pytest.raises(nx.ConfigError, match="`smoothing` is scheduled"):
         nitro.set_device(smoothing=0.3)
@@ -83,7 +92,9 @@ def test_set_device_refuses_a_scheduled_field():
 
 def test_device_value_refuses_other_fields():
     nitro = nx.Nitro(WithArrays(), **quiet())
-    with pytest.raises(nx.ConfigError, match="`width` is a Host field|not a Device field"):
+    with pytest.raises(
+        nx.ConfigError, match="`width` is a Host field|not a Device field"
+    ):
         nitro.device_value("width")
 
 
@@ -91,7 +102,10 @@ def test_presets_and_from_preset():
     assert set(nx.presets(WithArrays)) == {"reference", "current"}
     e = nx.from_preset(WithArrays, "current", max_epochs=7)
     assert (e.width, e.smoothing, e.label, e.max_epochs) == (32, 0.1, "cur", 7)
-    with pytest.raises(nx.ConfigError, match='no preset "missing". Its presets are: "reference", "current"'):
+    with pytest.raises(
+        nx.ConfigError,
+        match='no preset "missing". Its presets are: "reference", "current"',
+    ):
         nx.from_preset(WithArrays, "missing")
     with pytest.raises(nx.ConfigError, match="`widht` is not a field of WithArrays"):
         nx.from_preset(WithArrays, "current", widht=3)
@@ -108,12 +122,16 @@ def test_preset_with_an_unknown_key_is_refused():
 
 
 def test_nitro_preset_form_splits_keywords(tmp_path):
-    nitro = nx.Nitro(WithArrays, "current", max_epochs=1, width=16, run_dir=str(tmp_path / "r"))
+    nitro = nx.Nitro(
+        WithArrays, "current", max_epochs=1, width=16, run_dir=str(tmp_path / "r")
+    )
     assert nitro.experiment.width == 16 and nitro.experiment.label == "cur"
     assert nitro.frozen()["preset"] == "current"
     assert nitro.params_to_log()["preset"] == "current"
     nitro.train()
-    info = nx.checkpoint_info(tmp_path / "r" / nx.read_manifest(tmp_path / "r")[-1].file)
+    info = nx.checkpoint_info(
+        tmp_path / "r" / nx.read_manifest(tmp_path / "r")[-1].file
+    )
     assert info["preset"] == "current"
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     assert '"preset": "current"' in lines[0]
@@ -122,7 +140,9 @@ def test_nitro_preset_form_splits_keywords(tmp_path):
 def test_nitro_preset_form_refusals():
     with pytest.raises(nx.ConfigError, match="data= is refused in the preset form"):
         nx.Nitro(WithArrays, "current", data={})
-    with pytest.raises(nx.ConfigError, match="bogus: neither a run keyword nor a field") as info:
+    with pytest.raises(
+        nx.ConfigError, match="bogus: neither a run keyword nor a field"
+    ) as info:
         nx.Nitro(WithArrays, "current", bogus=1)
     assert "Run keywords: seed" in str(info.value) and "Fields: " in str(info.value)
     with pytest.raises(nx.ConfigError, match='no preset "nope"'):
@@ -130,7 +150,9 @@ def test_nitro_preset_form_refusals():
 
 
 def test_unknown_run_keyword_is_refused():
-    with pytest.raises(nx.ConfigError, match="Unknown Nitro keyword max_epoch. The run keywords are"):
+    with pytest.raises(
+        nx.ConfigError, match="Unknown Nitro keyword max_epoch. The run keywords are"
+    ):
         nx.Nitro(Tiny(), max_epoch=3)
 
 

@@ -18,10 +18,24 @@ def quiet(**kw):
 
 def test_accumulator_modes():
     acc = MetricAccumulator()
-    acc.add({"acc": (3, 4), "cm": (np.eye(2), None), "s": (np.array([1.0, 2.0]), "concat"),
-             "group": {"a": (1.0, 1), "b": (2.0, "sum")}, "whole": ({"p": 1.0, "q": 2.0}, "sum")})
-    acc.add({"acc": (1, 4), "cm": (np.eye(2), "sum"), "s": (np.array([3.0]), "concat"),
-             "group": {"a": (3.0, 1), "b": (2.0, "sum")}, "whole": ({"p": 1.0, "q": 2.0}, "sum")})
+    acc.add(
+        {
+            "acc": (3, 4),
+            "cm": (np.eye(2), None),
+            "s": (np.array([1.0, 2.0]), "concat"),
+            "group": {"a": (1.0, 1), "b": (2.0, "sum")},
+            "whole": ({"p": 1.0, "q": 2.0}, "sum"),
+        }
+    )
+    acc.add(
+        {
+            "acc": (1, 4),
+            "cm": (np.eye(2), "sum"),
+            "s": (np.array([3.0]), "concat"),
+            "group": {"a": (3.0, 1), "b": (2.0, "sum")},
+            "whole": ({"p": 1.0, "q": 2.0}, "sum"),
+        }
+    )
     result = acc.result()
     assert result["acc"] == 0.5
     np.testing.assert_array_equal(result["cm"], 2 * np.eye(2))
@@ -32,9 +46,13 @@ def test_accumulator_modes():
 
 def test_a_metric_that_is_not_a_pair_is_refused():
     acc = MetricAccumulator()
-    with pytest.raises(nx.HookError, match="metric `acc` must be a \\(value, mode\\) pair"):
+    with pytest.raises(
+        nx.HookError, match="metric `acc` must be a \\(value, mode\\) pair"
+    ):
         acc.add({"acc": 0.5})
-    with pytest.raises(nx.HookError, match='metric `s` is "concat" but a batch returned a scalar'):
+    with pytest.raises(
+        nx.HookError, match='metric `s` is "concat" but a batch returned a scalar'
+    ):
         acc.add({"s": (1.0, "concat")})
 
 
@@ -45,7 +63,11 @@ def test_default_metric_is_loss_averaged_over_batches():
     val = make_batches(24, 16, seed=1)
     e = nitro.experiment
     per_batch = [
-        float(Tiny.loss(e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])))
+        float(
+            Tiny.loss(
+                e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])
+            )
+        )
         for b in val
     ]
     assert result["loss"] == pytest.approx(np.mean(per_batch), rel=1e-5)
@@ -55,13 +77,22 @@ class Counting(TinyMetrics):
     def metrics(self, logits, *, y):
         assert isinstance(logits, np.ndarray) and len(logits) == len(y)
         base = TinyMetrics.metrics(self, logits, y=y)
-        return {**base, "n": (len(y), "sum"), "sizes": (np.full(len(y), len(y)), "concat")}
+        return {
+            **base,
+            "n": (len(y), "sum"),
+            "sizes": (np.full(len(y), len(y)), "concat"),
+        }
 
     def finalize_metrics(self, acc, split):
         c = acc["confusion"]
         recall = np.diag(c) / np.maximum(c.sum(1), 1)
-        return {"acc": acc["acc"], "macro_recall": recall.mean(), "n": acc["n"],
-                "sizes": acc["sizes"], "split": split}
+        return {
+            "acc": acc["acc"],
+            "macro_recall": recall.mean(),
+            "n": acc["n"],
+            "sizes": acc["sizes"],
+            "split": split,
+        }
 
 
 def test_metrics_never_see_padding_and_finalize_gets_the_split():
@@ -101,7 +132,9 @@ def test_eval_loss_adds_the_loss_and_refuses_a_collision():
         def metrics(self, logits, *, y):
             return {"loss": (1.0, 1)}
 
-    with pytest.raises(nx.HookError, match="metrics returns `loss` while eval_loss is on"):
+    with pytest.raises(
+        nx.HookError, match="metrics returns `loss` while eval_loss is on"
+    ):
         nx.Nitro(Collides(), eval_loss=True, **quiet()).validate()
 
 
@@ -110,14 +143,19 @@ def test_custom_metrics_without_monitor_refuse_a_best_checkpointer():
         def monitor(self):
             return None
 
-    with pytest.raises(nx.ConfigError, match="keeps Best checkpoints but NoMonitor defines its own metrics"):
+    with pytest.raises(
+        nx.ConfigError,
+        match="keeps Best checkpoints but NoMonitor defines its own metrics",
+    ):
         nx.Nitro(NoMonitor(), logger=None)
     nx.Nitro(NoMonitor(), logger=None, checkpointer=nx.Checkpointer(keep=nx.Last(1)))
 
 
 def test_evaluate_unknown_split_lists_the_splits():
     nitro = nx.Nitro(Tiny(), **quiet())
-    with pytest.raises(nx.ConfigError, match="no split 'holdout'. The splits are: train, val, test"):
+    with pytest.raises(
+        nx.ConfigError, match="no split 'holdout'. The splits are: train, val, test"
+    ):
         nitro.evaluate(split="holdout")
 
 
@@ -126,9 +164,13 @@ def test_predict_a_batch_pads_and_slices():
     x = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
     out = nitro.predict({"x": x})
     assert isinstance(out, np.ndarray) and out.shape == (5, N_CLASSES)
-    np.testing.assert_allclose(out, np.asarray(mlp(nitro.parameters, jnp.asarray(x))), rtol=1e-5)
+    np.testing.assert_allclose(
+        out, np.asarray(mlp(nitro.parameters, jnp.asarray(x))), rtol=1e-5
+    )
     wide = np.concatenate([x] * 8)  # 40 rows, wider than the eval width of 16
-    np.testing.assert_allclose(nitro.predict({"x": wide}), np.concatenate([out] * 8), rtol=1e-5)
+    np.testing.assert_allclose(
+        nitro.predict({"x": wide}), np.concatenate([out] * 8), rtol=1e-5
+    )
 
 
 def test_predict_an_iterable_is_lazy():
@@ -148,7 +190,10 @@ def test_predict_an_iterable_is_lazy():
 
 def test_predict_a_bare_array_names_the_forward_fields():
     nitro = nx.Nitro(Tiny(), **quiet())
-    with pytest.raises(nx.RoutingError, match="forward is routed by field name and declares x. Pass \\{'x': ...\\}"):
+    with pytest.raises(
+        nx.RoutingError,
+        match="forward is routed by field name and declares x. Pass \\{'x': ...\\}",
+    ):
         nitro.predict(np.ones((3, 8), np.float32))
 
 
@@ -168,11 +213,11 @@ def test_data_empty_predicts_with_width_from_the_first_batch():
 def test_validate_evaluate_predict_share_one_eval_program():
     nitro = nx.Nitro(Tiny(), **quiet())
     nitro.validate()
-    before = [k for k in program_cache().keys() if k.kind == "eval_forward"]
+    before = [k for k in program_cache().program_keys() if k.kind == "eval_forward"]
     nitro.evaluate(split="test")
     nitro.predict({"x": np.ones((3, 8), np.float32)})
     list(nitro.predict(make_batches(20, 16)))
-    after = [k for k in program_cache().keys() if k.kind == "eval_forward"]
+    after = [k for k in program_cache().program_keys() if k.kind == "eval_forward"]
     assert after == before
 
 

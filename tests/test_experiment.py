@@ -45,9 +45,19 @@ def test_traits_record_the_markers():
 
 def test_config_metadata_has_type_default_kind_doc_and_line():
     meta = nx.config_metadata(Marked)
-    assert list(meta) == ["width", "layers", "smoothing", "images", "max_epochs", "name"]
+    assert list(meta) == [
+        "width",
+        "layers",
+        "smoothing",
+        "images",
+        "max_epochs",
+        "name",
+    ]
     assert meta["width"] == nx.FieldMeta(
-        type=int, default=128, kind="graphconst", doc="Hidden width. Structural.",
+        type=int,
+        default=128,
+        kind="graphconst",
+        doc="Hidden width. Structural.",
         line=meta["width"].line,
     )
     assert meta["smoothing"].kind == "device" and meta["smoothing"].type is float
@@ -97,7 +107,9 @@ def test_experiment_is_a_pytree_with_device_children():
     assert leaves == [0.05]
     rebuilt = jax.tree_util.tree_unflatten(treedef, [0.5])
     assert rebuilt.smoothing == 0.5 and rebuilt.width == 128
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(e)[0]]
+    paths = [
+        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(e)[0]
+    ]
     assert paths == [".smoothing"]
 
 
@@ -183,7 +195,9 @@ def test_graphconst_unhashable_is_refused():
 def test_seed_or_max_epochs_marked_graphconst_is_refused_at_setup(name):
     namespace = {"__annotations__": {name: nx.GraphConst[int]}, name: 1}
     bad = type("Bad", (Tiny,), namespace)
-    with pytest.raises(nx.ConfigError, match=f"Field `{name}` of Bad is marked GraphConst") as info:
+    with pytest.raises(
+        nx.ConfigError, match=f"Field `{name}` of Bad is marked GraphConst"
+    ) as info:
         nx.Nitro(bad())
     assert "mark it Host" in str(info.value)
 
@@ -210,7 +224,9 @@ def test_handwritten_experiment_with_traits_trains():
             return mlp(params, x), state
 
         def loss(self, logits, *, y):
-            return -jnp.mean(jnp.sum((1 - self.smoothing) * y * jax.nn.log_softmax(logits), -1))
+            return -jnp.mean(
+                jnp.sum((1 - self.smoothing) * y * jax.nn.log_softmax(logits), -1)
+            )
 
     assert nx.config_metadata(Handwritten)["width"].kind == "graphconst"
     nitro = nx.Nitro(Handwritten(), logger=None, checkpointer=None)

@@ -24,8 +24,14 @@ def test_missing_required_hook_raises_naming_it(missing):
         "loss": Tiny.loss,
     }
     del hooks[missing]
-    cls = type("Partial", (nx.Experiment,), {**hooks, "__annotations__": {"width": int}, "width": 4})
-    with pytest.raises(nx.HookError, match=f"does not define the required hook `{missing}`"):
+    cls = type(
+        "Partial",
+        (nx.Experiment,),
+        {**hooks, "__annotations__": {"width": int}, "width": 4},
+    )
+    with pytest.raises(
+        nx.HookError, match=f"does not define the required hook `{missing}`"
+    ):
         nx.Nitro(cls(), **quiet())
 
 
@@ -154,11 +160,16 @@ def test_loss_terms_are_logged_from_the_gradient_program(tmp_path):
 
     nitro = nx.Nitro(WithTerms(max_epochs=1), run_dir=str(tmp_path), checkpointer=None)
     nitro.train()
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     train = [line for line in lines if line.get("context") == "train"]
     assert len(train) == 4
     assert {"loss", "loss/ce", "loss/reg"} <= set(train[0])
-    assert train[0]["loss"] == pytest.approx(train[0]["loss/ce"] + train[0]["loss/reg"], rel=1e-5)
+    assert train[0]["loss"] == pytest.approx(
+        train[0]["loss/ce"] + train[0]["loss/reg"], rel=1e-5
+    )
 
 
 def test_forward_must_return_outputs_and_state():
@@ -166,7 +177,9 @@ def test_forward_must_return_outputs_and_state():
         def forward(self, model, params, state, *, x):
             return mlp(params, x)
 
-    with pytest.raises(nx.HookError, match=r"`forward` must return \(outputs, new_state\)"):
+    with pytest.raises(
+        nx.HookError, match=r"`forward` must return \(outputs, new_state\)"
+    ):
         nx.Nitro(NoState(), **quiet()).predict({"x": np.ones((2, 8), np.float32)})
 
 
@@ -178,7 +191,9 @@ def test_a_non_numeric_declared_field_is_refused_at_setup():
                 b["x"] = np.array(["a"] * 16)
             return {"train": batches}
 
-    with pytest.raises(nx.ConfigError, match="Batch field `x` of split `train` is not a numeric array"):
+    with pytest.raises(
+        nx.ConfigError, match="Batch field `x` of split `train` is not a numeric array"
+    ):
         nx.Nitro(Strings(), **quiet())
 
 

@@ -29,8 +29,14 @@ def test_redefined_accessor_is_reported_and_the_handle_keeps_its_value():
     with pytest.warns(nx.StaleHandleWarning) as record:
         nitro.train()
     message = str(record[0].message)
-    assert "Fresh has values fixed at construction that have since been redefined" in message
-    assert "`accum()` was redefined: it returned 1 at construction and returns 4 now" in message
+    assert (
+        "Fresh has values fixed at construction that have since been redefined"
+        in message
+    )
+    assert (
+        "`accum()` was redefined: it returned 1 at construction and returns 4 now"
+        in message
+    )
     assert "This handle still uses 1; rebuild to pick up 4." in message
     assert nitro.current_step == 4  # 4 batches at accum 1, not 1 step at accum 4
     assert nitro.frozen()["accum"] == 1
@@ -52,7 +58,10 @@ def test_redefined_hook_is_reported_and_the_old_code_keeps_running():
         return 100.0 * Tiny.loss(self, logits, y=y)
 
     cls.loss = loss
-    with pytest.warns(nx.StaleHandleWarning, match=r"hooks were redefined after this `Nitro` was built \(loss\)"):
+    with pytest.warns(
+        nx.StaleHandleWarning,
+        match=r"hooks were redefined after this `Nitro` was built \(loss\)",
+    ):
         result = nitro.validate()
     assert result["loss"] == pytest.approx(expected, rel=1e-6)
     rebuilt = nx.Nitro(cls(), **quiet()).validate()["loss"]
@@ -65,7 +74,9 @@ def test_validate_checks_seed_and_run_dir_only():
     cls.accum = lambda self: 4
     nitro.validate()  # accum is not validate's concern
     cls.seed = lambda self: 7
-    with pytest.warns(nx.StaleHandleWarning, match="`seed\\(\\)` was redefined: it returned 42"):
+    with pytest.warns(
+        nx.StaleHandleWarning, match="`seed\\(\\)` was redefined: it returned 42"
+    ):
         nitro.evaluate(split="test")
 
 
@@ -81,12 +92,25 @@ def test_set_config_report_silences_it():
 
 
 def test_repr_lists_the_frozen_values(tmp_path):
-    nitro = nx.Nitro(Tiny(max_epochs=3), accum=2, gradient_clip_norm=1.0,
-                     run_dir=str(tmp_path / "r"), **quiet())
+    nitro = nx.Nitro(
+        Tiny(max_epochs=3),
+        accum=2,
+        gradient_clip_norm=1.0,
+        run_dir=str(tmp_path / "r"),
+        **quiet(),
+    )
     text = repr(nitro)
     assert text.startswith("Nitro(Tiny) values fixed at construction")
-    for piece in ("seed 42", "accum 2", "max_epochs 3", "total 6", "clip 1.0",
-                  f"run_dir {tmp_path / 'r'}", "step 0", "epoch 0"):
+    for piece in (
+        "seed 42",
+        "accum 2",
+        "max_epochs 3",
+        "total 6",
+        "clip 1.0",
+        f"run_dir {tmp_path / 'r'}",
+        "step 0",
+        "epoch 0",
+    ):
         assert piece in text
 
 

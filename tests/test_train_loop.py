@@ -42,14 +42,21 @@ def test_accum_counts_optimizer_steps_and_matches_one_big_batch():
     whole = nx.Nitro(Whole(max_epochs=1), **quiet())
     whole.train()
     assert halves.current_step == whole.current_step == 2
-    for a, b in zip(jax.tree.leaves(halves.parameters), jax.tree.leaves(whole.parameters), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(halves.parameters),
+        jax.tree.leaves(whole.parameters),
+        strict=True,
+    ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_batch_count_must_divide_by_accum():
     with pytest.raises(nx.ConfigError) as info:
         nx.Nitro(Tiny(), accum=3, **quiet())
-    assert "The train split has 4 batches, which does not divide by accum=3 (4 % 3 = 1)" in str(info.value)
+    assert (
+        "The train split has 4 batches, which does not divide by accum=3 (4 % 3 = 1)"
+        in str(info.value)
+    )
 
 
 def test_a_partial_last_train_batch_is_refused_at_setup():
@@ -57,7 +64,9 @@ def test_a_partial_last_train_batch_is_refused_at_setup():
         def build_data(self, dist):
             return {"train": make_batches(40, 16)}
 
-    with pytest.raises(nx.ConfigError, match=r"keeps a partial last batch \(8 samples, the others 16\)"):
+    with pytest.raises(
+        nx.ConfigError, match=r"keeps a partial last batch \(8 samples, the others 16\)"
+    ):
         nx.Nitro(Partial(), **quiet())
 
 
@@ -77,7 +86,10 @@ def test_a_partial_batch_of_a_sequential_source_is_refused_when_met():
             return {"train": Sequential(make_batches(40, 16) + make_batches(16, 16))}
 
     nitro = nx.Nitro(Partial(), **quiet())
-    with pytest.raises(nx.ConfigError, match="Train batch 2 of epoch 1 holds 8 samples, the first held 16"):
+    with pytest.raises(
+        nx.ConfigError,
+        match="Train batch 2 of epoch 1 holds 8 samples, the first held 16",
+    ):
         nitro.train()
     assert isinstance(nitro.phase, nx.Failed) and nitro.stop_reason == "error"
 
@@ -90,24 +102,36 @@ class Diverging(Tiny):
 
     def build_data(self, dist):
         batches = make_batches(64, 16)
-        batches[2]["y"] = batches[2]["y"] * 5.0  # y[0, 0] > 2 only if that sample is class 0
+        batches[2]["y"] = (
+            batches[2]["y"] * 5.0
+        )  # y[0, 0] > 2 only if that sample is class 0
         batches[2]["y"][0] = [5.0, 0.0, 0.0]
         return {"train": batches, "val": make_batches(16, 16)}
 
 
 def test_a_non_finite_loss_raises_naming_step_and_epoch(tmp_path):
     nitro = nx.Nitro(Diverging(), run_dir=str(tmp_path), checkpointer=None)
-    with pytest.raises(nx.DivergenceError, match="The training loss is nan at step 3 of epoch 1"):
+    with pytest.raises(
+        nx.DivergenceError, match="The training loss is nan at step 3 of epoch 1"
+    ):
         nitro.train()
     lines = read_lines(tmp_path / "metrics.jsonl")
     assert lines[-1] == {"type": "finish", "status": "error"}
 
 
 def test_check_divergence_off_continues_and_drops_the_value(tmp_path):
-    nitro = nx.Nitro(Diverging(max_epochs=1), run_dir=str(tmp_path), checkpointer=None,
-                     check_divergence=False)
+    nitro = nx.Nitro(
+        Diverging(max_epochs=1),
+        run_dir=str(tmp_path),
+        checkpointer=None,
+        check_divergence=False,
+    )
     nitro.train()
-    train = [line for line in read_lines(tmp_path / "metrics.jsonl") if line.get("context") == "train"]
+    train = [
+        line
+        for line in read_lines(tmp_path / "metrics.jsonl")
+        if line.get("context") == "train"
+    ]
     assert [("loss" in line) for line in train] == [True, True, False, True]
     assert np.isnan(nitro.history[-1]["train_loss"])
 
@@ -121,14 +145,19 @@ def test_request_stop_leaves_at_the_step_boundary_and_checkpoints(tmp_path):
             if context == "train" and step == 2:
                 holder[0].request_stop()
 
-    nitro = nx.Nitro(Tiny(max_epochs=5), run_dir=str(tmp_path), logger=Stopper(), run_ref=holder)
+    nitro = nx.Nitro(
+        Tiny(max_epochs=5), run_dir=str(tmp_path), logger=Stopper(), run_ref=holder
+    )
     nitro.train()
     assert nitro.stop_reason == "requested"
     assert nitro.current_epoch == 1 and nitro.current_step == 3  # one in flight
     assert nitro.history[-1]["epoch"] == 1 and "loss" in nitro.history[-1]
     manifest = nx.read_manifest(str(tmp_path))
     assert manifest[-1].stop_reason == "requested"
-    assert read_lines(tmp_path / "metrics.jsonl")[-1] == {"type": "finish", "status": "requested"}
+    assert read_lines(tmp_path / "metrics.jsonl")[-1] == {
+        "type": "finish",
+        "status": "requested",
+    }
 
 
 def test_run_ref_accepts_a_callable():
@@ -182,8 +211,12 @@ class StepCounter:
 
 def test_resumed_handle_at_max_epochs_warns_nothing_to_train(tmp_path):
     nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
-    done = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, resume="auto")
-    with pytest.warns(nx.NitroWarning, match="Nothing to train: the handle is at epoch 1"):
+    done = nx.Nitro(
+        Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, resume="auto"
+    )
+    with pytest.warns(
+        nx.NitroWarning, match="Nothing to train: the handle is at epoch 1"
+    ):
         done.train()
 
 
@@ -194,8 +227,12 @@ def test_n_devs_above_one_is_not_silently_ignored():
 
 @pytest.mark.parametrize(
     "kw, feature",
-    [({"schedules": {"learning_rate": 0.1}}, "schedules"), ({"ema": object()}, "EMA"),
-     ({"early_stop": object()}, "early stopping"), ({"restore_best": True}, "restore_best")],
+    [
+        ({"schedules": {"learning_rate": 0.1}}, "schedules"),
+        ({"ema": object()}, "EMA"),
+        ({"early_stop": object()}, "early stopping"),
+        ({"restore_best": True}, "restore_best"),
+    ],
 )
 def test_later_keywords_are_refused_not_ignored(kw, feature):
     with pytest.raises(nx.NotYetSupportedError, match=feature):
@@ -207,13 +244,19 @@ def test_later_hooks_are_refused_not_ignored():
         def param_group(self, keypath):
             return "default"
 
-    with pytest.raises(nx.NotYetSupportedError, match="defines `param_group`, which configures parameter groups"):
+    with pytest.raises(
+        nx.NotYetSupportedError,
+        match="defines `param_group`, which configures parameter groups",
+    ):
         nx.Nitro(Grouped(), **quiet())
 
 
 def test_compile_options_are_checked_at_construction():
     with pytest.raises(nx.ConfigError, match="compile_options were refused by XLA"):
         nx.Nitro(Tiny(), compile_options={"xla_no_such_option": True}, **quiet())
-    nitro = nx.Nitro(Tiny(max_epochs=1), compile_options={"xla_embed_ir_in_executable": True},
-                     **quiet())
+    nitro = nx.Nitro(
+        Tiny(max_epochs=1),
+        compile_options={"xla_embed_ir_in_executable": True},
+        **quiet(),
+    )
     nitro.train()

@@ -3,8 +3,8 @@
 A subclass becomes a frozen, keyword-only dataclass registered as a JAX pytree (its
 Device fields are the children). It records its fields' markers as the three traits
 `device_fields`, `host_fields` and `config_metadata`, and it carries the run accessors
-(`seed`, `accum`, `max_epochs`, ...) with their defaults, which a subclass overrides with
-a method or with a field of the same name.
+(`seed`, `accum`, `max_epochs`, ...) with their defaults, which a subclass overrides
+with a method or with a field of the same name.
 
     class MnistMLP(Experiment):
         width: GraphConst[int] = 128
@@ -48,7 +48,8 @@ def field(
         >>> from jaxnitro import Device, Experiment, field
         >>> class E(Experiment):
         ...     weights: Device[np.ndarray] = field(
-        ...         default_factory=lambda: np.ones(3, np.float32), doc="Class weights.")
+        ...         default_factory=lambda: np.ones(3, np.float32), doc="Class weights."
+        ...     )
         >>> E.config_metadata()["weights"].doc
         'Class weights.'
     """
@@ -278,9 +279,7 @@ def summarize(value: Any) -> str:
 def _flatten_with_keys(e: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
     names = type(e).device_fields()
     children = [(jax.tree_util.GetAttrKey(n), getattr(e, n)) for n in names]
-    static = tuple(
-        (n, getattr(e, n)) for n in type(e)._jaxnitro_meta if n not in names
-    )
+    static = tuple((n, getattr(e, n)) for n in type(e)._jaxnitro_meta if n not in names)
     return children, static
 
 
@@ -291,7 +290,7 @@ def _flatten(e: Any) -> tuple[list[Any], tuple[Any, ...]]:
 
 def _unflattener(cls: type) -> Any:
     def unflatten(static: tuple[Any, ...], children: Any) -> Any:
-        instance = object.__new__(cls)
+        instance: Any = object.__new__(cls)
         for name, value in static:
             object.__setattr__(instance, name, value)
         for name, value in zip(cls.device_fields(), children, strict=True):  # type: ignore[attr-defined]

@@ -103,9 +103,11 @@ class Nitro:
             check_divergence, log_every_n_steps, logger, checkpointer, monitor,
             eval_loss, data, weights, resume, compile_options, run_ref, ...).
 
-    Example:
-        >>> nitro = Nitro(MyExp(), run_dir="runs/demo")     # doctest: +SKIP
-        >>> nitro.train().history[-1]["loss"]               # doctest: +SKIP
+    Example::
+
+        nitro = Nitro(MyExp(), run_dir="runs/demo")   # setup only: nothing compiled
+        nitro.train()                                 # the automatic loop
+        nitro.history[-1]["loss"]                     # the last validation loss
     """
 
     def __init__(
@@ -116,7 +118,8 @@ class Nitro:
         if unknown:
             raise ConfigError(
                 f"Unknown Nitro keyword{'s' if len(unknown) > 1 else ''} "
-                f"{', '.join(unknown)}. The run keywords are: {', '.join(RUN_KEYWORDS)}."
+                f"{', '.join(unknown)}. The run keywords are: "
+                f"{', '.join(RUN_KEYWORDS)}."
             )
         if "checkpoint" in kwargs:
             warnings.warn(
@@ -214,17 +217,16 @@ class Nitro:
         np.random.seed(seed % 2**32)
 
         # Data, then derive, on the pre-conversion experiment.
-        if data_given:
-            data = kw["data"]
-        else:
-            data = hook_function(cls, "build_data")(e, None)
+        data = kw["data"] if data_given else hook_function(cls, "build_data")(e, None)
         if not isinstance(data, Mapping):
             raise HookError(
                 f"build_data must return a dict of splits such as "
                 f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
             )
         self.data: dict[str, Any] = dict(data)
-        self._split_sizes = {name: check_split(name, s) for name, s in self.data.items()}
+        self._split_sizes = {
+            name: check_split(name, s) for name, s in self.data.items()
+        }
 
         derived_from_record = (
             self._weights is not None
@@ -268,7 +270,9 @@ class Nitro:
         )
 
         # The model, on the post-conversion experiment.
-        built = hook_function(cls, "build_model")(self._experiment, jax.random.key(seed))
+        built = hook_function(cls, "build_model")(
+            self._experiment, jax.random.key(seed)
+        )
         if not (isinstance(built, tuple) and len(built) == 3):
             raise HookError(
                 "build_model must return (model, params, state); it returned "
@@ -336,7 +340,9 @@ class Nitro:
         }
         if not diff:
             return
-        shown = "; ".join(f"{n}: {a!r} in the record, {b!r} now" for n, (a, b) in diff.items())
+        shown = "; ".join(
+            f"{n}: {a!r} in the record, {b!r} now" for n, (a, b) in diff.items()
+        )
         if self._resume is not None:
             raise ConfigError(
                 f"Cannot resume from {record.path}: its GraphConst fields differ from "
@@ -345,7 +351,8 @@ class Nitro:
                 f"weights=."
             )
         warnings.warn(
-            f"weights={record.path} was written with other GraphConst values ({shown}); "
+            f"weights={record.path} was written with other GraphConst values "
+            f"({shown}); "
             f"the parameters are loaded into this experiment's program.",
             NitroWarning,
             stacklevel=4,
@@ -442,7 +449,9 @@ class Nitro:
         """Where metric hook `hook` runs, resolved once and frozen with the handle."""
         frozen = self.__dict__.setdefault("_residencies", {})
         if hook not in frozen:
-            where = hook_function(self._cls, "metrics_residency")(self._experiment, hook)
+            where = hook_function(self._cls, "metrics_residency")(
+                self._experiment, hook
+            )
             if where not in ("host", "device"):
                 raise ConfigError(
                     f'metrics_residency({hook!r}) must return "host" or "device", '
@@ -489,7 +498,9 @@ class Nitro:
             elif self._resume is not None:
                 parent = self._resume.path
             self._run_id = resumed_run or new_run_id()
-            ckpt.bind(directory=run_dir, monitor=monitor, run=self._run_id, parent=parent)
+            ckpt.bind(
+                directory=run_dir, monitor=monitor, run=self._run_id, parent=parent
+            )
         else:
             self._run_id = new_run_id()
         bind = getattr(self._logger, "bind_run_dir", None)
@@ -598,7 +609,9 @@ class Nitro:
     @property
     def total_steps(self) -> int:
         """The schedule horizon: max_epochs * (train batches // accum)."""
-        per_epoch = self._split_sizes.get("train", 0) // int(self._config["accum"].value)
+        per_epoch = self._split_sizes.get("train", 0) // int(
+            self._config["accum"].value
+        )
         return int(self._config["max_epochs"].value) * per_epoch
 
     def __repr__(self) -> str:
@@ -626,7 +639,9 @@ class Nitro:
             elif kind != Kind.HOST.value:
                 params[name] = type(value).__name__
         for name in ("seed", "accum", "max_epochs", "gradient_clip_norm", "run_dir"):
-            params[name] = self._config[name].value if name != "run_dir" else self._run_dir
+            params[name] = (
+                self._config[name].value if name != "run_dir" else self._run_dir
+            )
         if self._preset is not None:
             params["preset"] = self._preset
         return params
@@ -667,7 +682,9 @@ class Nitro:
             for name in prints.keys() | self._hook_prints.keys()
             if prints.get(name) != self._hook_prints.get(name)
         ]
-        redefined.sort(key=lambda n: list(prints.keys() | self._hook_prints.keys()).index(n))
+        redefined.sort(
+            key=lambda n: list(prints.keys() | self._hook_prints.keys()).index(n)
+        )
         emit_stale_report(stale_report(self._cls.__name__, changes, sorted(redefined)))
 
     # ------------------------------------------------------------------ verbs -------
@@ -796,7 +813,9 @@ class Nitro:
     # -------------------------------------------------------- loop internals --------
     def device_values(self) -> dict[str, Any]:
         """The Device fields as the dict every program receives."""
-        return {name: getattr(self._experiment, name) for name in self._ctx.device_names}
+        return {
+            name: getattr(self._experiment, name) for name in self._ctx.device_names
+        }
 
     def set_phase(self, phase: phases.Phase) -> None:
         self._phase = phase
@@ -817,7 +836,7 @@ def _split_preset_form(
         raise ConfigError(
             f"Nitro({experiment.__name__}) needs an instance, "
             f"Nitro({experiment.__name__}()), or a preset name: "
-            f"Nitro({experiment.__name__}, \"name\", ...)."
+            f'Nitro({experiment.__name__}, "name", ...).'
         )
     if "data" in kwargs:
         raise ConfigError(
@@ -828,7 +847,9 @@ def _split_preset_form(
         )
     fields = set(field_names(experiment))
     run_kw = {k: v for k, v in kwargs.items() if k in RUN_KEYWORDS}
-    overrides = {k: v for k, v in kwargs.items() if k not in RUN_KEYWORDS and k in fields}
+    overrides = {
+        k: v for k, v in kwargs.items() if k not in RUN_KEYWORDS and k in fields
+    }
     neither = sorted(set(kwargs) - set(run_kw) - set(overrides))
     if neither:
         raise ConfigError(
@@ -843,7 +864,11 @@ def _split_preset_form(
 
 
 def _check_monitor(monitor: Any) -> tuple[str, str]:
-    if isinstance(monitor, tuple) and len(monitor) == 2 and monitor[1] in ("min", "max"):
+    if (
+        isinstance(monitor, tuple)
+        and len(monitor) == 2
+        and monitor[1] in ("min", "max")
+    ):
         name = str(monitor[0])
         if name == "val_loss":
             warnings.warn(
@@ -875,7 +900,9 @@ def _check_compile_options(options: Any) -> dict[str, Any]:
             )
     if options:
         try:
-            jax.jit(lambda: jnp.zeros(())).lower().compile(compiler_options=dict(options))
+            jax.jit(lambda: jnp.zeros(())).lower().compile(
+                compiler_options=dict(options)
+            )
         except Exception as error:
             raise ConfigError(
                 f"compile_options were refused by XLA: {error}. Check the option "
@@ -944,4 +971,3 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
     if preset is None:
         return Nitro(experiment, **kwargs).train()
     return Nitro(experiment, preset, **kwargs).train()
-

@@ -46,7 +46,7 @@ def hook_function(cls: type, name: str) -> Callable[..., Any]:
         if isinstance(attr, classmethod):
             bound = attr.__get__(None, cls)
             return lambda _self, *args, **kwargs: bound(*args, **kwargs)
-        return attr  # type: ignore[no-any-return]
+        return attr  # type: ignore[no-any-return,return-value]
     return getattr(Experiment, name)  # type: ignore[no-any-return]
 
 

@@ -59,7 +59,11 @@ class FieldKind:
 
 
 _STRING_MARKER = re.compile(r"^\s*(?:[\w.]+\.)?(GraphConst|Device|Host)\[(.*)\]\s*$")
-_STRING_KINDS = {"GraphConst": Kind.GRAPHCONST, "Device": Kind.DEVICE, "Host": Kind.HOST}
+_STRING_KINDS = {
+    "GraphConst": Kind.GRAPHCONST,
+    "Device": Kind.DEVICE,
+    "Host": Kind.HOST,
+}
 _STRING_TYPES: dict[str, Any] = {
     "int": int,
     "float": float,

@@ -3,7 +3,7 @@
 `metrics` returns, per eval batch, a dict whose leaves are pairs:
 
     {"acc": (n_correct, n_images),          # a count: summed, then divided at the end
-     "confusion": (matrix, "sum"),          # summed, never divided (None also means this)
+     "confusion": (matrix, "sum"),          # summed, never divided (None: the same)
      "scores": (per_sample, "concat")}      # concatenated along the batch axis
 
 A dict value is a group: its own leaves carry their modes, or a mode on the group

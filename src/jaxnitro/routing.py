@@ -47,7 +47,8 @@ class HookFields:
         if missing:
             raise RoutingError(
                 f"`{self.hook}` declares the batch field `{missing[0]}`, but the batch "
-                f"has no such field. The batch has: {', '.join(available) or 'nothing'}."
+                f"has no such field. The batch has: "
+                f"{', '.join(available) or 'nothing'}."
                 f" Add `{missing[0]}` to the batches, or give the keyword a default in "
                 f"`{self.hook}` to make it optional."
             )
@@ -83,9 +84,9 @@ def hook_fields(hook: str, fn: Callable[..., Any]) -> HookFields:
     for index, p in enumerate(params):
         if p.kind is p.VAR_KEYWORD:
             takes_all = True
-        elif p.kind is p.VAR_POSITIONAL or p.kind is p.POSITIONAL_ONLY:
-            continue
-        elif p.kind is p.POSITIONAL_OR_KEYWORD and index < len(positionals):
+        elif p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) or (
+            p.kind is p.POSITIONAL_OR_KEYWORD and index < len(positionals)
+        ):
             continue
         elif p.default is p.empty:
             required.append(p.name)

@@ -16,7 +16,7 @@ from .errors import StrippedHostError
 STRIPPED_HOST_MESSAGE = """\
 Traced code used the Host field `{field}` of {owner} ({operation}).
 Host fields never reach the tracer: compile_view(e).{field} is StrippedHost('{field}'),
-so a dataset-sized value is never walked by a compile. Three fixes, by what `{field}` is:
+so a dataset-sized value is never walked by a compile. Three fixes, by what it is:
   1. structural (a width, a layer count, a variant name): mark it `GraphConst[...]`;
      it bakes into the graph and a new value compiles a new program.
   2. a number or array to sweep or schedule without recompiling: mark it

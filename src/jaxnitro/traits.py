@@ -69,7 +69,7 @@ def device_fields(cls: type) -> tuple[str, ...]:
 
 
 def host_fields(cls: type) -> tuple[str, ...]:
-    """The names of `cls`'s Host fields (unmarked ones included), in declaration order."""
+    """The names of `cls`'s Host fields (unmarked ones too), in declaration order."""
     value = _read_trait(cls, "host_fields")
     return tuple(value) if value is not None else ()
 

@@ -46,7 +46,7 @@ def coerce_graphconst(name: str, declared: Any, value: Any) -> Any:
         if isinstance(value, numbers.Integral):
             return int(value)
         if isinstance(value, numbers.Real) and float(value).is_integer():
-            return int(value)
+            return int(float(value))
         raise ConfigError(
             f"GraphConst field `{name}` is declared int but got {value!r} "
             f"({type(value).__name__}); pass an integer."
@@ -73,13 +73,13 @@ def device_dtype(declared: Any, value: Any) -> np.dtype:
     except TypeError:
         pass
     dtype = np.asarray(value).dtype if not isinstance(value, jax.Array) else value.dtype
-    if not jax.config.jax_enable_x64:
+    if not jax.config.values.get("jax_enable_x64", False):
         dtype = _NARROW.get(np.dtype(dtype), np.dtype(dtype))
     return np.dtype(dtype)
 
 
 def to_host_array(name: str, dtype: np.dtype, value: Any) -> np.ndarray:
-    """Convert `value` to a host array of `dtype`, refusing a value that does not fit."""
+    """Convert `value` to a host array of `dtype`, refusing one that does not fit."""
     if isinstance(value, jax.Array):
         value = np.asarray(value)
     try:
@@ -92,17 +92,19 @@ def to_host_array(name: str, dtype: np.dtype, value: Any) -> np.ndarray:
     if array.dtype.kind not in "biufc":
         raise ConfigError(
             f"Device field `{name}` holds {dtype} values; {value!r} "
-            f"({type(value).__name__}) is not numeric. Pass a number or a numeric array."
+            f"({type(value).__name__}) is not numeric. Pass a number or a numeric "
+            f"array."
         )
-    if dtype.kind in "iu" and array.dtype.kind == "f":
-        if not np.all(np.isfinite(array)) or not np.all(array == np.round(array)):
-            raise ConfigError(
-                f"Device field `{name}` holds {dtype} values; {value!r} is not integral "
-                f"and would be truncated. Pass an integer."
-            )
+    integral = np.all(np.isfinite(array)) and np.all(array == np.round(array))
+    if dtype.kind in "iu" and array.dtype.kind == "f" and not integral:
+        raise ConfigError(
+            f"Device field `{name}` holds {dtype} values; {value!r} is not "
+            f"integral and would be truncated. Pass an integer."
+        )
     if dtype.kind == "b" and array.dtype.kind != "b":
         raise ConfigError(
-            f"Device field `{name}` holds bool values; got {value!r}. Pass True or False."
+            f"Device field `{name}` holds bool values; got {value!r}. Pass True or "
+            f"False."
         )
     if dtype.kind in "biuf" and array.dtype.kind == "c":
         raise ConfigError(

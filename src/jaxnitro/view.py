@@ -8,7 +8,6 @@ any experiment, derived from `Experiment` or written by hand with the three trai
 from __future__ import annotations
 
 import copy
-
 from typing import Any
 
 from .errors import ConfigError

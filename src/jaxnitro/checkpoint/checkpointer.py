@@ -220,7 +220,9 @@ class Checkpointer:
                     "Keep the pool itself instead, e.g. keep=(Best(5), Last(20))."
                 )
         if mode is not None and mode not in ("min", "max"):
-            raise ConfigError(f'Checkpointer mode must be "min" or "max", got {mode!r}.')
+            raise ConfigError(
+                f'Checkpointer mode must be "min" or "max", got {mode!r}.'
+            )
         if scope != "run":
             raise NotYetSupportedError(
                 f'Checkpointer(scope={scope!r}) is not supported yet; scope="run" is.'
@@ -318,7 +320,9 @@ class Checkpointer:
         if filename in others or (
             filename not in owned and os.path.exists(os.path.join(directory, filename))
         ):
-            filename = filename.replace(RECORD_SUFFIX, f"-run-{self.run}{RECORD_SUFFIX}")
+            filename = filename.replace(
+                RECORD_SUFFIX, f"-run-{self.run}{RECORD_SUFFIX}"
+            )
         candidate = ManifestEntry(
             file=filename,
             epoch=epoch,
@@ -339,7 +343,12 @@ class Checkpointer:
         save_record(
             os.path.join(directory, filename),
             trees,
-            {**meta, "run": self.run, "metrics": dict(metrics), "stop_reason": stop_reason},
+            {
+                **meta,
+                "run": self.run,
+                "metrics": dict(metrics),
+                "stop_reason": stop_reason,
+            },
         )
         dropped = [e for e in self._own(all_entries) if e not in kept]
         survivors = [e for e in all_entries if e not in dropped] + [candidate]
@@ -359,7 +368,9 @@ class Checkpointer:
                 f"The checkpointer ranks by `{self.metric}`, but validation returned "
                 f"{', '.join(metrics) or 'no metrics'}. Set `monitor` to one of them."
             )
-        return check_control_readback(metrics[self.metric], "checkpoint metric", self.metric)
+        return check_control_readback(
+            metrics[self.metric], "checkpoint metric", self.metric
+        )
 
     def latest(self, run: str | None = None) -> ManifestEntry | None:
         """The newest entry of `run`, or of the run that wrote last."""

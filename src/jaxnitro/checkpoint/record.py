@@ -70,8 +70,10 @@ def _host_array(leaf: Any) -> tuple[np.ndarray, str | None]:
     return np.require(np.asarray(leaf), requirements="C"), None
 
 
-def flatten_tree(prefix: str, tree: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """A tree's leaves as host arrays under `<prefix>/<keypath>`, plus PRNG key impls."""
+def flatten_tree(
+    prefix: str, tree: Any
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A tree's leaves as host arrays keyed `<prefix>/<keypath>`, and PRNG key impls."""
     arrays: dict[str, np.ndarray] = {}
     key_impls: dict[str, str] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -84,9 +86,7 @@ def flatten_tree(prefix: str, tree: Any) -> tuple[dict[str, np.ndarray], dict[st
     return arrays, key_impls
 
 
-def save_record(
-    path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]
-) -> None:
+def save_record(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     """Write a record: each tree in `trees` under its prefix, `meta` in the header."""
     arrays: dict[str, np.ndarray] = {}
     key_impls: dict[str, str] = {}
@@ -118,7 +118,9 @@ def read_meta(path: str) -> dict[str, Any]:
     except Exception as error:
         raise CheckpointError(f"{path} is not a readable checkpoint: {error}") from None
     if _META_KEY not in metadata:
-        raise CheckpointError(f"{path} is a safetensors file but not a jaxnitro record.")
+        raise CheckpointError(
+            f"{path} is a safetensors file but not a jaxnitro record."
+        )
     meta = json.loads(metadata[_META_KEY])
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
@@ -165,7 +167,9 @@ class Record:
                 leaves.append(jax.random.wrap_key_data(jnp.asarray(stored), impl=impl))
                 continue
             want_shape = np.shape(leaf)
-            want_dtype = np.dtype(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)
+            want_dtype = np.dtype(
+                getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
+            )
             if stored.shape != want_shape or stored.dtype != want_dtype:
                 raise CheckpointError(
                     f"{self.path}: {what} leaf {jax.tree_util.keystr(path)} is "

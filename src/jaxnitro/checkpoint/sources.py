@@ -50,7 +50,10 @@ def resolve_source(
     source: Any, run_dir: str, checkpointer: Checkpointer | None, what: str
 ) -> ResolvedSource:
     """Resolve a path or `(run, which)` pair to a record in `run_dir`."""
-    if isinstance(source, str | os.PathLike) and os.fspath(source) in ("best", "latest"):
+    if isinstance(source, str | os.PathLike) and os.fspath(source) in (
+        "best",
+        "latest",
+    ):
         raise ConfigError(
             f'{what}="{source}" is ambiguous about the run: use a pair such as '
             f'{what}=("latest", "{source}") for the newest run\'s {source} record.'
@@ -62,8 +65,8 @@ def resolve_source(
                 f"{what}={path!r}: no such checkpoint file. The run directory "
                 f"{run_dir!r} holds the runs: {_runs_held(run_dir)}."
             )
-        entry, newest = _entry_for_path(path)
-        return ResolvedSource(path, entry, newest)
+        entry, is_newest = _entry_for_path(path)
+        return ResolvedSource(path, entry, is_newest)
     if not (isinstance(source, tuple) and len(source) == 2):
         raise ConfigError(
             f"{what}= takes a checkpoint path or a (run, which) pair such as "
@@ -81,7 +84,7 @@ def resolve_source(
         )
     if not isinstance(run, str) or run in ("all", "legacy"):
         raise NotYetSupportedError(
-            f"{what}=({run!r}, {which!r}): the run must be \"latest\" or a run id."
+            f'{what}=({run!r}, {which!r}): the run must be "latest" or a run id.'
         )
     entries = read_manifest(run_dir)
     if run == "latest":
@@ -107,15 +110,17 @@ def resolve_source(
             scored = [e for e in mine if e.metric is not None]
             if not scored:
                 raise CheckpointError(
-                    f"{what}=({source[0]!r}, \"best\"): run {run!r} has no scored "
+                    f'{what}=({source[0]!r}, "best"): run {run!r} has no scored '
                     f"checkpoint (it ran without validation)."
                 )
             metric, mode = scored[-1].metric, scored[-1].mode
-        under = [e for e in mine if e.metric in (None, metric) and e.mode in (None, mode)]
+        under = [
+            e for e in mine if e.metric in (None, metric) and e.mode in (None, mode)
+        ]
         if len(under) < len([e for e in mine if e.score is not None]):
             warnings.warn(
                 f"Run {run!r} in {run_dir!r} holds checkpoints scored under another "
-                f"metric or mode; \"best\" ranks only those under {metric}/{mode}.",
+                f'metric or mode; "best" ranks only those under {metric}/{mode}.',
                 NitroWarning,
                 stacklevel=3,
             )
@@ -123,7 +128,7 @@ def resolve_source(
         picked = Best(1).select(under, probe)
         if not picked:
             raise CheckpointError(
-                f"{what}=({source[0]!r}, \"best\"): run {run!r} has no checkpoint "
+                f'{what}=({source[0]!r}, "best"): run {run!r} has no checkpoint '
                 f"scored under {metric}/{mode}."
             )
         chosen = picked[0]

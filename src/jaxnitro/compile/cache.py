@@ -76,7 +76,7 @@ class CompileCache:
             self.hits = 0
             self.misses = 0
 
-    def keys(self) -> list[ProgramKey]:
+    def program_keys(self) -> list[ProgramKey]:
         with self._lock:
             return list(self._entries)
 
@@ -138,7 +138,7 @@ def configure_persistent_cache() -> str | None:
     """
     global _persistent_configured
     with _PERSISTENT_LOCK:
-        current = jax.config.jax_compilation_cache_dir
+        current = jax.config.values.get("jax_compilation_cache_dir")
         if _persistent_configured or current:
             return current or None
         _persistent_configured = True

@@ -126,9 +126,7 @@ class _Fingerprinter:
             self._code(c) if isinstance(c, types.CodeType) else repr(c)
             for c in code.co_consts
         ]
-        return "|".join(
-            [code.co_code.hex(), ",".join(consts), ",".join(code.co_names)]
-        )
+        return "|".join([code.co_code.hex(), ",".join(consts), ",".join(code.co_names)])
 
     def value(self, value: Any, owner: type | None = None) -> str:
         """A stable description of a value a traced function may depend on."""

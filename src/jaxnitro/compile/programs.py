@@ -1,12 +1,13 @@
 """The programs the automatic loop runs, and how each is keyed and compiled.
 
-| program       | computes                                               | donated          |
-| gradient      | forward, loss, grad (accumulated when accum > 1),      | the accumulator  |
-|               | loss terms, device train_metrics                       |                  |
-| optimizer     | global-norm clip, the Optax rule, zeroed accumulator   | params, opt state, grads |
-| eval_forward  | forward in eval mode                                   | nothing          |
-| eval_metrics  | metrics, when their residency is device                | nothing          |
-| eval_loss     | loss on eval outputs                                   | nothing          |
+| program      | computes                                  | donated                 |
+| gradient     | forward, loss, gradient (accumulated when | the accumulator         |
+|              | accum > 1), loss terms, train_metrics     |                         |
+| optimizer    | global-norm clip, the Optax rule, zeroed  | params, opt state, and  |
+|              | accumulator                               | the accumulator         |
+| eval_forward | forward in eval mode                      | nothing                 |
+| eval_metrics | metrics, when their residency is device   | nothing                 |
+| eval_loss    | loss on eval outputs                      | nothing                 |
 
 Every program receives the experiment's Device fields as a plain dict and rebuilds the
 stripped view inside the trace, so a compiled program never depends on the identity of
@@ -28,6 +29,7 @@ from ..optim.rules import OptimizerPlan, clip_by_global_norm
 from ..view import replace_fields
 from .cache import CompileCache, ProgramKey, abstract_signature
 from .fingerprint import fingerprint
+
 
 class _Identity:
     """Keys an unhashable object by identity, holding it alive while keyed."""
@@ -186,7 +188,9 @@ def gradient_fn(ctx: TraceContext, fields: GradientFields, accum: int) -> Callab
                     ctx, view, p, state, {k: batch[k] for k in fields.forward}
                 )
                 loss, terms = split_loss(
-                    ctx.hooks["loss"](view, outputs, **{k: batch[k] for k in fields.loss})
+                    ctx.hooks["loss"](
+                        view, outputs, **{k: batch[k] for k in fields.loss}
+                    )
                 )
                 _check_scalar_loss(loss)
                 return loss, (outputs, new_state, terms)
@@ -235,7 +239,9 @@ def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
     def run(device_values, params, state, batch):
         view = ctx.make_view(device_values)
         with training_mode(False):
-            outputs, _ = call_forward(ctx, view, params, state, {k: batch[k] for k in names})
+            outputs, _ = call_forward(
+                ctx, view, params, state, {k: batch[k] for k in names}
+            )
         return outputs
 
     return run

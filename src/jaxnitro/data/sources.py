@@ -39,9 +39,9 @@ def check_split(name: str, source: Any) -> int:
     if isinstance(source, Iterator) and iter(source) is source:
         raise ConfigError(
             f"Split `{name}` is a one-shot iterator ({type(source).__name__}): setup "
-            f"draws one batch to learn the fields and every epoch starts it over, so it "
-            f"would lose batches. Pass a restartable source: a list of batches, a "
-            f"grain.MapDataset, or an object whose __iter__ starts a new pass."
+            f"draws one batch to learn the fields and every epoch starts it over, "
+            f"so it would lose batches. Pass a restartable source: a list of "
+            f"batches, a grain.MapDataset, or an object whose __iter__ starts anew."
         )
     try:
         count = len(source)
@@ -64,7 +64,11 @@ def check_split(name: str, source: Any) -> int:
 def batch_at_index(source: Any, index: int) -> Mapping[str, Any] | None:
     """Batch `index` of epoch 0 by random access, or None for a sequential source."""
     if has_batch_at(source):
-        plan = source.begin_epoch() if callable(getattr(source, "begin_epoch", None)) else None
+        plan = (
+            source.begin_epoch()
+            if callable(getattr(source, "begin_epoch", None))
+            else None
+        )
         return as_batch(source.batch_at(index, plan), _BATCH_HINT)
     if _is_grain_map_dataset(source) or isinstance(source, list | tuple):
         return as_batch(source[index], _BATCH_HINT)
@@ -78,13 +82,19 @@ def first_batch(name: str, source: Any) -> Mapping[str, Any]:
         return found
     for batch in source:
         return as_batch(batch, _BATCH_HINT)
-    raise ConfigError(f"Split `{name}` yielded no batch although len() is {len(source)}.")
+    raise ConfigError(
+        f"Split `{name}` yielded no batch although len() is {len(source)}."
+    )
 
 
 def epoch_batches(source: Any, epoch: int) -> Iterator[Mapping[str, Any]]:
     """The batches of one epoch (0-based), in the source's order for that epoch."""
     if has_batch_at(source):
-        plan = source.begin_epoch() if callable(getattr(source, "begin_epoch", None)) else None
+        plan = (
+            source.begin_epoch()
+            if callable(getattr(source, "begin_epoch", None))
+            else None
+        )
         for index in range(len(source)):
             yield as_batch(source.batch_at(index, plan), _BATCH_HINT)
     elif _is_grain_map_dataset(source):

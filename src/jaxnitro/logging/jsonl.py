@@ -41,7 +41,8 @@ class JSONLogger:
         >>> lg = JSONLogger(path)
         >>> lg.log_metrics({"loss": 0.5}, step=1, epoch=1, context="train")
         >>> lg.finish("completed")
-        >>> open(path).read().splitlines()[0]
+        >>> with open(path) as f:
+        ...     f.readline().strip()
         '{"type": "metrics", "context": "train", "epoch": 1, "step": 1, "loss": 0.5}'
     """
 

@@ -67,7 +67,9 @@ def log_metrics(
     """Log host metric values under `context`, dropping non-finite numbers."""
     if logger is None:
         return
-    _verb(logger, "log_metrics")(finite_only(metrics), step=step, epoch=epoch, context=context)
+    _verb(logger, "log_metrics")(
+        finite_only(metrics), step=step, epoch=epoch, context=context
+    )
 
 
 def log_params(logger: Any, params: dict[str, Any]) -> None:

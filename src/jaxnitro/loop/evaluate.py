@@ -40,7 +40,9 @@ def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:
 
 
 def _shapes(batch: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple((k, np.shape(v), str(getattr(v, "dtype", ""))) for k, v in batch.items())
+    return tuple(
+        (k, np.shape(v), str(getattr(v, "dtype", ""))) for k, v in batch.items()
+    )
 
 
 def _on_compile(nitro: Nitro, back: phases.Phase) -> Any:
@@ -160,7 +162,9 @@ def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any
         yield {k: np.asarray(v)[start : start + width] for k, v in batch.items()}
 
 
-def evaluate_split(nitro: Nitro, split: str, *, stoppable: bool = True) -> dict[str, Any]:
+def evaluate_split(
+    nitro: Nitro, split: str, *, stoppable: bool = True
+) -> dict[str, Any]:
     """Run one split in eval mode and return its finalized metrics."""
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())

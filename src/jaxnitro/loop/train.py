@@ -83,7 +83,9 @@ class _EpochLog:
             stats = item.stats
             if item.outputs is not None:
                 hook = self.nitro._hooks["train_metrics"]
-                names = self.nitro._fields["train_metrics"].select(tuple(item.host_batch))
+                names = self.nitro._fields["train_metrics"].select(
+                    tuple(item.host_batch)
+                )
                 stats = hook(
                     self.nitro.experiment,
                     jax.device_get(item.outputs),
@@ -92,7 +94,11 @@ class _EpochLog:
             for name, value in dict(jax.device_get(stats) or {}).items():
                 line[str(name)] = _scalar(value)
             logproto.log_metrics(
-                self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
+                self.nitro.logger,
+                line,
+                step=item.step,
+                epoch=self.epoch,
+                context="train",
             )
         self.step_losses = []
 
@@ -186,7 +192,8 @@ def _run_epoch(nitro: Nitro, epoch: int) -> _EpochLog:
     names = nitro._train_fields
     expected = nitro._train_batch
     log = _EpochLog(nitro, epoch)
-    gradient = optimizer = None
+    gradient: Any = None
+    optimizer: Any = None
     in_flight: _InFlight | None = None
     plan = nitro._plan
     for index, batch in enumerate(epoch_batches(nitro.data["train"], epoch - 1)):
@@ -250,7 +257,9 @@ def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _checkpoint(nitro: Nitro, epoch: int, metrics: dict[str, Any], reason: str | None) -> None:
+def _checkpoint(
+    nitro: Nitro, epoch: int, metrics: dict[str, Any], reason: str | None
+) -> None:
     ckpt = nitro.checkpointer
     if ckpt is None:
         return
@@ -265,7 +274,9 @@ def _checkpoint(nitro: Nitro, epoch: int, metrics: dict[str, Any], reason: str |
         "graphconst": {name: _jsonish(v) for name, v in graphconst_values(e)},
         "config": nitro.params_to_log(),
         "derived": list(nitro._derived_keys),
-        "logger_type": type(nitro.logger).__name__ if nitro.logger is not None else None,
+        "logger_type": type(nitro.logger).__name__
+        if nitro.logger is not None
+        else None,
         "logger_state": logproto.logger_state(nitro.logger),
         "run_id": logproto.run_id(nitro.logger),
         "run_url": logproto.run_url(nitro.logger),
@@ -326,9 +337,15 @@ def run_training(nitro: Nitro) -> None:
             log = _run_epoch(nitro, epoch)
             requested = nitro._stop_requested
             metrics = (
-                evaluate_split(nitro, "val", stoppable=False) if "val" in nitro.data else {}
+                evaluate_split(nitro, "val", stoppable=False)
+                if "val" in nitro.data
+                else {}
             )
-            row = {"epoch": epoch, "step": nitro.current_step, "train_loss": log.mean_loss()}
+            row = {
+                "epoch": epoch,
+                "step": nitro.current_step,
+                "train_loss": log.mean_loss(),
+            }
             row.update(_flat(metrics))
             row["seconds"] = time.perf_counter() - started
             nitro._history.append(row)
@@ -347,13 +364,14 @@ def run_training(nitro: Nitro) -> None:
             _checkpoint(nitro, epoch, metrics, reason if reason != "error" else None)
             if requested:
                 break
-    except BaseException:
+    except BaseException as error:
         nitro._stop_reason = "error"
         nitro.set_phase(phases.Failed())
         try:
             logproto.finish(nitro.logger, "error")
-        finally:
-            raise
+        except Exception as finish_error:  # never mask the error that ended the run
+            error.add_note(f"The logger's finish('error') also failed: {finish_error}")
+        raise
     nitro._stop_reason = reason
     logproto.finish(nitro.logger, reason)
     nitro.set_phase(phases.Done())

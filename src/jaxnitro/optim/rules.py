@@ -43,7 +43,7 @@ class OptimizerPlan:
                 f"(0 turns clipping off)."
             )
 
-    def hyperparams(self, step: int) -> dict[str, np.ndarray]:
+    def hyperparams(self, step: int) -> dict[str, Any]:
         """This optimizer step's hyperparameters, as NumPy scalars for the program."""
         del step  # constant until schedules bind here
         return {"learning_rate": np.float32(self.learning_rate)}

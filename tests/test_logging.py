@@ -1,0 +1,138 @@
+"""The logger protocol and the JSON-lines default."""
+
+import json
+import os
+
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+
+
+def read_lines(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f.read().splitlines()]
+
+
+def test_default_logger_writes_runs_exp_metrics_jsonl():
+    nitro = nx.Nitro(Tiny(max_epochs=2), checkpointer=None)
+    path = os.path.join("runs", "Tiny", "metrics.jsonl")
+    assert nitro.run_dir == os.path.join("runs", "Tiny")
+    assert nitro.logger_info == {"path": path}
+    nitro.train()
+    lines = read_lines(path)
+    assert lines[0]["type"] == "params"
+    params = lines[0]
+    assert (params["width"], params["smoothing"], params["seed"]) == (16, 0.0, 42)
+    assert (params["accum"], params["max_epochs"]) == (1, 2)
+    assert lines[1]["type"] == "other" and lines[1]["key"] == "binding_report"
+    assert "max_epochs" in lines[1]["value"] and "from field" in lines[1]["value"]
+    train = [x for x in lines if x.get("context") == "train"]
+    assert [(x["epoch"], x["step"]) for x in train] == [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 5),
+        (2, 6),
+        (2, 7),
+        (2, 8),
+    ]
+    validate = [x for x in lines if x.get("context") == "validate"]
+    assert [(x["epoch"], x["step"]) for x in validate] == [(1, 4), (2, 8)]
+    assert validate[-1]["loss"] == pytest.approx(nitro.history[-1]["loss"])
+    assert lines[-1] == {"type": "finish", "status": "completed"}
+
+
+def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
+    nx.Nitro(
+        Tiny(max_epochs=2),
+        run_dir=str(tmp_path),
+        log_every_n_steps=3,
+        checkpointer=None,
+    ).train()
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    assert [x["step"] for x in lines if x.get("context") == "train"] == [3, 6]
+    assert len([x for x in lines if x.get("context") == "validate"]) == 2
+
+
+def test_logger_none_writes_nothing(tmp_path):
+    nx.Nitro(
+        Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, checkpointer=None
+    ).train()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_logger_accessor_is_called_once_per_construction(tmp_path):
+    made = []
+
+    class Logged(Tiny):
+        def logger(self):
+            made.append(1)
+            return nx.JSONLogger(str(tmp_path / "custom.jsonl"))
+
+    nitro = nx.Nitro(Logged(max_epochs=1), checkpointer=None)
+    nitro.train()
+    nitro.validate()
+    assert made == [1]
+    assert read_lines(tmp_path / "custom.jsonl")[-1]["status"] == "completed"
+
+
+class Partial:
+    """Implements only some verbs."""
+
+    def log_params(self, params):
+        self.params = params
+
+    def log_other(self, key, value):
+        pass
+
+
+def test_a_missing_verb_fails_loudly_when_first_reached():
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=Partial(), checkpointer=None)
+    with pytest.raises(
+        nx.HookError, match="The logger Partial has no `log_metrics` method"
+    ):
+        nitro.train()
+
+
+def test_a_logger_without_log_params_fails_at_setup():
+    class Silent:
+        pass
+
+    with pytest.raises(nx.HookError, match="has no `log_params` method"):
+        nx.Nitro(Tiny(), logger=Silent(), checkpointer=None)
+
+
+def test_optional_verbs_have_defaults():
+    lg = Partial()
+    assert nx.run_id(lg) is None and nx.run_url(lg) is None
+    assert nx.logger_info(lg) == {} and nx.logger_state(lg) is None
+    assert nx.backend(lg) is lg
+
+    class Wrapper(Partial):
+        def backend(self):
+            return "native"
+
+    assert nx.backend(Wrapper()) == "native"
+
+
+def test_json_logger_appends_and_flushes_per_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    first = nx.JSONLogger(path)
+    first.log_other("note", "a")
+    assert read_lines(path) == [
+        {"type": "other", "key": "note", "value": "a"}
+    ]  # flushed
+    first.finish("completed")
+    second = nx.JSONLogger(path)
+    second.log_tags(["x"])
+    second.log_confusion([[1, 0], [0, 1]], ["a", "b"], epoch=3)
+    second.finish("error")
+    assert [x["type"] for x in read_lines(path)] == [
+        "other",
+        "finish",
+        "tags",
+        "confusion",
+        "finish",
+    ]
