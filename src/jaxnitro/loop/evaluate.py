@@ -66,9 +66,8 @@ def forward_chunk(
     assert width is not None
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
-    device_batch = jax.device_put(padded)
     ctx = nitro._ctx
-    args = (nitro.device_values(), nitro._params, nitro._state, device_batch)
+    args = (nitro.device_values(), nitro._params, nitro._state, padded)
     back = nitro.phase
     executable = compiled(
         nitro,
@@ -94,8 +93,6 @@ def forward_chunk(
         outputs = slice_outputs(full, count)
         jax.block_until_ready(outputs)
         _delete(full)
-    jax.block_until_ready(outputs)
-    _delete(device_batch)
     return outputs, count
 
 
@@ -103,7 +100,7 @@ def _device_metrics(
     nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> Any:
     ctx = nitro._ctx
-    fields = jax.device_put({k: np.asarray(chunk[k]) for k in names})
+    fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
     back = nitro.phase
     executable = compiled(
@@ -121,16 +118,14 @@ def _device_metrics(
         ),
     )
     nitro.set_phase(back)
-    result = jax.device_get(executable(*args))
-    _delete(fields)
-    return result
+    return jax.device_get(executable(*args))
 
 
 def _device_loss(
     nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> tuple[float, dict[str, Any]]:
     ctx = nitro._ctx
-    fields = jax.device_put({k: np.asarray(chunk[k]) for k in names})
+    fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
     back = nitro.phase
     executable = compiled(
@@ -149,7 +144,6 @@ def _device_loss(
     )
     nitro.set_phase(back)
     loss, terms = jax.device_get(executable(*args))
-    _delete(fields)
     return loss, terms
 
 
