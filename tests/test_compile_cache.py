@@ -12,6 +12,7 @@ from experiments import Tiny
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import program_cache
+from jaxnitro.optim.rules import OptimizerPlan, init_state
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
@@ -69,11 +70,11 @@ def test_two_epochs_compile_nothing_after_the_first_step():
     with xla_compiles() as events:
         nitro.train()
     train = [line for line in recorder.lines if line[0] == "train"]
-    assert [line[3] for line in train if line[1] == 1] == [2, 2, 2, 2]  # grad + opt
+    assert [line[3] for line in train if line[1] == 1] == [1, 1, 1, 1]  # train_step
     after_validation = [line for line in recorder.lines if line[0] == "validate"][0][3]
     # + eval forward, + the eval loss at the full width (16) and at the short last
     # batch's real size (8), since the loss must never see padding.
-    assert after_validation == 5
+    assert after_validation == 4
     assert {line[3] for line in recorder.lines if line[1] == 2} == {after_validation}
     # And XLA itself compiled nothing in the second epoch: rerun one more epoch.
     more = nx.Nitro(Tiny(max_epochs=1, width=20), **quiet())
@@ -99,15 +100,27 @@ def test_graphconst_change_compiles_new_programs():
     kinds = kinds_compiled(
         lambda: nx.Nitro(Tiny(max_epochs=1, width=24), **quiet()).train()
     )
-    assert kinds == ["eval_forward", "eval_loss", "gradient", "optimizer"]
-
-
-def test_clip_recompiles_only_the_optimizer_and_accum_only_the_gradient():
-    nx.Nitro(Tiny(max_epochs=1), **quiet()).train()
-    clip = kinds_compiled(
-        lambda: nx.Nitro(Tiny(max_epochs=1), gradient_clip_norm=1.0, **quiet()).train()
+    assert kinds == ["eval_forward", "eval_loss", "train_step"]
+    kinds = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1, width=24), accum=2, **quiet()).train()
     )
-    assert clip == ["optimizer"]
+    assert kinds == ["gradient", "optimizer"]
+
+
+def test_clip_threshold_compiles_nothing_and_switching_it_on_only_the_optimizer():
+    def run(clip, accum):
+        nx.Nitro(
+            Tiny(max_epochs=1), gradient_clip_norm=clip, accum=accum, **quiet()
+        ).train()
+
+    run(0.0, 2)
+    assert kinds_compiled(lambda: run(1.0, 2)) == ["optimizer"]
+    assert kinds_compiled(lambda: run(2.5, 2)) == []  # the threshold is an input
+    run(1.0, 1)
+    assert kinds_compiled(lambda: run(0.5, 1)) == []
+
+
+def test_accum_recompiles_only_the_gradient():
     nx.Nitro(Tiny(max_epochs=1), accum=2, **quiet()).train()
     accum = kinds_compiled(
         lambda: nx.Nitro(Tiny(max_epochs=1), accum=4, **quiet()).train()
@@ -115,11 +128,22 @@ def test_clip_recompiles_only_the_optimizer_and_accum_only_the_gradient():
     assert accum == ["gradient"]
 
 
-def test_clip_zero_emits_no_clipping_ops():
+def test_clipping_matches_optax():
     import optax
 
-    from jaxnitro.compile.programs import optimizer_fn
-    from jaxnitro.optim.rules import OptimizerPlan, init_state
+    params = {"w": np.full((3,), 2.0, np.float32)}
+    grads = {"w": np.full((3,), 4.0, np.float32)}  # global norm 6.93
+    plan = OptimizerPlan(learning_rate=0.1, clip_norm=1.0)
+    new, _ = jax.jit(plan.apply)(
+        params, init_state(plan, params), grads, plan.hyperparams(0)
+    )
+    clipped, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    updates, _ = optax.radam(0.1).update(clipped, optax.radam(0.1).init(params), params)
+    np.testing.assert_allclose(new["w"], params["w"] + updates["w"], rtol=1e-6)
+
+
+def test_clip_zero_emits_no_clipping_ops():
+    import optax
 
     params = {"w": np.ones((4, 4), np.float32)}
 
@@ -134,8 +158,8 @@ def test_clip_zero_emits_no_clipping_ops():
 
     off = OptimizerPlan(learning_rate=1e-3, clip_norm=0.0)
     on = OptimizerPlan(learning_rate=1e-3, clip_norm=1.0)
-    assert lowered(optimizer_fn(off, 1), off) == lowered(unclipped, off)
-    clipped = lowered(optimizer_fn(on, 1), on)
+    assert lowered(off.apply, off) == lowered(unclipped, off)
+    clipped = lowered(on.apply, on)
     assert len(clipped) > len(lowered(unclipped, on))
     sqrt = sum("stablehlo.sqrt" in line for line in clipped)
     assert sqrt == sum("stablehlo.sqrt" in line for line in lowered(unclipped, on)) + 1
@@ -192,7 +216,7 @@ def test_redefined_loss_recompiles_only_what_traces_it(reloadable):
     fresh_run(module)
     write_module(path, loss="Tiny.loss(self, logits, y=y) * 2.0")
     module = importlib.reload(module)
-    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_loss", "gradient"]
+    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_loss", "train_step"]
 
 
 def test_redefined_helper_that_forward_calls_is_caught(reloadable):
@@ -200,7 +224,7 @@ def test_redefined_helper_that_forward_calls_is_caught(reloadable):
     fresh_run(module)
     write_module(path, activation="jnp.tanh(x)")
     module = importlib.reload(module)
-    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_forward", "gradient"]
+    assert kinds_compiled(lambda: fresh_run(module)) == ["eval_forward", "train_step"]
 
 
 def test_a_global_constant_read_in_a_hook_is_in_the_key(tmp_path, monkeypatch):

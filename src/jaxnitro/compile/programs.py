@@ -1,10 +1,13 @@
 """The programs the automatic loop runs, and how each is keyed and compiled.
 
 | program      | computes                                  | donated                 |
-| gradient     | forward, loss, gradient (accumulated when | the accumulator         |
-|              | accum > 1), loss terms, train_metrics     |                         |
-| optimizer    | global-norm clip, the Optax rule, zeroed  | params, opt state, and  |
-|              | accumulator                               | the accumulator         |
+| train_step   | accum == 1: the gradient and the          | params, opt state       |
+|              | optimizer step, fused                     |                         |
+| gradient     | accum > 1: forward, loss, the gradient    | the accumulator         |
+|              | added into the accumulator, loss terms,   |                         |
+|              | train_metrics                             |                         |
+| optimizer    | accum > 1: global-norm clip, the Optax    | params, opt state, and  |
+|              | rule, a zeroed accumulator                | the accumulator         |
 | eval_forward | forward in eval mode                      | nothing                 |
 | eval_metrics | metrics, when their residency is device   | nothing                 |
 | eval_loss    | loss on eval outputs                      | nothing                 |
@@ -25,7 +28,7 @@ import jax.numpy as jnp
 
 from ..errors import HookError
 from ..modes import training_mode
-from ..optim.rules import OptimizerPlan, clip_by_global_norm
+from ..optim.rules import OptimizerPlan
 from ..view import replace_fields
 from .cache import CompileCache, ProgramKey, abstract_signature
 from .fingerprint import fingerprint
@@ -217,18 +220,32 @@ def gradient_fn(ctx: TraceContext, fields: GradientFields, accum: int) -> Callab
     return accumulate
 
 
-def optimizer_fn(plan: OptimizerPlan, accum: int) -> Callable:
-    """The optimizer program: clip, apply the rule, and zero the accumulator."""
-    clip = plan.clip_norm
+def optimizer_fn(plan: OptimizerPlan) -> Callable:
+    """The optimizer program (accum > 1): clip, the rule, a zeroed accumulator."""
 
-    def step(params, opt_state, grads, hp):
-        if clip > 0:
-            grads = clip_by_global_norm(grads, clip)
-        updates, opt_state = plan.transformation(hp).update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
-        if accum == 1:
-            return params, opt_state
-        return params, opt_state, jax.tree.map(jnp.zeros_like, grads)
+    def step(params, opt_state, accumulator, hp):
+        params, opt_state = plan.apply(params, opt_state, accumulator, hp)
+        return params, opt_state, jax.tree.map(jnp.zeros_like, accumulator)
+
+    return step
+
+
+def train_step_fn(
+    ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
+) -> Callable:
+    """The fused step program (accum == 1): the gradient, then the optimizer step.
+
+    One program rather than a gradient program feeding an optimizer program: on a
+    dispatch-bound model the second launch per step cost 15-30% of the throughput.
+    """
+    gradient = gradient_fn(ctx, fields, 1)
+
+    def step(device_values, params, opt_state, state, batch, hp):
+        grads, loss, new_state, terms, stats, extra = gradient(
+            device_values, params, state, batch
+        )
+        params, opt_state = plan.apply(params, opt_state, grads, hp)
+        return params, opt_state, loss, new_state, terms, stats, extra
 
     return step
 

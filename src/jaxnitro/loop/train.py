@@ -1,11 +1,12 @@
 """The automatic training loop: epochs of micro-batches, validation, checkpoints, logs.
 
-Per micro-batch the loop dispatches the gradient program on the routed host fields (and,
-at the end of each optimizer step, the optimizer program), then reads back the PREVIOUS
-micro-batch's loss: the device runs ahead by one micro-batch while the host waits. The
-executable call itself transfers the batch, so its device buffers live exactly as long
-as the step that uses them (an explicit `jax.device_put` of the batch dict cost a third
-of a dispatch-bound step). A non-finite loss raises naming its step and epoch. After each epoch: validation, one
+With accum == 1 each batch runs one fused train_step program; with accum > 1 each
+micro-batch runs the gradient program, and every accum-th the optimizer program. Then
+the loop reads back the PREVIOUS micro-batch's loss: the device runs ahead by one
+micro-batch while the host waits. The executable call itself transfers the routed host
+fields, so a batch's device buffers live exactly as long as the step that uses them (an
+explicit `jax.device_put` of the batch dict cost a third of a dispatch-bound step). A
+non-finite loss raises naming its step and epoch. After each epoch: validation, one
 history row, the validate log line, and the checkpoint.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 from .._version import __version__
 from ..checkpoint.record import Record
 from ..compile.cache import program_cache
-from ..compile.programs import gradient_fn, optimizer_fn
+from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
 from ..data.sources import batch_size, epoch_batches
 from ..errors import ConfigError, DivergenceError, NitroWarning
 from ..logging import protocol as logproto
@@ -113,7 +114,11 @@ def _scalar(value: Any) -> Any:
 
 
 def _programs(nitro: Nitro, example_batch: dict[str, Any]) -> tuple[Any, Any]:
-    """The gradient and optimizer executables, from the handle or the cache."""
+    """The training executables, from the handle or the cache.
+
+    accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
+    `(gradient, optimizer)`, the gradient accumulated over micro-batches.
+    """
     ctx = nitro._ctx
     accum = int(nitro._config["accum"].value)
     plan = nitro._plan
@@ -121,18 +126,46 @@ def _programs(nitro: Nitro, example_batch: dict[str, Any]) -> tuple[Any, Any]:
     traced = ("forward", "loss") + (
         ("train_metrics",) if fields.train_metrics is not None else ()
     )
-    base = (nitro.device_values(), nitro._params, nitro._state)
-    if accum == 1:
-        grad_args: tuple[Any, ...] = (*base, example_batch)
-        donate: tuple[int, ...] = ()
-    else:
-        grad_args = (*base, nitro._accumulator, example_batch)
-        donate = (3,)
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in example_batch.items())
+    hp = plan.hyperparams(0)
 
     def announce(kind: str) -> None:
         nitro.set_phase(phases.COMPILE_PHASES[kind]())
 
-    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in example_batch.items())
+    if accum == 1:
+        args = (
+            nitro.device_values(),
+            nitro._params,
+            nitro._opt_state,
+            nitro._state,
+            example_batch,
+            hp,
+        )
+        step = compiled(
+            nitro,
+            "train_step",
+            (shapes, fields, tuple(plan.constants().items())),
+            lambda: ctx.compile(
+                program_cache(),
+                "train_step",
+                train_step_fn(ctx, fields, plan),
+                args,
+                traced=traced,
+                baked={"mode": "train", "fields": fields, **plan.constants()},
+                donate=(1, 2),
+                on_compile=announce,
+            ),
+        )
+        nitro.set_phase(phases.TrainStepping())
+        return step, None
+
+    grad_args = (
+        nitro.device_values(),
+        nitro._params,
+        nitro._state,
+        nitro._accumulator,
+        example_batch,
+    )
     gradient = compiled(
         nitro,
         "gradient",
@@ -144,30 +177,23 @@ def _programs(nitro: Nitro, example_batch: dict[str, Any]) -> tuple[Any, Any]:
             grad_args,
             traced=traced,
             baked={"inv_accum": 1.0 / accum, "mode": "train", "fields": fields},
-            donate=donate,
+            donate=(3,),
             on_compile=announce,
         ),
     )
-    grads_like = nitro._accumulator if accum > 1 else nitro._params
-    opt_args = (nitro._params, nitro._opt_state, grads_like, plan.hyperparams(0))
+    opt_args = (nitro._params, nitro._opt_state, nitro._accumulator, hp)
     optimizer = compiled(
         nitro,
         "optimizer",
-        (accum, plan),
+        tuple(plan.constants().items()),
         lambda: ctx.compile(
             program_cache(),
             "optimizer",
-            optimizer_fn(plan, accum),
+            optimizer_fn(plan),
             opt_args,
             traced=(),
-            baked={
-                "rule": plan.rule_name(),
-                "clip": plan.clip_norm,
-                "accum_zeroing": accum > 1,
-            },
-            # With accum 1 the gradient has no output to alias: donating it would
-            # only make XLA warn. With accum > 1 it becomes the zeroed accumulator.
-            donate=(0, 1, 2) if accum > 1 else (0, 1),
+            baked=plan.constants(),
+            donate=(0, 1, 2),
             on_compile=announce,
         ),
     )
@@ -210,12 +236,21 @@ def _run_epoch(nitro: Nitro, epoch: int) -> _EpochLog:
             gradient, optimizer = _programs(nitro, host)
         values = nitro.device_values()
         if accum == 1:
-            grads, loss, state, terms, stats, outputs = gradient(
-                values, nitro._params, nitro._state, host
-            )
-            nitro._state = state
-            nitro._params, nitro._opt_state = optimizer(
-                nitro._params, nitro._opt_state, grads, plan.hyperparams(nitro._step)
+            (
+                nitro._params,
+                nitro._opt_state,
+                loss,
+                nitro._state,
+                terms,
+                stats,
+                outputs,
+            ) = gradient(
+                values,
+                nitro._params,
+                nitro._opt_state,
+                nitro._state,
+                host,
+                plan.hyperparams(nitro._step),
             )
             ends_step = True
         else:

@@ -84,6 +84,7 @@ class Idle(Phase):
 
 
 COMPILE_PHASES: dict[str, type[Compiling]] = {
+    "train_step": GradientCompiling,
     "gradient": GradientCompiling,
     "optimizer": OptimizerCompiling,
     "eval_forward": EvalCompiling,

@@ -1,0 +1,273 @@
+"""Training throughput and time to first step: jaxnitro against a hand-written loop.
+
+Each measurement runs in its own subprocess (cold caches, its own peak-memory reading);
+the steady-state throughput of both sides is measured in one process, interleaved, so
+machine noise hits both alike. The reference is the floor we measure overhead against:
+a hand-written `jax.jit` + Optax loop (RAdam, the rule jaxnitro uses by default) over
+the same in-memory batches. Keras 3 on the JAX backend (`fit`, Adam: Keras ships no
+RAdam) is measured beside it when `keras` is importable.
+
+    python benchmarks/throughput.py            # both workloads, prints ratios
+    python benchmarks/throughput.py --quick    # fewer repetitions
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+WORKLOADS = {
+    # name: (layer widths, batch size, batches per epoch)
+    "tutorial_mlp": ((784, 128, 10), 100, 60),
+    "compute_bound_mlp": ((784, 1024, 1024, 10), 256, 12),
+}
+
+
+def synthetic_batches(batch: int, count: int, seed: int = 0) -> list[dict]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        x = rng.normal(size=(batch, 784)).astype(np.float32)
+        y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, size=batch)]
+        batches.append({"x": x, "y": y})
+    return batches
+
+
+def init_params(widths, seed=0):
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(seed), len(widths) - 1)
+    return [
+        {
+            "w": jax.random.normal(k, (a, b)) * (2.0 / a) ** 0.5,
+            "b": jnp.zeros((b,)),
+        }
+        for k, a, b in zip(keys, widths[:-1], widths[1:], strict=True)
+    ]
+
+
+def apply(params, x):
+    import jax
+
+    for layer in params[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])
+    return x @ params[-1]["w"] + params[-1]["b"][None, :]
+
+
+def cross_entropy(logits, y):
+    import jax
+    import jax.numpy as jnp
+
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), -1))
+
+
+def make_experiment(widths, batches):
+    import jaxnitro as nx
+
+    class Bench(nx.Experiment):
+        max_epochs: int = 1
+
+        def build_data(self, dist):
+            return {"train": batches}
+
+        def build_model(self, rng):
+            return None, init_params(widths), {}
+
+        def forward(self, model, params, state, *, x):
+            return apply(params, x), state
+
+        def loss(self, logits, *, y):
+            return cross_entropy(logits, y)
+
+    return Bench
+
+
+def reference_loop(widths, batches):
+    """A hand-written jit + optax loop; returns (run_epochs, first_step)."""
+    import jax
+    import optax
+
+    tx = optax.radam(1e-3)
+
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: cross_entropy(apply(p, x), y))(
+            params
+        )
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    jitted = jax.jit(step, donate_argnums=(0, 1))
+    state = {}
+
+    def first_step():
+        params = init_params(widths)
+        state["params"], state["opt"] = params, tx.init(params)
+        b = batches[0]
+        state["params"], state["opt"], loss = jitted(
+            state["params"], state["opt"], b["x"], b["y"]
+        )
+        loss.block_until_ready()
+
+    def run_epochs(epochs):
+        loss = None
+        for _ in range(epochs):
+            for b in batches:
+                state["params"], state["opt"], loss = jitted(
+                    state["params"], state["opt"], b["x"], b["y"]
+                )
+        loss.block_until_ready()
+
+    return run_epochs, first_step
+
+
+def keras_fit(widths, batches):
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+    import numpy as np
+
+    x = np.concatenate([b["x"] for b in batches])
+    y = np.concatenate([b["y"] for b in batches])
+    model = keras.Sequential(
+        [keras.Input((widths[0],))]
+        + [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
+        + [keras.layers.Dense(widths[-1])]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+    batch = len(batches[0]["x"])
+
+    def run_epochs(epochs):
+        model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False)
+
+    return run_epochs
+
+
+def measure_throughput(name: str, reps: int, epochs: int) -> dict:
+    """Steady state, in one process, interleaved: seconds per epoch for each side.
+
+    jaxnitro's epochs are timed by the loop itself (the history's `seconds`), and the
+    first epoch of each `train()` is dropped: it carries the once-per-call work
+    (optimizer-state allocation, the program lookup) that is not steady state.
+    """
+    import jaxnitro as nx
+
+    widths, batch, count = WORKLOADS[name]
+    batches = synthetic_batches(batch, count)
+    exp = make_experiment(widths, batches)
+
+    def ours(n_epochs):
+        nitro = nx.Nitro(exp(max_epochs=n_epochs + 1), logger=None, checkpointer=None)
+        nitro.train()
+        return [row["seconds"] for row in nitro.history[1:]]
+
+    def timed(run):
+        start = time.perf_counter()
+        run(1)
+        return time.perf_counter() - start
+
+    ref_epochs, ref_first = reference_loop(widths, batches)
+    ref_first()
+    ref_epochs(1)
+    ours(1)  # compile once; every later handle hits the cache
+    sides = {"jaxnitro": [], "reference": []}
+    try:
+        keras_run = keras_fit(widths, batches)
+        keras_run(1)
+        sides["keras"] = []
+    except ImportError:
+        keras_run = None
+    for _ in range(reps):  # per-epoch samples, interleaved; medians compared
+        sides["jaxnitro"] += ours(epochs)
+        sides["reference"] += [timed(ref_epochs) for _ in range(epochs)]
+        if keras_run is not None:
+            sides["keras"] += [timed(keras_run) for _ in range(epochs)]
+    result = {side: statistics.median(times) for side, times in sides.items()}
+    result["samples_per_epoch"] = batch * count
+    return result
+
+
+def measure_first_step(name: str, side: str) -> dict:
+    """Cold start in this process: construction to the end of the first step."""
+    import jax
+
+    widths, batch, _ = WORKLOADS[name]
+    batches = synthetic_batches(batch, 1)
+    jax.numpy.zeros(1).block_until_ready()  # backend start-up is common to both
+    start = time.perf_counter()
+    if side == "jaxnitro":
+        import jaxnitro as nx
+
+        exp = make_experiment(widths, batches)
+        nx.Nitro(exp(max_epochs=1), logger=None, checkpointer=None).train()
+    else:
+        _, first = reference_loop(widths, batches)
+        first()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "peak_rss_mb": peak}
+
+
+def subprocess_json(*args: str) -> dict:
+    env = dict(os.environ, JAXNITRO_COMPILATION_CACHE="off")
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--internal", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.internal:
+        kind, name, *rest = args.internal
+        if kind == "throughput":
+            out = measure_throughput(name, int(rest[0]), int(rest[1]))
+        else:
+            out = measure_first_step(name, rest[0])
+        print(json.dumps(out))
+        return
+    reps, epochs = (3, 2) if args.quick else (7, 3)
+    import jax
+
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores"
+    )
+    for name in WORKLOADS:
+        t = subprocess_json("--internal", "throughput", name, str(reps), str(epochs))
+        line = (
+            f"{name}: throughput jaxnitro/reference = "
+            f"{t['reference'] / t['jaxnitro']:.3f}x "
+            f"(s/epoch: jaxnitro {t['jaxnitro']:.4f}, reference {t['reference']:.4f}"
+        )
+        if "keras" in t:
+            line += f", keras {t['keras']:.4f}; keras/reference "
+            line += f"{t['reference'] / t['keras']:.3f}x"
+        print(line + ")")
+        ours = subprocess_json("--internal", "first", name, "jaxnitro")
+        ref = subprocess_json("--internal", "first", name, "reference")
+        print(
+            f"{name}: first step jaxnitro/reference = "
+            f"{ours['seconds'] / ref['seconds']:.2f}x "
+            f"({ours['seconds']:.2f} s vs {ref['seconds']:.2f} s); peak RSS "
+            f"{ours['peak_rss_mb']:.0f} MB vs {ref['peak_rss_mb']:.0f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()
