@@ -262,6 +262,7 @@ class Nitro:
             declared = meta[name].type if name in meta else None
             converted[name] = to_device(name, declared, getattr(e, name))
         self._experiment = replace_fields(e, **converted)
+        self._device_values: dict[str, Any] = converted
 
         self._probe_routing()
         self._plan = OptimizerPlan(
@@ -797,6 +798,7 @@ class Nitro:
                 )
             updates[name] = jax.device_put(host, current.sharding)
         self._experiment = replace_fields(self._experiment, **updates)
+        self._device_values = {**self._device_values, **updates}
         return self
 
     def device_value(self, name: str) -> Any:
@@ -813,9 +815,7 @@ class Nitro:
     # -------------------------------------------------------- loop internals --------
     def device_values(self) -> dict[str, Any]:
         """The Device fields as the dict every program receives."""
-        return {
-            name: getattr(self._experiment, name) for name in self._ctx.device_names
-        }
+        return self._device_values
 
     def set_phase(self, phase: phases.Phase) -> None:
         self._phase = phase

@@ -97,7 +97,7 @@ def hook_fields(hook: str, fn: Callable[..., Any]) -> HookFields:
 
 def as_batch(batch: Any, hint: str) -> Mapping[str, Any]:
     """A batch as a mapping of field names to arrays; refuse anything else."""
-    if isinstance(batch, Mapping):
+    if type(batch) is dict or isinstance(batch, Mapping):
         return batch
     as_dict = getattr(batch, "_asdict", None)
     if callable(as_dict):

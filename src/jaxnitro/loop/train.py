@@ -214,27 +214,45 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     nitro._record = None
 
 
+def _check_batch(
+    host: dict[str, np.ndarray],
+    names: tuple[str, ...],
+    expected: int,
+    index: int,
+    epoch: int,
+) -> None:
+    """Refuse a train batch of another size (a partial batch met mid-epoch)."""
+    for name in names:
+        if host[name].shape[:1] != (expected,):
+            size = batch_size(host, names)
+            raise ConfigError(
+                f"Train batch {index} of epoch {epoch} holds {size} samples, the "
+                f"first held {expected}. The train split must drop its partial last "
+                f"batch and keep one batch size (drop_remainder=True / drop_last=True)."
+            )
+
+
 def _run_epoch(nitro: Nitro, epoch: int) -> _EpochLog:
+    # The hot loop of a dispatch-bound run: every attribute it reads per step is
+    # bound to a local first, and the per-step work is the dispatch plus one read-back.
     accum = int(nitro._config["accum"].value)
     names = nitro._train_fields
     expected = nitro._train_batch
+    assert expected is not None
     log = _EpochLog(nitro, epoch)
+    settle = log.settle
     gradient: Any = None
     optimizer: Any = None
     in_flight: _InFlight | None = None
     plan = nitro._plan
+    constant_hp = plan.hyperparams(nitro._step) if plan.is_constant else None
     for index, batch in enumerate(epoch_batches(nitro.data["train"], epoch - 1)):
+        values = nitro._device_values  # set_device may replace it between steps
         host = {k: np.asarray(batch[k]) for k in names}
-        size = batch_size(host, names)
-        if size != expected:
-            raise ConfigError(
-                f"Train batch {index} of epoch {epoch} holds {size} samples, the first "
-                f"held {expected}. The train split must drop its partial last batch "
-                f"and keep one batch size (drop_remainder=True / drop_last=True)."
-            )
+        _check_batch(host, names, expected, index, epoch)
         if gradient is None:
             gradient, optimizer = _programs(nitro, host)
-        values = nitro.device_values()
+        hp = constant_hp if constant_hp is not None else plan.hyperparams(nitro._step)
         if accum == 1:
             (
                 nitro._params,
@@ -245,37 +263,28 @@ def _run_epoch(nitro: Nitro, epoch: int) -> _EpochLog:
                 stats,
                 outputs,
             ) = gradient(
-                values,
-                nitro._params,
-                nitro._opt_state,
-                nitro._state,
-                host,
-                plan.hyperparams(nitro._step),
+                values, nitro._params, nitro._opt_state, nitro._state, host, hp
             )
             ends_step = True
         else:
-            nitro._accumulator, loss, state, terms, stats, outputs = gradient(
+            nitro._accumulator, loss, nitro._state, terms, stats, outputs = gradient(
                 values, nitro._params, nitro._state, nitro._accumulator, host
             )
-            nitro._state = state
             ends_step = (index + 1) % accum == 0
             if ends_step:
                 nitro._params, nitro._opt_state, nitro._accumulator = optimizer(
-                    nitro._params,
-                    nitro._opt_state,
-                    nitro._accumulator,
-                    plan.hyperparams(nitro._step),
+                    nitro._params, nitro._opt_state, nitro._accumulator, hp
                 )
         if ends_step:
             nitro._step += 1
         current = _InFlight(loss, terms, stats, outputs, host, nitro._step, ends_step)
         if in_flight is not None:
-            log.settle(in_flight)
+            settle(in_flight)
         in_flight = current
         if ends_step and nitro._stop_requested:
             break
     if in_flight is not None:
-        log.settle(in_flight)
+        settle(in_flight)
     return log
 
 

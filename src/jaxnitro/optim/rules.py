@@ -52,6 +52,11 @@ class OptimizerPlan:
             )
 
     @property
+    def is_constant(self) -> bool:
+        """Whether the hyperparameters are the same at every step (no schedule)."""
+        return True
+
+    @property
     def clips(self) -> bool:
         """Whether the program clips at all (a baked constant)."""
         return self.clip_norm > 0

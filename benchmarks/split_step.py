@@ -1,0 +1,110 @@
+"""What splitting one training step into two programs costs, on this machine.
+
+DESIGN.md section 3 measured about 5% for a gradient program feeding a separate
+optimizer program. This measures it again, side by side in one process, on the
+tutorial-sized MLP (dispatch-bound) and a compute-bound one: a fused program (gradient
+and RAdam update in one executable, what jaxnitro runs at accum == 1) against the split
+pair, each with the loss read back one step late as the training loop does.
+
+    python benchmarks/split_step.py
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from throughput import (  # noqa: E402
+    WORKLOADS,
+    apply,
+    cross_entropy,
+    init_params,
+    synthetic_batches,
+)
+
+
+def measure(name: str, reps: int = 15) -> tuple[float, float]:
+    widths, batch, count = WORKLOADS[name]
+    batches = synthetic_batches(batch, count)
+    hp = {"learning_rate": np.float32(1e-3)}
+
+    def objective(p, b):
+        return cross_entropy(apply(p, b["x"]), b["y"])
+
+    def fused(p, o, b, hp):
+        loss, g = jax.value_and_grad(objective)(p, b)
+        u, o = optax.radam(hp["learning_rate"]).update(g, o, p)
+        return optax.apply_updates(p, u), o, loss
+
+    def gradient(p, b):
+        loss, g = jax.value_and_grad(objective)(p, b)
+        return g, loss
+
+    def optimizer(p, o, g, hp):
+        u, o = optax.radam(hp["learning_rate"]).update(g, o, p)
+        return optax.apply_updates(p, u), o
+
+    params = init_params(widths)
+    state = optax.radam(1e-3).init(params)
+    one = jax.jit(fused, donate_argnums=(0, 1)).lower(params, state, batches[0], hp)
+    one = one.compile()
+    grad = jax.jit(gradient).lower(params, batches[0]).compile()
+    opt = jax.jit(optimizer, donate_argnums=(0, 1)).lower(params, state, params, hp)
+    opt = opt.compile()
+    carry = [
+        jax.tree.map(jax.numpy.array, params),
+        jax.tree.map(jax.numpy.array, state),
+    ]
+
+    def run_fused():
+        previous = None
+        for b in batches:
+            carry[0], carry[1], loss = one(carry[0], carry[1], b, hp)
+            if previous is not None:
+                float(previous)
+            previous = loss
+        float(previous)
+
+    def run_split():
+        previous = None
+        for b in batches:
+            g, loss = grad(carry[0], b)
+            carry[0], carry[1] = opt(carry[0], carry[1], g, hp)
+            if previous is not None:
+                float(previous)
+            previous = loss
+        float(previous)
+
+    runs = [("fused", run_fused), ("split", run_split)]
+    times: dict[str, list[float]] = {"fused": [], "split": []}
+    for run_name, run in runs:
+        run()  # warm
+    for _ in range(reps):
+        random.shuffle(runs)
+        for run_name, run in runs:
+            start = time.perf_counter()
+            run()
+            times[run_name].append(time.perf_counter() - start)
+    return statistics.median(times["fused"]), statistics.median(times["split"])
+
+
+def main() -> None:
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    for name in WORKLOADS:
+        fused, split = measure(name)
+        print(
+            f"{name}: s/epoch fused {fused:.4f}, split {split:.4f}; the split "
+            f"costs {100 * (split / fused - 1):.1f}%"
+        )
+
+
+if __name__ == "__main__":
+    main()
