@@ -85,7 +85,7 @@ def measure(name: str, reps: int = 15) -> tuple[float, float]:
 
     runs = [("fused", run_fused), ("split", run_split)]
     times: dict[str, list[float]] = {"fused": [], "split": []}
-    for run_name, run in runs:
+    for _, run in runs:
         run()  # warm
     for _ in range(reps):
         random.shuffle(runs)
