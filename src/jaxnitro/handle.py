@@ -80,6 +80,7 @@ from .view import (
     assert_graphconst_hashable,
     check_field_names,
     compile_view,
+    graphconst_record,
     graphconst_values,
     replace_fields,
 )
@@ -203,8 +204,6 @@ class Nitro:
         self._record: Record | None = Record(source.path) if source else None
         self._step = 0
         self._epoch = 0
-        if self._record is not None:
-            self._check_record_config(e, self._record)
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
             self._step = int(self._record.meta["step"])
@@ -254,6 +253,8 @@ class Nitro:
         self._derived_keys = tuple(derived)
         e = replace_fields(e, **{name: derived[name] for name in derived})
         assert_graphconst_hashable(e)
+        if self._record is not None:  # after derive: a derived field compares too
+            self._check_record_config(e, self._record)
 
         # Device conversion: the experiment every later hook sees.
         meta = config_metadata(cls)
@@ -289,6 +290,10 @@ class Nitro:
         if self._record is not None:
             self._params = self._record.restore("params", self._params, "parameter")
             self._state = self._record.restore("state", self._state, "state")
+            if self._resume is None:
+                self._record = None  # weights only: nothing more to read from it
+            else:
+                self._record.keep_only("opt_state")  # restored when train() starts
 
         self._ctx = TraceContext(
             cls=cls,
@@ -333,7 +338,7 @@ class Nitro:
 
     def _check_record_config(self, e: Any, record: Record) -> None:
         stored = record.meta.get("graphconst", {})
-        current = {name: _jsonish(value) for name, value in graphconst_values(e)}
+        current = graphconst_record(e)
         diff = {
             name: (stored.get(name), current.get(name))
             for name in set(stored) | set(current)
@@ -375,7 +380,6 @@ class Nitro:
 
     def _probe_routing(self) -> None:
         """Resolve routing from one batch, and check the train split's shape."""
-        cls, e = self._cls, self._experiment
         self._fields: dict[str, HookFields] = {
             name: hook_fields(name, self._hooks[name])
             for name in ("forward", "loss", "metrics", "train_metrics")
@@ -413,22 +417,17 @@ class Nitro:
                 last_size = batch_size(last, self._train_fields)
                 if last_size != self._train_batch:
                     raise ConfigError(_partial_message(last_size, self._train_batch))
-        for name in ("val", "test", "train"):
-            if name in self.data and self._split_sizes[name] > 0:
+        # The eval programs' batch width: the first batch of val, else test, else
+        # any split; with no data at all, the first batch predict is handed.
+        usual = ("val", "test", "train")
+        order = [n for n in usual if n in self.data]
+        order += [n for n in self.data if n not in usual]
+        for name in order:
+            if self._split_sizes[name] > 0:
                 probe = first_batch(name, self.data[name])
-                self._eval_width = batch_size(
-                    probe, self._fields["forward"].select(tuple(probe))
-                )
+                forward = self._fields["forward"].select(tuple(probe))
+                self._eval_width = batch_size(probe, forward)
                 break
-        if self._eval_width is None:
-            for name, source in self.data.items():
-                if self._split_sizes[name] > 0:
-                    probe = first_batch(name, source)
-                    self._eval_width = batch_size(
-                        probe, self._fields["forward"].select(tuple(probe))
-                    )
-                    break
-        del cls, e
 
     def _route_training(self, keys: tuple[str, ...]) -> Any:
         from .compile.programs import GradientFields
@@ -944,14 +943,6 @@ def _differs(a: Any, b: Any) -> bool:
         return bool(a != b)
     except Exception:
         return False
-
-
-def _jsonish(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_jsonish(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
 
 
 def _fill_ref(ref: Any, nitro: Nitro) -> None:

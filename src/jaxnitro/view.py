@@ -55,6 +55,19 @@ Fix: flatten it into separate fields (one knob per field), or use a tuple or a f
 dataclass of hashable values; an array that changes between runs should be Device."""
 
 
+def graphconst_record(e: Any) -> dict[str, Any]:
+    """The GraphConst values as JSON data, as a checkpoint records them."""
+    return {name: _as_json(value) for name, value in graphconst_values(e)}
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_as_json(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)
+
+
 def assert_graphconst_hashable(e: Any) -> None:
     """Refuse a GraphConst value that does not hash and compare by content.
 

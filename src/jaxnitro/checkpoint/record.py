@@ -138,6 +138,12 @@ class Record:
         self.meta = read_meta(path)
         self.arrays = load_file(path)
 
+    def keep_only(self, prefix: str) -> None:
+        """Free the host copies of every stored tree but `prefix`."""
+        self.arrays = {
+            k: v for k, v in self.arrays.items() if k.startswith(prefix + "/")
+        }
+
     def has_tree(self, prefix: str) -> bool:
         """Whether the record stores any leaf under `prefix`."""
         return any(key.startswith(prefix + "/") for key in self.arrays)

@@ -96,55 +96,42 @@ def forward_chunk(
     return outputs, count
 
 
-def _device_metrics(
-    nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
+_EVAL_PROGRAMS = {"eval_metrics": eval_metrics_fn, "eval_loss": eval_loss_fn}
+_TRACES = {"eval_metrics": "metrics", "eval_loss": "loss"}
+
+
+def run_on_outputs(
+    nitro: Nitro,
+    kind: str,
+    outputs: Any,
+    chunk: Mapping[str, Any],
+    names: tuple[str, ...],
 ) -> Any:
+    """Run `metrics` or `loss` on (sliced) device outputs in their own small program.
+
+    They run on the real sample count, never on padding, so a split with a short
+    last batch compiles them once per distinct size.
+    """
     ctx = nitro._ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
     back = nitro.phase
     executable = compiled(
         nitro,
-        "eval_metrics",
+        kind,
         (_shapes(fields), jax.tree.map(np.shape, outputs)),
         lambda: ctx.compile(
             program_cache(),
-            "eval_metrics",
-            eval_metrics_fn(ctx, names),
+            kind,
+            _EVAL_PROGRAMS[kind](ctx, names),
             args,
-            traced=("metrics",),
+            traced=(_TRACES[kind],),
             baked={"mode": "eval"},
             on_compile=_on_compile(nitro, back),
         ),
     )
     nitro.set_phase(back)
     return jax.device_get(executable(*args))
-
-
-def _device_loss(
-    nitro: Nitro, outputs: Any, chunk: Mapping[str, Any], names: tuple[str, ...]
-) -> tuple[float, dict[str, Any]]:
-    ctx = nitro._ctx
-    fields = {k: np.asarray(chunk[k]) for k in names}
-    args = (nitro.device_values(), outputs, fields)
-    back = nitro.phase
-    executable = compiled(
-        nitro,
-        "eval_loss",
-        (_shapes(fields), jax.tree.map(np.shape, outputs)),
-        lambda: ctx.compile(
-            program_cache(),
-            "eval_loss",
-            eval_loss_fn(ctx, names),
-            args,
-            traced=("loss",),
-            baked={"mode": "eval"},
-            on_compile=_on_compile(nitro, back),
-        ),
-    )
-    nitro.set_phase(back)
-    loss, terms = jax.device_get(executable(*args))
-    return loss, terms
 
 
 def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any:
@@ -181,7 +168,9 @@ def evaluate_split(
             if has_metrics:
                 names = fields["metrics"].select(keys)
                 if device_metrics:
-                    values = _device_metrics(nitro, outputs, chunk, names)
+                    values = run_on_outputs(
+                        nitro, "eval_metrics", outputs, chunk, names
+                    )
                 else:
                     host_outputs = jax.device_get(outputs)
                     host_fields = {k: np.asarray(chunk[k]) for k in names}
@@ -204,7 +193,7 @@ def evaluate_split(
                         _delete(outputs)
                         continue
                     raise
-                loss, terms = _device_loss(nitro, outputs, chunk, names)
+                loss, terms = run_on_outputs(nitro, "eval_loss", outputs, chunk, names)
                 accumulator.add_leaf(("loss",), loss, 1)
                 for term, value in terms.items():
                     loss_keys.add(f"loss/{term}")

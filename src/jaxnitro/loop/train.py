@@ -31,7 +31,7 @@ from ..errors import ConfigError, DivergenceError, NitroWarning
 from ..logging import protocol as logproto
 from ..observe import phases
 from ..optim.rules import init_state
-from ..view import graphconst_values
+from ..view import graphconst_record
 from .evaluate import compiled, evaluate_split
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ def _checkpoint(
         "step": nitro.current_step,
         "seed": int(nitro._config["seed"].value),
         "preset": nitro._preset,
-        "graphconst": {name: _jsonish(v) for name, v in graphconst_values(e)},
+        "graphconst": graphconst_record(e),
         "config": nitro.params_to_log(),
         "derived": list(nitro._derived_keys),
         "logger_type": type(nitro.logger).__name__
@@ -338,14 +338,6 @@ def _checkpoint(
         meta=meta,
         stop_reason=reason,
     )
-
-
-def _jsonish(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_jsonish(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
 
 
 def run_training(nitro: Nitro) -> None:
