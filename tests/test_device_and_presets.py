@@ -82,10 +82,8 @@ def test_set_device_refusals(kw, message):
 
 
 def test_set_device_refuses_a_scheduled_field():
-    nitro = nx.Nitro(WithArrays(), **quiet())
-    nitro._config["schedules"] = nitro._config["schedules"].__class__(
-        {"smoothing": lambda total: lambda t: 0.1}, "keyword"
-    )
+    schedules = {"smoothing": lambda total: lambda t: 0.1}
+    nitro = nx.Nitro(WithArrays(), schedules=schedules, **quiet())
     with pytest.raises(nx.ConfigError, match="`smoothing` is scheduled"):
         nitro.set_device(smoothing=0.3)
 

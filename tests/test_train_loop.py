@@ -216,12 +216,7 @@ def test_n_devs_above_one_is_not_silently_ignored():
 
 @pytest.mark.parametrize(
     "kw, feature",
-    [
-        ({"schedules": {"learning_rate": 0.1}}, "schedules"),
-        ({"ema": object()}, "EMA"),
-        ({"early_stop": object()}, "early stopping"),
-        ({"restore_best": True}, "restore_best"),
-    ],
+    [({"restore_best": True}, "restore_best"), ({"restore_optimizer": True}, "restore_optimizer")],
 )
 def test_later_keywords_are_refused_not_ignored(kw, feature):
     with pytest.raises(nx.NotYetSupportedError, match=feature):
@@ -229,15 +224,15 @@ def test_later_keywords_are_refused_not_ignored(kw, feature):
 
 
 def test_later_hooks_are_refused_not_ignored():
-    class Grouped(Tiny):
-        def param_group(self, keypath):
-            return "default"
+    class Manual(Tiny):
+        def train_step(self, model, params, opt_state, state, **batch):
+            raise AssertionError("never called")
 
     with pytest.raises(
         nx.NotYetSupportedError,
-        match="defines `param_group`, which configures parameter groups",
+        match="defines `train_step`, which configures manual training",
     ):
-        nx.Nitro(Grouped(), **quiet())
+        nx.Nitro(Manual(), **quiet())
 
 
 def test_compile_options_are_checked_at_construction():

@@ -71,27 +71,13 @@ SCALAR_ACCESSORS = (
 
 # Hooks whose behaviour arrives with a later feature; overriding one is refused.
 _LATER_HOOKS = {
-    "param_group": "parameter groups",
-    "weight_decay": "weight decay",
-    "optimizer": "custom optimizer rules",
-    "decay_anchor": "decay anchors",
-    "no_decay": "the no-decay mask",
-    "grad_rule": "gradient rules (SAM/ASAM)",
-    "no_perturb": "gradient rules (SAM/ASAM)",
-    "adaptive_perturb": "gradient rules (SAM/ASAM)",
     "train_step": "manual training",
     "setup_optimizers": "manual training",
 }
 # Keywords (and accessor values) that arrive later: refused unless left at the default.
 _LATER_VALUES: dict[str, tuple[Any, str]] = {
-    "schedules": ({}, "schedules"),
-    "early_stop": (None, "early stopping"),
-    "ema": (None, "EMA of the weights"),
-    "w0": (None, "the w0 anchor"),
     "restore_optimizer": (False, "restore_optimizer"),
     "restore_best": (False, "restore_best"),
-    "eval_weights": (None, "eval_weights"),
-    "load_ema": (False, "load_ema"),
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -71,7 +71,9 @@ from .observe.report import (
     frozen_values,
     stale_report,
 )
-from .optim.rules import OptimizerPlan
+from .optim.plan import OptimizerPlan
+from .optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
+from .optim.stopping import bind_stopper
 from .presets import from_preset, presets
 from .routing import HookFields, hook_fields
 from .traits import config_metadata, device_fields, field_names, graphconst_fields
@@ -266,10 +268,6 @@ class Nitro:
         self._device_values: dict[str, Any] = converted
 
         self._probe_routing()
-        self._plan = OptimizerPlan(
-            learning_rate=float(accessor_value(e, "learning_rate").value),
-            clip_norm=float(self._config["gradient_clip_norm"].value),
-        )
 
         # The model, on the post-conversion experiment.
         built = hook_function(cls, "build_model")(
@@ -287,9 +285,12 @@ class Nitro:
         self._state = jax.tree.map(jnp.array, state)
         self._opt_state: Any = None
         self._accumulator: Any = None
+        self._ema: Any = None
+        fresh = self._params
         if self._record is not None:
-            self._params = self._record.restore("params", self._params, "parameter")
-            self._state = self._record.restore("state", self._state, "state")
+            self._restore_weights(fresh, bool(kw.get("load_ema", False)))
+        self._setup_optimization(fresh, kw.get("w0"))
+        if self._record is not None:
             if self._resume is None:
                 self._record = None  # weights only: nothing more to read from it
             else:
@@ -460,15 +461,135 @@ class Nitro:
             frozen[hook] = str(where)
         return str(frozen[hook])
 
-    def _bind_run(self, run_dir: str) -> None:
-        """Point the logger and checkpointer at the run; log params and bindings."""
-        self._run_dir = run_dir
+    def _resolve_monitor(self) -> tuple[str, str] | None:
+        """The monitor, defaulting to ("loss", "min") when the loss is sure to exist."""
         monitor = self._config["monitor"].value
         if monitor is None and (
             "metrics" not in self._hooks or bool(self._config["eval_loss"].value)
         ):
             monitor = ("loss", "min")
             self._config["monitor"] = Resolved(monitor, "default")
+        return monitor  # type: ignore[no-any-return]
+
+    def _restore_weights(self, fresh: Any, load_ema: bool) -> None:
+        """Parameters and state from the record; a resume's EMA too."""
+        record = self._record
+        assert record is not None
+        if load_ema and self._resume is not None:
+            raise ConfigError(
+                "load_ema=True goes with weights=, not resume=: a resume restores the "
+                "weights and their EMA exactly as they were."
+            )
+        if load_ema and not record.has_tree("ema"):
+            raise ConfigError(
+                f"load_ema=True, but {record.path} holds no EMA of the weights (its "
+                f"run had no ema). Drop load_ema, or load a record written with one."
+            )
+        self._params = record.restore(
+            "ema" if load_ema else "params", fresh, "parameter"
+        )
+        self._state = record.restore("state", self._state, "state")
+        if self._resume is not None and record.has_tree("ema"):
+            self._ema = record.restore("ema", fresh, "EMA")
+
+    def _setup_optimization(self, fresh: Any, w0_option: Any) -> None:
+        """The optimizer plan, the early-stopping policy and the eval weights."""
+        c = self._config
+        ema = check_ema(c["ema"].value)
+        eval_weights = self._keywords.get("eval_weights")
+        if eval_weights is None:
+            eval_weights = "ema" if ema is not None else "raw"
+        if eval_weights not in ("ema", "raw"):
+            raise ConfigError(f'eval_weights={eval_weights!r}: it is "ema" or "raw".')
+        if eval_weights == "ema" and ema is None:
+            raise ConfigError(
+                'eval_weights="ema" needs an EMA of the weights: set ema() on the '
+                "experiment or pass ema=EMA(beta)."
+            )
+        self._eval_weights = eval_weights
+        monitor = self._resolve_monitor()
+        self._plan: OptimizerPlan | None = None
+        self._stopper: Any = None
+        self._anchor_sums: dict[str, str] = {}
+        self._device_schedules: list[tuple[Any, Any]] = []
+        if "train" not in self.data:
+            return  # nothing to optimize: no plan, no optimizer state
+        has_val = "val" in self.data
+        policy = c["early_stop"].value
+        if policy is not None and not has_val:
+            raise ConfigError(
+                "early_stop needs a val split: it is checked once per epoch after "
+                "validation, and this run has none."
+            )
+        self._stopper = bind_stopper(policy, monitor)
+        self._check_control_metric(
+            getattr(self._stopper, "metric", None), "EarlyStopping"
+        )
+        self._plan = build_plan(
+            self._experiment,
+            self._params,
+            _w0_provider(w0_option, fresh, self._params, self._weights is not None),
+            PlanInputs(
+                schedules=c["schedules"].value,
+                clip_norm=float(c["gradient_clip_norm"].value),
+                ema=ema,
+                total=self.total_steps,
+                monitor=monitor,
+                device_fields=device_fields(self._cls),
+            ),
+        )
+        for schedule in self._plan.schedules:
+            if schedule.plateau is not None:
+                if not has_val:
+                    raise ConfigError(
+                        f"The Plateau on schedule `{schedule.key}` needs a val split: "
+                        f"it is updated once per epoch from validation."
+                    )
+                self._check_control_metric(schedule.plateau.metric, "Plateau")
+        self._anchor_sums = anchor_checksums(self._plan)
+        self._device_schedules = [
+            (s.target, self._device_values[s.target.name].dtype)
+            for s in self._plan.schedules
+            if s.target.namespace == "device"
+        ]
+        if self._resume is not None and self._record is not None:
+            self._restore_counters(self._record.meta)
+
+    def _check_control_metric(self, metric: str | None, what: str) -> None:
+        """Without custom metrics the only validation metric is the loss."""
+        if metric is not None and "metrics" not in self._hooks and metric != "loss":
+            raise ConfigError(
+                f"{what} watches `{metric}`, but {self._cls.__name__} defines no "
+                f'metrics, so validation reports only `loss`. Watch "loss", or '
+                f"define metrics()."
+            )
+
+    def _restore_counters(self, meta: dict[str, Any]) -> None:
+        """A resume continues the early-stopping and Plateau counters, and verifies
+        that every decay anchor is the one the record trained toward."""
+        assert self._plan is not None
+        stored = meta.get("anchor_checksums") or {}
+        for group, checksum in self._anchor_sums.items():
+            if group in stored and stored[group] != checksum:
+                raise ConfigError(
+                    f"Cannot resume from {self._record.path if self._record else ''}: "
+                    f"group {group!r} decays toward an anchor that differs from the "
+                    f"one the record trained toward (checksum mismatch). An anchored "
+                    f"run resumes only when its anchor is rebuilt identically."
+                )
+        if self._stopper is not None and meta.get("early_stop"):
+            restore = getattr(self._stopper, "restore", None)
+            if callable(restore):
+                restore(meta["early_stop"])
+        plateaus = meta.get("plateau") or {}
+        for schedule in self._plan.schedules:
+            if schedule.plateau is not None and schedule.key in plateaus:
+                schedule.plateau.restore(plateaus[schedule.key])
+
+    def _bind_run(self, run_dir: str) -> None:
+        """Point the logger and checkpointer at the run; log params and bindings."""
+        self._run_dir = run_dir
+        monitor = self._resolve_monitor()
         self._monitor = monitor
         ckpt = self._checkpointer
         has_val = "val" in self.data
@@ -655,7 +776,27 @@ class Nitro:
             routing["loss"] = g.loss
             if g.train_metrics is not None:
                 routing["train_metrics"] = g.train_metrics
-        notes = [f"learning_rate {self._plan.learning_rate:g} (RAdam, one group)"]
+        notes = []
+        if self._plan is not None:
+            groups = ", ".join(
+                f"{g.name} (level {g.rule.level}, lr x{g.lr_ratio:g}"
+                + (f", decay {g.weight_decay:g}" if g.decays else "")
+                + (", anchored" if g.anchor is not None else "")
+                + ")"
+                for g in self._plan.groups
+            )
+            notes.append(f"learning_rate {self._plan.base_lr:g}; groups: {groups}")
+            for s in self._plan.schedules:
+                where = s.target.namespace + (
+                    f".{s.target.group}" if s.target.group else ""
+                )
+                plateau = " (Plateau)" if s.plateau is not None else ""
+                notes.append(f"schedule {s.key} -> {where}.{s.target.name}{plateau}")
+            notes.append(f"grad_rule {self._plan.grad_rule!r}")
+            if self._plan.ema is not None:
+                notes.append(
+                    f"ema {self._plan.ema!r}, eval_weights {self._eval_weights}"
+                )
         if self._eval_width is not None:
             notes.append(f"eval batch width {self._eval_width}")
         return binding_report(
@@ -782,7 +923,10 @@ class Nitro:
                     f"it, so writing it on a live handle would change nothing. Build a "
                     f"new Nitro with the new value, or mark the field Device."
                 )
-            if name in (self._config["schedules"].value or {}):
+            if self._plan is not None and any(
+                s.target.namespace == "device" and s.target.name == name
+                for s in self._plan.schedules
+            ):
                 raise ConfigError(
                     f"set_device: `{name}` is scheduled: the schedule writes it every "
                     f"step and would overwrite this value. Remove it from schedules."
@@ -815,6 +959,27 @@ class Nitro:
     def device_values(self) -> dict[str, Any]:
         """The Device fields as the dict every program receives."""
         return self._device_values
+
+    def eval_params(self) -> Any:
+        """The weights evaluation, checkpoint selection and predict read: the EMA
+        under eval_weights="ema" once one exists, the raw weights otherwise."""
+        if self._eval_weights == "ema" and self._ema is not None:
+            return self._ema
+        return self._params
+
+    def _sync_scheduled_devices(self) -> None:
+        """Write the scheduled Device fields' current values into the experiment,
+        so evaluation between epochs sees what training last used."""
+        if not self._device_schedules:
+            return
+        assert self._plan is not None
+        current = self._plan.schedule_values(max(self._step - 1, 0))
+        updates = {
+            target.name: jnp.asarray(current[target], dtype)
+            for target, dtype in self._device_schedules
+        }
+        self._experiment = replace_fields(self._experiment, **updates)
+        self._device_values = {**self._device_values, **updates}
 
     def set_phase(self, phase: phases.Phase) -> None:
         self._phase = phase
@@ -962,3 +1127,39 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
     if preset is None:
         return Nitro(experiment, **kwargs).train()
     return Nitro(experiment, preset, **kwargs).train()
+
+
+def _w0_provider(
+    option: Any, fresh: Any, params: Any, has_weights: bool
+) -> Callable[[], Any]:
+    """What decay_anchor="w0" anchors to, copied only if some group asks for it."""
+    if option is None or (isinstance(option, str) and option == "build_model"):
+        source = fresh
+    elif isinstance(option, str) and option == "weights":
+        if not has_weights:
+            raise ConfigError(
+                'w0="weights" anchors to the parameters a weights= source loads, but '
+                "no weights= was given. Pass weights=..., or leave w0 at "
+                '"build_model".'
+            )
+        source = params
+    elif isinstance(option, str):
+        raise ConfigError(
+            f'w0={option!r}: it is "build_model", "weights", or a parameter tree.'
+        )
+    else:
+        source = option
+    cached: list[Any] = []
+
+    def provide() -> Any:
+        if not cached:
+            tree = jax.tree.map(jnp.array, source)  # a copy: training donates params
+            if jax.tree.structure(tree) != jax.tree.structure(params):  # type: ignore[operator]
+                raise ConfigError(
+                    "w0 is a tree that does not match the parameters' structure; it "
+                    "must be shaped like what build_model returns."
+                )
+            cached.append(tree)
+        return cached[0]
+
+    return provide

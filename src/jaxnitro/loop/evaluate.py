@@ -67,7 +67,7 @@ def forward_chunk(
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
     ctx = nitro._ctx
-    args = (nitro.device_values(), nitro._params, nitro._state, padded)
+    args = (nitro.device_values(), nitro.eval_params(), nitro._state, padded)
     back = nitro.phase
     executable = compiled(
         nitro,

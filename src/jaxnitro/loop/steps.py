@@ -1,0 +1,324 @@
+"""One training epoch: the hot loop of micro-batches and its host-side bookkeeping.
+
+With accum == 1 each batch runs one fused train_step program; with accum > 1 each
+micro-batch runs the gradient program, and every accum-th the optimizer program. Then
+the loop reads back the PREVIOUS micro-batch's loss: the device runs ahead by one
+micro-batch while the host waits. The executable call itself transfers the routed host
+fields, so a batch's device buffers live exactly as long as the step that uses them (an
+explicit `jax.device_put` of the batch dict cost a third of a dispatch-bound step). A
+non-finite loss raises naming its step and epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..compile.cache import program_cache
+from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
+from ..data.sources import batch_size, epoch_batches
+from ..errors import ConfigError, DivergenceError
+from ..logging import protocol as logproto
+from ..observe import phases
+from .evaluate import compiled
+
+if TYPE_CHECKING:
+    from ..handle import Nitro
+
+
+@dataclass
+class _InFlight:
+    """A dispatched micro-batch whose loss has not been read back yet."""
+
+    loss: Any
+    terms: Any
+    stats: Any
+    outputs: Any
+    host_batch: dict[str, Any]
+    step: int
+    ends_step: bool
+    schedule_line: dict[str, float] | None
+
+
+class EpochLog:
+    """The host side of one epoch: read-backs, the divergence check, train lines."""
+
+    def __init__(self, nitro: Nitro, epoch: int) -> None:
+        self.nitro = nitro
+        self.epoch = epoch
+        self.losses: list[float] = []
+        self.step_losses: list[float] = []
+        self.check = bool(nitro._config["check_divergence"].value)
+        self.every = int(nitro._config["log_every_n_steps"].value)
+        self.logging = nitro.logger is not None
+
+    def settle(self, item: _InFlight) -> None:
+        loss = float(item.loss)
+        if self.check and not math.isfinite(loss):
+            raise DivergenceError(
+                f"The training loss is {loss} at step {item.step} of epoch "
+                f"{self.epoch}. There is no rollback: resume from the last checkpoint "
+                f"with a lower learning rate, or pass check_divergence=False to "
+                f"continue from the diverged state."
+            )
+        self.losses.append(loss)
+        self.step_losses.append(loss)
+        if not item.ends_step:
+            return
+        if self.logging and item.step % self.every == 0:
+            self._log_line(item)
+        self.step_losses = []
+
+    def _log_line(self, item: _InFlight) -> None:
+        line: dict[str, Any] = {"loss": sum(self.step_losses) / len(self.step_losses)}
+        for name, value in jax.device_get(item.terms).items():
+            line[f"loss/{name}"] = float(value)
+        stats = item.stats
+        if item.outputs is not None:  # train_metrics on the host
+            nitro = self.nitro
+            names = nitro._fields["train_metrics"].select(tuple(item.host_batch))
+            stats = nitro._hooks["train_metrics"](
+                nitro.experiment,
+                jax.device_get(item.outputs),
+                **{k: item.host_batch[k] for k in names},
+            )
+        for name, value in dict(jax.device_get(stats) or {}).items():
+            line[str(name)] = _scalar(value)
+        if item.schedule_line:
+            line.update(item.schedule_line)
+        logproto.log_metrics(
+            self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
+        )
+
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+
+def _scalar(value: Any) -> Any:
+    array = np.asarray(value)
+    return array.item() if array.ndim == 0 else array
+
+
+def training_programs(
+    nitro: Nitro, batch: dict[str, Any], values: dict[str, Any], hp: dict[str, Any]
+) -> tuple[Any, Any]:
+    """The training executables, from the handle or the cache.
+
+    accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
+    `(gradient, optimizer)`, the gradient accumulated over micro-batches.
+    """
+    ctx = nitro._ctx
+    accum = int(nitro._config["accum"].value)
+    plan = nitro._plan
+    assert plan is not None
+    fields = nitro._gradient_fields
+    traced = ("forward", "loss") + (
+        ("train_metrics",) if fields.train_metrics is not None else ()
+    )
+    optimizer_traced = ("optimizer",) if "optimizer" in ctx.hooks else ()
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
+    constants = {**plan.constants(), **plan.gradient_constants()}
+
+    def announce(kind: str) -> None:
+        nitro.set_phase(phases.COMPILE_PHASES[kind]())
+
+    if accum == 1:
+        args = (
+            values,
+            nitro._params,
+            nitro._opt_state,
+            nitro._ema,
+            nitro._state,
+            batch,
+            hp,
+        )
+        step = compiled(
+            nitro,
+            "train_step",
+            (shapes, fields, repr(constants)),
+            lambda: ctx.compile(
+                program_cache(),
+                "train_step",
+                train_step_fn(ctx, fields, plan),
+                args,
+                traced=traced + optimizer_traced,
+                baked={"mode": "train", "fields": fields, **constants},
+                donate=(1, 2, 3),
+                on_compile=announce,
+            ),
+        )
+        nitro.set_phase(phases.TrainStepping())
+        return step, None
+
+    grad_args = (
+        values,
+        nitro._params,
+        nitro._state,
+        nitro._accumulator,
+        batch,
+        hp["grad"],
+    )
+    gradient = compiled(
+        nitro,
+        "gradient",
+        (shapes, accum, fields, repr(plan.gradient_constants())),
+        lambda: ctx.compile(
+            program_cache(),
+            "gradient",
+            gradient_fn(ctx, fields, accum, plan),
+            grad_args,
+            traced=traced,
+            baked={
+                "inv_accum": 1.0 / accum,
+                "mode": "train",
+                "fields": fields,
+                **plan.gradient_constants(),
+            },
+            donate=(3,),
+            on_compile=announce,
+        ),
+    )
+    opt_args = (
+        values,
+        nitro._params,
+        nitro._opt_state,
+        nitro._ema,
+        nitro._accumulator,
+        hp,
+    )
+    optimizer = compiled(
+        nitro,
+        "optimizer",
+        repr(plan.constants()),
+        lambda: ctx.compile(
+            program_cache(),
+            "optimizer",
+            optimizer_fn(ctx, plan),
+            opt_args,
+            traced=optimizer_traced,
+            baked=plan.constants(),
+            donate=(1, 2, 3, 4),
+            on_compile=announce,
+        ),
+    )
+    nitro.set_phase(phases.TrainStepping())
+    return gradient, optimizer
+
+
+def _check_batch(
+    host: dict[str, np.ndarray],
+    names: tuple[str, ...],
+    expected: int,
+    index: int,
+    epoch: int,
+) -> None:
+    """Refuse a train batch of another size (a partial batch met mid-epoch)."""
+    for name in names:
+        if host[name].shape[:1] != (expected,):
+            size = batch_size(host, names)
+            raise ConfigError(
+                f"Train batch {index} of epoch {epoch} holds {size} samples, the "
+                f"first held {expected}. The train split must drop its partial last "
+                f"batch and keep one batch size (drop_remainder=True / "
+                f"drop_last=True)."
+            )
+
+
+def _device_inputs(nitro: Nitro, plan: Any, step: int) -> dict[str, Any]:
+    """The Device fields for this step: scheduled ones overridden by NumPy values."""
+    values = nitro._device_values  # set_device may replace it between steps
+    scheduled = nitro._device_schedules
+    if not scheduled:
+        return values
+    current = plan.schedule_values(step)
+    merged = dict(values)
+    for target, dtype in scheduled:
+        merged[target.name] = np.asarray(current[target], dtype)
+    return merged
+
+
+def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
+    """One epoch of micro-batches. Every attribute the hot loop reads per step is
+    bound to a local first; the per-step work is the dispatch plus one read-back."""
+    accum = int(nitro._config["accum"].value)
+    names = nitro._train_fields
+    expected = nitro._train_batch
+    assert expected is not None
+    plan = nitro._plan
+    assert plan is not None
+    log = EpochLog(nitro, epoch)
+    settle = log.settle
+    autolog = bool(nitro._config["autolog_schedules"].value) and log.logging
+    gradient: Any = None
+    optimizer: Any = None
+    in_flight: _InFlight | None = None
+    for index, batch in enumerate(epoch_batches(nitro.data["train"], epoch - 1)):
+        host = {k: np.asarray(batch[k]) for k in names}
+        _check_batch(host, names, expected, index, epoch)
+        step = nitro._step
+        values = _device_inputs(nitro, plan, step)
+        hp = plan.step_inputs(step)
+        if gradient is None:
+            gradient, optimizer = training_programs(nitro, host, values, hp)
+        if accum == 1:
+            (
+                nitro._params,
+                nitro._opt_state,
+                nitro._ema,
+                loss,
+                nitro._state,
+                terms,
+                stats,
+                outputs,
+            ) = gradient(
+                values,
+                nitro._params,
+                nitro._opt_state,
+                nitro._ema,
+                nitro._state,
+                host,
+                hp,
+            )
+            ends_step = True
+        else:
+            nitro._accumulator, loss, nitro._state, terms, stats, outputs = gradient(
+                values,
+                nitro._params,
+                nitro._state,
+                nitro._accumulator,
+                host,
+                hp["grad"],
+            )
+            ends_step = (index + 1) % accum == 0
+            if ends_step:
+                (
+                    nitro._params,
+                    nitro._opt_state,
+                    nitro._ema,
+                    nitro._accumulator,
+                ) = optimizer(
+                    values,
+                    nitro._params,
+                    nitro._opt_state,
+                    nitro._ema,
+                    nitro._accumulator,
+                    hp,
+                )
+        schedule_line = plan.scheduled_log(step) if autolog and ends_step else None
+        if ends_step:
+            nitro._step = step + 1
+        current = _InFlight(
+            loss, terms, stats, outputs, host, nitro._step, ends_step, schedule_line
+        )
+        if in_flight is not None:
+            settle(in_flight)
+        in_flight = current
+        if ends_step and nitro._stop_requested:
+            break
+    if in_flight is not None:
+        settle(in_flight)
+    return log

@@ -1,0 +1,131 @@
+"""Gradient rules: which gradient each micro-batch contributes.
+
+`SingleGrad` (the default) takes one forward and backward pass. A `PerturbRule` takes
+the gradient at perturbed parameters `params + eps`, where `eps` comes from the
+unperturbed gradient: two passes per micro-batch, the second one's gradient
+accumulated; the reported loss, state and train_metrics are the first pass's.
+
+    SAM:  eps = rho * g / ||g||                      (Foret et al. 2021)
+    ASAM: eps = rho * T^2 g / ||T g||,  T = |w| + eta (Kwon et al. 2021)
+
+Leaves `no_perturb` excludes get eps = 0 and stay out of the norm; under ASAM, leaves
+`adaptive_perturb` declines (rank 1 and below by default) get T = 1. A rule's
+schedulable fields (rho) reach the program as inputs every step, so changing them
+never recompiles; the rule's type and its other fields bake in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError, NotYetSupportedError
+
+_TINY = 1e-12
+
+
+class GradRule:
+    """The supertype of what `grad_rule` returns."""
+
+    schedulable: tuple[str, ...] = ()
+
+    def values(self) -> dict[str, float]:
+        """The schedulable fields' host values, which the program receives."""
+        return {name: float(getattr(self, name)) for name in self.schedulable}
+
+    def key(self) -> tuple[Any, ...]:
+        """What bakes into the gradient program: the type and unscheduled fields."""
+        baked = [
+            (f.name, getattr(self, f.name))
+            for f in fields(self)  # type: ignore[arg-type]
+            if f.name not in self.schedulable
+        ]
+        return (type(self).__name__, tuple(baked))
+
+
+@dataclass(frozen=True)
+class SingleGrad(GradRule):
+    """One forward and backward pass per micro-batch (the default)."""
+
+
+class PerturbRule(GradRule):
+    """A rule that takes the gradient at `params + perturbation(...)`."""
+
+    def perturbation(
+        self, grads: Any, params: Any, masks: dict[str, Any], values: dict[str, Any]
+    ) -> Any:
+        """The perturbation eps, traced; `values` holds this step's rule fields."""
+        raise NotImplementedError
+
+
+def _global_norm(tree: Any) -> Any:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def _check_rho(rule: str, rho: Any, m: Any) -> None:
+    if not float(rho) >= 0:
+        raise ConfigError(f"{rule}(rho) must be >= 0, got {rho!r}.")
+    if m is not None:
+        raise NotYetSupportedError(
+            f"{rule}(m=...) (m-sharpness) is reserved and not supported yet; leave it "
+            f"unset."
+        )
+
+
+@dataclass(frozen=True)
+class SAM(PerturbRule):
+    """Sharpness-aware minimization: the gradient at params + rho * g / ||g||."""
+
+    rho: float
+    m: int | None = None
+    schedulable = ("rho",)
+
+    def __post_init__(self) -> None:
+        _check_rho("SAM", self.rho, self.m)
+
+    def perturbation(
+        self, grads: Any, params: Any, masks: dict[str, Any], values: dict[str, Any]
+    ) -> Any:
+        gated = jax.tree.map(lambda g, m: g * m, grads, masks["perturb"])
+        scale = values["rho"] / (_global_norm(gated) + _TINY)
+        return jax.tree.map(lambda g: (scale * g).astype(g.dtype), gated)
+
+
+@dataclass(frozen=True)
+class ASAM(PerturbRule):
+    """Adaptive SAM: eps = rho * T^2 g / ||T g|| with T = |w| + eta per leaf."""
+
+    rho: float
+    eta: float = 0.01
+    m: int | None = None
+    schedulable = ("rho",)
+
+    def __post_init__(self) -> None:
+        _check_rho("ASAM", self.rho, self.m)
+        if not float(self.eta) >= 0:
+            raise ConfigError(f"ASAM(eta) must be >= 0, got {self.eta!r}.")
+
+    def perturbation(
+        self, grads: Any, params: Any, masks: dict[str, Any], values: dict[str, Any]
+    ) -> Any:
+        def size(w: Any, adaptive: Any) -> Any:
+            return jnp.where(adaptive > 0, jnp.abs(w) + self.eta, jnp.ones_like(w))
+
+        t = jax.tree.map(size, params, masks["adaptive"])
+        gated = jax.tree.map(lambda g, m: g * m, grads, masks["perturb"])
+        tg = jax.tree.map(lambda a, g: a * g, t, gated)
+        scale = values["rho"] / (_global_norm(tg) + _TINY)
+        return jax.tree.map(lambda a, g: (scale * a * a * g).astype(g.dtype), t, gated)
+
+
+def check_grad_rule(rule: Any) -> GradRule:
+    """Refuse what is not a GradRule, naming the ones there are."""
+    if not isinstance(rule, GradRule):
+        raise ConfigError(
+            f"grad_rule returned {rule!r}; it must be a GradRule: SingleGrad(), "
+            f"SAM(rho) or ASAM(rho, eta)."
+        )
+    return rule

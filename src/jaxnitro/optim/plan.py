@@ -1,0 +1,291 @@
+"""`OptimizerPlan`: everything one run's optimizer step is, resolved at setup.
+
+The plan holds the static structure (the group layout, each group's rule and whether
+it decays and toward what, clipping on or off, the gradient rule's type, whether an
+EMA runs), which bakes into the programs and their keys, and produces each step's
+inputs on the host (learning rates with their group ratios, decay coefficients
+pre-multiplied by them, scheduled rule fields, the clip threshold, the gradient rule's
+fields, the EMA decay), which reach the programs as arguments and never recompile.
+
+    eta_g(t)    = schedule(t) * learning_rate(g) / learning_rate()
+    lambda_g(t) = weight_decay(g) [or its schedule] * eta_g(t)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from ..errors import ConfigError
+from .decay import Decay
+from .ema import EMA, ema_update
+from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule
+from .groups import GroupLayout
+from .rules import RuleSpec, build_chain
+from .schedules import BoundSchedule, Target
+
+
+@dataclass
+class GroupPlan:
+    """One parameter group's optimizer, as resolved at setup.
+
+    Attributes:
+        name: the group name ("default" is first).
+        rule: the group's rule (its level, constructor or factory, fields).
+        lr_ratio: learning_rate(group) / learning_rate().
+        weight_decay: the group's decay coefficient (before the learning rate).
+        decays: whether the chain ends with Decay (coefficient non-zero or scheduled).
+        anchor: what Decay pulls toward: None (zero) or a tree like the params.
+        mask: the no-decay mask, 1.0 on every leaf that decays.
+        scheduled: the rule fields a schedule sets for this group.
+    """
+
+    name: str
+    rule: RuleSpec
+    lr_ratio: float
+    weight_decay: float
+    decays: bool
+    anchor: Any
+    mask: Any
+    scheduled: tuple[str, ...] = ()
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.name,
+            self.rule.key(),
+            self.decays,
+            self.anchor is not None,
+            self.scheduled,
+        )
+
+
+@dataclass
+class OptimizerPlan:
+    """The run's optimizer: structure baked into programs, values fed per step.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jaxnitro.optim.plan import single_group_plan
+        >>> plan = single_group_plan({"w": jnp.ones(2)}, learning_rate=1e-3)
+        >>> sorted(plan.step_inputs(0)["groups"]["default"])
+        ['anchor', 'learning_rate', 'no_decay_mask', 'weight_decay']
+    """
+
+    base_lr: float
+    clip_norm: float
+    layout: GroupLayout
+    groups: tuple[GroupPlan, ...]
+    labels: Any  # the group label of each leaf, as a tree like the params
+    schedules: tuple[BoundSchedule, ...] = ()
+    grad_rule: GradRule = field(default_factory=SingleGrad)
+    grad_rule_fn: Callable[[Any, dict[str, Any]], Any] | None = None
+    perturb_masks: dict[str, Any] | None = None
+    ema: EMA | None = None
+    experiment: Any = None  # the real experiment, for grad_rule(self, hp)
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.base_lr) or self.base_lr <= 0:
+            raise ConfigError(
+                f"learning_rate() returned {self.base_lr!r}; it must be a finite "
+                f"positive number (per-group rates are ratios against it, so 0 leaves "
+                f"them undefined)."
+            )
+        if not np.isfinite(self.clip_norm) or self.clip_norm < 0:
+            raise ConfigError(
+                f"gradient_clip_norm is {self.clip_norm!r}; it must be >= 0 "
+                f"(0 turns clipping off)."
+            )
+        self._constant = {s.target: s.value(0) for s in self.schedules if s.constant}
+        self._varying = tuple(s for s in self.schedules if not s.constant)
+        self._cached: dict[str, Any] | None = None
+
+    # --- structure ------------------------------------------------------------------
+    @property
+    def clips(self) -> bool:
+        return self.clip_norm > 0
+
+    @property
+    def perturbs(self) -> bool:
+        return isinstance(self.grad_rule, PerturbRule)
+
+    @property
+    def is_constant(self) -> bool:
+        """Whether every step's inputs are the same (no varying schedule)."""
+        return not self._varying and self.grad_rule_fn is None and self.ema is None
+
+    def constants(self) -> dict[str, Any]:
+        """What the optimizer step bakes in: part of its programs' cache keys."""
+        return {
+            "layout": self.layout.key(),
+            "groups": tuple(g.key() for g in self.groups),
+            "clips": self.clips,
+            "ema": self.ema is not None,
+        }
+
+    def gradient_constants(self) -> dict[str, Any]:
+        """What the gradient computation bakes in: the gradient rule."""
+        return {"grad_rule": self.grad_rule.key()}
+
+    # --- per step -------------------------------------------------------------------
+    def schedule_values(self, step: int) -> dict[Target, float]:
+        values = dict(self._constant)
+        for schedule in self._varying:
+            values[schedule.target] = schedule.value(step)
+        return values
+
+    def step_inputs(self, step: int) -> dict[str, Any]:
+        """This optimizer step's inputs: NumPy scalars and constant device trees."""
+        if self._cached is not None:
+            return self._cached
+        values = self.schedule_values(step)
+        base = values.get(Target("opt", "learning_rate"), self.base_lr)
+        decay_all = values.get(Target("opt", "weight_decay"))
+        groups = {}
+        for g in self.groups:
+            lr = values.get(Target("opt", "learning_rate", g.name), base) * g.lr_ratio
+            coefficient = values.get(
+                Target("opt", "weight_decay", g.name),
+                decay_all if decay_all is not None else g.weight_decay,
+            )
+            hp: dict[str, Any] = {
+                "learning_rate": np.float32(lr),
+                "weight_decay": np.float32(coefficient * lr) if g.decays else None,
+                "anchor": g.anchor,
+                "no_decay_mask": g.mask,
+            }
+            for name in g.scheduled:
+                value = values.get(
+                    Target("opt", name, g.name), values.get(Target("opt", name))
+                )
+                hp[name] = np.float32(value)
+            groups[g.name] = hp
+        inputs: dict[str, Any] = {"groups": groups}
+        if self.clips:
+            inputs["gradient_clip_norm"] = np.float32(self.clip_norm)
+        if self.ema is not None:
+            inputs["ema"] = self.ema.step_inputs(step)
+        inputs["grad"] = self.grad_inputs(step, values)
+        if self.is_constant:
+            self._cached = inputs
+        return inputs
+
+    def grad_inputs(self, step: int, values: dict[Target, float] | None = None) -> Any:
+        """The gradient rule's per-step inputs (empty for SingleGrad)."""
+        if not self.perturbs and self.grad_rule_fn is None:
+            return {}
+        values = self.schedule_values(step) if values is None else values
+        rule = self.grad_rule
+        fields = {t.name: v for t, v in values.items() if t.namespace == "grad"}
+        if self.grad_rule_fn is not None:
+            bind = {t.name: v for t, v in values.items() if t.namespace == "bind"}
+            rule = check_grad_rule(
+                self.grad_rule_fn(self.experiment, {**fields, "bind": bind})
+            )
+            if (
+                type(rule) is not type(self.grad_rule)
+                or rule.key() != self.grad_rule.key()
+            ):
+                raise ConfigError(
+                    f"grad_rule(self, hp) returned {rule!r} at step {step}, but it "
+                    f"returned {self.grad_rule!r} at setup: the rule's type and its "
+                    f"unscheduled fields bake into the gradient program and must not "
+                    f"change. Vary only its schedulable fields."
+                )
+        own = rule.values()
+        own.update({k: v for k, v in fields.items() if k in own})
+        return {
+            "values": {k: np.float32(v) for k, v in own.items()},
+            "masks": self.perturb_masks,
+        }
+
+    def scheduled_log(self, step: int) -> dict[str, float]:
+        """The varying schedule values of this step, under their log keys."""
+        return {s.target.log_key(): s.value(step) for s in self._varying}
+
+    # --- traced ---------------------------------------------------------------------
+    def transformation(
+        self, view: Any, hp: dict[str, Any]
+    ) -> optax.GradientTransformation:
+        """The Optax transformation for this step, from the traced inputs."""
+        chains = {}
+        for g in self.groups:
+            group_hp = hp["groups"][g.name]
+
+            def decoupled(values: Mapping[str, Any]) -> Any:
+                return Decay(
+                    values["weight_decay"], values["anchor"], values["no_decay_mask"]
+                )
+
+            chains[g.name] = build_chain(
+                g.rule,
+                view,
+                g.name,
+                group_hp,
+                g.scheduled,
+                decoupled if g.decays else None,
+            )
+        if len(self.groups) == 1:
+            return chains[self.groups[0].name]
+        return optax.multi_transform(chains, self.labels)
+
+    def init_state(self, params: Any) -> Any:
+        """A fresh optimizer state for `params`."""
+        return self.transformation(self.experiment, self.step_inputs(0)).init(params)
+
+    def apply(
+        self,
+        view: Any,
+        params: Any,
+        opt_state: Any,
+        ema: Any,
+        grads: Any,
+        hp: dict[str, Any],
+    ) -> tuple[Any, Any, Any]:
+        """One optimizer step (traced): clip, each group's chain, the EMA update."""
+        if self.clips:
+            grads = clip_by_global_norm(grads, hp["gradient_clip_norm"])
+        updates, opt_state = self.transformation(view, hp).update(
+            grads, opt_state, params
+        )
+        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
+        if self.ema is not None:
+            ema = ema_update(ema, params, hp["ema"])
+        return params, opt_state, ema
+
+
+def clip_by_global_norm(grads: Any, max_norm: Any) -> Any:
+    """Scale `grads` so their global norm is at most `max_norm` (traced)."""
+    clipped, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    return clipped
+
+
+def single_group_plan(
+    params: Any, *, learning_rate: float, clip_norm: float = 0.0
+) -> OptimizerPlan:
+    """The level-0 plan with one group and no decay (RAdam at `learning_rate`)."""
+    from .groups import group_layout, leaf_mask
+    from .rules import rule_for_group
+
+    layout = group_layout(params, None)
+    mask = leaf_mask(params, lambda keypath, leaf: True, "no_decay")
+    group = GroupPlan(
+        name="default",
+        rule=rule_for_group(None, None, "default"),
+        lr_ratio=1.0,
+        weight_decay=0.0,
+        decays=False,
+        anchor=None,
+        mask=mask,
+    )
+    return OptimizerPlan(
+        base_lr=learning_rate,
+        clip_norm=clip_norm,
+        layout=layout,
+        groups=(group,),
+        labels=layout.label_tree(params),
+    )

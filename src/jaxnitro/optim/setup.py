@@ -1,0 +1,285 @@
+"""Building a run's `OptimizerPlan` from the experiment's optimization hooks.
+
+Setup calls, once and on the host: `param_group(keypath)` for every leaf,
+`learning_rate(group)`, `weight_decay(group)`, `decay_anchor(group)`, `optimizer`
+(levels 0 to 2), `no_decay(keypath, leaf)`, `grad_rule()`, `no_perturb` and
+`adaptive_perturb`, and binds the `schedules` table. Each accessor may be a method,
+with or without the group argument, or a field of the same name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..accessors import defines
+from ..errors import ConfigError, HookError
+from ..experiment import Experiment
+from ..traits import field_names
+from .decay import anchor_checksum, check_anchor
+from .ema import EMA
+from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule
+from .groups import (
+    DEFAULT_GROUP,
+    default_adaptive_perturb,
+    default_no_decay,
+    group_layout,
+    leaf_mask,
+)
+from .plan import GroupPlan, OptimizerPlan
+from .rules import optimizer_level, probe_level2, rule_for_group
+from .schedules import Bindable, BoundSchedule, bind_schedules
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What setup resolved elsewhere that the plan depends on."""
+
+    schedules: Any
+    clip_norm: float
+    ema: EMA | None
+    total: int
+    monitor: tuple[str, str] | None
+    device_fields: tuple[str, ...]
+
+
+def _method(e: Any, name: str) -> Callable[..., Any] | None:
+    cls = type(e)
+    if isinstance(e, Experiment):
+        return getattr(cls, name) if defines(cls, name) else None
+    attr = getattr(cls, name, None)
+    return attr if callable(attr) else None
+
+
+def _takes_group(fn: Callable[..., Any]) -> bool:
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(params) >= 2
+
+
+def group_value(e: Any, name: str, group: str, default: Any) -> Any:
+    """An accessor's value for `group`: a field, a method (with or without the group
+    argument), or the default."""
+    if name in field_names(type(e)):
+        return getattr(e, name)
+    fn = _method(e, name)
+    if fn is None:
+        return default
+    return fn(e, group) if _takes_group(fn) else fn(e)
+
+
+def _masked(tree: Any, labels: Any, group: str, single: bool) -> Any:
+    """`tree` restricted to `group`'s leaves (other leaves MaskedNode), as
+    `optax.multi_transform` hands a group's parameters to its chain."""
+    if single or tree is None:
+        return tree
+    return jax.tree.map(
+        lambda leaf, label: leaf if label == group else optax.MaskedNode(), tree, labels
+    )
+
+
+def _anchor_tree(
+    group: str, kind: str, value: Any, w0: Callable[[], Any], params: Any
+) -> Any:
+    if kind == "zero":
+        return None
+    if kind == "w0":
+        return w0()
+    try:
+        tree = jax.tree.map(jnp.asarray, value)
+        same = bool(jax.tree.structure(tree) == jax.tree.structure(params))  # type: ignore[operator]
+    except Exception:
+        same = False
+    if not same or any(
+        np.shape(a) != np.shape(p)
+        for a, p in zip(jax.tree.leaves(tree), jax.tree.leaves(params), strict=True)
+    ):
+        raise ConfigError(
+            f"decay_anchor({group!r}) returned a tree that does not match the "
+            f'parameters leaf for leaf; return "zero", "w0", or a tree with the '
+            f"parameters' structure and shapes."
+        )
+    return tree
+
+
+def build_plan(
+    e: Any, params: Any, w0: Callable[[], Any], inputs: PlanInputs
+) -> OptimizerPlan:
+    """Resolve every optimization hook of `e` into the run's plan."""
+    param_group = _method(e, "param_group")
+    layout = group_layout(
+        params, None if param_group is None else lambda keypath: param_group(e, keypath)
+    )
+    labels = layout.label_tree(params)
+    single = len(layout.names) == 1
+
+    base_lr = float(group_value(e, "learning_rate", DEFAULT_GROUP, 1e-3))
+    no_decay = _method(e, "no_decay")
+    excluded = leaf_mask(
+        params,
+        (lambda k, x: no_decay(e, k, x)) if no_decay is not None else default_no_decay,
+        "no_decay",
+    )
+    decays_mask = jax.tree.map(lambda m: 1.0 - m, excluded)
+    optimizer = _method(e, "optimizer")
+    level = optimizer_level(optimizer)
+
+    specs = {g: rule_for_group(e, optimizer, g) for g in layout.names}
+    weight_decay = {
+        g: float(group_value(e, "weight_decay", g, 0.0)) for g in layout.names
+    }
+    wd_method = _method(e, "weight_decay")
+    bindable = Bindable(
+        device_fields=inputs.device_fields,
+        groups=layout.names,
+        rule_fields={
+            g: tuple(dict.fromkeys((*spec.fields, "learning_rate", "weight_decay")))
+            for g, spec in specs.items()
+        },
+        nonschedulable={g: spec.refused for g, spec in specs.items()},
+        open_groups=tuple(g for g, spec in specs.items() if spec.level == 2),
+        grad_fields=(),
+        per_group_weight_decay=wd_method is not None and _takes_group(wd_method),
+    )
+    rule, rule_fn = _grad_rule(e)
+    bindable.grad_fields = rule.schedulable
+    bound = bind_schedules(
+        inputs.schedules or {},
+        total=inputs.total,
+        bindable=bindable,
+        monitor=inputs.monitor,
+    )
+    decay_scheduled = _scheduled_groups(bound, "weight_decay", layout.names)
+
+    groups = []
+    for g in layout.names:
+        if g not in layout.labels:
+            continue  # "default" with no leaf of its own
+        lr_g = float(group_value(e, "learning_rate", g, base_lr))
+        kind = check_anchor(g, group_value(e, "decay_anchor", g, "zero"))
+        anchor_value = group_value(e, "decay_anchor", g, "zero")
+        decays = weight_decay[g] != 0 or g in decay_scheduled
+        anchor = _anchor_tree(g, kind, anchor_value, w0, params) if decays else None
+        fields = tuple(
+            sorted(
+                {
+                    s.target.name
+                    for s in bound
+                    if s.target.namespace == "opt"
+                    and s.target.group in (None, g)
+                    and s.target.name not in ("learning_rate", "weight_decay")
+                    and (s.target.name in specs[g].fields or specs[g].level == 2)
+                }
+            )
+        )
+        groups.append(
+            GroupPlan(
+                name=g,
+                rule=specs[g],
+                lr_ratio=lr_g / base_lr if base_lr else float("nan"),
+                weight_decay=weight_decay[g],
+                decays=decays,
+                anchor=_masked(anchor, labels, g, single),
+                mask=_masked(decays_mask, labels, g, single),
+                scheduled=fields,
+            )
+        )
+    masks = None
+    if isinstance(rule, PerturbRule):
+        no_perturb = _method(e, "no_perturb")
+        adaptive = _method(e, "adaptive_perturb")
+        masks = {
+            "perturb": jax.tree.map(
+                lambda m: 1.0 - m,
+                leaf_mask(
+                    params,
+                    (lambda k, x: no_perturb(e, k, x))
+                    if no_perturb is not None
+                    else (lambda k, x: False),
+                    "no_perturb",
+                ),
+            ),
+            "adaptive": leaf_mask(
+                params,
+                (lambda k, x: adaptive(e, k, x))
+                if adaptive is not None
+                else default_adaptive_perturb,
+                "adaptive_perturb",
+            ),
+        }
+    plan = OptimizerPlan(
+        base_lr=base_lr,
+        clip_norm=inputs.clip_norm,
+        layout=layout,
+        groups=tuple(groups),
+        labels=labels,
+        schedules=tuple(bound),
+        grad_rule=rule,
+        grad_rule_fn=rule_fn,
+        perturb_masks=masks,
+        ema=inputs.ema,
+        experiment=e,
+    )
+    if level == 2:
+        hp = plan.step_inputs(0)
+        for resolved in plan.groups:
+            probe_level2(
+                resolved.rule,
+                e,
+                resolved.name,
+                hp["groups"][resolved.name],
+                _masked(params, labels, resolved.name, single),
+                resolved.scheduled,
+                resolved.decays,
+            )
+    return plan
+
+
+def _scheduled_groups(
+    bound: list[BoundSchedule], name: str, groups: tuple[str, ...]
+) -> set[str]:
+    found: set[str] = set()
+    for s in bound:
+        if s.target.namespace == "opt" and s.target.name == name:
+            found |= set(groups) if s.target.group is None else {s.target.group}
+    return found
+
+
+def _grad_rule(e: Any) -> tuple[GradRule, Callable[..., Any] | None]:
+    fn = _method(e, "grad_rule")
+    if fn is None:
+        return SingleGrad(), None
+    if _takes_group(fn):  # grad_rule(self, hp): called every optimizer step
+        return check_grad_rule(fn(e, {"bind": _BindProbe()})), fn
+    return check_grad_rule(fn(e)), None
+
+
+class _BindProbe(dict):
+    """hp["bind"] at setup: any name reads as 1.0, to learn the rule's type."""
+
+    def __missing__(self, key: Hashable) -> float:
+        return 1.0
+
+
+def anchor_checksums(plan: OptimizerPlan) -> dict[str, str]:
+    """A checksum of each anchored group's anchor, for the checkpoint record."""
+    return {
+        g.name: anchor_checksum(g.anchor) for g in plan.groups if g.anchor is not None
+    }
+
+
+def check_ema(value: Any) -> EMA | None:
+    """The `ema` accessor's value: None or an EMA."""
+    if value is None or isinstance(value, EMA):
+        return value
+    raise HookError(f"ema must be None or an EMA(beta, ...); got {value!r}.")
