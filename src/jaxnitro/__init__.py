@@ -67,6 +67,17 @@ from .observe.phases import Stepping as Stepping
 from .observe.phases import Terminal as Terminal
 from .observe.phases import TrainStepping as TrainStepping
 from .observe.report import set_config_report as set_config_report
+from .optim.decay import Decay as Decay
+from .optim.ema import EMA as EMA
+from .optim.grad_rules import ASAM as ASAM
+from .optim.grad_rules import SAM as SAM
+from .optim.grad_rules import GradRule as GradRule
+from .optim.grad_rules import PerturbRule as PerturbRule
+from .optim.grad_rules import SingleGrad as SingleGrad
+from .optim.groups import default_no_decay as default_no_decay
+from .optim.rules import nonschedulable as nonschedulable
+from .optim.schedules import Plateau as Plateau
+from .optim.stopping import EarlyStopping as EarlyStopping
 from .presets import from_preset as from_preset
 from .presets import presets as presets
 from .stripped import StrippedHost as StrippedHost

@@ -115,15 +115,18 @@ def abstract_signature(tree: Any) -> Hashable:
 
 
 def _leaf_signature(leaf: Any) -> Hashable:
+    # A host array and an array on the default device are the same argument to a
+    # compiled program (it places a host array itself), so both key as "default":
+    # scheduling a Device field, which feeds it as a NumPy scalar, compiles nothing.
     if isinstance(leaf, jax.Array):
-        return (
-            leaf.shape,
-            leaf.dtype,
-            getattr(leaf, "weak_type", False),
-            leaf.sharding,
-        )
+        sharding: Any = leaf.sharding
+        if isinstance(sharding, jax.sharding.SingleDeviceSharding) and (
+            sharding.device_set == {jax.devices()[0]}
+        ):
+            sharding = "default"
+        return (leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), sharding)
     if isinstance(leaf, np.ndarray | np.generic):
-        return (np.shape(leaf), np.asarray(leaf).dtype, False, None)
+        return (np.shape(leaf), np.asarray(leaf).dtype, False, "default")
     return ("python", type(leaf))
 
 

@@ -26,7 +26,7 @@ import optax
 from ..errors import ConfigError, HookError
 
 # Fields of Optax rules that cannot be traced or scheduled, beyond what the signature
-# shows (booleans, dtypes, None and callables are never schedulable).
+# shows (booleans, dtypes, strings and callables are never schedulable).
 NONSCHEDULABLE: dict[Any, tuple[str, ...]] = {
     optax.radam: ("threshold",),
 }
@@ -59,8 +59,15 @@ def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
     refused = list(NONSCHEDULABLE.get(rule, ()))
     for name, p in _parameters(rule).items():
         default = p.default
-        numeric = isinstance(default, int | float) and not isinstance(default, bool)
-        if not numeric and name != "learning_rate":
+        if default is p.empty:
+            structural = name != "learning_rate"
+        else:
+            structural = (
+                isinstance(default, bool | str)
+                or callable(default)
+                or name.endswith("dtype")
+            )
+        if structural:
             refused.append(name)
     return tuple(dict.fromkeys(refused))
 

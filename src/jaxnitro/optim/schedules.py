@@ -238,7 +238,8 @@ class Bindable:
 
     def bare(self, key: str) -> list[Target]:
         found: list[Target] = []
-        if any(key in fields for fields in self.rule_fields.values()):
+        rule_names = {*self.rule_fields.values(), *self.nonschedulable.values()}
+        if any(key in names for names in rule_names):  # refused later, with reason
             found.append(Target("opt", key))
         if key in self.device_fields:
             found.append(Target("device", key))
