@@ -564,3 +564,26 @@ def test_zero_decay_emits_no_decay_and_zero_anchor_no_subtraction():
     keys = [k for k in program_cache().program_keys() if k.kind == "train_step"]
     assert len({k.baked for k in keys}) >= 2  # decay is part of the program's key
     assert not plain._plan.groups[0].decays and decayed._plan.groups[0].anchor is None
+
+
+def test_resume_refuses_a_different_decay_anchor(tmp_path):
+    class Anchored(Tiny):
+        def weight_decay(self, group=None):
+            return 0.1
+
+        def decay_anchor(self, group=None):
+            return "w0"
+
+    kw = {"run_dir": str(tmp_path), "logger": None}
+    nx.Nitro(Anchored(max_epochs=1), **kw).train()
+    nx.Nitro(Anchored(max_epochs=2), resume="auto", **kw).train()  # same anchor: fine
+    zeros = jax.tree.map(jnp.zeros_like, initial_params())
+    with pytest.raises(nx.ConfigError, match="decays toward an anchor that differs"):
+        nx.Nitro(Anchored(max_epochs=3), resume="auto", w0=zeros, **kw)
+
+
+def test_w0_refusals():
+    with pytest.raises(nx.ConfigError, match='w0="weights" anchors to the parameters'):
+        nx.Nitro(OneBatch(), w0="weights", **quiet())
+    with pytest.raises(nx.ConfigError, match="w0='latest'"):
+        nx.Nitro(OneBatch(), w0="latest", **quiet())
