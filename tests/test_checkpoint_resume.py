@@ -186,7 +186,7 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(
         np.testing.assert_array_equal(a, b)
     tail = [
         (r["epoch"], r["step"], r["train_loss"], r["loss"])
-        for r in straight.history[stop_after:]
+        for r in straight.history[stop_after + 1 :]
     ]
     assert [
         (r["epoch"], r["step"], r["train_loss"], r["loss"]) for r in resumed.history

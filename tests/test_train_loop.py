@@ -216,7 +216,10 @@ def test_n_devs_above_one_is_not_silently_ignored():
 
 @pytest.mark.parametrize(
     "kw, feature",
-    [({"restore_best": True}, "restore_best"), ({"restore_optimizer": True}, "restore_optimizer")],
+    [
+        ({"restore_best": True}, "restore_best"),
+        ({"restore_optimizer": True}, "restore_optimizer"),
+    ],
 )
 def test_later_keywords_are_refused_not_ignored(kw, feature):
     with pytest.raises(nx.NotYetSupportedError, match=feature):

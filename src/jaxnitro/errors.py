@@ -50,3 +50,7 @@ class NitroWarning(UserWarning):
 
 class StaleHandleWarning(NitroWarning):
     """A hook or accessor was redefined after a `Nitro` froze it."""
+
+
+class MissingExtraError(NitroError, ImportError):
+    """An optional feature needs a package its extra installs, and it is missing."""

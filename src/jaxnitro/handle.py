@@ -65,6 +65,7 @@ from .hooks import (
 from .logging import protocol as logproto
 from .markers import Kind
 from .observe import phases
+from .observe.history import MetricHistory
 from .observe.report import (
     binding_report,
     emit_stale_report,
@@ -206,10 +207,12 @@ class Nitro:
         self._record: Record | None = Record(source.path) if source else None
         self._step = 0
         self._epoch = 0
+        self._resumed_from_epoch: int | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
             self._step = int(self._record.meta["step"])
             self._epoch = int(self._record.meta["epoch"])
+            self._resumed_from_epoch = self._epoch
             if self._preset is None:
                 self._preset = self._record.meta.get("preset")
 
@@ -631,7 +634,11 @@ class Nitro:
             state = self._record.meta.get("logger_state")
             if state is not None and self._logger is not None:
                 recorded_type = self._record.meta.get("logger_type")
-                if recorded_type not in (None, type(self._logger).__name__):
+                mine = type(self._logger)
+                if recorded_type not in (
+                    None,
+                    f"{mine.__module__}.{mine.__qualname__}",
+                ):
                     raise ConfigError(
                         f"Cannot resume into a {type(self._logger).__name__}: the "
                         f"record was logged by a {recorded_type}. Pass a logger of "
@@ -684,9 +691,22 @@ class Nitro:
         return self._phase
 
     @property
-    def history(self) -> list[dict[str, Any]]:
-        """One row per epoch this handle trained: epoch, step, train_loss, metrics."""
-        return list(self._history)
+    def history(self) -> MetricHistory:
+        """The epochs this handle trained, as a `MetricHistory` table.
+
+        Each row: epoch, step, train_loss, the epoch's validation metrics, seconds.
+        A resumed handle's history begins at the first epoch it trained itself.
+        """
+        ckpt = self._checkpointer
+        if ckpt is not None and ckpt.metric is not None:
+            selection: tuple[str, str] | None = (ckpt.metric, ckpt.mode or "min")
+        else:
+            selection = self._monitor
+        return MetricHistory(
+            self._history,
+            selection_metric=selection,
+            resumed_from_epoch=self._resumed_from_epoch,
+        )
 
     @property
     def logger_info(self) -> dict[str, Any]:

@@ -16,20 +16,8 @@ import json
 import os
 from typing import Any, TextIO
 
-import numpy as np
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
-        array = np.asarray(value)
-        return array.item() if array.ndim == 0 else array.tolist()
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
+from ..errors import ConfigError
+from .values import jsonable
 
 
 class JSONLogger:
@@ -57,14 +45,14 @@ class JSONLogger:
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.path is None:
-            raise RuntimeError(
+            raise ConfigError(
                 "JSONLogger has no path yet: pass one, or let a Nitro bind it to the "
                 "run directory."
             )
         if self._file is None or self._file.closed:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        self._file.write(json.dumps(_jsonable(record)) + "\n")
+        self._file.write(json.dumps(jsonable(record)) + "\n")
         self._file.flush()
 
     def log_metrics(

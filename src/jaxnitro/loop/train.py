@@ -81,9 +81,7 @@ def _checkpoint(
         "graphconst": graphconst_record(e),
         "config": nitro.params_to_log(),
         "derived": list(nitro._derived_keys),
-        "logger_type": type(nitro.logger).__name__
-        if nitro.logger is not None
-        else None,
+        "logger_type": _qualified(nitro.logger),
         "logger_state": logproto.logger_state(nitro.logger),
         "run_id": logproto.run_id(nitro.logger),
         "run_url": logproto.run_url(nitro.logger),
@@ -112,6 +110,33 @@ def _checkpoint(
         meta=meta,
         stop_reason=reason,
     )
+
+
+def _qualified(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+_ROW_AXES = ("epoch", "step", "train_loss", "seconds")
+
+
+def _history_row(
+    epoch: int, step: int, train_loss: float, metrics: dict[str, Any], seconds: float
+) -> dict[str, Any]:
+    clash = [name for name in _ROW_AXES if name in metrics]
+    if clash:
+        raise ConfigError(
+            f"Validation returned a metric named `{clash[0]}`, which is a column the "
+            f"history keeps for itself ({', '.join(_ROW_AXES)}). Rename the metric."
+        )
+    return {
+        "epoch": epoch,
+        "step": step,
+        "train_loss": train_loss,
+        **metrics,
+        "seconds": seconds,
+    }
 
 
 def _after_validation(
@@ -161,14 +186,15 @@ def run_training(nitro: Nitro) -> None:
                 else {}
             )
             early, scales = _after_validation(nitro, epoch, metrics)
-            row = {
-                "epoch": epoch,
-                "step": nitro.current_step,
-                "train_loss": log.mean_loss(),
-            }
-            row.update(_flat(metrics))
-            row["seconds"] = time.perf_counter() - started
-            nitro._history.append(row)
+            nitro._history.append(
+                _history_row(
+                    epoch,
+                    nitro.current_step,
+                    log.mean_loss(),
+                    _flat(metrics),
+                    time.perf_counter() - started,
+                )
+            )
             if metrics:
                 logproto.log_metrics(
                     nitro.logger,
