@@ -587,3 +587,25 @@ def test_w0_refusals():
         nx.Nitro(OneBatch(), w0="weights", **quiet())
     with pytest.raises(nx.ConfigError, match="w0='latest'"):
         nx.Nitro(OneBatch(), w0="latest", **quiet())
+
+
+def test_grad_rule_with_hp_reads_bind_values():
+    seen = []
+
+    class Warming(OneBatch):
+        def grad_rule(self, hp):
+            seen.append(hp["bind"]["sam_warm"])
+            return nx.SAM(0.05 * hp["bind"]["sam_warm"])
+
+    schedules = {"bind": {"sam_warm": lambda total: lambda t: min(1.0, t / 2)}}
+    nitro = nx.Nitro(Warming(max_epochs=3), schedules=schedules, **quiet())
+    nitro.train()
+    assert seen[-3:] == [0.0, 0.5, 1.0]
+
+    class Changes(OneBatch):
+        def grad_rule(self, hp):
+            return nx.SAM(0.05) if hp["bind"]["flip"] < 1 else nx.ASAM(0.5)
+
+    flip = {"bind": {"flip": lambda total: lambda t: float(t)}}
+    with pytest.raises(nx.ConfigError, match="the rule's type and its unscheduled fields"):
+        nx.Nitro(Changes(max_epochs=3), schedules=flip, **quiet()).train()
