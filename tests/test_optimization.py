@@ -607,5 +607,7 @@ def test_grad_rule_with_hp_reads_bind_values():
             return nx.SAM(0.05) if hp["bind"]["flip"] < 1 else nx.ASAM(0.5)
 
     flip = {"bind": {"flip": lambda total: lambda t: float(t)}}
-    with pytest.raises(nx.ConfigError, match="the rule's type and its unscheduled fields"):
+    with pytest.raises(
+        nx.ConfigError, match="the rule's type and its unscheduled fields"
+    ):
         nx.Nitro(Changes(max_epochs=3), schedules=flip, **quiet()).train()

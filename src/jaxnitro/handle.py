@@ -65,13 +65,17 @@ from .hooks import (
 from .logging import protocol as logproto
 from .markers import Kind
 from .observe import phases
+from .observe.entry import entry_point
 from .observe.history import MetricHistory
+from .observe.interrupt import StopOnInterrupt
+from .observe.progress import Progress
 from .observe.report import (
     binding_report,
     emit_stale_report,
     frozen_values,
     stale_report,
 )
+from .observe.transitions import PhaseRecorder
 from .optim.plan import OptimizerPlan
 from .optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
 from .optim.stopping import bind_stopper
@@ -132,15 +136,26 @@ class Nitro:
                 stacklevel=2,
             )
             kwargs["weights"] = kwargs.pop("checkpoint")
-        self._phase: phases.Phase = phases.Starting()
         self._keywords = dict(kwargs)
         self._preset: str | None = kwargs.get("preset")
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._history: list[dict[str, Any]] = []
         self._executables: dict[Any, Any] = {}
-        self._setup(experiment)
-        self._phase = phases.Idle()
+        self._step = 0
+        self._epoch = 0
+        self._logger: Any = None
+        self.phase_recorder = PhaseRecorder(self)
+        self._progress: Progress | None = None
+        self._released = False
+        with entry_point() as entry, Progress() as progress:
+            self._progress = progress
+            progress.begin("setup")
+            try:
+                self._setup(experiment)
+            finally:
+                self._progress = None
+            entry.attach(self)
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
             _fill_ref(run_ref, self)
@@ -221,6 +236,7 @@ class Nitro:
         np.random.seed(seed % 2**32)
 
         # Data, then derive, on the pre-conversion experiment.
+        self._setup_phase("building data")
         data = kw["data"] if data_given else hook_function(cls, "build_data")(e, None)
         if not isinstance(data, Mapping):
             raise HookError(
@@ -273,6 +289,7 @@ class Nitro:
         self._probe_routing()
 
         # The model, on the post-conversion experiment.
+        self._setup_phase("building model")
         built = hook_function(cls, "build_model")(
             self._experiment, jax.random.key(seed)
         )
@@ -310,6 +327,10 @@ class Nitro:
         )
         self._bind_run(run_dir)
         configure_persistent_cache()
+
+    def _setup_phase(self, label: str) -> None:
+        if self._progress is not None:
+            self._progress.phase(label)
 
     def _check_markers(self, e: Any) -> None:
         graphconst = set(graphconst_fields(type(e)))
@@ -687,8 +708,9 @@ class Nitro:
 
     @property
     def phase(self) -> phases.Phase:
-        """The run's current phase."""
-        return self._phase
+        """The run's current phase: the latest recorded transition (Starting until
+        the first). Idle, announced when control returns, is never recorded."""
+        return self.phase_recorder.phase
 
     @property
     def history(self) -> MetricHistory:
@@ -760,7 +782,7 @@ class Nitro:
             f"Nitro({self._cls.__name__}) values fixed at construction (rebuild the "
             f"`Nitro` to change them)\n  {frozen_values(self.frozen())}\n"
             f"  step {self._step}   epoch {self._epoch}   phase "
-            f"{type(self._phase).__name__}"
+            f"{type(self.phase).__name__}"
         )
 
     def params_to_log(self) -> dict[str, Any]:
@@ -854,7 +876,7 @@ class Nitro:
         from .loop.train import run_training
 
         self._check_stale("train")
-        run_training(self)
+        self._run_entry(lambda: run_training(self))
         return self
 
     def validate(self) -> dict[str, Any]:
@@ -909,8 +931,17 @@ class Nitro:
             yield self._run_entry(lambda b=batch: predict_batch(self, b))
 
     def _run_entry(self, work: Any) -> Any:
-        # The phase keeps the last recorded transition; Idle is announced, not stored.
-        return work()
+        """Run a public entry point: monitors adopted, Starting and Idle announced
+        around the outermost call, Ctrl+C turned into request_stop(), one progress
+        line. A stop request ends with the call that honoured it."""
+        with entry_point(self), StopOnInterrupt(self.request_stop), Progress() as bar:
+            outer, self._progress = self._progress, bar
+            try:
+                return work()
+            finally:
+                self._progress = outer
+                if outer is None:
+                    self._stop_requested = False
 
     def request_stop(self) -> None:
         """Ask a running train() to stop at the next step boundary, gracefully."""
@@ -1001,8 +1032,13 @@ class Nitro:
         self._experiment = replace_fields(self._experiment, **updates)
         self._device_values = {**self._device_values, **updates}
 
-    def set_phase(self, phase: phases.Phase) -> None:
-        self._phase = phase
+    def set_phase(self, phase: phases.Phase, **info: Any) -> None:
+        """Record `phase` and publish it to the monitors (a repeat is a no-op)."""
+        self.phase_recorder.set(phase, **info)
+
+    def progress(self) -> Progress | None:
+        """The progress line of the entry point running now, if any."""
+        return self._progress
 
 
 def _split_preset_form(

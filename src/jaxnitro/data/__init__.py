@@ -1,1 +1,1 @@
-"""Data: the source protocol the loop iterates, padding, and file readers."""
+"""Data: the source protocol, the Grain adapter, prefetch streams, padding, readers."""

@@ -18,24 +18,29 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..routing import as_batch
+from .grain_adapter import grain_type_refusal
+from .protocol import is_grain_map_dataset as _is_grain_map_dataset
+from .protocol import unwrap_source
 
 _BATCH_HINT = "Each split must yield dicts such as {'img': array, 'label': array}."
 
 
-def _is_grain_map_dataset(source: Any) -> bool:
-    for cls in type(source).__mro__:
-        if cls.__name__ == "MapDataset" and cls.__module__.startswith("grain"):
-            return True
-    return False
-
-
 def has_batch_at(source: Any) -> bool:
     """Whether the source implements the index-addressable trait."""
-    return callable(getattr(source, "batch_at", None))
+    return callable(getattr(unwrap_source(source), "batch_at", None))
 
 
 def check_split(name: str, source: Any) -> int:
-    """Validate a split's source and return its batch count."""
+    """Validate a split's source and return its batch count.
+
+    A `PrefetchIterator` or `NoPrefetch` is looked through; a Grain object that
+    cannot be a split (an IterDataset, an iterator, a DataLoader) is refused naming
+    the fix.
+    """
+    source = unwrap_source(source)
+    refusal = grain_type_refusal(source, name)
+    if refusal is not None:
+        raise ConfigError(refusal)
     if isinstance(source, Iterator) and iter(source) is source:
         raise ConfigError(
             f"Split `{name}` is a one-shot iterator ({type(source).__name__}): setup "
@@ -63,6 +68,7 @@ def check_split(name: str, source: Any) -> int:
 
 def batch_at_index(source: Any, index: int) -> Mapping[str, Any] | None:
     """Batch `index` of epoch 0 by random access, or None for a sequential source."""
+    source = unwrap_source(source)
     if has_batch_at(source):
         plan = (
             source.begin_epoch()
@@ -89,6 +95,7 @@ def first_batch(name: str, source: Any) -> Mapping[str, Any]:
 
 def epoch_batches(source: Any, epoch: int) -> Iterator[Mapping[str, Any]]:
     """The batches of one epoch (0-based), in the source's order for that epoch."""
+    source = unwrap_source(source)
     if has_batch_at(source):
         plan = (
             source.begin_epoch()

@@ -10,7 +10,7 @@ reported, runs on the device as in training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -23,6 +23,7 @@ from ..data.sources import batch_size, epoch_batches
 from ..errors import HookError, RoutingError
 from ..metrics import MetricAccumulator, plain
 from ..observe import phases
+from ..observe.counter import advance_progress_counter
 from ..routing import as_batch
 
 if TYPE_CHECKING:
@@ -30,26 +31,42 @@ if TYPE_CHECKING:
 
 
 def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:
-    """The handle's executable for (kind, memo), built through the cache once."""
+    """The handle's executable for (kind, memo), built through the cache once.
+
+    A real compile announces its compile phase (see `announcer`); afterwards the
+    phase the run was in is restored, so a monitor sees compile -> stepping.
+    """
     key = (kind, memo)
     found = nitro._executables.get(key)
     if found is None:
+        before = nitro.phase
         found = build()
         nitro._executables[key] = found
+        if nitro.phase != before:
+            nitro.set_phase(before)
+            bar = nitro.progress()
+            if bar is not None:
+                bar.phase("")
     return found
+
+
+def announcer(nitro: Nitro) -> Callable[[str], None]:
+    """The compile callback: publish the compile phase, show it on the progress line."""
+
+    def announce(kind: str) -> None:
+        phase = phases.compile_phase(kind)
+        nitro.set_phase(phase)
+        bar = nitro.progress()
+        if bar is not None:
+            bar.phase(phase.label)
+
+    return announce
 
 
 def _shapes(batch: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(
         (k, np.shape(v), str(getattr(v, "dtype", ""))) for k, v in batch.items()
     )
-
-
-def _on_compile(nitro: Nitro, back: phases.Phase) -> Any:
-    def announce(kind: str) -> None:
-        nitro.set_phase(phases.COMPILE_PHASES[kind]())
-
-    return announce
 
 
 def _delete(tree: Any) -> None:
@@ -68,7 +85,6 @@ def forward_chunk(
     padded = pad_batch({k: chunk[k] for k in names}, width)
     ctx = nitro._ctx
     args = (nitro.device_values(), nitro.eval_params(), nitro._state, padded)
-    back = nitro.phase
     executable = compiled(
         nitro,
         "eval_forward",
@@ -80,10 +96,9 @@ def forward_chunk(
             args,
             traced=("forward",),
             baked={"mode": "eval"},
-            on_compile=_on_compile(nitro, back),
+            on_compile=announcer(nitro),
         ),
     )
-    nitro.set_phase(back)
     outputs = executable(*args)
     if ("checked", width) not in nitro._executables:
         check_batch_first(outputs, width)
@@ -115,7 +130,6 @@ def run_on_outputs(
     ctx = nitro._ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
-    back = nitro.phase
     executable = compiled(
         nitro,
         kind,
@@ -127,10 +141,9 @@ def run_on_outputs(
             args,
             traced=(_TRACES[kind],),
             baked={"mode": "eval"},
-            on_compile=_on_compile(nitro, back),
+            on_compile=announcer(nitro),
         ),
     )
-    nitro.set_phase(back)
     return jax.device_get(executable(*args))
 
 
@@ -149,6 +162,12 @@ def evaluate_split(
     """Run one split in eval mode and return its finalized metrics."""
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())
+    source = nitro.data[split]
+    bar = nitro.progress()
+    if bar is not None:
+        epoch = nitro.current_epoch if isinstance(previous, phases.TrainStepping) else 0
+        max_epochs = int(nitro._config["max_epochs"].value) if epoch else 0
+        bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
     fields = nitro._fields
     has_metrics = "metrics" in nitro._hooks
     eval_loss = bool(nitro._config["eval_loss"].value)
@@ -156,7 +175,7 @@ def evaluate_split(
     device_metrics = has_metrics and nitro._residency("metrics") == "device"
     accumulator = MetricAccumulator()
     loss_keys: set[str] = set()
-    for batch in epoch_batches(nitro.data[split], 0):
+    for batch in epoch_batches(source, 0):
         if stoppable and nitro._stop_requested:
             break
         keys = tuple(batch)
@@ -199,6 +218,9 @@ def evaluate_split(
                     loss_keys.add(f"loss/{term}")
                     accumulator.add_leaf((f"loss/{term}",), value, 1)
             _delete(outputs)
+        advance_progress_counter()
+        if bar is not None:
+            bar.step()
     combined = accumulator.result()
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
@@ -217,7 +239,9 @@ def evaluate_split(
             )
     combined = {**dict(combined), **loss_part}
     result = {k: _plain_tree(v) for k, v in dict(combined).items()}
-    nitro.set_phase(previous)
+    if isinstance(previous, phases.TrainStepping):
+        # The transition out of EvalStepping carries the metrics to the monitors.
+        nitro.set_phase(previous, metrics=result)
     return result
 
 

@@ -23,8 +23,8 @@ from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
 from ..data.sources import batch_size, epoch_batches
 from ..errors import ConfigError, DivergenceError
 from ..logging import protocol as logproto
-from ..observe import phases
-from .evaluate import compiled
+from ..observe.counter import advance_progress_counter
+from .evaluate import announcer, compiled
 
 if TYPE_CHECKING:
     from ..handle import Nitro
@@ -123,9 +123,7 @@ def training_programs(
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     constants = {**plan.constants(), **plan.gradient_constants()}
 
-    def announce(kind: str) -> None:
-        nitro.set_phase(phases.COMPILE_PHASES[kind]())
-
+    announce = announcer(nitro)
     if accum == 1:
         args = (
             values,
@@ -151,7 +149,6 @@ def training_programs(
                 on_compile=announce,
             ),
         )
-        nitro.set_phase(phases.TrainStepping())
         return step, None
 
     grad_args = (
@@ -205,7 +202,6 @@ def training_programs(
             on_compile=announce,
         ),
     )
-    nitro.set_phase(phases.TrainStepping())
     return gradient, optimizer
 
 
@@ -256,7 +252,12 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
     gradient: Any = None
     optimizer: Any = None
     in_flight: _InFlight | None = None
-    for index, batch in enumerate(epoch_batches(nitro.data["train"], epoch - 1)):
+    source = nitro.data["train"]
+    bar = nitro.progress()
+    if bar is not None:
+        max_epochs = int(nitro._config["max_epochs"].value)
+        bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
+    for index, batch in enumerate(epoch_batches(source, epoch - 1)):
         host = {k: np.asarray(batch[k]) for k in names}
         _check_batch(host, names, expected, index, epoch)
         step = nitro._step
@@ -311,6 +312,9 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
         schedule_line = plan.scheduled_log(step) if autolog and ends_step else None
         if ends_step:
             nitro._step = step + 1
+            advance_progress_counter()
+        if bar is not None:
+            bar.step()
         current = _InFlight(
             loss, terms, stats, outputs, host, nitro._step, ends_step, schedule_line
         )

@@ -1,0 +1,321 @@
+"""The prefetch pipeline against a loader that does real work, and against no loader.
+
+(a) data_wait_frac with a loader that decodes and augments 28x28 images in NumPy,
+    calibrated to cost about one training step per batch: one producer thread
+    against the fan-out at 2 workers (and the inline path, for reference), under
+    the real XLA CPU step and under a simulated accelerator step of the same
+    length (device time that leaves the host's cores free).
+(b) the tutorial-sized loop fed by `batch_stream` over the tutorial's Grain loader,
+    against the same loop over batches already on the device, and against today's
+    loop (host NumPy batches passed straight to the executable).
+
+The consumer is the loop the framework runs: a jitted MLP 784-128-10 step (RAdam),
+batch 100, the previous step's loss read back after the next step is dispatched, and
+each device batch released after its step's read-back. data_wait_frac is computed
+the way the loop will: time blocked in `next()` over the epoch's wall time.
+
+    python benchmarks/prefetch.py            # both parts
+    python benchmarks/prefetch.py --quick    # fewer epochs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import zlib
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxnitro.data.prefetch import NoPrefetch, PrefetchIterator, batch_stream
+
+BATCH, BATCHES, WIDTHS = 100, 60, (784, 128, 10)
+
+
+def init_params(seed: int = 0) -> list[dict[str, jax.Array]]:
+    keys = jax.random.split(jax.random.key(seed), len(WIDTHS) - 1)
+    return [
+        {"w": jax.random.normal(k, (a, b)) * (2.0 / a) ** 0.5, "b": jnp.zeros((b,))}
+        for k, a, b in zip(keys, WIDTHS[:-1], WIDTHS[1:], strict=True)
+    ]
+
+
+def make_step(optimizer: optax.GradientTransformation):
+    def loss_fn(params, img, label):
+        x = img
+        for layer in params[:-1]:
+            x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])
+        logits = x @ params[-1]["w"] + params[-1]["b"][None, :]
+        return -jnp.mean(jnp.sum(label * jax.nn.log_softmax(logits), -1))
+
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch["img"], batch["label"])
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+class AugmentingLoader:
+    """MNIST-like batches stored compressed; each batch is decoded and augmented.
+
+    The fan-out trait: the plan is the epoch's permutation of batches, drawn from
+    (seed, epoch); batch i's augmentation draws from (seed, epoch, i), so every
+    worker count produces the same batches. The work is what NumPy does with the
+    GIL released (zlib inflate, casts and arithmetic on whole arrays, random
+    fills); `noise_rows` (0 to BATCH) scales it.
+    """
+
+    def __init__(self, *, noise_rows: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.blobs = []
+        for _ in range(BATCHES):
+            digits = rng.integers(0, 256, size=(BATCH, 28, 28), dtype=np.uint8)
+            digits[:, :, :6] = 0  # some structure, so zlib has work to do
+            self.blobs.append(zlib.compress(digits.tobytes(), 6))
+        self.labels = rng.integers(0, 10, size=(BATCHES, BATCH))
+        self.noise_rows, self.seed = noise_rows, seed
+        self.epoch_token, self._epoch = 0, 0
+
+    def __len__(self) -> int:
+        return BATCHES
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def begin_epoch(self) -> tuple[int, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self._epoch])
+        plan = (self._epoch, rng.permutation(BATCHES))
+        self._epoch += 1
+        self.epoch_token += 1
+        return plan
+
+    def batch_at(self, i: int, plan: tuple[int, np.ndarray]) -> dict[str, np.ndarray]:
+        epoch, order = plan
+        k = int(order[i])
+        rng = np.random.default_rng([self.seed, epoch, i])
+        raw = np.frombuffer(zlib.decompress(self.blobs[k]), np.uint8)  # decode
+        img = raw.reshape(BATCH, 784).astype(np.float32)
+        img *= np.float32(rng.uniform(0.8, 1.2) / 255.0)  # random contrast
+        noisy = img[: self.noise_rows]  # sensor noise on some images
+        noisy += rng.standard_normal(noisy.shape, dtype=np.float32) * np.float32(0.05)
+        img = np.roll(img, int(rng.integers(-2, 3)), axis=1)  # random translation
+        label = np.eye(10, dtype=np.float32)[self.labels[k]]
+        return {"img": img, "label": label}
+
+    def __iter__(self):
+        plan = self.begin_epoch()
+        return (self.batch_at(i, plan) for i in range(len(self)))
+
+
+def run_epoch(step, state, split, epoch: int) -> tuple[float, float]:
+    """One epoch the framework's way; (data_wait_frac, wall seconds)."""
+    params, opt_state = state
+    started = time.perf_counter()
+    stream = batch_stream(split, ("img", "label"), epoch=epoch)
+    previous = None
+    for _host, device in stream:
+        params, opt_state, loss = step(params, opt_state, device)
+        if previous is not None:
+            float(previous[0])
+            stream.release(previous[1])
+        previous = (loss, device)
+    float(previous[0])
+    stream.release(previous[1])
+    wall = time.perf_counter() - started
+    stream.close()
+    state[:] = [params, opt_state]
+    return stream.stats().wait_seconds / wall, wall
+
+
+def run_plain(step, state, batches) -> float:
+    """One epoch over ready batches (device arrays, or host NumPy to the executable)."""
+    params, opt_state = state
+    started = time.perf_counter()
+    previous = None
+    for batch in batches:
+        params, opt_state, loss = step(params, opt_state, batch)
+        if previous is not None:
+            float(previous)
+        previous = loss
+    float(previous)
+    state[:] = [params, opt_state]
+    return time.perf_counter() - started
+
+
+def fresh_state(optimizer):
+    params = init_params()
+    return [params, optimizer.init(params)]
+
+
+def step_seconds(step, optimizer) -> float:
+    loader = AugmentingLoader(noise_rows=0)
+    plan = loader.begin_epoch()
+    device = [jax.device_put(loader.batch_at(i, plan)) for i in range(BATCHES)]
+    state = fresh_state(optimizer)
+    run_plain(step, state, device)
+    return statistics.median(run_plain(step, state, device) for _ in range(7)) / BATCHES
+
+
+def loader_seconds(noise_rows: int) -> float:
+    loader = AugmentingLoader(noise_rows=noise_rows)
+    plan = loader.begin_epoch()
+    times = []
+    for i in range(40):
+        started = time.perf_counter()
+        loader.batch_at(i, plan)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+class SimulatedAccelerator:
+    """A step that takes `seconds` of device time and no host CPU.
+
+    Dispatch returns at once; the device runs steps back to back; reading a
+    step's loss back waits until the device has finished it. This is how an
+    accelerator looks to the host loop, which a CPU backend cannot show: there
+    the "device" is the same two cores the loader runs on.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.busy_until = 0.0
+
+    def __call__(self, params, opt_state, batch):
+        del batch
+        start = max(time.perf_counter(), self.busy_until)
+        self.busy_until = start + self.seconds
+        return params, opt_state, _Loss(self.busy_until)
+
+
+class _Loss:
+    def __init__(self, ready: float) -> None:
+        self.ready = ready
+
+    def __float__(self) -> float:
+        time.sleep(max(0.0, self.ready - time.perf_counter()))  # the device's time
+        return 0.0
+
+
+def compare_producers(step, state, source, epochs: int) -> None:
+    splits = {
+        "inline (NoPrefetch)": NoPrefetch(source),
+        "single producer (workers=1)": PrefetchIterator(source, workers=1),
+        "fan-out, workers=2": PrefetchIterator(source, workers=2),
+    }
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in splits}
+    run_epoch(step, state, splits["fan-out, workers=2"], 0)  # warm-up
+    for epoch in range(epochs):
+        for name, split in splits.items():
+            results[name].append(run_epoch(step, state, split, epoch))
+    for name, runs in results.items():
+        frac = statistics.median(f for f, _ in runs)
+        wall = statistics.median(w for _, w in runs)
+        print(
+            f"    {name:30s} data_wait_frac {frac:6.1%}   {BATCHES / wall:6.0f} steps/s"
+        )
+
+
+def part_a(step, optimizer, epochs: int) -> None:
+    t_step = step_seconds(step, optimizer)
+    low, high = loader_seconds(0), loader_seconds(BATCH)
+    rows = int(np.clip(round(BATCH * (t_step - low) / (high - low)), 0, BATCH))
+    t_load = loader_seconds(rows)
+    source = AugmentingLoader(noise_rows=rows)
+    print(
+        f"(a) loader: decode + augment, {t_load * 1e3:.2f} ms per batch alone "
+        f"(noise on {rows} of {BATCH} images); median of {epochs} epochs of "
+        f"{BATCHES} steps"
+    )
+    print(
+        f"  XLA CPU step, {t_step * 1e3:.2f} ms alone (its compute shares the cores):"
+    )
+    compare_producers(step, fresh_state(optimizer), source, epochs)
+    print(f"  simulated accelerator step, {t_load * 1e3:.2f} ms of device time:")
+    compare_producers(SimulatedAccelerator(t_load), [None, None], source, epochs)
+
+
+def tutorial_loader(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    samples = [
+        {
+            "img": rng.normal(size=784).astype(np.float32),
+            "label": np.eye(10, dtype=np.float32)[rng.integers(10)],
+        }
+        for _ in range(BATCH * BATCHES)
+    ]
+    ds = grain.MapDataset.source(samples).shuffle(seed=seed)
+    return ds.batch(BATCH, drop_remainder=True)
+
+
+class Prebuilt:
+    """Batches already built on the host, with the fan-out trait: a pointer load."""
+
+    def __init__(self, batches: list[dict[str, np.ndarray]]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def begin_epoch(self) -> None:
+        return None
+
+    def batch_at(self, i: int) -> dict[str, np.ndarray]:
+        return self.batches[i]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def part_b(step, optimizer, epochs: int) -> None:
+    ds = tutorial_loader()
+    host = [ds[i] for i in range(BATCHES)]
+    device = [jax.device_put(b) for b in host]
+
+    def stream(split):
+        return lambda s, e: run_epoch(step, s, split, e)[1]
+
+    sides = {
+        "batches on the device": lambda s, e: run_plain(step, s, device),
+        "host NumPy to the executable": lambda s, e: run_plain(step, s, host),
+        "stream: list of host batches": stream(PrefetchIterator(host)),
+        "stream: prebuilt, fan-out 2": stream(
+            PrefetchIterator(Prebuilt(host), workers=2)
+        ),
+        "stream: Grain loader, fan-out 2": stream(PrefetchIterator(ds, workers=2)),
+        "stream: Grain loader, 1 producer": stream(PrefetchIterator(ds, workers=1)),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    state = fresh_state(optimizer)
+    for side in sides.values():
+        side(state, 0)  # warm-up
+    for epoch in range(epochs):
+        for name, side in sides.items():
+            walls[name].append(side(state, epoch))
+    base = walls["batches on the device"]
+    print(
+        f"(b) tutorial loop, {BATCHES} batches of {BATCH}: throughput against the "
+        f"batches already on the device (median of {epochs} paired epochs)"
+    )
+    for name, times in walls.items():
+        ratio = statistics.median(b / t for b, t in zip(base, times, strict=True))
+        per_step = statistics.median(times) / BATCHES * 1e3
+        print(f"    {name:34s} {ratio:6.3f}x   {per_step:6.3f} ms/step")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer epochs")
+    args = parser.parse_args()
+    optimizer = optax.radam(1e-3)
+    step = make_step(optimizer)
+    part_a(step, optimizer, epochs=3 if args.quick else 9)
+    part_b(step, optimizer, epochs=5 if args.quick else 25)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""Prefetch settings per split, the path each resolves to, and the phase streams.
+
+Every split is wrapped at setup (`auto_prefetch`) in a `PrefetchIterator` at the
+defaults, unless it already is one or a `NoPrefetch`. The wrapper holds only the
+source and its settings; each phase builds its own stream from it (`batch_stream`
+for training, `eval_stream` for evaluation) and closes it when the phase ends, so
+training and validation prefetch memory never coexist.
+
+    >>> batches = [{"x": np.full((2, 3), i, np.float32)} for i in range(3)]
+    >>> split = PrefetchIterator(batches, workers=2)
+    >>> prefetch_config(split).path
+    'materialized'
+    >>> with batch_stream(split, ("x",)) as stream:
+    ...     for host, device in stream:
+    ...         stream.release(device)  # once the step that used it has run
+    >>> stream.stats().batches
+    3
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+import jax
+import numpy as np
+
+from ..errors import ConfigError, NitroWarning, RoutingError
+from .batch_at_check import check_batch_at
+from .grain_adapter import as_indexed, check_source_options
+from .padding import pad_batch
+from .pipeline import Prepare
+from .protocol import (
+    SplitWrapper,
+    fanout_capable,
+    is_materialized,
+    missing_trait_methods,
+    unwrap_source,
+)
+from .sources import batch_size
+from .stream import EvalStaged, PrefetchStream, Staged
+from .transfer import transfer
+
+__all__ = [
+    "EvalStaged",
+    "NoPrefetch",
+    "PrefetchConfig",
+    "PrefetchIterator",
+    "PrefetchStream",
+    "Staged",
+    "auto_prefetch",
+    "batch_stream",
+    "check_batch_at",
+    "check_prefetch",
+    "check_source_options",
+    "default_prefetch_workers",
+    "eval_stream",
+    "prefetch_config",
+    "prefetch_report",
+    "prepared_stream",
+    "transfer",
+]
+
+PrefetchPath = Literal[
+    "fanout", "fanout_unordered", "single", "materialized", "single_no_trait", "inline"
+]
+
+
+def default_prefetch_workers() -> int:
+    """Worker threads per split by default: the usable CPU cores, from 1 to 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def _count(name: str, value: Any, minimum: int, extra: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"`{name}` must be an int, got {value!r}.{extra}")
+    if value < minimum:
+        raise ConfigError(f"`{name}` must be >= {minimum}, got {value}.{extra}")
+    return int(value)
+
+
+_NO_PREFETCH_HINT = (
+    " To run a split's host data path inline on the training thread, wrap it in "
+    "NoPrefetch(source) instead: opting out is a choice visible in the code, not a "
+    "buffer size."
+)
+_HOST_BATCHES = (
+    "`host_batches` must be >= `workers` ({workers}), got {host}: each worker needs "
+    "a host slot to build into, and ordered delivery holds finished batches in its "
+    "reorder buffer until the next one in order arrives, so with fewer slots than "
+    "workers the stream can deadlock waiting on a batch that was never handed out. "
+    "Pass host_batches >= workers (the default is 2 * workers)."
+)
+
+
+class PrefetchIterator(SplitWrapper):
+    """Prefetch settings for a split: worker threads, one transfer thread, buffers.
+
+    Args:
+        source: the split (a sized, restartable iterable of batch dicts).
+        workers: threads building host batches (default `default_prefetch_workers()`).
+            More than one needs the fan-out trait (`begin_epoch` and `batch_at`, or
+            a `grain.MapDataset`); without it the split gets one producer.
+        device_batches: batches staged on the device ahead of the consumer. Device
+            residency is at most `device_batches + 2` batches.
+        host_batches: host batches alive at once between the workers and the
+            transfer (default `2 * workers`); at least `workers`.
+        ordered: deliver in the source's order through a reorder buffer, so a run
+            reproduces bitwise at any `workers`. False delivers batches as they
+            finish; each is still delivered exactly once per epoch.
+
+    `len()` and `iter()` pass through to the source: iterating the wrapper by hand
+    starts no thread.
+
+    >>> PrefetchIterator([], workers=2, device_batches=0)
+    Traceback (most recent call last):
+    ...
+    jaxnitro.errors.ConfigError: `device_batches` must be >= 1, got 0. To run ...
+    """
+
+    __slots__ = ("device_batches", "host_batches", "ordered", "workers")
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        workers: int | None = None,
+        device_batches: int = 1,
+        host_batches: int | None = None,
+        ordered: bool = True,
+    ) -> None:
+        super().__init__(source)
+        self.workers = _count(
+            "workers", default_prefetch_workers() if workers is None else workers, 1
+        )
+        self.device_batches = _count(
+            "device_batches", device_batches, 1, _NO_PREFETCH_HINT
+        )
+        host = 2 * self.workers if host_batches is None else host_batches
+        self.host_batches = _count("host_batches", host, 1)
+        if self.host_batches < self.workers:
+            raise ConfigError(
+                _HOST_BATCHES.format(workers=self.workers, host=self.host_batches)
+            )
+        if not isinstance(ordered, bool):
+            raise ConfigError(f"`ordered` must be True or False, got {ordered!r}.")
+        self.ordered = ordered
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefetchIterator({type(self.source).__name__}, workers={self.workers}, "
+            f"device_batches={self.device_batches}, host_batches={self.host_batches},"
+            f" ordered={self.ordered})"
+        )
+
+
+class NoPrefetch(SplitWrapper):
+    """Opt a split out of prefetch: its host data path runs inline on the consumer.
+
+    `len()` and `iter()` pass through to the source.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"NoPrefetch({type(self.source).__name__})"
+
+
+class PrefetchConfig(NamedTuple):
+    """The settings a split resolves to, which may differ from the requested ones."""
+
+    device_batches: int
+    host_batches: int
+    workers: int
+    ordered: bool
+    path: PrefetchPath
+    """`fanout`: workers over batch_at, in the source's order. `fanout_unordered`:
+    the same, delivered as they finish. `single`: one producer over iter() because
+    workers == 1 was asked for. `materialized`: one producer over a list of built
+    batches. `single_no_trait`: one producer because the source lacks the fan-out
+    trait. `inline`: no thread at all (`NoPrefetch`)."""
+
+
+def _settings(split: Any) -> PrefetchIterator | NoPrefetch:
+    if isinstance(split, PrefetchIterator | NoPrefetch):
+        return split
+    return PrefetchIterator(unwrap_source(split))
+
+
+def prefetch_config(split: Any) -> PrefetchConfig:
+    """The prefetch settings and path `split` resolves to (a bare split: defaults).
+
+    >>> prefetch_config(NoPrefetch([]))  # doctest: +NORMALIZE_WHITESPACE
+    PrefetchConfig(device_batches=0, host_batches=0, workers=0, ordered=True,
+                   path='inline')
+    """
+    settings = _settings(split)
+    if isinstance(settings, NoPrefetch):
+        return PrefetchConfig(0, 0, 0, True, "inline")
+    source, device = settings.source, settings.device_batches
+    if is_materialized(source):
+        return PrefetchConfig(device, 1, 1, True, "materialized")
+    if settings.workers == 1:
+        return PrefetchConfig(device, 1, 1, True, "single")
+    if not fanout_capable(source):
+        return PrefetchConfig(device, 1, 1, True, "single_no_trait")
+    path: PrefetchPath = "fanout" if settings.ordered else "fanout_unordered"
+    return PrefetchConfig(
+        device, settings.host_batches, settings.workers, settings.ordered, path
+    )
+
+
+def auto_prefetch(
+    collection: Mapping[str, Any],
+    *,
+    workers: int | None = None,
+    device_batches: int = 1,
+    host_batches: int | None = None,
+    ordered: bool = True,
+) -> dict[str, Any]:
+    """Every split wrapped in a `PrefetchIterator`, unless it already is one or a
+    `NoPrefetch`. Eval splits included. Call at setup after derive, the schema probe
+    and the contract checks, which see the collection as build_data returned it.
+
+    >>> wrapped = auto_prefetch({"train": [], "val": NoPrefetch([])})
+    >>> [type(s).__name__ for s in wrapped.values()]
+    ['PrefetchIterator', 'NoPrefetch']
+    """
+    return {
+        name: split
+        if isinstance(split, SplitWrapper)
+        else PrefetchIterator(
+            split,
+            workers=workers,
+            device_batches=device_batches,
+            host_batches=host_batches,
+            ordered=ordered,
+        )
+        for name, split in collection.items()
+    }
+
+
+_SINGLE_NO_TRAIT = (
+    "The train split ({kind}) runs in ONE producer thread: it lacks {missing}, so "
+    "its batches cannot be built by several workers. Define `begin_epoch(self) -> "
+    "plan` (re-plan the epoch: shuffle, draw augmentation seeds) and `batch_at(self, "
+    "i, plan=None) -> batch` (i is a BATCH index in range(len(source)), not a sample "
+    "offset), have `__iter__` call begin_epoch, and verify them with "
+    "jaxnitro.check_batch_at(source, values=True). A grain.MapDataset and a list of "
+    "built batches need nothing. To keep one producer on purpose, pass "
+    "PrefetchIterator(source, workers=1)."
+)
+
+
+def check_prefetch(collection: Mapping[str, Any]) -> dict[str, PrefetchConfig]:
+    """Setup's data checks on a wrapped collection; the resolved config per split.
+
+    Runs `check_source_options` on every split's source and warns when the train
+    split resolves to `single_no_trait`.
+    """
+    configs = {}
+    for name, split in collection.items():
+        cfg = prefetch_config(split)
+        source = unwrap_source(split)
+        check_source_options(source, name, cfg)
+        if name == "train" and cfg.path == "single_no_trait":
+            missing = " and ".join(f"`{m}`" for m in missing_trait_methods(source))
+            warnings.warn(
+                _SINGLE_NO_TRAIT.format(kind=type(source).__name__, missing=missing),
+                NitroWarning,
+                stacklevel=2,
+            )
+        configs[name] = cfg
+    return configs
+
+
+def prefetch_report(cfg: PrefetchConfig) -> dict[str, Any]:
+    """The binding report's prefetch entries for one split's config."""
+    return {
+        "prefetch_workers": cfg.workers,
+        "prefetch_device_batches": cfg.device_batches,
+        "prefetch_host_batches": cfg.host_batches,
+        "prefetch_ordered": cfg.ordered,
+        "prefetch_path": cfg.path,
+    }
+
+
+def source_view(split: Any) -> Any:
+    """The object a stream reads: the source, with a Grain dataset adapted.
+
+    A wrapper keeps its adapter, so the adapter's epoch count lives as long as the
+    split.
+    """
+    if isinstance(split, SplitWrapper):
+        if split._view is None:
+            split._view = as_indexed(split.source)
+        return split._view
+    return as_indexed(split)
+
+
+def prepared_stream(
+    split: Any,
+    prepare: Prepare,
+    *,
+    epoch: int | None = None,
+    name: str = "split",
+    join_timeout: float = 10.0,
+) -> PrefetchStream[Any]:
+    """A stream over one pass of `split`, each host batch mapped through `prepare`.
+
+    `prepare(host) -> [item, ...]` runs on the transfer thread (on the consumer for
+    `NoPrefetch`); each item carries a `.device` pytree the stream owns and frees.
+    `epoch` (0-based) positions a source that has `set_epoch` (the Grain adapter
+    does), so a resumed run reads the same order.
+    """
+    cfg = prefetch_config(split)
+    view = source_view(split)
+
+    def set_epoch() -> None:
+        seek = getattr(view, "set_epoch", None)
+        if epoch is not None and callable(seek):
+            seek(epoch)
+
+    return PrefetchStream(
+        view,
+        prepare,
+        path=cfg.path,
+        name=name,
+        workers=cfg.workers,
+        device_batches=max(cfg.device_batches, 1),
+        host_batches=cfg.host_batches,
+        ordered=cfg.ordered,
+        set_epoch=set_epoch,
+        join_timeout=join_timeout,
+    )
+
+
+_NOT_NUMERIC = "OSUaMm"  # object, bytes, str, datetime, timedelta
+
+
+def _routed(host: Mapping[str, Any], fields: tuple[str, ...], name: str) -> dict:
+    missing = [k for k in fields if k not in host]
+    if missing:
+        raise RoutingError(
+            f"A batch of split `{name}` has no field `{missing[0]}`, which the hooks "
+            f"declare and the first batch had. It has: {', '.join(host) or 'none'}. "
+            f"Every batch of a split must carry the same fields."
+        )
+    routed = {
+        k: host[k] if isinstance(host[k], jax.Array) else np.asarray(host[k])
+        for k in fields
+    }
+    for k, value in routed.items():
+        if value.dtype.kind in _NOT_NUMERIC:
+            raise RoutingError(
+                f"Batch field `{k}` of split `{name}` has dtype {value.dtype}, which "
+                f"cannot go to the device: a field a traced hook declares must be "
+                f"numeric. Encode it as numbers in the source, or read it only in "
+                f"host-side hooks."
+            )
+    return routed
+
+
+def batch_stream(
+    split: Any,
+    fields: tuple[str, ...],
+    *,
+    epoch: int | None = None,
+    sharding: Any = None,
+    name: str = "train",
+) -> PrefetchStream[Staged]:
+    """The training loop's stream: `Staged(host, device)` per batch.
+
+    `host` is the source's batch (every field, host arrays (B, ...)); `device` holds
+    only `fields` (the routed ones) as device arrays (B, ...), on `sharding` when
+    given (a `jax.sharding.Sharding` or device), else the default device.
+    """
+
+    def prepare(host: Mapping[str, Any]) -> list[Staged]:
+        return [Staged(host, transfer(_routed(host, fields, name), sharding))]
+
+    return prepared_stream(split, prepare, epoch=epoch, name=name)
+
+
+def eval_stream(
+    split: Any,
+    fields: tuple[str, ...],
+    width: int,
+    *,
+    sharding: Any = None,
+    name: str = "val",
+) -> PrefetchStream[EvalStaged]:
+    """An evaluation pass: `EvalStaged(host, device, n_real)` per chunk of <= width.
+
+    A short batch is padded to `width` (repeating its last sample) before the
+    transfer, so the pad and the copy overlap the previous forward; a wider batch is
+    cut into chunks of `width`. `host` is the chunk unpadded (every field), `n_real`
+    its real samples; slice outputs back to `n_real`. Reads epoch 0's order.
+    """
+    width = _count("width", width, 1)
+
+    def prepare(host: Mapping[str, Any]) -> list[EvalStaged]:
+        routed = _routed(host, fields, name)
+        size = batch_size(routed)
+        items = []
+        for start in range(0, size, width) if size > width else (0,):
+            if size > width:
+                stop = start + width
+                chunk = {k: np.asarray(v)[start:stop] for k, v in host.items()}
+                part = {k: chunk[k] for k in fields}
+            else:
+                chunk, part = dict(host), routed
+            count = batch_size(part)
+            items.append(
+                EvalStaged(chunk, transfer(pad_batch(part, width), sharding), count)
+            )
+        return items
+
+    return prepared_stream(split, prepare, epoch=0, name=name)

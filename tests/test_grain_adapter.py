@@ -1,0 +1,137 @@
+"""Grain datasets as splits: epoch plans from (seed, epoch), Grain's own batching."""
+
+import grain
+import numpy as np
+import pytest
+
+from jaxnitro.data.grain_adapter import GrainPlan, GrainSource, check_source_options
+from jaxnitro.data.prefetch import (
+    PrefetchIterator,
+    batch_stream,
+    check_batch_at,
+    check_prefetch,
+    prefetch_config,
+)
+from jaxnitro.data.protocol import fanout_capable
+from jaxnitro.data.sources import check_split, epoch_batches
+from jaxnitro.errors import ConfigError
+
+
+def _dataset(seed=7, n=24, bs=4):
+    samples = [{"x": np.full(2, i, np.float32), "id": np.int32(i)} for i in range(n)]
+    ds = grain.MapDataset.source(samples)
+    return ds.shuffle(seed=seed).batch(bs, drop_remainder=True)
+
+
+def _epoch(source, plan):
+    return [source.batch_at(i, plan)["id"].tolist() for i in range(len(source))]
+
+
+def test_an_epoch_is_a_function_of_seed_and_epoch():
+    first, second = GrainSource(_dataset()), GrainSource(_dataset())
+    plans = [first.begin_epoch() for _ in range(3)]
+    assert plans == [GrainPlan(0), GrainPlan(1), GrainPlan(2)]
+    assert first.epoch_token == 3
+    epochs = [_epoch(first, p) for p in plans]
+    assert [_epoch(second, p) for p in plans] == epochs  # same seed, same order
+    assert epochs[0] != epochs[1] != epochs[2]  # a fresh permutation each epoch
+    assert _epoch(GrainSource(_dataset(seed=8)), GrainPlan(0)) != epochs[0]
+    for ids in epochs:  # every sample once per epoch
+        assert sorted(sum(ids, [])) == list(range(24))
+
+
+def test_batching_and_shuffling_are_grains_own():
+    ds = _dataset()
+    source = GrainSource(ds)
+    assert _epoch(source, source.begin_epoch()) == [b["id"].tolist() for b in ds]
+    assert _epoch(source, GrainPlan(2)) == [
+        ds[2 * 6 + i]["id"].tolist() for i in range(6)
+    ]
+
+
+def test_set_epoch_positions_a_resume():
+    source = GrainSource(_dataset())
+    source.set_epoch(4)
+    assert source.begin_epoch() == GrainPlan(4)
+    with pytest.raises(ConfigError, match=r"`epoch` must be an int >= 0, got -1"):
+        source.set_epoch(-1)
+    with pytest.raises(IndexError, match=r"batch index 6 is outside range\(6\)"):
+        source.batch_at(6, GrainPlan(0))
+
+
+def test_a_resumed_stream_reads_the_same_order_at_any_worker_count():
+    def run(workers, epochs):
+        split = PrefetchIterator(_dataset(), workers=workers)
+        order = []
+        for epoch in epochs:
+            with batch_stream(split, ("x",), epoch=epoch) as stream:
+                for host, device in stream:
+                    order.append(host["id"].tolist())
+                    stream.release(device)
+        return order
+
+    full = run(1, range(3))
+    assert run(4, range(3)) == full
+    assert run(2, [2]) == full[12:]  # resumed at epoch 2 (0-based)
+    assert prefetch_config(PrefetchIterator(_dataset(), workers=2)).path == "fanout"
+
+
+def test_a_map_dataset_has_the_trait_and_passes_check_batch_at():
+    ds = _dataset()
+    assert fanout_capable(ds)
+    check_batch_at(ds, values=True)
+    assert check_prefetch({"train": PrefetchIterator(ds, workers=2)})["train"].workers
+
+
+def test_the_sources_helpers_look_through_the_wrapper():
+    ds = _dataset()
+    wrapped = PrefetchIterator(ds, workers=2)
+    assert check_split("train", wrapped) == 6
+    assert [b["id"].tolist() for b in epoch_batches(wrapped, 1)] == [
+        ds[6 + i]["id"].tolist() for i in range(6)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: _dataset().to_iter_dataset(),
+            "Split `train` is a grain.IterDataset (PrefetchIterDataset), which cannot "
+            "be addressed by index",
+        ),
+        (
+            lambda: _dataset().to_iter_dataset().mp_prefetch(),
+            "Grain's prefetch threads or worker processes would be a second",
+        ),
+        (lambda: iter(_dataset()), "is a Grain iterator (PrefetchDatasetIterator)"),
+        (
+            lambda: grain.MapDataset.range(8).batch(2).filter(lambda b: b[0] > 0),
+            "with `.filter()`, which leaves holes (None)",
+        ),
+        (lambda: _dataset().repeat(), "with `.repeat()` and no epoch count"),
+    ],
+)
+def test_check_source_options_refuses_what_the_pipeline_cannot_honour(make, message):
+    source = make()
+    with pytest.raises(ConfigError) as info:
+        check_source_options(source, "train", None)
+    assert message in str(info.value)
+
+
+def test_check_split_names_the_grain_fix():
+    with pytest.raises(ConfigError, match="Pass the grain.MapDataset from before"):
+        check_split("train", _dataset().to_iter_dataset())
+    loader = grain.DataLoader(
+        data_source=grain.sources.RangeDataSource(0, 8, 1),
+        sampler=grain.samplers.IndexSampler(
+            8, num_epochs=1, shard_options=grain.sharding.NoSharding()
+        ),
+        worker_count=0,
+    )
+    with pytest.raises(ConfigError, match="is a grain.DataLoader, which runs its own"):
+        check_split("train", loader)
+
+
+def test_a_list_of_batches_is_never_refused():
+    check_source_options([{"x": np.zeros((2, 1))}], "train", None)
