@@ -168,8 +168,7 @@ def run_training(nitro: Nitro) -> None:
             stacklevel=3,
         )
         return
-    nitro._stop_requested = False
-    nitro._stop_reason = None
+    nitro._stop_reason = None  # a pending stop request is honoured, not reset
     _ensure_optimizer_state(nitro)
     reason = "error"
     try:
