@@ -100,6 +100,7 @@ def _drain(stream, field="i"):
 @pytest.fixture
 def clean():
     """Assert a test leaves no prefetch thread and no device array behind."""
+    gc.collect()  # arrays earlier tests dropped would otherwise vanish mid-test
     live = _live()
     yield
     gc.collect()

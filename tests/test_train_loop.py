@@ -85,7 +85,8 @@ def test_a_partial_batch_of_a_sequential_source_is_refused_when_met():
         def build_data(self, dist):
             return {"train": Sequential(make_batches(40, 16) + make_batches(16, 16))}
 
-    nitro = nx.Nitro(Partial(), **quiet())
+    with pytest.warns(nx.NitroWarning, match="runs in ONE producer thread"):
+        nitro = nx.Nitro(Partial(), **quiet())
     with pytest.raises(
         nx.ConfigError,
         match="Train batch 2 of epoch 1 holds 8 samples, the first held 16",

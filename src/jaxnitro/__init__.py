@@ -27,6 +27,16 @@ from .checkpoint.checkpointer import read_manifest as read_manifest
 from .checkpoint.info import checkpoint_info as checkpoint_info
 from .compile.cache import cache_reset as cache_reset
 from .compile.cache import cache_stats as cache_stats
+from .data.batch_at_check import check_batch_at as check_batch_at
+from .data.prefetch import NoPrefetch as NoPrefetch
+from .data.prefetch import PrefetchConfig as PrefetchConfig
+from .data.prefetch import PrefetchIterator as PrefetchIterator
+from .data.prefetch import auto_prefetch as auto_prefetch
+from .data.prefetch import default_prefetch_workers as default_prefetch_workers
+from .data.prefetch import prefetch_config as prefetch_config
+from .data.protocol import BatchSource as BatchSource
+from .data.protocol import IndexedSource as IndexedSource
+from .data.protocol import fanout_capable as fanout_capable
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import DivergenceError as DivergenceError

@@ -39,6 +39,8 @@ from .checkpoint.record import Record
 from .checkpoint.sources import ResolvedSource, resolve_source, resume_source
 from .compile.cache import configure_persistent_cache
 from .compile.programs import TraceContext
+from .data.prefetch import auto_prefetch, check_prefetch, prefetch_report
+from .data.protocol import release_splits
 from .data.sources import (
     batch_at_index,
     batch_size,
@@ -287,6 +289,10 @@ class Nitro:
         self._device_values: dict[str, Any] = converted
 
         self._probe_routing()
+        # Every split gets its prefetch settings now, after the probe and the checks
+        # above saw the collection as build_data returned it.
+        self.data = auto_prefetch(self.data)
+        self._prefetch = check_prefetch(self.data)
 
         # The model, on the post-conversion experiment.
         self._setup_phase("building model")
@@ -841,6 +847,11 @@ class Nitro:
                 )
         if self._eval_width is not None:
             notes.append(f"eval batch width {self._eval_width}")
+        if "train" in self._prefetch:
+            entries = prefetch_report(self._prefetch["train"])
+            notes.append(
+                "train prefetch: " + ", ".join(f"{k} {v}" for k, v in entries.items())
+            )
         return binding_report(
             self._cls.__name__, self._config, self._split_sizes, routing, notes
         )
@@ -1033,8 +1044,25 @@ class Nitro:
         self._device_values = {**self._device_values, **updates}
 
     def set_phase(self, phase: phases.Phase, **info: Any) -> None:
-        """Record `phase` and publish it to the monitors (a repeat is a no-op)."""
-        self.phase_recorder.set(phase, **info)
+        """Record `phase` and publish it to the monitors (a repeat is a no-op).
+
+        The first Terminal phase releases the data sources, after the monitors ran.
+        """
+        if self.phase_recorder.set(phase, **info) and isinstance(
+            phase, phases.Terminal
+        ):
+            self.release()
+
+    def release(self) -> None:
+        """Release every split's source (its `release()` method), once per handle.
+
+        Training does this itself when it ends; call it for a handle that only
+        validated, predicted or exported. A split whose release raises is warned
+        about and the others are still released.
+        """
+        if not self._released:
+            self._released = True
+            release_splits(self.data)
 
     def progress(self) -> Progress | None:
         """The progress line of the entry point running now, if any."""

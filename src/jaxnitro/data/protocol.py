@@ -109,6 +109,16 @@ class SplitWrapper:
     def __iter__(self) -> Iterator[Any]:
         return iter(self.source)
 
+    def __getitem__(self, index: Any) -> Any:
+        # `nitro.data["test"][i]` keeps working on the wrapped split.
+        return self.source[index]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the wrapper lacks: the source's own API shows through.
+        if name.startswith("__") or name in SplitWrapper.__slots__:
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
 
 def unwrap_source(split: Any) -> Any:
     """The source inside a `PrefetchIterator` or `NoPrefetch`, else `split` itself."""

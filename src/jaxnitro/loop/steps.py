@@ -3,10 +3,11 @@
 With accum == 1 each batch runs one fused train_step program; with accum > 1 each
 micro-batch runs the gradient program, and every accum-th the optimizer program. Then
 the loop reads back the PREVIOUS micro-batch's loss: the device runs ahead by one
-micro-batch while the host waits. The executable call itself transfers the routed host
-fields, so a batch's device buffers live exactly as long as the step that uses them (an
-explicit `jax.device_put` of the batch dict cost a third of a dispatch-bound step). A
-non-finite loss raises naming its step and epoch.
+micro-batch while the host waits. The batches come from the split's feed (`feed.py`):
+routed host arrays on a CPU backend, which the executable places itself (an explicit
+`jax.device_put` of the batch dict cost a third of a dispatch-bound step), or device
+batches staged ahead by the prefetch stream on an accelerator, released as soon as the
+step that uses them is dispatched. A non-finite loss raises naming its step and epoch.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import numpy as np
 
 from ..compile.cache import program_cache
 from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
-from ..data.sources import batch_size, epoch_batches
+from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
 from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from .evaluate import announcer, compiled
+from .feed import open_feed
 
 if TYPE_CHECKING:
     from ..handle import Nitro
@@ -55,6 +57,7 @@ class EpochLog:
         self.check = bool(nitro._config["check_divergence"].value)
         self.every = int(nitro._config["log_every_n_steps"].value)
         self.logging = nitro.logger is not None
+        self.feed: Any = None  # the epoch's batches, for the time spent waiting
 
     def settle(self, item: _InFlight) -> None:
         loss = float(item.loss)
@@ -238,33 +241,43 @@ def _device_inputs(nitro: Nitro, plan: Any, step: int) -> dict[str, Any]:
 
 
 def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
-    """One epoch of micro-batches. Every attribute the hot loop reads per step is
-    bound to a local first; the per-step work is the dispatch plus one read-back."""
+    """One epoch of micro-batches from the train split's feed; closed on every exit."""
+    log = EpochLog(nitro, epoch)
+    source = nitro.data["train"]
+    bar = nitro.progress()
+    if bar is not None:
+        max_epochs = int(nitro._config["max_epochs"].value)
+        bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
+    feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
+    log.feed = feed
+    try:
+        _steps(nitro, epoch, feed, log, bar)
+    finally:
+        feed.close()
+    return log
+
+
+def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None:
+    """The hot loop. Every attribute it reads per step is bound to a local first;
+    the per-step work is the dispatch plus one read-back."""
     accum = int(nitro._config["accum"].value)
     names = nitro._train_fields
     expected = nitro._train_batch
     assert expected is not None
     plan = nitro._plan
     assert plan is not None
-    log = EpochLog(nitro, epoch)
     settle = log.settle
     autolog = bool(nitro._config["autolog_schedules"].value) and log.logging
     gradient: Any = None
     optimizer: Any = None
     in_flight: _InFlight | None = None
-    source = nitro.data["train"]
-    bar = nitro.progress()
-    if bar is not None:
-        max_epochs = int(nitro._config["max_epochs"].value)
-        bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
-    for index, batch in enumerate(epoch_batches(source, epoch - 1)):
-        host = {k: np.asarray(batch[k]) for k in names}
-        _check_batch(host, names, expected, index, epoch)
+    for index, (full, routed) in enumerate(feed):
+        _check_batch(routed, names, expected, index, epoch)
         step = nitro._step
         values = _device_inputs(nitro, plan, step)
         hp = plan.step_inputs(step)
         if gradient is None:
-            gradient, optimizer = training_programs(nitro, host, values, hp)
+            gradient, optimizer = training_programs(nitro, routed, values, hp)
         if accum == 1:
             (
                 nitro._params,
@@ -281,7 +294,7 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
                 nitro._opt_state,
                 nitro._ema,
                 nitro._state,
-                host,
+                routed,
                 hp,
             )
             ends_step = True
@@ -291,7 +304,7 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
                 nitro._params,
                 nitro._state,
                 nitro._accumulator,
-                host,
+                routed,
                 hp["grad"],
             )
             ends_step = (index + 1) % accum == 0
@@ -316,8 +329,11 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
         if bar is not None:
             bar.step()
         current = _InFlight(
-            loss, terms, stats, outputs, host, nitro._step, ends_step, schedule_line
+            loss, terms, stats, outputs, full, nitro._step, ends_step, schedule_line
         )
+        # The step is dispatched: a staged device batch can go (the runtime frees
+        # it when the step has run), which bounds device memory per batch.
+        feed.release(routed)
         if in_flight is not None:
             settle(in_flight)
         in_flight = current
@@ -325,4 +341,3 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
             break
     if in_flight is not None:
         settle(in_flight)
-    return log

@@ -177,6 +177,8 @@ def run_training(nitro: Nitro) -> None:
             nitro.set_phase(phases.TrainStepping())
             started = time.perf_counter()
             log = run_epoch(nitro, epoch)
+            waited = log.feed.wait_seconds if log.feed is not None else 0.0
+            data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro._sync_scheduled_devices()
             requested = nitro._stop_requested
             metrics = (
@@ -202,6 +204,13 @@ def run_training(nitro: Nitro) -> None:
                     epoch=epoch,
                     context="validate",
                 )
+            logproto.log_metrics(
+                nitro.logger,
+                {"data_wait_frac": data_wait_frac},
+                step=nitro.current_step,
+                epoch=epoch,
+                context="data",
+            )
             if requested:
                 reason = "requested"
             elif early:

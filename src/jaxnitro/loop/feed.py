@@ -1,0 +1,109 @@
+"""Where a phase's batches come from: the split's prefetch path, one pass at a time.
+
+A list of built batches (the "materialized" path) and a `NoPrefetch` split are read
+inline: producing a batch is a pointer load, and threads would only add hand-offs.
+Every other split runs its prefetch stream: worker threads build the batches (calling
+`batch_at` for a fan-out-capable source), and on an accelerator a transfer thread
+stages the routed fields on the device ahead of the step. On a CPU backend the routed
+host arrays go to the executable as they are: it places them itself, and an explicit
+copy would only cost time (measured in benchmarks/prefetch.py).
+
+Either way the loop gets `Staged(host, device)` items and the time it waited for them,
+for the once-per-epoch `data_wait_frac`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..data.prefetch import Staged, prefetch_config, prepared_stream
+from ..data.sources import epoch_batches
+from ..data.transfer import transfer
+
+INLINE_PATHS = ("materialized", "inline")
+
+
+def stages_on_device() -> bool:
+    """Whether batches are worth staging on the device ahead of the step."""
+    return jax.default_backend() != "cpu"
+
+
+class InlineFeed:
+    """One pass over a split read on the consuming thread, with its waiting time."""
+
+    def __init__(self, split: Any, epoch: int, fields: tuple[str, ...] | None) -> None:
+        self._batches = epoch_batches(split, epoch)
+        self._fields = fields
+        self.wait_seconds = 0.0
+
+    def __iter__(self) -> Iterator[Staged]:
+        return self
+
+    def __next__(self) -> Staged:
+        started = time.perf_counter()
+        try:
+            host = next(self._batches)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+        routed: Any = (
+            dict(host) if self._fields is None else _routed(host, self._fields)
+        )
+        return Staged(host, routed)
+
+    def release(self, device: Any) -> None:
+        """Nothing to free: the executable placed the host arrays itself."""
+
+    def close(self) -> None:
+        self._batches.close()  # type: ignore[attr-defined]
+
+
+class StreamFeed:
+    """One pass over a split through its prefetch stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[Staged]:
+        return self
+
+    def __next__(self) -> Staged:
+        return next(self._stream)  # type: ignore[no-any-return]
+
+    @property
+    def wait_seconds(self) -> float:
+        return float(self._stream.stats().wait_seconds)
+
+    def release(self, device: Any) -> None:
+        self._stream.release(device)
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _routed(host: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {k: np.asarray(host[k]) for k in fields}
+
+
+def open_feed(
+    split: Any, *, epoch: int, fields: tuple[str, ...] | None, name: str
+) -> InlineFeed | StreamFeed:
+    """A pass over `split` for 0-based `epoch`, yielding `Staged(host, device)`.
+
+    `device` holds the routed `fields` (all of them when None): device arrays when
+    staged on an accelerator, host arrays otherwise. Close it on every exit path.
+    """
+    path = prefetch_config(split).path
+    on_device = stages_on_device() and fields is not None
+    if path in INLINE_PATHS and not on_device:
+        return InlineFeed(split, epoch, fields)
+
+    def prepare(host: Mapping[str, Any]) -> list[Staged]:
+        routed = dict(host) if fields is None else _routed(host, fields)
+        return [Staged(host, transfer(routed) if on_device else routed)]
+
+    return StreamFeed(prepared_stream(split, prepare, epoch=epoch, name=name))

@@ -1,0 +1,131 @@
+"""The data pipeline as the training loop uses it: paths, order, waits, release."""
+
+import json
+import threading
+
+import grain
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny, make_batches
+
+import jaxnitro as nx
+
+
+def samples(n, seed=0):
+    batch = make_batches(n, n, seed=seed)[0]
+    return [{"x": x, "y": y} for x, y in zip(batch["x"], batch["y"], strict=True)]
+
+
+class Shuffled(Tiny):
+    """Tiny on a shuffled Grain dataset: the fan-out path."""
+
+    workers: int = 2
+
+    def build_data(self, dist):
+        train = grain.MapDataset.source(samples(64)).shuffle(seed=3).batch(16)
+        val = grain.MapDataset.source(samples(24, seed=1)).batch(16)
+        return {
+            "train": nx.PrefetchIterator(train, workers=self.workers),
+            "val": val,
+        }
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_ordered_fanout_reproduces_a_run_bitwise_at_any_worker_count():
+    runs = {}
+    for workers in (1, 2, 4):
+        nitro = nx.Nitro(
+            Shuffled(max_epochs=2, workers=workers), logger=None, checkpointer=None
+        )
+        assert nitro._prefetch["train"].workers == workers
+        nitro.train()
+        runs[workers] = leaves(nitro.parameters)
+    for workers in (2, 4):
+        for a, b in zip(runs[1], runs[workers], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not [t for t in threading.enumerate() if "prefetch" in t.name]
+
+
+def test_the_fanout_path_and_the_inline_path_train_the_same(tmp_path):
+    fanned = nx.Nitro(Shuffled(max_epochs=2), logger=None, checkpointer=None)
+    fanned.train()
+
+    class Inline(Shuffled):
+        def build_data(self, dist):
+            data = Shuffled.build_data(self, dist)
+            return {"train": nx.NoPrefetch(data["train"].source), "val": data["val"]}
+
+    inline = nx.Nitro(Inline(max_epochs=2), logger=None, checkpointer=None)
+    assert inline._prefetch["train"].path == "inline"
+    inline.train()
+    for a, b in zip(leaves(fanned.parameters), leaves(inline.parameters), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_data_wait_frac_is_logged_once_per_epoch(tmp_path):
+    nx.Nitro(Shuffled(max_epochs=2), run_dir=str(tmp_path), checkpointer=None).train()
+    lines = [
+        json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    data = [x for x in lines if x.get("context") == "data"]
+    assert [x["epoch"] for x in data] == [1, 2]
+    assert all(0 <= x["data_wait_frac"] <= 1 for x in data)
+
+
+def test_a_list_of_batches_takes_the_materialized_path_and_never_warns():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    assert {name: cfg.path for name, cfg in nitro._prefetch.items()} == {
+        "train": "materialized",
+        "val": "materialized",
+        "test": "materialized",
+    }
+    assert "prefetch_path materialized" in nitro.binding_report()
+
+
+class Releasing(Tiny):
+    def build_data(self, dist):
+        data = Tiny.build_data(self, dist)
+        self.released.clear()
+        return {
+            name: Tracked(batches, name, self.released)
+            for name, batches in data.items()
+        }
+
+    released: list = None  # type: ignore[assignment]
+
+
+class Tracked(list):
+    def __init__(self, batches, name, released):
+        super().__init__(batches)
+        self.name, self.released = name, released
+
+    def release(self):
+        self.released.append(self.name)
+        if self.name == "val":
+            raise OSError("the val server is gone")
+
+
+def test_release_runs_once_per_handle_at_the_end_of_training():
+    released = []
+    nitro = nx.Nitro(
+        Releasing(max_epochs=1, released=released), logger=None, checkpointer=None
+    )
+    with pytest.warns(nx.NitroWarning, match="val"):
+        nitro.train()
+    assert sorted(released) == ["test", "train", "val"]  # val's error did not stop them
+    nitro.release()  # a second release is harmless
+    assert sorted(released) == ["test", "train", "val"]
+
+
+def test_release_for_a_handle_that_only_evaluates():
+    released = []
+    nitro = nx.Nitro(Releasing(released=released), logger=None, checkpointer=None)
+    nitro.evaluate(split="test")
+    assert released == []
+    with pytest.warns(nx.NitroWarning, match="val"):
+        nitro.release()
+    assert sorted(released) == ["test", "train", "val"]
