@@ -1,7 +1,8 @@
 """The phases a real run publishes, as a monitor sees them."""
 
-import jaxnitro as nx
 from experiments import Tiny
+
+import jaxnitro as nx
 
 
 def quiet(**kw):
