@@ -96,6 +96,7 @@ from .observe.progress import progress_log_reporter as progress_log_reporter
 from .observe.progress import progress_note as progress_note
 from .observe.progress import progress_reporter as progress_reporter
 from .observe.progress import with_progress_note as with_progress_note
+from .observe.render import render as render
 from .observe.report import set_config_report as set_config_report
 from .observe.transitions import publish_phase as publish_phase
 from .optim.decay import Decay as Decay

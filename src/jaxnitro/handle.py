@@ -935,6 +935,35 @@ class Nitro:
             )
         return self._predict_many(batch)
 
+    def render(
+        self,
+        batch: Any = None,
+        *,
+        split: str = "val",
+        batches: int = 1,
+        predictions: bool = False,
+        out_dir: str | None = None,
+        tag: str | None = None,
+    ) -> list[str]:
+        """One figure per sample through `visualize` and `save_figure`; the paths.
+
+        Without `batch`, the first `batches` batches of `split`; with it, that batch.
+        `predictions=False` (the data gate) compiles and runs nothing on the device.
+        """
+        from .observe.render import render
+
+        return self._run_entry(
+            lambda: render(
+                self,
+                batch,
+                split=split,
+                batches=batches,
+                predictions=predictions,
+                out_dir=out_dir,
+                tag=tag,
+            )
+        )
+
     def _predict_many(self, batches: Iterable[Any]) -> Iterator[Any]:
         from .loop.evaluate import predict_batch
 
