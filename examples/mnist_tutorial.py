@@ -153,6 +153,10 @@ class MnistMLP(nx.Experiment):
     """Samples per micro-batch. Host: the batch shape reaches the compiler through
     the data itself, never through this field."""
 
+    scratch: dict = nx.field(default_factory=dict)
+    """Host-side state the hooks share: finalize_metrics stashes the last confusion
+    matrix here for the phase monitor that logs it (see main)."""
+
     max_epochs: int = 20
     """Epochs to train for. Driver-only: never read inside a traced function."""
 
@@ -255,6 +259,9 @@ class MnistMLP(nx.Experiment):
         # second compiled program.
         confusion = acc["confusion"]
         recall = np.diag(confusion) / np.maximum(confusion.sum(axis=0), 1)
+        # The matrix is not a scalar to log per epoch: stash it, and a phase monitor
+        # on the transition out of evaluation logs it with log_confusion (main).
+        self.scratch["confusion"] = confusion
         return {"acc": acc["acc"], "macro_recall": float(recall.mean())}
 
     # --- the optimizer recipe: part of what the experiment IS -------------------------
@@ -329,6 +336,18 @@ def main() -> None:
     # Nothing is compiled until a verb needs it.
     nitro = nx.Nitro(e, run_dir=run_dir)
     print(nitro.binding_report())
+
+    # The framework never logs a confusion matrix itself: only the experiment knows
+    # it has one and what its labels mean. A monitor on this handle sees every phase
+    # transition; the one out of validation carries the epoch's metrics.
+    def log_confusion(phase, step, epoch, info):
+        if "metrics" in info and "confusion" in e.scratch:
+            labels = [str(c) for c in range(N_CLASSES)]
+            nx.log_confusion(
+                info["logger"], e.scratch["confusion"], labels, epoch=epoch
+            )
+
+    nx.register_phase_monitor(log_confusion, nitro=nitro)
     nitro.train()
     print(history_table(nitro.history))
 

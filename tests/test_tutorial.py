@@ -2,6 +2,7 @@
 
 import gzip
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -189,3 +190,10 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "test accuracy: " in done.stdout
     assert (tmp_path / "run" / "manifest.json").exists()
+    # The spec's log_confusion recipe: stashed in finalize_metrics, logged by a
+    # phase monitor on the transition out of validation.
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    confusion = [json.loads(x) for x in lines if '"type": "confusion"' in x]
+    assert len(confusion) == 1 and confusion[0]["epoch"] == 1
+    matrix = np.asarray(confusion[0]["matrix"])
+    assert matrix.shape == (10, 10) and matrix.sum() == 297  # the val split
