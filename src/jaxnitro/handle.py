@@ -15,7 +15,6 @@ optimizer state is allocated until a verb needs it.
 
 from __future__ import annotations
 
-import logging
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -74,7 +73,9 @@ from .observe.progress import Progress
 from .observe.report import (
     binding_report,
     emit_stale_report,
+    frozen_table,
     frozen_values,
+    show_report,
     stale_report,
 )
 from .observe.transitions import PhaseRecorder
@@ -93,8 +94,6 @@ from .view import (
     graphconst_values,
     replace_fields,
 )
-
-log = logging.getLogger("jaxnitro")
 
 _NOT_PASSED: Any = object()
 
@@ -675,7 +674,7 @@ class Nitro:
         logproto.log_params(self._logger, self.params_to_log())
         report = self.binding_report()
         logproto.log_other(self._logger, "binding_report", report)
-        log.info("%s", report)
+        show_report(f"jaxnitro: {self._cls.__name__}", report)
 
     # ------------------------------------------------------------ public reads ------
     @property
@@ -782,6 +781,15 @@ class Nitro:
             self._config["accum"].value
         )
         return int(self._config["max_epochs"].value) * per_epoch
+
+    def __rich__(self) -> Any:
+        """The frozen values as a rich table (a terminal); `repr` is the plain text."""
+        return frozen_table(
+            f"Nitro({self._cls.__name__}) values fixed at construction",
+            self.frozen(),
+            f"step {self._step}   epoch {self._epoch}   phase "
+            f"{type(self.phase).__name__}   (rebuild the Nitro to change them)",
+        )
 
     def __repr__(self) -> str:
         return (

@@ -12,6 +12,7 @@ accessor was redefined after the handle froze it:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,6 +91,36 @@ def stale_report(
             f"cache is module-level, so a rebuild recompiles only what changed."
         )
     return "\n".join(lines)
+
+
+def show_report(title: str, text: str) -> None:
+    """Show a report: a rich panel on an interactive terminal, a log record else.
+
+    The same text goes to the logger's `log_other` either way (the caller's job), so
+    a run's record holds it wherever the process ran.
+    """
+    from .progress_bar import is_terminal_session
+
+    if is_terminal_session():
+        from rich.console import Console
+        from rich.panel import Panel
+
+        Console(stderr=True).print(Panel(text, title=title, expand=False))
+    else:
+        logging.getLogger("jaxnitro").info("%s\n%s", title, text)
+
+
+def frozen_table(title: str, values: Mapping[str, Any], status: str) -> Any:
+    """The frozen values as a rich renderable (what `repr(nitro)` shows as text)."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in values.items():
+        table.add_row(name, _show(value))
+    table.caption = status
+    return table
 
 
 def emit_stale_report(text: str | None) -> None:
