@@ -1,186 +1,54 @@
-"""`Checkpointer`, its selectors `Best` and `Last`, and the run directory's manifest.
+"""`Checkpointer`: after each epoch, write a record if a selector keeps it; rotate.
 
-After each epoch the checkpointer writes a record if some selector in `keep` would
-retain it, then keeps the union of what the selectors pick and deletes the rest. The
-manifest, `manifest.json`, lists every retained file with its epoch, score, stop_reason
-and the run, metric and mode that wrote it, so lookups and resume never open a record.
+After each epoch the checkpointer writes a record if some selector in `keep` admits
+it, then keeps the union of what the selectors pick and deletes the rest. The
+manifest (`manifest.py`) lists every retained file with its epoch, score,
+stop_reason and the run, metric and mode that wrote it, so lookups and resume never
+open a record.
+
+Retention scope. Under scope "run" (the default) retention decides over this run's
+entries only: another run's files are never ranked, rotated, deleted or overwritten.
+Under scope "dir", `Best` ranks every run's entries and a write deletes every entry
+scored the same way that no selector keeps, other runs' included; `Last` and the
+other selectors still keep this run's own. Under either scope an entry scored under
+another metric or mode is never ranked or deleted, and a filename that would
+overwrite a file this run does not own gets `-run-<id>` before the extension.
 
 Order of a write: the record goes to a temporary file renamed into place, then the
-manifest is replaced atomically, and only then are rotated files deleted, so a crash at
-any instant leaves a readable directory.
+manifest is replaced atomically, and only then are rotated files deleted, so a crash
+at any instant leaves a readable directory whose manifest names complete records.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import re
 import time
-import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import CheckpointError, ConfigError, NotYetSupportedError
-from .record import atomic_write, save_record
+from ..errors import CheckpointError, ConfigError
+from .filenames import RECORD_SUFFIX as RECORD_SUFFIX
+from .filenames import checkpoint_filename as checkpoint_filename
+from .filenames import new_run_id as new_run_id
+from .filenames import sanitize_metric_name as sanitize_metric_name
+from .manifest import MANIFEST as MANIFEST
+from .manifest import ManifestEntry as ManifestEntry
+from .manifest import load_manifest, remove_file, write_manifest
+from .manifest import read_manifest as read_manifest
+from .record import TMP_PREFIX, read_meta, rewrite_meta, save_record
+from .selectors import Best as Best
+from .selectors import Epochs as Epochs
+from .selectors import Every as Every
+from .selectors import Last as Last
+from .selectors import Selector as Selector
+from .selectors import is_scored_under, is_selector, selector_admits
 
-MANIFEST = "manifest.json"
-RECORD_SUFFIX = ".safetensors"
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One retained checkpoint, as the manifest lists it.
-
-    Attributes:
-        file: the record's basename in the run directory.
-        epoch: the epoch it was written at; step the optimizer step.
-        score: the retention metric's value, or None for a run with no val split.
-        stop_reason: how the run ended, when this was its last record; else None.
-        run: the id of the run that wrote it.
-        metric, mode: what `score` measures and which way is better.
-        written: the wall-clock `time.time()` of the write.
-        parent: for a run branched from an earlier record, that record's path.
-    """
-
-    file: str
-    epoch: int
-    step: int
-    score: float | None
-    stop_reason: str | None
-    run: str | None
-    metric: str | None
-    mode: str | None
-    written: float
-    parent: str | None
-
-
-def read_manifest(directory: str) -> list[ManifestEntry]:
-    """The checkpoints a run directory holds, without opening one (empty if none)."""
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
-    fields = {f.name for f in dataclasses.fields(ManifestEntry)}
-    entries = []
-    for item in raw.get("entries", []):
-        values = {name: item.get(name) for name in fields}
-        values["written"] = float(values["written"] or 0.0)
-        values["step"] = int(values["step"] or 0)
-        entries.append(ManifestEntry(**values))
-    return entries
-
-
-def write_manifest(directory: str, entries: Sequence[ManifestEntry]) -> None:
-    """Replace the manifest atomically."""
-    data = {"format": 1, "entries": [dataclasses.asdict(e) for e in entries]}
-    text = json.dumps(data, indent=1)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    atomic_write(os.path.join(directory, MANIFEST), write)
-
-
-def sanitize_metric_name(name: str) -> str:
-    """A metric name safe inside a filename."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
-def checkpoint_filename(
-    *, epoch: int, step: int, metric: str | None = None, score: float | None = None
-) -> str:
-    """`epoch-0006-step-4500-loss=0.0416831.safetensors`; no score segment without one.
-
-    The epoch comes first, zero-padded, so lexicographic order is training order.
-
-    Example:
-        >>> checkpoint_filename(epoch=6, step=4500, metric="loss", score=0.04168312)
-        'epoch-0006-step-4500-loss=0.0416831.safetensors'
-        >>> checkpoint_filename(epoch=6, step=4500)
-        'epoch-0006-step-4500.safetensors'
-    """
-    stem = f"epoch-{epoch:04d}-step-{step}"
-    if score is not None and metric is not None:
-        stem += f"-{sanitize_metric_name(metric)}={score:.6g}"
-    return stem + RECORD_SUFFIX
-
-
-class Selector:
-    """A retention rule: which of the candidate entries to keep.
-
-    A custom selector implements `select(entries, checkpointer) -> list[entry]`;
-    `admits` defaults to "the new entry is among those selected".
-    """
-
-    def select(
-        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
-    ) -> list[ManifestEntry]:
-        raise NotImplementedError
-
-    def admits(
-        self,
-        entries: Sequence[ManifestEntry],
-        candidate: ManifestEntry,
-        checkpointer: Checkpointer,
-    ) -> bool:
-        return candidate in self.select([*entries, candidate], checkpointer)
-
-
-@dataclass(frozen=True)
-class Best(Selector):
-    """The `k` best entries by the checkpointer's metric and mode."""
-
-    k: int = 1
-    among: Selector | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
-            raise ConfigError(f"Best(k) needs k >= 1, got {self.k!r}.")
-
-    def select(
-        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
-    ) -> list[ManifestEntry]:
-        pool = (
-            list(entries)
-            if self.among is None
-            else self.among.select(entries, checkpointer)
-        )
-        scored = [
-            e
-            for e in pool
-            if e.score is not None
-            and (e.metric is None or e.metric == checkpointer.metric)
-            and (e.mode is None or e.mode == checkpointer.mode)
-        ]
-        sign = -1.0 if checkpointer.mode == "max" else 1.0
-        scored.sort(key=lambda e: (sign * float(e.score), e.epoch))  # type: ignore[arg-type]
-        return scored[: self.k]
-
-
-@dataclass(frozen=True)
-class Last(Selector):
-    """This run's latest `n` entries, by epoch."""
-
-    n: int = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ConfigError(f"Last(n) needs n >= 1, got {self.n!r}.")
-
-    def select(
-        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
-    ) -> list[ManifestEntry]:
-        return sorted(entries, key=lambda e: (e.epoch, e.written))[-self.n :]
-
-
-def new_run_id() -> str:
-    """A short random run id."""
-    return uuid.uuid4().hex[:8]
+SCOPES = ("run", "dir")
+STOP_REASONS = ("completed", "early_stop", "requested", "error")
+DEFAULT_KEEP = (Best(3), Last(1))
 
 
 class Checkpointer:
@@ -188,10 +56,12 @@ class Checkpointer:
 
     Args:
         keep: a selector or a tuple of them; the union of what they pick is kept.
-        metric, mode: what to rank by; None follows the run's `monitor`.
+        metric, mode: what to rank by; both None follows the run's `monitor`.
         dir: the directory; None is filled with the run directory at setup.
-        name: None (the default filename) is the only value supported so far.
-        scope: "run" (default) applies retention to this run's files only.
+        name: the filename function `name(epoch=, step=, metric=, score=) -> str`;
+            None uses `checkpoint_filename`.
+        scope: "run" (default) applies retention to this run's files only; "dir"
+            lets Best rank, and rotation delete, every run's files (see the module).
 
     Example:
         >>> Checkpointer(keep=(Best(3), Last(10)))
@@ -200,18 +70,19 @@ class Checkpointer:
 
     def __init__(
         self,
-        keep: Selector | Sequence[Selector] = (Best(3), Last(1)),
+        keep: Any = DEFAULT_KEEP,
         metric: str | None = None,
         mode: str | None = None,
-        dir: str | None = None,
-        name: Any = None,
+        dir: str | os.PathLike[str] | None = None,
+        name: Callable[..., str] | None = None,
         scope: str = "run",
     ) -> None:
-        selectors = (keep,) if isinstance(keep, Selector) else tuple(keep)
-        if not selectors or not all(isinstance(s, Selector) for s in selectors):
+        selectors = (keep,) if is_selector(keep) else tuple(keep)
+        if not selectors or not all(is_selector(s) for s in selectors):
             raise ConfigError(
-                f"Checkpointer(keep=...) takes selectors such as Best(3) and Last(1); "
-                f"got {keep!r}."
+                f"Checkpointer(keep=...) takes selectors such as Best(3) and Last(1), "
+                f"or objects with a select(entries, checkpointer) method; got "
+                f"{keep!r}."
             )
         for selector in selectors:
             if isinstance(selector, Best) and selector.among is not None:
@@ -223,22 +94,34 @@ class Checkpointer:
             raise ConfigError(
                 f'Checkpointer mode must be "min" or "max", got {mode!r}.'
             )
-        if scope != "run":
-            raise NotYetSupportedError(
-                f'Checkpointer(scope={scope!r}) is not supported yet; scope="run" is.'
+        if (metric is None) != (mode is None):
+            raise ConfigError(
+                f"Checkpointer(metric={metric!r}, mode={mode!r}): give both to rank "
+                f'by something other than the monitor (e.g. metric="acc", '
+                f'mode="max"), or neither to follow the run\'s monitor.'
             )
-        if name is not None:
-            raise NotYetSupportedError(
-                "Checkpointer(name=...) is not supported yet; the default filename is."
+        if scope not in SCOPES:
+            raise ConfigError(
+                f'Checkpointer scope must be "run" (retention over this run\'s files) '
+                f'or "dir" (over the whole directory), got {scope!r}.'
+            )
+        if name is not None and not callable(name):
+            raise ConfigError(
+                f"Checkpointer(name=...) takes a filename function "
+                f"name(epoch=, step=, metric=, score=) -> str, got {name!r}."
             )
         self.keep = selectors
         self.metric = metric
         self.mode = mode
-        self.dir = dir
+        self.dir = None if dir is None else os.fspath(dir)
+        self.name = name
         self.scope = scope
         self.run: str | None = None
         self.parent: str | None = None
-        self._follows_monitor = metric is None and mode is None
+        self._follows_monitor = metric is None
+        self._follows_run_dir = dir is None
+        self._last_saved: ManifestEntry | None = None
+        self._recovered = False
 
     def __repr__(self) -> str:
         return (
@@ -247,29 +130,63 @@ class Checkpointer:
         )
 
     @property
+    def fixed_dir(self) -> str | None:
+        """The directory given at construction; None when it follows run_dir."""
+        return None if self._follows_run_dir else self.dir
+
+    @property
     def ranks(self) -> bool:
         """Whether some selector ranks by score (needs a metric)."""
-        return any(isinstance(s, Best) for s in self.keep)
+        return any(getattr(s, "ranks", False) for s in self.keep)
+
+    @property
+    def only_ranks(self) -> bool:
+        """Whether every selector ranks by score (an unscored epoch is never kept)."""
+        return all(getattr(s, "ranks", False) for s in self.keep)
 
     @property
     def has_last(self) -> bool:
+        """Whether keep holds a `Last`, so every epoch is written."""
         return any(isinstance(s, Last) for s in self.keep)
+
+    @property
+    def k(self) -> int:
+        """Deprecated (TopKCheckpointer): the largest Best's k, else 0."""
+        warnings.warn(
+            "Checkpointer.k is deprecated: read the Best selectors in "
+            "checkpointer.keep instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return max((s.k for s in self.keep if isinstance(s, Best)), default=0)
+
+    @property
+    def keep_latest(self) -> bool:
+        """Deprecated (TopKCheckpointer): whether keep has a Last."""
+        warnings.warn(
+            "Checkpointer.keep_latest is deprecated: use checkpointer.has_last.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.has_last
 
     def bind(
         self,
         *,
         directory: str,
         monitor: tuple[str, str] | None,
-        run: str,
+        run: str | None,
         parent: str | None,
     ) -> None:
         """Fill in what setup resolves: the directory, the metric and the run id."""
-        if self.dir is None:
-            self.dir = directory
-        if self._follows_monitor and monitor is not None:
-            self.metric, self.mode = monitor
+        if self._follows_run_dir:
+            self.dir = os.fspath(directory)
+        if self._follows_monitor:
+            self.metric, self.mode = monitor if monitor is not None else (None, None)
         self.run = run
         self.parent = parent
+        self._last_saved = None
+        self._recovered = False
 
     def entries(self) -> list[ManifestEntry]:
         """Every entry of the directory's manifest."""
@@ -277,19 +194,27 @@ class Checkpointer:
 
     def _directory(self) -> str:
         if self.dir is None:
-            raise CheckpointError("This checkpointer has no directory yet.")
+            raise CheckpointError(
+                "This checkpointer has no directory yet: pass Checkpointer(dir=...) "
+                "or let a Nitro bind it to its run_dir."
+            )
         return self.dir
 
-    def _own(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
-        return [e for e in entries if e.run == self.run]
+    @property
+    def _tmp_prefix(self) -> str:
+        return f"{TMP_PREFIX}{self.run or 'legacy'}-"
 
-    def _kept(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
-        kept: list[ManifestEntry] = []
-        for selector in self.keep:
-            for entry in selector.select(entries, self):
-                if entry not in kept:
-                    kept.append(entry)
-        return kept
+    def _matches(self, entry: ManifestEntry) -> bool:
+        return is_scored_under(entry, self.metric, self.mode)
+
+    def _others_ranked(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+        if self.scope != "dir":
+            return []
+        return [
+            e
+            for e in entries
+            if e.run != self.run and e.score is not None and self._matches(e)
+        ]
 
     def save(
         self,
@@ -301,28 +226,29 @@ class Checkpointer:
         meta: Mapping[str, Any],
         stop_reason: str | None = None,
     ) -> bool:
-        """Write epoch `epoch`'s record if a selector keeps it; rotate the rest.
+        """Write epoch `epoch`'s record if a selector admits it; rotate the rest.
 
         Returns False when no selector admits the epoch (nothing is written).
         """
         directory = self._directory()
+        if not self._recovered:
+            self.recover()
+        manifest = load_manifest(directory)
+        all_entries = manifest.entries
         score = self._score(metrics)
-        all_entries = read_manifest(directory)
-        own = self._own(all_entries)
-        filename = checkpoint_filename(
-            epoch=epoch,
-            step=step,
-            metric=self.metric if score is not None else None,
-            score=score,
+        metric = self.metric if score is not None else None
+        mode = self.mode if score is not None else None
+        own = [e for e in all_entries if e.run == self.run]
+        # A re-trained epoch (a resume that branched nowhere) replaces its old entry.
+        replaced = [e for e in own if e.epoch == epoch]
+        own_pool = [e for e in own if e.epoch != epoch and self._matches(e)]
+        others = self._others_ranked(all_entries)
+        filename = self._free_filename(
+            directory,
+            all_entries,
+            replaced,
+            self._filename(epoch=epoch, step=step, metric=metric, score=score),
         )
-        owned = {e.file for e in own}
-        others = {e.file for e in all_entries} - owned
-        if filename in others or (
-            filename not in owned and os.path.exists(os.path.join(directory, filename))
-        ):
-            filename = filename.replace(
-                RECORD_SUFFIX, f"-run-{self.run}{RECORD_SUFFIX}"
-            )
         candidate = ManifestEntry(
             file=filename,
             epoch=epoch,
@@ -330,15 +256,24 @@ class Checkpointer:
             score=score,
             stop_reason=stop_reason,
             run=self.run,
-            metric=self.metric if score is not None else None,
-            mode=self.mode if score is not None else None,
+            metric=metric,
+            mode=mode,
             written=time.time(),
             parent=self.parent,
         )
-        # A re-trained epoch (a resume that branched nowhere) replaces its old entry.
-        own = [e for e in own if e.epoch != epoch]
-        kept = self._kept([*own, candidate])
-        if candidate not in kept:
+
+        def pool(selector: Any) -> list[ManifestEntry]:
+            across = self.scope == "dir" and getattr(selector, "across_runs", False)
+            return own_pool + others if across else own_pool
+
+        admitted = any(selector_admits(s, pool(s), candidate, self) for s in self.keep)
+        kept: list[ManifestEntry] = []
+        for selector in self.keep:
+            for entry in selector.select([*pool(selector), candidate], self):
+                if entry not in kept:
+                    kept.append(entry)
+        if not admitted or candidate not in kept:
+            self._last_saved = None
             return False
         save_record(
             os.path.join(directory, filename),
@@ -349,15 +284,136 @@ class Checkpointer:
                 "metrics": dict(metrics),
                 "stop_reason": stop_reason,
             },
+            tmp_prefix=self._tmp_prefix,
         )
-        dropped = [e for e in self._own(all_entries) if e not in kept]
+        dropped = [e for e in [*own_pool, *replaced, *others] if e not in kept]
         survivors = [e for e in all_entries if e not in dropped] + [candidate]
-        write_manifest(directory, survivors)
-        for entry in dropped:
-            if entry.file != filename:
-                path = os.path.join(directory, entry.file)
-                if os.path.exists(path):
-                    os.remove(path)
+        listed = {e.file for e in survivors}
+        # Files an earlier rotation could not delete stay listed until they are gone.
+        leftover = {
+            name
+            for name in manifest.pending_deletion
+            if os.path.exists(os.path.join(directory, name))
+        }
+        doomed = sorted(({e.file for e in dropped} | leftover) - listed)
+        write_manifest(directory, survivors, doomed, tmp_prefix=self._tmp_prefix)
+        for name in doomed:
+            remove_file(os.path.join(directory, name))
+        self._last_saved = candidate
+        return True
+
+    def _filename(
+        self, *, epoch: int, step: int, metric: str | None, score: float | None
+    ) -> str:
+        if self.name is None:
+            return checkpoint_filename(
+                epoch=epoch, step=step, metric=metric, score=score
+            )
+        name = self.name(epoch=epoch, step=step, metric=metric, score=score)
+        if not isinstance(name, str) or not name or os.path.basename(name) != name:
+            raise ConfigError(
+                f"The checkpointer's name function returned {name!r}; it must return "
+                f"a filename without a directory, such as 'epoch-0003.safetensors'."
+            )
+        return name if name.endswith(RECORD_SUFFIX) else name + RECORD_SUFFIX
+
+    def _free_filename(
+        self,
+        directory: str,
+        entries: Sequence[ManifestEntry],
+        replaced: Sequence[ManifestEntry],
+        filename: str,
+    ) -> str:
+        """`filename`, or it with `-run-<id>` when that would overwrite another's."""
+        mine = {e.file for e in replaced}
+        listed = {e.file for e in entries} - mine
+        stem = filename[: -len(RECORD_SUFFIX)]
+        candidates = [filename, f"{stem}-run-{self.run}{RECORD_SUFFIX}"]
+        candidates += [
+            f"{stem}-run-{self.run}-{i}{RECORD_SUFFIX}" for i in range(2, 100)
+        ]
+        for name in candidates:
+            if name in listed:
+                continue
+            path = os.path.join(directory, name)
+            if name in mine or not os.path.exists(path) or self._is_own_orphan(path):
+                return name
+        raise CheckpointError(
+            f"Cannot find a free checkpoint filename for {filename} in {directory}: "
+            f"every variant up to -run-{self.run}-99 belongs to another run."
+        )
+
+    def _is_own_orphan(self, path: str) -> bool:
+        """A record this run renamed into place but never listed (a killed write)."""
+        try:
+            meta = read_meta(path)
+        except CheckpointError:
+            return False
+        return meta.get("run") == self.run and "averaged_from" not in meta
+
+    def recover(self) -> None:
+        """Finish what a killed write left: rotation's pending deletions, and this
+        run's temporary files. The first `save` after `bind` calls it."""
+        directory = self._directory()
+        self._recovered = True
+        manifest = load_manifest(directory)
+        listed = {e.file for e in manifest.entries}
+        for name in manifest.pending_deletion:
+            if name not in listed:
+                remove_file(os.path.join(directory, name))
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(self._tmp_prefix):
+                remove_file(os.path.join(directory, name))
+
+    def finalize(self, stop_reason: str) -> bool:
+        """Record how the run ended in its last record, if a selector kept it.
+
+        When the most recent `save` since `bind` wrote a record (it returned True) and
+        the manifest still lists it, that record's header and manifest entry get
+        `stop_reason`, each rewritten atomically. When that save declined the epoch,
+        nothing is rewritten: the state training ended in is saved only if a
+        selector keeps the last epoch. Returns whether the record now holds
+        `stop_reason`. Call it once, when train() ends, with "completed",
+        "early_stop", "requested" or "error".
+        """
+        if stop_reason not in STOP_REASONS:
+            raise ConfigError(
+                f"finalize(stop_reason={stop_reason!r}): it is one of "
+                f"{', '.join(STOP_REASONS)}."
+            )
+        saved, self._last_saved = self._last_saved, None
+        if saved is None:
+            return False
+        directory = self._directory()
+        manifest = load_manifest(directory)
+        current = next(
+            (
+                e
+                for e in manifest.entries
+                if e.file == saved.file and e.run == saved.run
+            ),
+            None,
+        )
+        if current is None:
+            return False
+        if current.stop_reason == stop_reason:
+            return True
+        rewrite_meta(
+            os.path.join(directory, current.file),
+            {"stop_reason": stop_reason},
+            tmp_prefix=self._tmp_prefix,
+        )
+        updated = dataclasses.replace(current, stop_reason=stop_reason)
+        write_manifest(
+            directory,
+            [updated if e is current else e for e in manifest.entries],
+            manifest.pending_deletion,
+            tmp_prefix=self._tmp_prefix,
+        )
         return True
 
     def _score(self, metrics: Mapping[str, Any]) -> float | None:

@@ -7,26 +7,37 @@ from typing import Any
 
 from .record import read_meta
 
+INFO_KEYS = (
+    "format_version",
+    "framework_version",
+    "epoch",
+    "step",
+    "seed",
+    "preset",
+    "run_id",
+    "run_url",
+    "logger_type",
+    "stop_reason",
+    "anchor_checksum",
+    "metrics",
+    "run",
+    "experiment",
+    "averaged_from",
+)
+
 
 def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint's metadata (epoch, step, seed, preset, metrics, ...).
 
-    Only the safetensors header is read: no weight is loaded.
+    Only the safetensors header is read: no weight is loaded. `run_id` and `run_url`
+    are the logger's; `run` is the checkpoint run id the manifest lists it under.
+    `anchor_checksum` holds the anchor checksums of the Decay anchors, and
+    `averaged_from` is present for a record `average_checkpoints` wrote.
+    A damaged or foreign file raises `CheckpointError` naming it.
     """
     meta = read_meta(os.fspath(path))
-    keys = (
-        "format_version",
-        "framework_version",
-        "epoch",
-        "step",
-        "seed",
-        "preset",
-        "run_id",
-        "run_url",
-        "logger_type",
-        "stop_reason",
-        "metrics",
-        "run",
-        "experiment",
-    )
-    return {key: meta.get(key) for key in keys}
+    info = {key: meta.get(key) for key in INFO_KEYS if key != "averaged_from"}
+    info["anchor_checksum"] = meta.get("anchor_checksums")
+    if "averaged_from" in meta:
+        info["averaged_from"] = meta["averaged_from"]
+    return info

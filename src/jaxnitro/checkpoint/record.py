@@ -9,13 +9,21 @@ leaf by key path, so no tree structure is ever deserialized from the file: a che
 from an untrusted source cannot run code.
 
 Writes go to a temporary file in the same directory, are fsynced, then renamed into
-place: a crash at any instant leaves either the old file or the new one.
+place: a crash at any instant leaves either the old file or the new one. Temporary
+names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
+mistaken for a record.
+
+A file that is truncated, has a corrupted header, was written by another program, or
+is not a safetensors file at all raises `CheckpointError` naming the file and what is
+wrong, before any library parses it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,21 +31,36 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
+from .compat import check_record_tree_compatible
+from .io_retry import is_transient_io, with_io_retry
 
 FORMAT_VERSION = 1
 _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
+TMP_PREFIX = ".tmp-"
+_MAX_HEADER = 100_000_000  # safetensors' own limit on the header
 
 
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Write `path` through a temporary file, fsynced and renamed into place."""
+def atomic_write(
+    path: str, write: Callable[[str], None], *, prefix: str = TMP_PREFIX
+) -> None:
+    """Write `path` through a temporary file, fsynced and renamed into place.
+
+    `write(tmp)` fills the temporary file. A transient I/O error retries the whole
+    sequence (see `with_io_retry`); any other error removes the temporary file.
+    """
+    with_io_retry(
+        lambda: _atomic_write_once(path, write, prefix), what=f"writing {path}"
+    )
+
+
+def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
     os.close(handle)
     try:
         write(tmp)
@@ -86,7 +109,13 @@ def flatten_tree(
     return arrays, key_impls
 
 
-def save_record(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+def save_record(
+    path: str,
+    trees: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    *,
+    tmp_prefix: str = TMP_PREFIX,
+) -> None:
     """Write a record: each tree in `trees` under its prefix, `meta` in the header."""
     arrays: dict[str, np.ndarray] = {}
     key_impls: dict[str, str] = {}
@@ -94,11 +123,27 @@ def save_record(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) ->
         tree_arrays, tree_impls = flatten_tree(prefix, tree)
         arrays.update(tree_arrays)
         key_impls.update(tree_impls)
+    write_arrays(path, arrays, {**meta, "prng_keys": key_impls}, tmp_prefix=tmp_prefix)
+
+
+def write_arrays(
+    path: str,
+    arrays: Mapping[str, np.ndarray],
+    meta: Mapping[str, Any],
+    *,
+    tmp_prefix: str = TMP_PREFIX,
+) -> None:
+    """Write flat `arrays` (keys as `save_record` names them) and `meta` atomically."""
     header = dict(meta)
     header["format_version"] = FORMAT_VERSION
-    header["prng_keys"] = key_impls
+    header.setdefault("prng_keys", {})
     text = json.dumps(header, default=_json_default)
-    atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata={_META_KEY: text}))
+    host = {k: np.require(np.asarray(v), requirements="C") for k, v in arrays.items()}
+    atomic_write(
+        path,
+        lambda tmp: save_file(host, tmp, metadata={_META_KEY: text}),
+        prefix=tmp_prefix,
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -108,20 +153,110 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+class _Header:
+    """A safetensors file's parsed header: tensor entries, metadata, data extent."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise CheckpointError(
+                    f"{path} is truncated: {size} bytes, shorter than the 8-byte "
+                    f"length that starts a safetensors file. Re-save or delete it."
+                )
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > _MAX_HEADER or 8 + length > size:
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file: its first 8 bytes "
+                    f"announce a {length}-byte header but the file holds {size} "
+                    f"bytes. It is truncated or not a checkpoint at all."
+                )
+            raw = f.read(length)
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CheckpointError(
+                f"{path} has a corrupted header: it is not valid JSON ({error}). "
+                f"The file is damaged or not a safetensors file."
+            ) from None
+        if not isinstance(header, dict):
+            raise CheckpointError(
+                f"{path} has a corrupted header: a JSON {type(header).__name__}, "
+                f"not the object safetensors writes."
+            )
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"{path} has a corrupted header: bad __metadata__.")
+        self.metadata: dict[str, Any] = metadata
+        self.tensors: dict[str, Any] = header
+        self.data_start = 8 + length
+        end = 0
+        for name, entry in header.items():
+            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+            if not (
+                isinstance(offsets, list)
+                and len(offsets) == 2
+                and all(isinstance(o, int) for o in offsets)
+            ):
+                raise CheckpointError(
+                    f"{path} has a corrupted header: tensor {name!r} has no valid "
+                    f"data_offsets."
+                )
+            end = max(end, offsets[1])
+        self.data_length = end
+        if self.data_start + end != size:
+            raise CheckpointError(
+                f"{path} is truncated or damaged: its header describes "
+                f"{self.data_start + end} bytes but the file holds {size}. The write "
+                f"that produced it did not finish; use another checkpoint."
+            )
+
+
 def read_meta(path: str) -> dict[str, Any]:
-    """The record's header metadata, without loading any array."""
-    try:
-        with safe_open(path, "np") as f:
-            metadata = f.metadata() or {}
-    except FileNotFoundError:
-        raise CheckpointError(f"No checkpoint at {path}.") from None
-    except Exception as error:
-        raise CheckpointError(f"{path} is not a readable checkpoint: {error}") from None
-    if _META_KEY not in metadata:
+    """The record's header metadata, reading the header bytes only (no array)."""
+    return _meta_of(_read_header(path))
+
+
+def _read_header(path: str) -> _Header:
+    def read() -> _Header:
+        try:
+            return _Header(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"No checkpoint at {path}.") from None
+        except IsADirectoryError:
+            raise CheckpointError(
+                f"{path} is a directory, not a checkpoint file; pass a record's path, "
+                f"or a (run, which) pair to look it up in a run directory."
+            ) from None
+        except OSError as error:
+            if is_transient_io(error):
+                raise  # with_io_retry tries again
+            raise CheckpointError(f"{path} cannot be read: {error}") from None
+
+    return with_io_retry(read, what=f"reading {path}")
+
+
+def _meta_of(header: _Header) -> dict[str, Any]:
+    path = header.path
+    if _META_KEY not in header.metadata:
         raise CheckpointError(
-            f"{path} is a safetensors file but not a jaxnitro record."
+            f"{path} is a safetensors file but not a jaxnitro record: its header has "
+            f"no {_META_KEY!r} metadata. It was written by another program; load its "
+            f"arrays with safetensors directly."
         )
-    meta = json.loads(metadata[_META_KEY])
+    try:
+        meta = json.loads(header.metadata[_META_KEY])
+    except (TypeError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{path} has corrupted record metadata: the {_META_KEY!r} header entry is "
+            f"not valid JSON ({error})."
+        ) from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(
+            f"{path} has corrupted record metadata: a JSON {type(meta).__name__}, not "
+            f"an object."
+        )
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has record format {meta.get('format_version')!r}; this jaxnitro "
@@ -130,13 +265,59 @@ def read_meta(path: str) -> dict[str, Any]:
     return meta
 
 
+def rewrite_meta(
+    path: str, update: Mapping[str, Any], *, tmp_prefix: str = TMP_PREFIX
+) -> None:
+    """Rewrite a record's header metadata with `update` merged in, atomically.
+
+    The tensor bytes are copied unchanged (their offsets are relative to the end of
+    the header), so no array is decoded.
+    """
+    header = _read_header(path)
+    meta = {**_meta_of(header), **update}
+    raw: dict[str, Any] = {
+        "__metadata__": {
+            **header.metadata,
+            _META_KEY: json.dumps(meta, default=_json_default),
+        },
+        **header.tensors,
+    }
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+
+    def write(tmp: str) -> None:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            dst.write(struct.pack("<Q", len(text)))
+            dst.write(text)
+            src.seek(header.data_start)
+            shutil.copyfileobj(src, dst)
+
+    atomic_write(path, write, prefix=tmp_prefix)
+
+
 class Record:
-    """A loaded checkpoint: the header metadata and the stored arrays by key."""
+    """A loaded checkpoint: the header metadata and the stored arrays by key.
+
+    Opening a file checks its header first, so a damaged or foreign file raises
+    `CheckpointError` naming it; nothing in a record is ever executed.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.meta = read_meta(path)
-        self.arrays = load_file(path)
+        header = _read_header(path)
+        self.meta = _meta_of(header)
+        self.arrays = with_io_retry(lambda: _load_arrays(path), what=f"reading {path}")
+
+    @classmethod
+    def in_memory(
+        cls, arrays: dict[str, np.ndarray], meta: dict[str, Any], path: str
+    ) -> Record:
+        """A record that was never read from a file (an average, say)."""
+        record = cls.__new__(cls)
+        record.path = path
+        record.meta = meta
+        record.arrays = arrays
+        return record
 
     def keep_only(self, prefix: str) -> None:
         """Free the host copies of every stored tree but `prefix`."""
@@ -151,46 +332,24 @@ class Record:
     def restore(self, prefix: str, template: Any, what: str) -> Any:
         """Fill `template`'s leaves from the arrays stored under `prefix`, on device.
 
-        Refuses a missing leaf, an extra stored leaf and a shape or dtype mismatch,
-        naming the leaf by key path.
+        Refuses missing leaves, extra stored leaves and shape or dtype mismatches,
+        naming the first mismatching leaves by key path with both shapes (see
+        `check_record_tree_compatible`).
         """
         impls = self.meta.get("prng_keys", {})
+        check_record_tree_compatible(
+            self.arrays, prefix, template, what=what, path=self.path, key_impls=impls
+        )
         paths, treedef = jax.tree_util.tree_flatten_with_path(template)
         leaves = []
-        expected = set()
-        for path, leaf in paths:
+        for path, _ in paths:
             name = f"{prefix}/{jax.tree_util.keystr(path)}"
             impl = impls.get(name)
-            stored_name = name + _KEY_DATA_SUFFIX if impl else name
-            expected.add(stored_name)
-            if stored_name not in self.arrays:
-                raise CheckpointError(
-                    f"{self.path} has no {what} leaf {jax.tree_util.keystr(path)}: "
-                    f"the record was written for a different model or optimizer."
-                )
-            stored = self.arrays[stored_name]
             if impl:
+                stored = self.arrays[name + _KEY_DATA_SUFFIX]
                 leaves.append(jax.random.wrap_key_data(jnp.asarray(stored), impl=impl))
-                continue
-            want_shape = np.shape(leaf)
-            want_dtype = np.dtype(
-                getattr(leaf, "dtype", None) or np.asarray(leaf).dtype
-            )
-            if stored.shape != want_shape or stored.dtype != want_dtype:
-                raise CheckpointError(
-                    f"{self.path}: {what} leaf {jax.tree_util.keystr(path)} is "
-                    f"{stored.dtype}{list(stored.shape)} in the record but "
-                    f"{want_dtype}{list(want_shape)} in this model."
-                )
-            leaves.append(jnp.asarray(stored))
-        extra = sorted(
-            k for k in self.arrays if k.startswith(prefix + "/") and k not in expected
-        )
-        if extra:
-            raise CheckpointError(
-                f"{self.path} stores {what} leaves this model does not have: "
-                f"{', '.join(e[len(prefix) + 1 :] for e in extra[:5])}."
-            )
+            else:
+                leaves.append(jnp.asarray(self.arrays[name]))
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
     def device_values(self) -> dict[str, np.ndarray]:
@@ -200,3 +359,19 @@ class Record:
             if key.startswith("device/['") and key.endswith("']"):
                 found[key[len("device/['") : -2]] = value
         return found
+
+
+def _load_arrays(path: str) -> dict[str, np.ndarray]:
+    try:
+        return load_file(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"No checkpoint at {path}.") from None
+    except OSError as error:
+        if is_transient_io(error):
+            raise  # with_io_retry tries again
+        raise CheckpointError(f"{path} cannot be read: {error}") from None
+    except Exception as error:  # safetensors raises its own error type
+        raise CheckpointError(
+            f"{path}: its arrays cannot be read ({type(error).__name__}: {error}). "
+            f"The file is damaged; use another checkpoint."
+        ) from None

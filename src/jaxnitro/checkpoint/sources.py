@@ -1,159 +1,324 @@
 """Checkpoint sources for `weights=` and `resume=`: which record a construction reads.
 
-A source is a path to a record, or a `(run, which)` pair resolved through the run
-directory's manifest: `run` is "latest" (the run that wrote last) or a run id, and
-`which` is "best" or "latest". `resume="auto"` is `("latest", "latest")`, except that a
-directory with nothing to resume starts a fresh run with a warning. A source that
-cannot be found raises, naming the directory and the runs it holds: it never falls back
-to fresh weights.
+A source is a path to a record, a `Nitro` (weights only: the in-memory warm start),
+or a `(run, which)` pair resolved through the run directory's manifest:
+
+* run: "latest" (the run that wrote last), "all" (every run; with "best" only), a run
+  id, "legacy" (a manifest written before runs were recorded), or a Nitro (that
+  handle's own run, in its own directory, through its own checkpointer);
+* which: "best", "latest" (`Best(1)` and `Last(1)` are the same), "current" (a
+  Nitro's in-memory state; weights only), or `Average(selector)` (weights and
+  `restore_best` only). Any other selector is taken only inside `Average`.
+
+`resume="auto"` is `("latest", "latest")`, except that a directory with nothing to
+resume starts a fresh run with a warning. A source that cannot be found raises,
+naming the directory and the runs it holds: it never falls back to fresh weights.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, NitroWarning, NotYetSupportedError
-from .checkpointer import Best, Checkpointer, ManifestEntry, read_manifest
+from .averaging import Average, average_records
+from .checkpointer import Checkpointer
+from .lookup import (
+    newest_of,
+    rank_best,
+    ranking_for,
+    resolve_checkpoint,
+    run_label,
+    run_pool,
+    runs_held,
+    source_directory,
+)
+from .manifest import ManifestEntry, read_manifest
+from .record import Record, write_arrays
+from .retention_checks import warn_mixed_metrics
+from .selectors import Last
+from .source_checks import check_source as check_source
+from .source_checks import is_nitro, normalize_which
+
+log = logging.getLogger("jaxnitro")
 
 
 @dataclass(frozen=True)
 class ResolvedSource:
-    """A record a construction reads, and its manifest entry when it has one."""
+    """A record file a source resolved to, and its manifest entry when it has one."""
 
     path: str
     entry: ManifestEntry | None
     is_run_newest: bool  # the newest record of its run: a resume continues that run
 
+    def load(self) -> Record:
+        """Open the record."""
+        return Record(self.path)
 
-def _runs_held(run_dir: str) -> str:
-    runs = sorted({str(e.run) for e in read_manifest(run_dir)})
-    return ", ".join(runs) if runs else "none"
+
+@dataclass(frozen=True)
+class AverageSource:
+    """`(run, Average(sel))` resolved: the entries to average, from one run.
+
+    `load()` averages them into an in-memory record whose header has
+    `averaged_from`; `state_entry` is the pick the model state comes from.
+    """
+
+    average: Average
+    picks: tuple[ManifestEntry, ...]
+    directory: str
+    state_entry: ManifestEntry
+    run: str | None
+
+    def load(self) -> Record:
+        """Average the picked records into one in-memory record."""
+        return average_records(
+            self.picks,
+            self.directory,
+            self.average,
+            self.state_entry,
+            run_label=run_label(self.run),
+        )
+
+
+@dataclass(frozen=True)
+class HandleSource:
+    """A live `Nitro` whose in-memory parameters a construction takes (weights only)."""
+
+    handle: Any
+
+
+WeightsSource = ResolvedSource | AverageSource | HandleSource
 
 
 def _entry_for_path(path: str) -> tuple[ManifestEntry | None, bool]:
     directory, name = os.path.split(os.path.abspath(path))
-    entries = read_manifest(directory)
+    try:
+        entries = read_manifest(directory)
+    except CheckpointError:
+        return None, False  # a damaged manifest beside it does not block a path
     for entry in entries:
         if entry.file == name:
-            newest = max(
-                (e for e in entries if e.run == entry.run),
-                key=lambda e: (e.epoch, e.written),
-            )
+            newest = newest_of([e for e in entries if e.run == entry.run])
             return entry, newest == entry
     return None, False
 
 
-def resolve_source(
-    source: Any, run_dir: str, checkpointer: Checkpointer | None, what: str
-) -> ResolvedSource:
-    """Resolve a path or `(run, which)` pair to a record in `run_dir`."""
-    if isinstance(source, str | os.PathLike) and os.fspath(source) in (
-        "best",
-        "latest",
-    ):
-        raise ConfigError(
-            f'{what}="{source}" is ambiguous about the run: use a pair such as '
-            f'{what}=("latest", "{source}") for the newest run\'s {source} record.'
-        )
+def resolve_weights_source(
+    source: Any,
+    run_dir: str,
+    checkpointer: Checkpointer | None,
+    what: str = "weights",
+    *,
+    monitor: tuple[str, str] | None = None,
+    restore_optimizer: bool = False,
+) -> WeightsSource:
+    """Resolve any weights source: a record file, an average, or a live handle.
+
+    `checkpointer` is this run's (its `dir`, else `run_dir`, is read; its current
+    metric and mode, else `monitor`, decide "best"). A `(Nitro, which)` pair reads
+    that handle's own run in its own directory through its own checkpointer.
+    """
+    check_source(source, what, restore_optimizer=restore_optimizer)
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
         if not os.path.isfile(path):
+            directory = source_directory(checkpointer, run_dir)
             raise CheckpointError(
                 f"{what}={path!r}: no such checkpoint file. The run directory "
-                f"{run_dir!r} holds the runs: {_runs_held(run_dir)}."
+                f"{directory!r} holds the runs: {_held(directory)}."
             )
         entry, is_newest = _entry_for_path(path)
         return ResolvedSource(path, entry, is_newest)
-    if not (isinstance(source, tuple) and len(source) == 2):
-        raise ConfigError(
-            f"{what}= takes a checkpoint path or a (run, which) pair such as "
-            f'("latest", "best"); got {source!r}.'
-        )
-    run, which = source
-    if which not in ("best", "latest"):
-        raise NotYetSupportedError(
-            f'{what}=({run!r}, {which!r}): only "best" and "latest" are supported yet.'
-        )
-    if run == "all" and which == "latest":
-        raise ConfigError(
-            f'{what}=("all", "latest") is ("latest", "latest"): the newest record of '
-            f"all is the newest run's newest record. Write that."
-        )
-    if not isinstance(run, str) or run in ("all", "legacy"):
-        raise NotYetSupportedError(
-            f'{what}=({run!r}, {which!r}): the run must be "latest" or a run id.'
-        )
-    entries = read_manifest(run_dir)
-    if run == "latest":
-        if not entries:
+    if is_nitro(source):
+        return HandleSource(source)
+    run, which = source[0], normalize_which(source[1])
+    if which == "current":
+        return HandleSource(run)
+    if is_nitro(run):
+        other = run
+        if other.checkpointer is None:
             raise CheckpointError(
-                f"{what}=({run!r}, {which!r}): {run_dir!r} holds no checkpoints "
-                f"(runs: none)."
+                f"{what}=(<Nitro>, {which!r}): that handle has no checkpointer, so it "
+                f'wrote no checkpoints; use (other, "current") for its in-memory '
+                f"weights."
             )
-        run = max(entries, key=lambda e: (e.written, e.epoch)).run
-    mine = [e for e in entries if e.run == run]
-    if not mine:
+        checkpointer, run_dir = other.checkpointer, other.run_dir
+        run = run_label(other.checkpoint_run)
+    if isinstance(which, Average):
+        return _resolve_average(run, which, run_dir, checkpointer, what, monitor)
+    found = resolve_checkpoint(
+        checkpointer, run_dir, run, which, what=what, monitor=monitor
+    )
+    return ResolvedSource(found.path, found.entry, found.is_run_newest)
+
+
+def resolve_source(
+    source: Any,
+    run_dir: str,
+    checkpointer: Checkpointer | None,
+    what: str,
+    *,
+    monitor: tuple[str, str] | None = None,
+    restore_optimizer: bool = False,
+) -> ResolvedSource:
+    """Resolve a source that must be one record file: a path or `(run, which)`.
+
+    An `Average` or a live handle is refused here (`resolve_weights_source` takes
+    them): resume always reads one record.
+    """
+    resolved = resolve_weights_source(
+        source,
+        run_dir,
+        checkpointer,
+        what,
+        monitor=monitor,
+        restore_optimizer=restore_optimizer,
+    )
+    if not isinstance(resolved, ResolvedSource):
+        raise NotYetSupportedError(
+            f"{what}={source!r} is not one checkpoint record; this caller reads only "
+            f'a record (a path or a (run, "best" | "latest") pair).'
+        )
+    return resolved
+
+
+def _held(directory: str) -> str:
+    try:
+        return runs_held(read_manifest(directory))
+    except CheckpointError as error:
+        return f"unknown ({error})"
+
+
+def _resolve_average(
+    run: Any,
+    average: Average,
+    run_dir: str,
+    checkpointer: Checkpointer | None,
+    what: str,
+    monitor: tuple[str, str] | None,
+) -> AverageSource:
+    directory = source_directory(checkpointer, run_dir)
+    entries = read_manifest(directory)
+    pool = run_pool(entries, directory, run, average, what)
+    ranking = ranking_for(checkpointer, pool, monitor)
+    ranker = ranking if ranking is not None else Checkpointer(keep=Last(1))
+    if getattr(average.selector, "ranks", False):
+        if ranking is None:
+            raise CheckpointError(
+                f"{what}=({run!r}, {average!r}): the run has no scored checkpoint to "
+                f"rank; average Last(n) instead."
+            )
+        warn_mixed_metrics(pool, ranking, f"{what}=({run!r}, {average!r})")
+    picks = sorted(
+        average.selector.select(pool, ranker), key=lambda e: (e.epoch, e.written)
+    )
+    if not picks:
         raise CheckpointError(
-            f"{what}=({source[0]!r}, {which!r}): {run_dir!r} holds no run {run!r}. "
-            f"Its runs: {_runs_held(run_dir)}."
+            f"{what}=({run!r}, {average!r}): the selector picks no checkpoint of run "
+            f"{run_label(pool[0].run)!r} in {directory!r}, which holds epochs "
+            f"{sorted(e.epoch for e in pool)}."
         )
-    newest = max(mine, key=lambda e: (e.epoch, e.written))
-    if which == "latest":
-        chosen = newest
-    else:
-        ranker = checkpointer if checkpointer is not None else Checkpointer()
-        metric, mode = ranker.metric, ranker.mode
-        if metric is None:
-            scored = [e for e in mine if e.metric is not None]
-            if not scored:
-                raise CheckpointError(
-                    f'{what}=({source[0]!r}, "best"): run {run!r} has no scored '
-                    f"checkpoint (it ran without validation)."
-                )
-            metric, mode = scored[-1].metric, scored[-1].mode
-        under = [
-            e for e in mine if e.metric in (None, metric) and e.mode in (None, mode)
-        ]
-        if len(under) < len([e for e in mine if e.score is not None]):
-            warnings.warn(
-                f"Run {run!r} in {run_dir!r} holds checkpoints scored under another "
-                f'metric or mode; "best" ranks only those under {metric}/{mode}.',
-                NitroWarning,
-                stacklevel=3,
-            )
-        probe = Checkpointer(keep=Best(1), metric=metric, mode=mode)
-        picked = Best(1).select(under, probe)
-        if not picked:
+    missing = [
+        e.file for e in picks if not os.path.isfile(os.path.join(directory, e.file))
+    ]
+    if missing:
+        raise CheckpointError(
+            f"{what}=({run!r}, {average!r}): {directory!r} no longer holds "
+            f"{', '.join(missing)}. The run must still hold every checkpoint the "
+            f"selector names; keep them while training with Checkpointer(keep=...)."
+        )
+    if average.state_from == "best":
+        if ranking is None or not rank_best(picks, ranking):
             raise CheckpointError(
-                f'{what}=({source[0]!r}, "best"): run {run!r} has no checkpoint '
-                f"scored under {metric}/{mode}."
+                f'{what}=({run!r}, {average!r}): state="best" needs a scored '
+                f'checkpoint among the picks; pass state="latest".'
             )
-        chosen = picked[0]
-    return ResolvedSource(os.path.join(run_dir, chosen.file), chosen, chosen == newest)
+        state_entry = rank_best(picks, ranking)[0]
+    else:
+        state_entry = newest_of(picks)
+    return AverageSource(average, tuple(picks), directory, state_entry, picks[0].run)
 
 
 def resume_source(
-    resume: Any, run_dir: str, checkpointer: Checkpointer | None
+    resume: Any,
+    run_dir: str,
+    checkpointer: Checkpointer | None,
+    *,
+    monitor: tuple[str, str] | None = None,
 ) -> ResolvedSource | None:
     """The record `resume=` names, or None for a fresh run."""
     if resume is False or resume is None:
         return None
-    if resume == "auto":
-        if not read_manifest(run_dir):
-            warnings.warn(
-                f'resume="auto" found nothing to resume in {run_dir!r}; starting a '
-                f"fresh run.",
-                NitroWarning,
-                stacklevel=3,
-            )
-            return None
-        return resolve_source(("latest", "latest"), run_dir, checkpointer, "resume")
     if resume is True:
         raise ConfigError(
             'resume=True is ambiguous: pass resume="auto", a checkpoint path, or a '
             '(run, which) pair such as ("latest", "latest").'
         )
-    return resolve_source(resume, run_dir, checkpointer, "resume")
+    if isinstance(resume, str) and resume == "auto":
+        directory = source_directory(checkpointer, run_dir)
+        if not read_manifest(directory):
+            warnings.warn(
+                f'resume="auto" found nothing to resume in {directory!r}; starting a '
+                f"fresh run.",
+                NitroWarning,
+                stacklevel=3,
+            )
+            return None
+        found = resolve_source(
+            ("latest", "latest"), run_dir, checkpointer, "resume", monitor=monitor
+        )
+        entry = found.entry
+        assert entry is not None
+        log.info(
+            'resume="auto": continuing run %s from epoch %d (%s)',
+            run_label(entry.run),
+            entry.epoch,
+            found.path,
+        )
+        return found
+    return resolve_source(resume, run_dir, checkpointer, "resume", monitor=monitor)
+
+
+def average_checkpoints(
+    run_dir: str | os.PathLike[str],
+    source: tuple[Any, Average],
+    *,
+    checkpointer: Checkpointer | None = None,
+    save: str | os.PathLike[str] | None = None,
+) -> Record:
+    """The averaged record `weights=(run, Average(sel))` would load, on the host.
+
+    With `save`, also written there as an ordinary record (`weights=save` loads it;
+    `checkpoint_info` shows its `averaged_from`). It is not added to the manifest, so
+    retention never ranks or deletes it; an existing file is refused.
+
+    Example (not run):
+        average_checkpoints("runs/Exp", ("latest", Average(Last(10))),
+                            save="runs/Exp/avg-last10.safetensors")
+    """
+    if not (isinstance(source, tuple) and len(source) == 2) or not isinstance(
+        source[1], Average
+    ):
+        raise ConfigError(
+            f"average_checkpoints takes a (run, Average(selector)) pair such as "
+            f'("latest", Average(Last(10))); got {source!r}.'
+        )
+    target = None if save is None else os.fspath(save)
+    if target is not None and os.path.exists(target):
+        raise CheckpointError(
+            f"average_checkpoints(save={target!r}): the file exists; it refuses to "
+            f"overwrite one. Choose another path or delete it first."
+        )
+    resolved = resolve_weights_source(
+        source, os.fspath(run_dir), checkpointer, "average_checkpoints"
+    )
+    assert isinstance(resolved, AverageSource)  # check_source refused the rest
+    record = resolved.load()
+    if target is None:
+        return record
+    write_arrays(target, record.arrays, record.meta)
+    return Record.in_memory(record.arrays, record.meta, target)

@@ -1,0 +1,86 @@
+"""`runs`: the runs a run directory holds, one `RunSummary` each, from the manifest.
+
+An id names the run in a checkpoint source (`weights=("<id>", "best")`), and
+`checkpoint_run(nitro)` is a handle's own. The entries of a manifest written before
+runs were recorded are one run, "legacy", listed last.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from .lookup import Ranking, rank_best, run_label
+from .manifest import ManifestEntry, read_manifest
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run of a run directory, as `runs` reports it.
+
+    Attributes:
+        id: the run id, or "legacy" for a manifest written before runs were recorded.
+        checkpoints: how many checkpoints the manifest keeps for it.
+        epochs: theirs, ascending.
+        metric, mode: the selection of its most recently written scored entry (None
+            for a run with no score).
+        best: the best score under that selection.
+        metrics: every (metric, mode) pair its entries were scored under, with counts.
+        written: the wall-clock time of its latest write (0.0 for legacy).
+        parent: the checkpoint a branched run was resumed from.
+    """
+
+    id: str
+    checkpoints: int
+    epochs: tuple[int, ...]
+    metric: str | None
+    mode: str | None
+    best: float | None
+    metrics: tuple[tuple[tuple[str, str], int], ...]
+    written: float
+    parent: str | None
+
+
+def _summary(run: str | None, entries: list[ManifestEntry]) -> RunSummary:
+    scored = [e for e in entries if e.score is not None and e.metric is not None]
+    metric = mode = None
+    best = None
+    if scored:
+        newest = max(scored, key=lambda e: (e.written, e.epoch))
+        metric, mode = newest.metric, newest.mode
+        picked = rank_best(entries, Ranking(metric, mode))
+        best = picked[0].score if picked else None
+    pairs = Counter((str(e.metric), str(e.mode)) for e in scored)
+    parents = [e.parent for e in entries if e.parent]
+    return RunSummary(
+        id=run_label(run),
+        checkpoints=len(entries),
+        epochs=tuple(sorted(e.epoch for e in entries)),
+        metric=metric,
+        mode=mode,
+        best=best,
+        metrics=tuple(sorted(pairs.items())),
+        written=max(e.written for e in entries),
+        parent=parents[0] if parents else None,
+    )
+
+
+def runs(run_dir: str | os.PathLike[str]) -> list[RunSummary]:
+    """The runs `run_dir`'s manifest holds, most recent first; "legacy" last.
+
+    Answered from the manifest; no record is opened. Empty for a directory no run has
+    written to.
+    """
+    entries = read_manifest(os.fspath(run_dir))
+    by_run: dict[str | None, list[ManifestEntry]] = {}
+    for entry in entries:
+        by_run.setdefault(entry.run, []).append(entry)
+    summaries = [_summary(run, mine) for run, mine in by_run.items()]
+    return sorted(summaries, key=lambda s: (s.id == "legacy", -s.written))
+
+
+def checkpoint_run(nitro: Any) -> str | None:
+    """The id `nitro`'s checkpoints are written under (None with no checkpointer)."""
+    return nitro.checkpoint_run

@@ -1,0 +1,219 @@
+"""Selectors: which of a run's checkpoints a rule picks.
+
+`Checkpointer(keep=...)` retains the union of what its selectors pick; a weights
+source picks with one (`Best(1)` is "best", `Last(1)` is "latest", and any selector
+inside `Average`). `Best`, `Last`, `Epochs` and `Every` are built in.
+
+A custom selector is any object with
+
+    select(entries, checkpointer) -> list[ManifestEntry]
+
+returning the entries it keeps out of `entries` (the pool retention decides over:
+this run's entries scored under the checkpointer's metric and mode, plus the new
+candidate), and optionally
+
+    admits(entries, candidate, checkpointer) -> bool
+
+saying whether a write of `candidate` would be retained, decided before the record is
+written; the default is "`candidate` is among what `select` picks from
+`[*entries, candidate]`". An epoch that no selector admits is not written at all.
+Two optional class attributes refine it: `ranks = True` for a selector that ranks by
+score (it needs a metric), and `across_runs = True` for one that, under
+`Checkpointer(scope="dir")`, decides over every run's entries instead of this run's.
+Subclassing `Selector` gives the defaults.
+
+Example:
+    >>> from jaxnitro.checkpoint.checkpointer import Checkpointer
+    >>> class Odd(Selector):
+    ...     def select(self, entries, checkpointer):
+    ...         return [e for e in entries if e.epoch % 2 == 1]
+    >>> Checkpointer(keep=(Best(2), Odd()))
+    Checkpointer(keep=(Best(k=2, among=None), Odd()), metric=None, mode=None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from .manifest import ManifestEntry
+
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer
+
+
+def is_scored_under(entry: ManifestEntry, metric: str | None, mode: str | None) -> bool:
+    """Whether `entry` counts under `metric`/`mode`.
+
+    An entry with no recorded metric (no score, or a manifest older than the field)
+    counts as matching.
+    """
+    return entry.metric is None or (entry.metric == metric and entry.mode == mode)
+
+
+class Selector:
+    """A retention rule: which of the candidate entries to keep (see the module)."""
+
+    ranks = False
+    across_runs = False
+
+    def select(
+        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
+    ) -> list[ManifestEntry]:
+        raise NotImplementedError(
+            f"{type(self).__name__} must define select(entries, checkpointer)."
+        )
+
+    def admits(
+        self,
+        entries: Sequence[ManifestEntry],
+        candidate: ManifestEntry,
+        checkpointer: Checkpointer,
+    ) -> bool:
+        return candidate in self.select([*entries, candidate], checkpointer)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def is_selector(value: Any) -> bool:
+    """Whether `value` implements the selector protocol (a callable `select`)."""
+    return isinstance(value, Selector) or callable(getattr(value, "select", None))
+
+
+def selector_admits(
+    selector: Any,
+    entries: Sequence[ManifestEntry],
+    candidate: ManifestEntry,
+    checkpointer: Checkpointer,
+) -> bool:
+    """`selector.admits(...)`, or the default for a selector that has none."""
+    admits = getattr(selector, "admits", None)
+    if callable(admits):
+        return bool(admits(entries, candidate, checkpointer))
+    return candidate in selector.select([*entries, candidate], checkpointer)
+
+
+@dataclass(frozen=True, repr=True)
+class Best(Selector):
+    """The `k` best entries by the checkpointer's metric and mode.
+
+    Only entries scored under that pair are ranked; ties go to the earlier epoch.
+    `among`, a selector, ranks only what it picks: `Best(5, among=Last(20))` is the
+    best 5 of the latest 20. `among` is for loading (as in `Average`); keep refuses it.
+    """
+
+    k: int = 1
+    among: Any = None
+
+    ranks = True
+    across_runs = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise ConfigError(f"Best(k) needs an integer k >= 1, got {self.k!r}.")
+        if self.among is not None and not is_selector(self.among):
+            raise ConfigError(
+                f"Best(among=...) takes a selector such as Last(20), got "
+                f"{self.among!r}."
+            )
+
+    def select(
+        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
+    ) -> list[ManifestEntry]:
+        pool = (
+            list(entries)
+            if self.among is None
+            else self.among.select(entries, checkpointer)
+        )
+        metric, mode = checkpointer.metric, checkpointer.mode
+        scored = [
+            e for e in pool if e.score is not None and is_scored_under(e, metric, mode)
+        ]
+        sign = -1.0 if mode == "max" else 1.0
+        scored.sort(key=lambda e: (sign * float(e.score), e.epoch, e.written))  # type: ignore[arg-type]
+        return scored[: self.k]
+
+
+@dataclass(frozen=True)
+class Last(Selector):
+    """This run's latest `n` entries.
+
+    Latest by epoch under scope "run", by write time under scope "dir".
+    """
+
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ConfigError(f"Last(n) needs an integer n >= 1, got {self.n!r}.")
+
+    def select(
+        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
+    ) -> list[ManifestEntry]:
+        if getattr(checkpointer, "scope", "run") == "dir":
+            order = sorted(entries, key=lambda e: (e.written, e.epoch))
+        else:
+            order = sorted(entries, key=lambda e: (e.epoch, e.written))
+        return order[-self.n :]
+
+
+@dataclass(frozen=True, init=False)
+class Epochs(Selector):
+    """This run's entries whose epoch is in `epochs`, a range or a collection.
+
+    Example:
+        >>> Epochs(range(10, 101, 10))
+        Epochs(epochs=range(10, 101, 10))
+        >>> Epochs([1, 2, 5])
+        Epochs(epochs=frozenset({1, 2, 5}))
+    """
+
+    epochs: range | frozenset[int]
+
+    def __init__(self, epochs: range | Iterable[int]) -> None:
+        if isinstance(epochs, range):
+            value: range | frozenset[int] = epochs
+        else:
+            try:
+                value = frozenset(epochs)
+            except TypeError:
+                raise ConfigError(
+                    f"Epochs(epochs) takes a range or a collection of epoch numbers, "
+                    f"such as range(10, 101, 10); got {epochs!r}."
+                ) from None
+            bad = [
+                e
+                for e in value
+                if not isinstance(e, int) or isinstance(e, bool) or e < 1
+            ]
+            if bad:
+                raise ConfigError(
+                    f"Epochs(epochs) takes epoch numbers >= 1; got {sorted(bad)!r}."
+                )
+        if len(value) == 0:
+            raise ConfigError("Epochs(epochs) needs at least one epoch; got none.")
+        object.__setattr__(self, "epochs", value)
+
+    def select(
+        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
+    ) -> list[ManifestEntry]:
+        return [e for e in entries if e.epoch in self.epochs]
+
+
+@dataclass(frozen=True)
+class Every(Selector):
+    """This run's entries whose epoch is a multiple of `n`."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ConfigError(f"Every(n) needs an integer n >= 1, got {self.n!r}.")
+
+    def select(
+        self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
+    ) -> list[ManifestEntry]:
+        return [e for e in entries if e.epoch % self.n == 0]

@@ -1,0 +1,442 @@
+"""Checkpoint files: damaged and foreign files, header-only reads, tree mismatches,
+with_io_retry, the manifest's own errors, and the `nitro runs` / `nitro ckpt` CLI."""
+
+import builtins
+import errno
+import importlib.metadata
+import json
+import logging
+import os
+import pickle
+import struct
+import sys
+
+import numpy as np
+import pytest
+from checkpoint_fixtures import bound, params_at, write
+from safetensors.numpy import save_file
+
+import jaxnitro as nx
+from jaxnitro.checkpoint import record as record_module
+from jaxnitro.checkpoint.info import checkpoint_info
+from jaxnitro.checkpoint.io_retry import is_transient_io, with_io_retry
+from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
+from jaxnitro.checkpoint.record import Record, read_meta, save_record
+from jaxnitro.checkpoint.selectors import Last
+from jaxnitro.cli import main
+
+
+@pytest.fixture
+def good(tmp_path):
+    path = tmp_path / "good.safetensors"
+    save_record(str(path), {"params": params_at(2.0)}, {"epoch": 3, "step": 12})
+    return path
+
+
+def readers():
+    return [Record, read_meta, checkpoint_info]
+
+
+# ----------------------------------------------------------------- bad files -----
+def _truncated_short(tmp_path, good):
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(good.read_bytes()[:5])
+    return path, "is truncated: 5 bytes, shorter than the 8-byte length"
+
+
+def _truncated_data(tmp_path, good):
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(good.read_bytes()[:-7])
+    return path, "is truncated or damaged: its header describes"
+
+
+def _truncated_header(tmp_path, good):
+    path = tmp_path / "cuthead.safetensors"
+    path.write_bytes(good.read_bytes()[:40])
+    return path, "announce a \\d+-byte header but the file holds 40 bytes"
+
+
+def _corrupted_header(tmp_path, good):
+    data = bytearray(good.read_bytes())
+    data[8:20] = b"#" * 12
+    path = tmp_path / "garbled.safetensors"
+    path.write_bytes(bytes(data))
+    return path, "has a corrupted header: it is not valid JSON"
+
+
+def _corrupted_meta(tmp_path, good):
+    path = tmp_path / "meta.safetensors"
+    save_file({"a": np.zeros(2, np.float32)}, str(path), metadata={"jaxnitro": "{x"})
+    return path, "has corrupted record metadata: the 'jaxnitro' header entry"
+
+
+def _foreign_safetensors(tmp_path, good):
+    path = tmp_path / "foreign.safetensors"
+    save_file({"a": np.zeros(2, np.float32)}, str(path), metadata={"format": "pt"})
+    return path, "is a safetensors file but not a jaxnitro record"
+
+
+def _not_safetensors(tmp_path, good):
+    path = tmp_path / "notes.safetensors"
+    path.write_text("these are my training notes, not a checkpoint at all\n" * 3)
+    return path, "is not a readable safetensors file: its first 8 bytes announce"
+
+
+def _future_format(tmp_path, good):
+    path = tmp_path / "future.safetensors"
+    save_file(
+        {"a": np.zeros(2, np.float32)},
+        str(path),
+        metadata={"jaxnitro": json.dumps({"format_version": 99})},
+    )
+    return path, "has record format 99; this jaxnitro reads format 1"
+
+
+def _json_array_header(tmp_path, good):
+    text = b"[1, 2, 3]     "
+    path = tmp_path / "array.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    return path, "has a corrupted header: a JSON list"
+
+
+def _bad_offsets(tmp_path, good):
+    text = json.dumps({"a": {"dtype": "F32", "shape": [2]}}).encode()
+    path = tmp_path / "offsets.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    return path, "tensor 'a' has no valid data_offsets"
+
+
+def _bad_metadata_field(tmp_path, good):
+    text = json.dumps({"__metadata__": [1]}).encode()
+    path = tmp_path / "metadata.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    return path, "has a corrupted header: bad __metadata__"
+
+
+def _meta_not_an_object(tmp_path, good):
+    path = tmp_path / "metalist.safetensors"
+    save_file({"a": np.zeros(2, np.float32)}, str(path), metadata={"jaxnitro": "[1]"})
+    return path, "has corrupted record metadata: a JSON list, not an object"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _bad_metadata_field,
+        _meta_not_an_object,
+        _truncated_short,
+        _truncated_data,
+        _truncated_header,
+        _corrupted_header,
+        _corrupted_meta,
+        _foreign_safetensors,
+        _not_safetensors,
+        _future_format,
+        _json_array_header,
+        _bad_offsets,
+    ],
+)
+@pytest.mark.parametrize("reader", readers())
+def test_a_bad_file_raises_naming_the_file_and_what_is_wrong(
+    tmp_path, good, make, reader
+):
+    path, message = make(tmp_path, good)
+    with pytest.raises(nx.CheckpointError, match=message) as caught:
+        reader(str(path))
+    assert str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize("reader", readers())
+def test_a_missing_file_or_a_directory_raises(tmp_path, reader):
+    with pytest.raises(nx.CheckpointError, match="No checkpoint at .*nowhere"):
+        reader(str(tmp_path / "nowhere.safetensors"))
+    with pytest.raises(nx.CheckpointError, match="is a directory, not a checkpoint"):
+        reader(str(tmp_path))
+
+
+def test_an_unreadable_file_raises_naming_it(good, monkeypatch):
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(record_module, "open", denied, raising=False)
+    with pytest.raises(nx.CheckpointError, match="good.safetensors cannot be read: "):
+        read_meta(str(good))
+    monkeypatch.undo()
+    for error, message in [
+        (PermissionError(errno.EACCES, "denied"), "cannot be read: .*denied"),
+        (FileNotFoundError(errno.ENOENT, "gone"), "No checkpoint at"),
+    ]:
+
+        def failing(path, error=error):
+            raise error
+
+        monkeypatch.setattr(record_module, "load_file", failing)
+        with pytest.raises(nx.CheckpointError, match=message):
+            Record(str(good))
+
+
+def test_damaged_tensor_data_the_header_cannot_see_raises_naming_the_file(tmp_path):
+    path = tmp_path / "dtype.safetensors"
+    meta = json.dumps({"format_version": 1})
+    header = {
+        "__metadata__": {"jaxnitro": meta},
+        "a": {"dtype": "NOPE", "shape": [2], "data_offsets": [0, 8]},
+    }
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
+    assert read_meta(str(path))["format_version"] == 1
+    with pytest.raises(nx.CheckpointError, match="its arrays cannot be read"):
+        Record(str(path))
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_record_never_executes_code_when_loaded(tmp_path):
+    path = tmp_path / "epoch-0001-step-4.safetensors"
+    path.write_bytes(pickle.dumps(_Exploit()))
+    for reader in readers():
+        with pytest.raises(nx.CheckpointError, match=str(path)):
+            reader(str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_checkpoint_info_reads_the_header_only(tmp_path, good, monkeypatch):
+    read = []
+    real_open = builtins.open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(
+        record_module,
+        "open",
+        lambda *a, **k: Counting(real_open(*a, **k)),
+        raising=False,
+    )
+    info = checkpoint_info(good)
+    (length,) = struct.unpack("<Q", good.read_bytes()[:8])
+    assert info["epoch"] == 3
+    assert sum(read) == 8 + length < good.stat().st_size
+
+
+def test_checkpoint_info_of_a_huge_sparse_record_reads_no_tensor_data(tmp_path):
+    size = 2**40  # a 1 TiB tensor, as a sparse file: reading it would never finish
+    meta = json.dumps({"format_version": 1, "epoch": 7})
+    header = {
+        "__metadata__": {"jaxnitro": meta},
+        "params/['w']": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]},
+    }
+    text = json.dumps(header).encode()
+    path = tmp_path / "huge.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.truncate(8 + len(text) + size)
+    assert checkpoint_info(path)["epoch"] == 7
+
+
+# ------------------------------------------------------------- tree mismatch -----
+def test_a_tree_mismatch_names_the_first_leaves_by_key_path_with_both_shapes(good):
+    record = Record(str(good))
+    wider = {"w": np.zeros((2, 5), np.float32), "b": np.zeros(3, np.float32)}
+    with pytest.raises(
+        nx.CheckpointError,
+        match="its parameter tree does not fit .*: \\['w'\\] is float32\\[2, 3\\] in "
+        "the record but float32\\[2, 5\\] in this model\\. The record was written",
+    ):
+        record.restore("params", wider, "parameter")
+    renamed = {"w": np.zeros((2, 3), np.float32), "bias": np.zeros(3, np.float32)}
+    with pytest.raises(
+        nx.CheckpointError,
+        match="\\['bias'\\] is missing from the record \\(this model has "
+        "float32\\[3\\]\\); \\['b'\\] \\(float32\\[3\\]\\) is in the record but not",
+    ):
+        record.restore("params", renamed, "parameter")
+    many = {f"x{i}": np.zeros(1, np.float32) for i in range(4)}
+    with pytest.raises(nx.CheckpointError, match="\\(6 mismatching leaves in all\\)"):
+        record.restore("params", many, "parameter")
+    cast = {"w": np.zeros((2, 3), np.float64), "b": np.zeros(3, np.float32)}
+    with pytest.raises(
+        nx.CheckpointError, match="float32\\[2, 3\\] in the record but "
+    ):
+        record.restore("params", cast, "parameter")
+
+
+# ------------------------------------------------------------------ manifest -----
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "manifest.json is not valid JSON"),
+        ("[1, 2]", "is not a jaxnitro manifest: expected an object"),
+        ('{"entries": [{"epoch": 1}]}', "entry 0 is .*needs a `file`"),
+        ('{"entries": [{"file": "../x", "epoch": 1}]}', "entry 0 is .*a basename"),
+        ('{"entries": [], "pending_deletion": [3]}', "pending_deletion must be a list"),
+    ],
+)
+def test_a_damaged_manifest_raises_naming_it(tmp_path, text, message):
+    (tmp_path / MANIFEST).write_text(text)
+    with pytest.raises(nx.CheckpointError, match=message) as caught:
+        read_manifest(str(tmp_path))
+    assert str(tmp_path / MANIFEST) in str(caught.value)
+
+
+# ------------------------------------------------------------------ io retry -----
+class Flaky:
+    def __init__(self, errors, result="done"):
+        self.errors = list(errors)
+        self.calls = 0
+        self.result = result
+
+    def __call__(self):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.result
+
+
+def test_with_io_retry_retries_transient_errors_with_exponential_backoff(caplog):
+    waits = []
+    flaky = Flaky([OSError(errno.EBUSY, "busy"), OSError(errno.EAGAIN, "again")])
+    with caplog.at_level(logging.WARNING, logger="jaxnitro.checkpoint"):
+        assert with_io_retry(flaky, sleep=waits.append, what="writing x") == "done"
+    assert flaky.calls == 3 and waits == [0.5, 1.0]
+    assert "writing x failed with a transient error" in caplog.text
+    assert "retry 2 of 4 in 1.00 s" in caplog.text
+
+
+def test_with_io_retry_reraises_other_errors_at_once_and_the_last_transient_one():
+    waits = []
+    missing = Flaky([FileNotFoundError(errno.ENOENT, "gone")])
+    with pytest.raises(FileNotFoundError):
+        with_io_retry(missing, sleep=waits.append)
+    assert missing.calls == 1 and waits == []
+    full = Flaky([OSError(errno.ENOSPC, "full")])
+    with pytest.raises(OSError, match="full"):
+        with_io_retry(full, sleep=waits.append)
+    assert full.calls == 1
+    stuck = Flaky([TimeoutError(errno.ETIMEDOUT, "slow")] * 9)
+    with pytest.raises(TimeoutError):
+        with_io_retry(stuck, attempts=3, backoff=0.1, sleep=waits.append)
+    assert stuck.calls == 3 and waits == [0.1, 0.2]
+    bug = Flaky([ValueError("a bug")])
+    with pytest.raises(ValueError):
+        with_io_retry(bug, sleep=waits.append)
+
+
+def test_is_transient_io():
+    assert is_transient_io(InterruptedError())
+    assert is_transient_io(OSError(errno.ESTALE, "stale"))
+    assert not is_transient_io(OSError(errno.EIO, "device"))
+    assert not is_transient_io(RuntimeError())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"attempts": 0}, "needs attempts >= 1, got 0"),
+        ({"backoff": -1.0}, "needs backoff >= 0, got -1.0"),
+    ],
+)
+def test_with_io_retry_validates_its_options(kwargs, message):
+    with pytest.raises(nx.ConfigError, match=message):
+        with_io_retry(lambda: 1, **kwargs)
+
+
+def test_a_checkpoint_write_survives_a_transient_rename_failure(tmp_path, monkeypatch):
+    real_replace = os.replace
+    failures = [OSError(errno.EBUSY, "busy")]
+
+    def flaky_replace(src, dst):
+        if failures:
+            raise failures.pop()
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", flaky_replace)
+    monkeypatch.setattr("jaxnitro.checkpoint.io_retry.time.sleep", lambda s: None)
+    ckpt = bound(tmp_path, keep=Last(1))
+    assert write(ckpt, 1, 0.5)
+    assert not failures and len(read_manifest(str(tmp_path))) == 1
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+# ----------------------------------------------------------------------- CLI -----
+@pytest.fixture
+def run_dir(tmp_path):
+    first = bound(tmp_path, run="aaaa1111", keep=Last(3))
+    for epoch in (1, 2, 3):
+        write(first, epoch, 1.0 / epoch)
+    second = bound(tmp_path, run="bbbb2222", keep=Last(3))
+    write(second, 1, 0.25)
+    return tmp_path
+
+
+def test_nitro_runs_prints_the_runs_table(run_dir, capsys):
+    assert main(["runs", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["run", "ckpts", "epochs", "best"]
+    assert lines[1].split()[:5] == ["bbbb2222", "1", "1", "0.25", "loss/min"]
+    assert lines[1].split()[-1] == "-"  # no parent
+    assert lines[2].split()[:5] == ["aaaa1111", "3", "1-3", "0.333333", "loss/min"]
+
+
+def test_nitro_runs_draws_a_rich_table_on_a_terminal(run_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["runs", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "Runs in" in out and "aaaa1111" in out and "1-3" in out
+
+
+def test_nitro_runs_of_an_empty_or_missing_directory(tmp_path, capsys):
+    assert main(["runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("No checkpoints in")
+    assert main(["runs", str(tmp_path / "missing")]) == 1
+    assert "nitro runs: No run directory at" in capsys.readouterr().err
+    (tmp_path / MANIFEST).write_text("{oops")
+    assert main(["runs", str(tmp_path)]) == 1
+    assert "manifest.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_nitro_ckpt_prints_checkpoint_info(run_dir, capsys):
+    entry = read_manifest(str(run_dir))[-1]
+    assert main(["ckpt", str(run_dir / entry.file)]) == 0
+    out = capsys.readouterr().out
+    assert "  epoch: 1\n" in out and "  step: 4\n" in out and "  run: bbbb2222" in out
+    assert "  metrics:\n    loss: 0.25\n" in out
+    bad = run_dir / "bad.safetensors"
+    bad.write_bytes(b"xx")
+    assert main(["ckpt", str(bad)]) == 1
+    assert "nitro ckpt: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["runs"], ["ckpt", "a", "b"]])
+def test_usage_errors_exit_with_status_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert "usage: nitro" in capsys.readouterr().err
+
+
+def test_sexpgpu_is_the_same_program():
+    scripts = {
+        e.name: e.value
+        for e in importlib.metadata.entry_points(group="console_scripts")
+        if e.name in ("nitro", "sexpgpu")
+    }
+    assert scripts == {"nitro": "jaxnitro.cli:main", "sexpgpu": "jaxnitro.cli:main"}
