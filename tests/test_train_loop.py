@@ -215,18 +215,6 @@ def test_n_devs_above_one_is_not_silently_ignored():
         nx.Nitro(Tiny(), n_devs=2, **quiet())
 
 
-@pytest.mark.parametrize(
-    "kw, feature",
-    [
-        ({"restore_best": True}, "restore_best"),
-        ({"restore_optimizer": True}, "restore_optimizer"),
-    ],
-)
-def test_later_keywords_are_refused_not_ignored(kw, feature):
-    with pytest.raises(nx.NotYetSupportedError, match=feature):
-        nx.Nitro(Tiny(), **kw, **quiet())
-
-
 def test_later_hooks_are_refused_not_ignored():
     class Manual(Tiny):
         def train_step(self, model, params, opt_state, state, **batch):

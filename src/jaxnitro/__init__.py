@@ -16,6 +16,7 @@ An experiment is a class with marked fields plus hooks; `Nitro(e)` runs setup on
 """
 
 from ._version import __version__ as __version__
+from .checkpoint.averaging import Average as Average
 from .checkpoint.checkpointer import Best as Best
 from .checkpoint.checkpointer import Checkpointer as Checkpointer
 from .checkpoint.checkpointer import Last as Last
@@ -24,7 +25,22 @@ from .checkpoint.checkpointer import Selector as Selector
 from .checkpoint.checkpointer import check_control_readback as check_control_readback
 from .checkpoint.checkpointer import checkpoint_filename as checkpoint_filename
 from .checkpoint.checkpointer import read_manifest as read_manifest
+from .checkpoint.compat import (
+    check_record_tree_compatible as check_record_tree_compatible,
+)
 from .checkpoint.info import checkpoint_info as checkpoint_info
+from .checkpoint.io_retry import with_io_retry as with_io_retry
+from .checkpoint.lookup import find_latest as find_latest
+from .checkpoint.lookup import selected_checkpoint as selected_checkpoint
+from .checkpoint.retention_checks import warn_mixed_metrics as warn_mixed_metrics
+from .checkpoint.runs import RunSummary as RunSummary
+from .checkpoint.runs import checkpoint_run as checkpoint_run
+from .checkpoint.runs import runs as runs
+from .checkpoint.selectors import Epochs as Epochs
+from .checkpoint.selectors import Every as Every
+from .checkpoint.sources import average_checkpoints as average_checkpoints
+from .checkpoint.sources import resolve_weights_source as resolve_weights_source
+from .checkpoint.topk import TopKCheckpointer as TopKCheckpointer
 from .compile.cache import cache_reset as cache_reset
 from .compile.cache import cache_stats as cache_stats
 from .data.batch_at_check import check_batch_at as check_batch_at

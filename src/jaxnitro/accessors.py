@@ -75,10 +75,7 @@ _LATER_HOOKS = {
     "setup_optimizers": "manual training",
 }
 # Keywords (and accessor values) that arrive later: refused unless left at the default.
-_LATER_VALUES: dict[str, tuple[Any, str]] = {
-    "restore_optimizer": (False, "restore_optimizer"),
-    "restore_best": (False, "restore_best"),
-}
+_LATER_VALUES: dict[str, tuple[Any, str]] = {}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import restore
 from .accessors import (
     ACCESSOR_KEYWORDS,
     RUN_KEYWORDS,
@@ -34,8 +35,10 @@ from .accessors import (
     resolve,
 )
 from .checkpoint.checkpointer import Checkpointer, new_run_id
+from .checkpoint.manifest import read_manifest
 from .checkpoint.record import Record
-from .checkpoint.sources import ResolvedSource, resolve_source, resume_source
+from .checkpoint.retention_checks import check_keep, setup_warnings
+from .checkpoint.sources import ResolvedSource
 from .compile.cache import configure_persistent_cache
 from .compile.programs import TraceContext
 from .data.prefetch import auto_prefetch, check_prefetch, prefetch_report
@@ -204,23 +207,13 @@ class Nitro:
         self._hook_prints = hook_fingerprints(cls)
 
         # Locate what to resume or load before anything expensive runs.
-        self._resume: ResolvedSource | None = resume_source(
-            kw.get("resume", False), run_dir, self._checkpointer
-        )
-        weights = kw.get("weights")
-        if self._resume is not None and weights is not None:
-            raise ConfigError(
-                "resume= and weights= were both given: resume continues a run exactly "
-                "(weights, optimizer, position); weights= starts a new run from "
-                "weights. Pass one."
-            )
-        self._weights: ResolvedSource | None = (
-            resolve_source(weights, run_dir, self._checkpointer, "weights")
-            if weights is not None
-            else None
-        )
-        source = self._resume or self._weights
-        self._record: Record | None = Record(source.path) if source else None
+        self._resume: ResolvedSource | None = None
+        self._weights: Any = None
+        self._record: Record | None = None
+        self.checkpoint_source: str | None = None
+        self.weights_from: dict[str, Any] | None = None
+        self._restored_best = False
+        restore.locate(self, run_dir, self._resolve_monitor())
         self._step = 0
         self._epoch = 0
         self._resumed_from_epoch: int | None = None
@@ -312,11 +305,12 @@ class Nitro:
         self._accumulator: Any = None
         self._ema: Any = None
         fresh = self._params
-        if self._record is not None:
-            self._restore_weights(fresh, bool(kw.get("load_ema", False)))
+        restore.restore_weights(self, fresh, bool(kw.get("load_ema", False)))
         self._setup_optimization(fresh, kw.get("w0"))
+        self._restore_best = restore.check_restore_best(self)
+        restore.check_restore_optimizer(self)
         if self._record is not None:
-            if self._resume is None:
+            if self._resume is None and not kw.get("restore_optimizer", False):
                 self._record = None  # weights only: nothing more to read from it
             else:
                 self._record.keep_only("opt_state")  # restored when train() starts
@@ -500,27 +494,6 @@ class Nitro:
             self._config["monitor"] = Resolved(monitor, "default")
         return monitor  # type: ignore[no-any-return]
 
-    def _restore_weights(self, fresh: Any, load_ema: bool) -> None:
-        """Parameters and state from the record; a resume's EMA too."""
-        record = self._record
-        assert record is not None
-        if load_ema and self._resume is not None:
-            raise ConfigError(
-                "load_ema=True goes with weights=, not resume=: a resume restores the "
-                "weights and their EMA exactly as they were."
-            )
-        if load_ema and not record.has_tree("ema"):
-            raise ConfigError(
-                f"load_ema=True, but {record.path} holds no EMA of the weights (its "
-                f"run had no ema). Drop load_ema, or load a record written with one."
-            )
-        self._params = record.restore(
-            "ema" if load_ema else "params", fresh, "parameter"
-        )
-        self._state = record.restore("state", self._state, "state")
-        if self._resume is not None and record.has_tree("ema"):
-            self._ema = record.restore("ema", fresh, "EMA")
-
     def _setup_optimization(self, fresh: Any, w0_option: Any) -> None:
         """The optimizer plan, the early-stopping policy and the eval weights."""
         c = self._config
@@ -632,25 +605,20 @@ class Nitro:
                     f"monitor=, or keep only the latest: "
                     f"checkpointer=Checkpointer(keep=Last(1))."
                 )
-            if trains and not has_val and not ckpt.has_last:
-                raise ConfigError(
-                    "The checkpointer keeps only Best checkpoints, but this run has no "
-                    "val split, so its epochs have no score and none would be kept. "
-                    "Add Last(n) to keep, or add a val split."
-                )
-            resumed_run = None
+            check_keep(ckpt, trains=trains, has_val=has_val)
             parent = None
-            if self._resume is not None and self._resume.entry is not None:
-                if self._resume.is_run_newest:
-                    resumed_run = self._resume.entry.run
-                else:
-                    parent = self._resume.path
-            elif self._resume is not None:
-                parent = self._resume.path
-            self._run_id = resumed_run or new_run_id()
-            ckpt.bind(
-                directory=run_dir, monitor=monitor, run=self._run_id, parent=parent
-            )
+            resume = self._resume
+            if resume is not None and resume.entry is not None and resume.is_run_newest:
+                # The newest record of a run continues that run (a legacy run: None).
+                run_id = resume.entry.run
+            else:
+                run_id = new_run_id()
+                parent = resume.path if resume is not None else None
+            self._run_id: str | None = run_id
+            ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
+            if trains and ckpt.dir is not None:
+                for text in setup_warnings(ckpt, read_manifest(ckpt.dir), trains=True):
+                    warnings.warn(text, NitroWarning, stacklevel=4)
         else:
             self._run_id = new_run_id()
         bind = getattr(self._logger, "bind_run_dir", None)
@@ -895,6 +863,7 @@ class Nitro:
         from .loop.train import run_training
 
         self._check_stale("train")
+        restore.refuse_after_restore_best(self)
         self._run_entry(lambda: run_training(self))
         return self
 

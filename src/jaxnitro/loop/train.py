@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._version import __version__
-from ..checkpoint.record import Record
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..observe import phases
 from ..optim.schedules import check_plateau_metrics
+from ..restore import finish_restore_best, optimizer_state
 from ..view import graphconst_record
 from .evaluate import evaluate_split
 from .steps import run_epoch
@@ -36,12 +36,7 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     plan = nitro._plan
     assert plan is not None
     if nitro._opt_state is None:
-        fresh = plan.init_state(nitro._params)
-        record: Record | None = nitro._record if nitro._resume is not None else None
-        if record is not None and record.has_tree("opt_state"):
-            nitro._opt_state = record.restore("opt_state", fresh, "optimizer state")
-        else:
-            nitro._opt_state = jax.tree.map(jnp.array, fresh)
+        nitro._opt_state = optimizer_state(nitro, plan.init_state(nitro._params))
         # The record's arrays are no longer needed: everything is placed.
         nitro._record = None
     if plan.ema is not None and nitro._ema is None:
@@ -86,6 +81,7 @@ def _checkpoint(
         "run_id": logproto.run_id(nitro.logger),
         "run_url": logproto.run_url(nitro.logger),
         "anchor_checksums": nitro._anchor_sums,
+        "optimizer": repr(plan.constants()),
         "early_stop": stopper.state()
         if callable(getattr(stopper, "state", None))
         else None,
@@ -222,12 +218,28 @@ def run_training(nitro: Nitro) -> None:
                 break
     except BaseException as error:
         nitro._stop_reason = "error"
+        for what, finish in (
+            ("checkpointer's finalize", _finalize_checkpoints),
+            ("logger's finish", _finish_logger),
+        ):
+            try:
+                finish(nitro, "error")
+            except Exception as failure:  # never mask the error that ended the run
+                error.add_note(f"The {what}('error') also failed: {failure}")
         nitro.set_phase(phases.Failed())
-        try:
-            logproto.finish(nitro.logger, "error")
-        except Exception as finish_error:  # never mask the error that ended the run
-            error.add_note(f"The logger's finish('error') also failed: {finish_error}")
         raise
     nitro._stop_reason = reason
-    logproto.finish(nitro.logger, reason)
+    _finalize_checkpoints(nitro, reason)
+    finish_restore_best(nitro)
+    _finish_logger(nitro, reason)
     nitro.set_phase(phases.Done())
+
+
+def _finalize_checkpoints(nitro: Nitro, reason: str) -> None:
+    """Write how the run ended into its last kept record, if a selector kept it."""
+    if nitro.checkpointer is not None:
+        nitro.checkpointer.finalize(reason)
+
+
+def _finish_logger(nitro: Nitro, reason: str) -> None:
+    logproto.finish(nitro.logger, reason)

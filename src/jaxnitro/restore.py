@@ -1,0 +1,279 @@
+"""Where a handle's starting weights come from, and what it loads when training ends.
+
+`resume=` continues a run exactly (weights, state, optimizer state, EMA, position,
+counters). `weights=` names the starting parameters only: a record file, a `(run,
+which)` pair, an average of a run's checkpoints, or a live handle (a warm start
+through host memory, leaf for leaf). `restore_optimizer=True` also restores a
+record's optimizer state, checked against the optimizer this run builds, while step,
+epoch and schedules start fresh. `restore_best` ends a successful `train()` holding
+the run's own best checkpoint (or an average of its checkpoints).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .checkpoint.averaging import Average, check_keep_holds, short_average_message
+from .checkpoint.lookup import selected_checkpoint
+from .checkpoint.record import Record
+from .checkpoint.sources import (
+    AverageSource,
+    HandleSource,
+    ResolvedSource,
+    resolve_weights_source,
+    resume_source,
+)
+from .errors import CheckpointError, ConfigError, NitroWarning
+
+if TYPE_CHECKING:
+    from .handle import Nitro
+
+RESTORED_BEST_REFUSAL = """\
+This handle ended its last train() holding its best checkpoint (restore_best), beside
+the optimizer state and step of where training stopped: a state no run was ever in.
+It will not train further. To continue, build a new Nitro:
+  Nitro(e, run_dir=..., resume="auto")                     # continue where it stopped
+  Nitro(e, run_dir=..., resume=(run_id, "best"))           # continue from the best
+  Nitro(e, run_dir=..., weights=(run_id, "best"))          # a new run from the best"""
+
+
+def locate(nitro: Nitro, run_dir: str, monitor: tuple[str, str] | None) -> None:
+    """Resolve `resume=` and `weights=` before anything expensive runs."""
+    kw = nitro._keywords
+    ckpt = nitro._checkpointer
+    weights = kw.get("weights")
+    restore_optimizer = bool(kw.get("restore_optimizer", False))
+    if kw.get("resume") not in (None, False) and weights is not None:
+        raise ConfigError(
+            "resume= and weights= were both given: resume continues a run exactly "
+            "(weights, optimizer, position); weights= starts a new run from weights. "
+            "Pass one."
+        )
+    if restore_optimizer and kw.get("resume") not in (None, False):
+        raise ConfigError(
+            "restore_optimizer=True goes with weights=, not resume=: a resume "
+            "restores the optimizer state anyway."
+        )
+    nitro._resume = resume_source(
+        kw.get("resume", False), run_dir, ckpt, monitor=monitor
+    )
+    nitro._weights = (
+        resolve_weights_source(
+            weights,
+            run_dir,
+            ckpt,
+            "weights",
+            monitor=monitor,
+            restore_optimizer=restore_optimizer,
+        )
+        if weights is not None
+        else None
+    )
+    if restore_optimizer and not isinstance(nitro._weights, ResolvedSource):
+        kind = "no source" if nitro._weights is None else type(nitro._weights).__name__
+        raise ConfigError(
+            f"restore_optimizer=True restores the optimizer state of a checkpoint "
+            f"record, but weights= gives {kind}. Pass weights= a record path or a "
+            f'(run, "best" | "latest") pair.'
+        )
+    source = nitro._resume or nitro._weights
+    nitro._record = (
+        source.load() if isinstance(source, ResolvedSource | AverageSource) else None
+    )
+    nitro.checkpoint_source = (
+        source.path if isinstance(source, ResolvedSource) else None
+    )
+
+
+def restore_weights(nitro: Nitro, fresh: Any, load_ema: bool) -> None:
+    """Parameters and state from the source; a resume's EMA too."""
+    if isinstance(nitro._weights, HandleSource):
+        _warm_start(nitro, nitro._weights.handle, fresh, load_ema)
+        return
+    record = nitro._record
+    if record is None:
+        if load_ema:
+            raise ConfigError(
+                "load_ema=True loads a weights source's EMA, but no weights= was given."
+            )
+        return
+    if load_ema and nitro._resume is not None:
+        raise ConfigError(
+            "load_ema=True goes with weights=, not resume=: a resume restores the "
+            "weights and their EMA exactly as they were."
+        )
+    if load_ema and not record.has_tree("ema"):
+        raise ConfigError(
+            f"load_ema=True, but {record.path} holds no EMA of the weights (its run "
+            f"had no ema). Drop load_ema, or load a record written with one."
+        )
+    nitro._params = record.restore("ema" if load_ema else "params", fresh, "parameter")
+    nitro._state = record.restore("state", nitro._state, "state")
+    if nitro._resume is not None and record.has_tree("ema"):
+        nitro._ema = record.restore("ema", fresh, "EMA")
+
+
+def _warm_start(nitro: Nitro, other: Any, fresh: Any, load_ema: bool) -> None:
+    """Take another live handle's weights through host memory, leaf for leaf."""
+    if load_ema and getattr(other, "_ema", None) is None:
+        raise ConfigError(
+            "load_ema=True, but the handle given as weights= has no EMA of the weights."
+        )
+    source = other._ema if load_ema else other.parameters
+    nitro._params = _leaf_for_leaf(source, fresh, "parameter")
+    nitro._state = _leaf_for_leaf(other.states, nitro._state, "state")
+    nitro.weights_from = {
+        "experiment": type(other.experiment).__qualname__,
+        "epoch": other.current_epoch,
+        "step": other.current_step,
+        "run_dir": other.run_dir,
+    }
+
+
+def _leaf_for_leaf(source: Any, template: Any, what: str) -> Any:
+    got, want = jax.tree.structure(source), jax.tree.structure(template)
+    if got != want:  # type: ignore[operator]
+        raise CheckpointError(
+            f"weights=<Nitro>: its {what} tree does not match this model's: "
+            f"{got} against {want}."
+        )
+    leaves = []
+    for path, (a, b) in zip(
+        [p for p, _ in jax.tree_util.tree_flatten_with_path(template)[0]],
+        zip(jax.tree.leaves(source), jax.tree.leaves(template), strict=True),
+        strict=True,
+    ):
+        host = np.asarray(a)
+        if host.shape != np.shape(b) or host.dtype != np.dtype(b.dtype):
+            raise CheckpointError(
+                f"weights=<Nitro>: {what} leaf {jax.tree_util.keystr(path)} is "
+                f"{host.dtype}{list(host.shape)} there but "
+                f"{np.dtype(b.dtype)}{list(np.shape(b))} here."
+            )
+        leaves.append(jnp.asarray(host))
+    return jax.tree.unflatten(want, leaves)
+
+
+def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
+    """The optimizer state training starts from: restored or `fresh`."""
+    record = nitro._record
+    restoring = nitro._resume is not None or bool(
+        nitro._keywords.get("restore_optimizer", False)
+    )
+    if record is None or not restoring:
+        return jax.tree.map(jnp.array, fresh)
+    if not record.has_tree("opt_state"):
+        raise CheckpointError(
+            f"{record.path} holds no optimizer state (it was written by a run that "
+            f"never trained, or by average_checkpoints)."
+        )
+    plan = nitro._plan
+    assert plan is not None
+    recorded = record.meta.get("optimizer")
+    mine = repr(plan.constants())
+    if recorded is not None and recorded != mine:
+        raise CheckpointError(
+            f"{record.path} was written with another optimizer (rule or group layout) "
+            f"than this run builds, so its optimizer state does not apply:\n"
+            f"  record: {recorded}\n  this run: {mine}"
+        )
+    return record.restore("opt_state", fresh, "optimizer state")
+
+
+def check_restore_optimizer(nitro: Nitro) -> None:
+    """restore_optimizer needs an optimizer to restore into: a train split."""
+    if nitro._keywords.get("restore_optimizer", False) and "train" not in nitro.data:
+        raise ConfigError(
+            "restore_optimizer=True, but this handle has no train split, so it has no "
+            "optimizer to restore into. Drop restore_optimizer, or pass a train split."
+        )
+
+
+def check_restore_best(nitro: Nitro) -> Any:
+    """Validate `restore_best=` at setup; the value to act on at the end."""
+    value = nitro._keywords.get("restore_best", False)
+    if value is False or value is None:
+        return None
+    if "train" not in nitro.data:
+        raise ConfigError(
+            "restore_best acts when train() ends; this handle has no train split."
+        )
+    ckpt = nitro._checkpointer
+    if ckpt is None:
+        raise ConfigError(
+            "restore_best loads the run's own best checkpoint, but checkpointing is "
+            "off (checkpointer=None)."
+        )
+    if isinstance(value, Average):
+        check_keep_holds(ckpt, value, "restore_best")
+        return value
+    if value is True:
+        if not ckpt.ranks:
+            raise ConfigError(
+                f"restore_best=True loads the best checkpoint, but keep={ckpt.keep!r} "
+                f"never ranks one. Keep a Best(k) too."
+            )
+        return True
+    raise ConfigError(
+        f"restore_best={value!r}: it is True, False, or an Average(selector)."
+    )
+
+
+def finish_restore_best(nitro: Nitro) -> None:
+    """At the end of a train() that did not fail: load the run's selected weights."""
+    choice = nitro._restore_best
+    if choice is None:
+        return
+    ckpt = nitro._checkpointer
+    assert ckpt is not None
+    fresh = nitro._params
+    if choice is True:
+        best = selected_checkpoint(ckpt, nitro.run_dir, run=nitro.checkpoint_run)
+        if best is None:
+            warnings.warn(
+                "restore_best: this run has no scored checkpoint; keeping the final "
+                "weights.",
+                NitroWarning,
+                stacklevel=3,
+            )
+            return
+        record = Record(best.path)
+        path: str | None = best.path
+    else:
+        try:
+            source = resolve_weights_source(
+                (nitro.checkpoint_run or "legacy", choice),
+                nitro.run_dir,
+                ckpt,
+                "restore_best",
+            )
+        except CheckpointError as error:
+            warnings.warn(
+                f"restore_best: {error}; keeping the final weights.",
+                NitroWarning,
+                stacklevel=3,
+            )
+            return
+        assert isinstance(source, AverageSource)
+        short = short_average_message(choice, len(source.picks), "restore_best")
+        if short is not None:
+            warnings.warn(short, NitroWarning, stacklevel=3)
+            return
+        record = source.load()
+        path = None
+    nitro._params = record.restore("params", fresh, "parameter")
+    nitro._state = record.restore("state", nitro._state, "state")
+    if nitro._ema is not None and record.has_tree("ema"):
+        nitro._ema = record.restore("ema", fresh, "EMA")
+    nitro.checkpoint_source = path
+    nitro._restored_best = True
+
+
+def refuse_after_restore_best(nitro: Nitro) -> None:
+    if nitro._restored_best:
+        raise ConfigError(RESTORED_BEST_REFUSAL)

@@ -1,0 +1,139 @@
+"""weights= from a live handle or an average, restore_optimizer, restore_best."""
+
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def same(a, b):
+    for x, y in zip(leaves(a), leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_weights_from_a_live_handle_is_a_warm_start(tmp_path):
+    trained = nx.Nitro(Tiny(max_epochs=2), logger=None, checkpointer=None)
+    trained.train()
+    warm = nx.Nitro(Tiny(), weights=trained, logger=None, checkpointer=None)
+    same(warm.parameters, trained.parameters)
+    assert warm.current_step == 0 and warm.weights_from["epoch"] == 2
+    current = nx.Nitro(
+        Tiny(), weights=(trained, "current"), logger=None, checkpointer=None
+    )
+    same(current.parameters, trained.parameters)
+    with pytest.raises(
+        nx.CheckpointError, match=r"leaf \[.b1.\] is float32\[16\] there"
+    ):
+        nx.Nitro(Tiny(width=8), weights=trained, logger=None, checkpointer=None)
+
+
+def test_weights_from_an_average_of_a_runs_checkpoints(tmp_path):
+    keep = nx.Checkpointer(keep=(nx.Best(1), nx.Last(3)))
+    run = nx.Nitro(
+        Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None, checkpointer=keep
+    )
+    run.train()
+    records = sorted(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch)
+    assert [e.epoch for e in records] == [1, 2, 3]
+    from jaxnitro.checkpoint.record import Record
+
+    stored = [Record(str(tmp_path / e.file)) for e in records]
+    expected = [
+        np.mean([r.arrays[k] for r in stored], axis=0, dtype=np.float64).astype(
+            np.float32
+        )
+        for k in sorted(k for k in stored[0].arrays if k.startswith("params/"))
+    ]
+    averaged = nx.Nitro(
+        Tiny(),
+        run_dir=str(tmp_path),
+        weights=("latest", nx.Average(nx.Last(3))),
+        logger=None,
+        checkpointer=None,
+    )
+    got = [
+        np.asarray(leaf)
+        for _, leaf in sorted(
+            (jax.tree_util.keystr(p), v)
+            for p, v in jax.tree_util.tree_flatten_with_path(averaged.parameters)[0]
+        )
+    ]
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_restore_optimizer_takes_the_records_optimizer_state_and_starts_fresh(tmp_path):
+    first = nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None)
+    first.train()
+    newest = max(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch)
+    path = str(tmp_path / newest.file)
+    second = nx.Nitro(
+        Tiny(max_epochs=1),
+        weights=path,
+        restore_optimizer=True,
+        logger=None,
+        checkpointer=None,
+    )
+    second.train()
+    assert second.current_step == 4  # a new run: step and epoch start fresh
+    # RAdam's count continued: 8 steps before, 4 now.
+    counts = [int(x) for x in leaves(second._opt_state) if np.ndim(x) == 0]
+    assert 12 in counts
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"restore_optimizer": True}, "restore_optimizer=True restores the optimizer"),
+        (
+            {"restore_optimizer": True, "resume": "auto"},
+            "goes with weights=, not resume=",
+        ),
+    ],
+)
+def test_restore_optimizer_refusals(tmp_path, kw, message):
+    with pytest.raises(nx.ConfigError, match=message):
+        nx.Nitro(Tiny(), run_dir=str(tmp_path), logger=None, **kw)
+
+
+def test_restore_best_ends_training_holding_the_best_checkpoint(tmp_path):
+    nitro = nx.Nitro(
+        Tiny(max_epochs=4), run_dir=str(tmp_path), logger=None, restore_best=True
+    )
+    nitro.train()
+    best_epoch = min(nitro.history, key=lambda row: row["loss"])["epoch"]
+    best = [e for e in nx.read_manifest(str(tmp_path)) if e.epoch == best_epoch][0]
+    assert nitro.checkpoint_source == str(tmp_path / best.file)
+    assert nitro.validate()["loss"] == pytest.approx(
+        nitro.history[best_epoch]["loss"], rel=1e-6
+    )
+    assert nitro.current_epoch == 4  # the position stays where training ended
+    with pytest.raises(nx.ConfigError, match="will not train further"):
+        nitro.train()
+
+
+def test_restore_best_refusals_and_warnings(tmp_path):
+    with pytest.raises(nx.ConfigError, match="checkpointing is off"):
+        nx.Nitro(Tiny(), restore_best=True, logger=None, checkpointer=None)
+    never_ranks = nx.Checkpointer(keep=nx.Last(1))
+    with pytest.raises(nx.ConfigError, match="never ranks one"):
+        nx.Nitro(Tiny(), restore_best=True, logger=None, checkpointer=never_ranks)
+    keep = nx.Checkpointer(keep=(nx.Best(1), nx.Last(1)))
+    with pytest.raises(nx.ConfigError, match="does not keep"):
+        nx.Nitro(
+            Tiny(), restore_best=nx.Average(nx.Last(5)), logger=None, checkpointer=keep
+        )
+
+
+def test_restore_optimizer_needs_a_train_split(tmp_path):
+    first = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None)
+    first.train()
+    path = str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
+    with pytest.raises(nx.ConfigError, match="no optimizer to restore into"):
+        nx.Nitro(Tiny(), weights=path, restore_optimizer=True, data={}, logger=None)
