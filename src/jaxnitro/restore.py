@@ -42,7 +42,7 @@ It will not train further. To continue, build a new Nitro:
   Nitro(e, run_dir=..., weights=(run_id, "best"))          # a new run from the best"""
 
 
-def locate(nitro: Nitro, run_dir: str, monitor: tuple[str, str] | None) -> None:
+def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
     """Resolve `resume=` and `weights=` before anything expensive runs."""
     kw = nitro._keywords
     ckpt = nitro._checkpointer
@@ -90,7 +90,7 @@ def locate(nitro: Nitro, run_dir: str, monitor: tuple[str, str] | None) -> None:
     )
 
 
-def restore_weights(nitro: Nitro, fresh: Any, load_ema: bool) -> None:
+def restore_weights(nitro: Any, fresh: Any, load_ema: bool) -> None:
     """Parameters and state from the source; a resume's EMA too."""
     if isinstance(nitro._weights, HandleSource):
         _warm_start(nitro, nitro._weights.handle, fresh, load_ema)
@@ -185,7 +185,7 @@ def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
     return record.restore("opt_state", fresh, "optimizer state")
 
 
-def check_restore_optimizer(nitro: Nitro) -> None:
+def check_restore_optimizer(nitro: Any) -> None:
     """restore_optimizer needs an optimizer to restore into: a train split."""
     if nitro._keywords.get("restore_optimizer", False) and "train" not in nitro.data:
         raise ConfigError(
@@ -194,7 +194,7 @@ def check_restore_optimizer(nitro: Nitro) -> None:
         )
 
 
-def check_restore_best(nitro: Nitro) -> Any:
+def check_restore_best(nitro: Any) -> Any:
     """Validate `restore_best=` at setup; the value to act on at the end."""
     value = nitro._keywords.get("restore_best", False)
     if value is False or value is None:

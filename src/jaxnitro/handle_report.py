@@ -1,0 +1,165 @@
+"""What a `Nitro` shows of itself: frozen values, reports, the stale check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from .accessors import (
+    SCALAR_ACCESSORS,
+)
+from .data.prefetch import prefetch_report
+from .experiment import summarize
+from .hooks import (
+    current_class,
+    hook_fingerprints,
+)
+from .logging import protocol as logproto
+from .markers import Kind
+from .observe.report import (
+    binding_report,
+    emit_stale_report,
+    frozen_table,
+    frozen_values,
+    show_report,
+    stale_report,
+)
+from .setup_checks import check_monitor
+from .setup_sequence import NOT_PASSED, SetupSequence, differs, safe_accessor
+from .traits import config_metadata, field_names
+from .values import to_host_value
+
+
+class HandleReports(SetupSequence):
+    """What a `Nitro` shows of itself (the handle's base, after its setup)."""
+
+    def frozen(self) -> dict[str, Any]:
+        """The values this handle fixed at construction."""
+        c = self._config
+        values: dict[str, Any] = {"seed": c["seed"].value}
+        if self._preset is not None:
+            values["preset"] = self._preset
+        values["accum"] = c["accum"].value
+        values["max_epochs"] = c["max_epochs"].value
+        if "train" in self.data:
+            values["total"] = self.total_steps
+        values["clip"] = c["gradient_clip_norm"].value
+        values["run_dir"] = self._run_dir
+        return values
+
+    def __rich__(self) -> Any:
+        """The frozen values as a rich table (a terminal); `repr` is the plain text."""
+        return frozen_table(
+            f"Nitro({self._cls.__name__}) values fixed at construction",
+            self.frozen(),
+            f"step {self._step}   epoch {self._epoch}   phase "
+            f"{type(self.phase_recorder.phase).__name__}   "
+            f"(rebuild the Nitro to change them)",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Nitro({self._cls.__name__}) values fixed at construction (rebuild the "
+            f"`Nitro` to change them)\n  {frozen_values(self.frozen())}\n"
+            f"  step {self._step}   epoch {self._epoch}   phase "
+            f"{type(self.phase_recorder.phase).__name__}"
+        )
+
+    def params_to_log(self) -> dict[str, Any]:
+        """The flat hyperparameters log_params receives."""
+        params: dict[str, Any] = {}
+        meta = config_metadata(self._cls)
+        for name in field_names(self._cls):
+            value = getattr(self._experiment, name, None)
+            kind = meta[name].kind if name in meta else "graphconst"
+            if isinstance(value, jax.Array | np.ndarray | np.generic):
+                if np.ndim(value) == 0:
+                    params[name] = to_host_value(value)
+                else:
+                    params[name] = summarize(value)
+            elif value is None or isinstance(value, bool | int | float | str):
+                params[name] = value
+            elif kind != Kind.HOST.value:
+                params[name] = type(value).__name__
+        for name in ("seed", "accum", "max_epochs", "gradient_clip_norm", "run_dir"):
+            params[name] = (
+                self._config[name].value if name != "run_dir" else self._run_dir
+            )
+        if self._preset is not None:
+            params["preset"] = self._preset
+        return params
+
+    def log_setup(self) -> None:
+        """Log the parameters (before any compile) and show the binding report."""
+        logproto.log_params(self._logger, self.params_to_log())
+        report = self.binding_report()
+        logproto.log_other(self._logger, "binding_report", report)
+        show_report(f"jaxnitro: {self._cls.__name__}", report)
+
+    def binding_report(self) -> str:
+        """Where each configured value bound, the data, and the routed fields."""
+        routing: dict[str, tuple[str, ...]] = {}
+        if "train" in self.data:
+            g = self._gradient_fields
+            routing["forward"] = g.forward
+            routing["loss"] = g.loss
+            if g.train_metrics is not None:
+                routing["train_metrics"] = g.train_metrics
+        notes = []
+        if self._plan is not None:
+            groups = ", ".join(
+                f"{g.name} (level {g.rule.level}, lr x{g.lr_ratio:g}"
+                + (f", decay {g.weight_decay:g}" if g.decays else "")
+                + (", anchored" if g.anchor is not None else "")
+                + ")"
+                for g in self._plan.groups
+            )
+            notes.append(f"learning_rate {self._plan.base_lr:g}; groups: {groups}")
+            for s in self._plan.schedules:
+                where = s.target.namespace + (
+                    f".{s.target.group}" if s.target.group else ""
+                )
+                plateau = " (Plateau)" if s.plateau is not None else ""
+                notes.append(f"schedule {s.key} -> {where}.{s.target.name}{plateau}")
+            notes.append(f"grad_rule {self._plan.grad_rule!r}")
+            if self._plan.ema is not None:
+                notes.append(
+                    f"ema {self._plan.ema!r}, eval_weights {self._eval_weights}"
+                )
+        if self._eval_width is not None:
+            notes.append(f"eval batch width {self._eval_width}")
+        if "train" in self._prefetch:
+            entries = prefetch_report(self._prefetch["train"])
+            notes.append(
+                "train prefetch: " + ", ".join(f"{k} {v}" for k, v in entries.items())
+            )
+        return binding_report(
+            self._cls.__name__, self._config, self._split_sizes, routing, notes
+        )
+
+    # ------------------------------------------------------------- stale check ------
+    def _check_stale(self, entry: str) -> None:
+        now_cls = current_class(self._cls)
+        names = SCALAR_ACCESSORS if entry == "train" else ("seed", "run_dir")
+        changes = {}
+        for name in names:
+            then = self._accessor_snapshot.get(name, NOT_PASSED)
+            now = safe_accessor(self._experiment, name, now_cls)
+            if then is NOT_PASSED or now is NOT_PASSED:
+                continue
+            if name == "monitor" and now is not None:
+                now = check_monitor(now)
+            if differs(then, now):
+                changes[name] = (then, now)
+        prints = hook_fingerprints(now_cls)
+        redefined = [
+            name
+            for name in prints.keys() | self._hook_prints.keys()
+            if prints.get(name) != self._hook_prints.get(name)
+        ]
+        redefined.sort(
+            key=lambda n: list(prints.keys() | self._hook_prints.keys()).index(n)
+        )
+        emit_stale_report(stale_report(self._cls.__name__, changes, sorted(redefined)))

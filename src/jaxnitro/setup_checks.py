@@ -1,0 +1,129 @@
+"""Checks of one `Nitro` construction's inputs, each raising before work starts.
+
+Pure functions of the values they check: the monitor pair, the compile options (tried
+on a trivial program, so XLA refuses an unknown option now rather than minutes later),
+the routed fields of a probe batch, and what decay_anchor="w0" anchors to.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError
+
+
+def check_monitor(monitor: Any) -> tuple[str, str]:
+    """A monitor as a (metric, "min" | "max") pair; "val_loss" reads as "loss"."""
+    if (
+        isinstance(monitor, tuple)
+        and len(monitor) == 2
+        and monitor[1] in ("min", "max")
+    ):
+        name = str(monitor[0])
+        if name == "val_loss":
+            warnings.warn(
+                'monitor "val_loss" is spelled "loss": metric names carry no split.',
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            name = "loss"
+        return (name, str(monitor[1]))
+    raise ConfigError(
+        f'monitor must be a (metric, mode) pair with mode "min" or "max", such as '
+        f'("acc", "max"); got {monitor!r}.'
+    )
+
+
+def check_compile_options(options: Any) -> dict[str, Any]:
+    """XLA compiler options, validated now by compiling a trivial program with them."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"compile_options must be a dict of XLA compiler options, got "
+            f"{type(options).__name__}."
+        )
+    for key, value in options.items():
+        if not isinstance(key, str) or not isinstance(value, bool | int | float | str):
+            raise ConfigError(
+                f"compile_options: {key!r}={value!r}; keys are XLA option names and "
+                f"values are bool, int, float or str."
+            )
+    if options:
+        try:
+            jax.jit(lambda: jnp.zeros(())).lower().compile(
+                compiler_options=dict(options)
+            )
+        except Exception as error:
+            raise ConfigError(
+                f"compile_options were refused by XLA: {error}. Check the option "
+                f"names and values."
+            ) from None
+    return dict(options)
+
+
+def check_numeric_fields(
+    batch: Mapping[str, Any], names: Iterable[str], split: str
+) -> None:
+    """Refuse a routed field that cannot go to the device (strings, objects)."""
+    for name in names:
+        value = batch[name]
+        kind = np.asarray(value).dtype.kind if not isinstance(value, jax.Array) else "f"
+        if kind not in "biufc":
+            raise ConfigError(
+                f"Batch field `{name}` of split `{split}` is not a numeric array "
+                f"({type(value).__name__}); a field a traced hook declares is "
+                f"transferred to the device. Keep bookkeeping such as names in fields "
+                f"no traced hook declares."
+            )
+
+
+def partial_batch_message(last: int, full: int) -> str:
+    """The refusal of a train split that keeps a partial last batch."""
+    return (
+        f"The train split keeps a partial last batch ({last} samples, the others "
+        f"{full}): a short batch would compile a second gradient program and weight "
+        f"its samples differently. Drop it (drop_remainder=True / drop_last=True)."
+    )
+
+
+def w0_provider(
+    option: Any, fresh: Any, params: Any, has_weights: bool
+) -> Callable[[], Any]:
+    """What decay_anchor="w0" anchors to, copied only if some group asks for it."""
+    if option is None or (isinstance(option, str) and option == "build_model"):
+        source = fresh
+    elif isinstance(option, str) and option == "weights":
+        if not has_weights:
+            raise ConfigError(
+                'w0="weights" anchors to the parameters a weights= source loads, but '
+                "no weights= was given. Pass weights=..., or leave w0 at "
+                '"build_model".'
+            )
+        source = params
+    elif isinstance(option, str):
+        raise ConfigError(
+            f'w0={option!r}: it is "build_model", "weights", or a parameter tree.'
+        )
+    else:
+        source = option
+    cached: list[Any] = []
+
+    def provide() -> Any:
+        if not cached:
+            tree = jax.tree.map(jnp.array, source)  # a copy: training donates params
+            if jax.tree.structure(tree) != jax.tree.structure(params):  # type: ignore[operator]
+                raise ConfigError(
+                    "w0 is a tree that does not match the parameters' structure; it "
+                    "must be shaped like what build_model returns."
+                )
+            cached.append(tree)
+        return cached[0]
+
+    return provide

@@ -1,0 +1,603 @@
+"""The setup sequence a `Nitro` runs at construction (a mixin of the handle).
+
+Resolve the run keywords and accessors, freeze the hooks, locate what to resume or
+load, seed, build the data (or take `data=`), derive, place the Device fields, probe
+one batch for routing and the split checks, build the model, restore weights, build
+the optimizer plan, and bind the logger and checkpointer to the run.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import restore
+from .accessors import (
+    ACCESSOR_KEYWORDS,
+    SCALAR_ACCESSORS,
+    Resolved,
+    accessor_value,
+    refuse_later_features,
+    resolve,
+)
+from .checkpoint.checkpointer import Checkpointer, new_run_id
+from .checkpoint.manifest import read_manifest
+from .checkpoint.record import Record
+from .checkpoint.retention_checks import check_keep, setup_warnings
+from .checkpoint.sources import ResolvedSource
+from .compile.cache import configure_persistent_cache
+from .compile.programs import TraceContext
+from .data.prefetch import auto_prefetch, check_prefetch
+from .data.sources import (
+    batch_at_index,
+    batch_size,
+    check_split,
+    first_batch,
+)
+from .errors import (
+    ConfigError,
+    HookError,
+    NitroWarning,
+    NotYetSupportedError,
+)
+from .hooks import (
+    RUNTIME_HOOKS,
+    check_required_hooks,
+    freeze,
+    has_hook,
+    hook_fingerprints,
+    hook_function,
+)
+from .logging import protocol as logproto
+from .observe.progress import Progress
+from .observe.transitions import PhaseRecorder
+from .optim.plan import OptimizerPlan
+from .optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
+from .optim.stopping import bind_stopper
+from .routing import HookFields, hook_fields
+from .setup_checks import (
+    check_compile_options,
+    check_monitor,
+    check_numeric_fields,
+    partial_batch_message,
+    w0_provider,
+)
+from .traits import config_metadata, device_fields, field_names, graphconst_fields
+from .values import to_device
+from .view import (
+    assert_graphconst_hashable,
+    check_field_names,
+    compile_view,
+    graphconst_record,
+    graphconst_values,
+    replace_fields,
+)
+
+NOT_PASSED: Any = object()
+
+
+class SetupSequence:
+    """The construction steps of a `Nitro` (the handle's innermost base class).
+
+    The attributes below are set by `Nitro.__init__` before the sequence runs.
+    """
+
+    _keywords: dict[str, Any]
+    _preset: str | None
+    _step: int
+    _epoch: int
+    _logger: Any
+    _history: list[dict[str, Any]]
+    _executables: dict[Any, Any]
+    _stop_requested: bool
+    _stop_reason: str | None
+    _released: bool
+    _progress: Progress | None
+    phase_recorder: PhaseRecorder
+
+    @property
+    def total_steps(self) -> int:
+        """The schedule horizon: max_epochs * (train batches // accum)."""
+        per_epoch = self._split_sizes.get("train", 0) // int(
+            self._config["accum"].value
+        )
+        return int(self._config["max_epochs"].value) * per_epoch
+
+    def _setup(self, e: Any) -> None:
+        cls = type(e)
+        self._cls = cls
+        kw = self._keywords
+        data_given = "data" in kw
+        check_required_hooks(cls, has_data=data_given)
+        refuse_later_features(e, kw)
+        self._check_markers(e)
+        assert_graphconst_hashable(e)
+
+        self._config: dict[str, Resolved] = {
+            name: resolve(e, name, kw)
+            for name in ACCESSOR_KEYWORDS
+            if name not in ("logger", "checkpointer")
+        }
+        self._accessor_snapshot = {
+            name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
+        }
+        self._check_run_values()
+        run_dir = str(self._config["run_dir"].value)
+        self._config["logger"] = resolve(e, "logger", kw)
+        self._config["checkpointer"] = resolve(e, "checkpointer", kw)
+        self._logger = self._config["logger"].value
+        self._checkpointer = self._config["checkpointer"].value
+        if self._checkpointer is not None and not isinstance(
+            self._checkpointer, Checkpointer
+        ):
+            raise ConfigError(
+                f"checkpointer must be a Checkpointer or None, got "
+                f"{type(self._checkpointer).__name__}."
+            )
+        self._compile_options = check_compile_options(kw.get("compile_options"))
+
+        # Freeze the hooks: this handle keeps running today's code.
+        self._hooks = {
+            name: freeze(hook_function(cls, name))
+            for name in RUNTIME_HOOKS
+            if has_hook(cls, name)
+        }
+        self._hook_prints = hook_fingerprints(cls)
+
+        # Locate what to resume or load before anything expensive runs.
+        self._resume: ResolvedSource | None = None
+        self._weights: Any = None
+        self._record: Record | None = None
+        self.checkpoint_source: str | None = None
+        self.weights_from: dict[str, Any] | None = None
+        self._restored_best = False
+        restore.locate(self, run_dir, self._resolve_monitor())
+        self._step = 0
+        self._epoch = 0
+        self._resumed_from_epoch: int | None = None
+        if self._resume is not None and self._record is not None:
+            self._adopt_resumed_seed()
+            self._step = int(self._record.meta["step"])
+            self._epoch = int(self._record.meta["epoch"])
+            self._resumed_from_epoch = self._epoch
+            if self._preset is None:
+                self._preset = self._record.meta.get("preset")
+
+        seed = int(self._config["seed"].value)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+
+        # Data, then derive, on the pre-conversion experiment.
+        self._setup_phase("building data")
+        data = kw["data"] if data_given else hook_function(cls, "build_data")(e, None)
+        if not isinstance(data, Mapping):
+            raise HookError(
+                f"build_data must return a dict of splits such as "
+                f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
+            )
+        self.data: dict[str, Any] = dict(data)
+        self._split_sizes = {
+            name: check_split(name, s) for name, s in self.data.items()
+        }
+
+        derived_from_record = (
+            self._weights is not None
+            and self._record is not None
+            and "derived" in self._record.meta
+        )
+        if derived_from_record:
+            assert self._record is not None
+            stored = self._record.device_values()
+            derived = {
+                name: stored[name]
+                for name in self._record.meta["derived"]
+                if name in stored
+            }
+        else:
+            derived = hook_function(cls, "derive")(e, self.data) or {}
+            if not isinstance(derived, Mapping):
+                raise HookError(
+                    f"derive must return a dict of field values; it returned "
+                    f"{type(derived).__name__}."
+                )
+            check_field_names(
+                cls, derived, "derive returned", "Every key must name a field."
+            )
+        self._derived_keys = tuple(derived)
+        e = replace_fields(e, **{name: derived[name] for name in derived})
+        assert_graphconst_hashable(e)
+        if self._record is not None:  # after derive: a derived field compares too
+            self._check_record_config(e, self._record)
+
+        # Device conversion: the experiment every later hook sees.
+        meta = config_metadata(cls)
+        converted = {}
+        for name in device_fields(cls):
+            declared = meta[name].type if name in meta else None
+            converted[name] = to_device(name, declared, getattr(e, name))
+        self._experiment = replace_fields(e, **converted)
+        self._device_values: dict[str, Any] = converted
+
+        self._probe_routing()
+        # Every split gets its prefetch settings now, after the probe and the checks
+        # above saw the collection as build_data returned it.
+        self.data = auto_prefetch(self.data)
+        self._prefetch = check_prefetch(self.data)
+
+        # The model, on the post-conversion experiment.
+        self._setup_phase("building model")
+        built = hook_function(cls, "build_model")(
+            self._experiment, jax.random.key(seed)
+        )
+        if not (isinstance(built, tuple) and len(built) == 3):
+            raise HookError(
+                "build_model must return (model, params, state); it returned "
+                f"{type(built).__name__}. Return an empty dict as the state of a "
+                "stateless model."
+            )
+        self._model, params, state = built
+        # Own copies: the optimizer program donates (overwrites) the parameters.
+        self._params = jax.tree.map(jnp.array, params)
+        self._state = jax.tree.map(jnp.array, state)
+        self._opt_state: Any = None
+        self._accumulator: Any = None
+        self._ema: Any = None
+        fresh = self._params
+        restore.restore_weights(self, fresh, bool(kw.get("load_ema", False)))
+        self._setup_optimization(fresh, kw.get("w0"))
+        self._restore_best = restore.check_restore_best(self)
+        restore.check_restore_optimizer(self)
+        if self._record is not None:
+            if self._resume is None and not kw.get("restore_optimizer", False):
+                self._record = None  # weights only: nothing more to read from it
+            else:
+                self._record.keep_only("opt_state")  # restored when train() starts
+
+        self._ctx = TraceContext(
+            cls=cls,
+            view=compile_view(self._experiment),
+            device_names=device_fields(cls),
+            hooks=self._hooks,
+            model=self._model,
+            graphconst=graphconst_values(self._experiment),
+            compile_options=self._compile_options,
+        )
+        self._bind_run(run_dir)
+        configure_persistent_cache()
+
+    def _setup_phase(self, label: str) -> None:
+        if self._progress is not None:
+            self._progress.phase(label)
+
+    def _check_markers(self, e: Any) -> None:
+        graphconst = set(graphconst_fields(type(e)))
+        for name, fix in (("seed", "a seed sweep"), ("max_epochs", "a longer run")):
+            if name in graphconst and name in field_names(type(e)):
+                raise ConfigError(
+                    f"Field `{name}` of {type(e).__name__} is marked GraphConst, which "
+                    f"would bake it into the compiled graph and recompile for "
+                    f"{fix}. It is read on the host only: mark it Host (or leave it "
+                    f"unmarked)."
+                )
+
+    def _check_run_values(self) -> None:
+        c = self._config
+        for name in ("accum", "max_epochs", "log_every_n_steps"):
+            value = c[name].value
+            if not isinstance(value, int | np.integer) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be an int, got {value!r}.")
+            low = 0 if name == "max_epochs" else 1
+            if value < low:
+                raise ConfigError(f"{name} must be >= {low}, got {value}.")
+        if int(c["n_devs"].value) != 1:
+            raise NotYetSupportedError(
+                f"n_devs={c['n_devs'].value}: sharding a batch over several devices is "
+                f"not supported yet; this jaxnitro runs on one device (n_devs=1)."
+            )
+        monitor = c["monitor"].value
+        if monitor is not None:
+            c["monitor"] = Resolved(check_monitor(monitor), c["monitor"].source)
+
+    def _check_record_config(self, e: Any, record: Record) -> None:
+        stored = record.meta.get("graphconst", {})
+        current = graphconst_record(e)
+        diff = {
+            name: (stored.get(name), current.get(name))
+            for name in set(stored) | set(current)
+            if stored.get(name) != current.get(name)
+        }
+        if not diff:
+            return
+        shown = "; ".join(
+            f"{n}: {a!r} in the record, {b!r} now" for n, (a, b) in diff.items()
+        )
+        if self._resume is not None:
+            raise ConfigError(
+                f"Cannot resume from {record.path}: its GraphConst fields differ from "
+                f"this experiment's ({shown}), so it trained a different program. "
+                f"Resume with the recorded values, or start from its weights with "
+                f"weights=."
+            )
+        warnings.warn(
+            f"weights={record.path} was written with other GraphConst values "
+            f"({shown}); "
+            f"the parameters are loaded into this experiment's program.",
+            NitroWarning,
+            stacklevel=4,
+        )
+
+    def _adopt_resumed_seed(self) -> None:
+        assert self._record is not None
+        recorded = int(self._record.meta["seed"])
+        passed = int(self._config["seed"].value)
+        if recorded != passed:
+            warnings.warn(
+                f"Resuming {self._record.path} with its recorded seed {recorded}; the "
+                f"seed given here ({passed}) is ignored, since a resume continues the "
+                f"run it names.",
+                NitroWarning,
+                stacklevel=4,
+            )
+        self._config["seed"] = Resolved(recorded, "record")
+
+    def _probe_routing(self) -> None:
+        """Resolve routing from one batch, and check the train split's shape."""
+        self._fields: dict[str, HookFields] = {
+            name: hook_fields(name, self._hooks[name])
+            for name in ("forward", "loss", "metrics", "train_metrics")
+            if name in self._hooks
+        }
+        self._train_fields: tuple[str, ...] = ()
+        self._train_batch: int | None = None
+        self._eval_width: int | None = None
+        if "train" in self.data:
+            source = self.data["train"]
+            batch = first_batch("train", source)
+            keys = tuple(batch)
+            self._gradient_fields = self._route_training(keys)
+            self._train_fields = tuple(
+                dict.fromkeys(
+                    self._gradient_fields.forward
+                    + self._gradient_fields.loss
+                    + (self._gradient_fields.train_metrics or ())
+                )
+            )
+            check_numeric_fields(batch, self._train_fields, "train")
+            self._train_batch = batch_size(batch, self._train_fields)
+            count, accum = self._split_sizes["train"], int(self._config["accum"].value)
+            if count % accum:
+                raise ConfigError(
+                    f"The train split has {count} batches, which does not divide by "
+                    f"accum={accum} ({count} % {accum} = {count % accum}): every "
+                    f"optimizer step takes {accum} micro-batches. Change the batch "
+                    f"size or accum so the batch count divides."
+                )
+            if count == 0:
+                raise ConfigError("The train split has no batches.")
+            last = batch_at_index(source, count - 1) if count > 1 else None
+            if last is not None:
+                last_size = batch_size(last, self._train_fields)
+                if last_size != self._train_batch:
+                    raise ConfigError(
+                        partial_batch_message(last_size, self._train_batch)
+                    )
+        # The eval programs' batch width: the first batch of val, else test, else
+        # any split; with no data at all, the first batch predict is handed.
+        usual = ("val", "test", "train")
+        order = [n for n in usual if n in self.data]
+        order += [n for n in self.data if n not in usual]
+        for name in order:
+            if self._split_sizes[name] > 0:
+                probe = first_batch(name, self.data[name])
+                forward = self._fields["forward"].select(tuple(probe))
+                self._eval_width = batch_size(probe, forward)
+                break
+
+    def _route_training(self, keys: tuple[str, ...]) -> Any:
+        from .compile.programs import GradientFields
+
+        device_tm = (
+            "train_metrics" in self._fields
+            and self._residency("train_metrics") == "device"
+        )
+        return GradientFields(
+            forward=self._fields["forward"].select(keys),
+            loss=self._fields["loss"].select(keys),
+            train_metrics=(
+                self._fields["train_metrics"].select(keys) if device_tm else None
+            ),
+            host_outputs="train_metrics" in self._fields and not device_tm,
+        )
+
+    def _residency(self, hook: str) -> str:
+        """Where metric hook `hook` runs, resolved once and frozen with the handle."""
+        frozen = self.__dict__.setdefault("_residencies", {})
+        if hook not in frozen:
+            where = hook_function(self._cls, "metrics_residency")(
+                self._experiment, hook
+            )
+            if where not in ("host", "device"):
+                raise ConfigError(
+                    f'metrics_residency({hook!r}) must return "host" or "device", '
+                    f"got {where!r}."
+                )
+            frozen[hook] = str(where)
+        return str(frozen[hook])
+
+    def _resolve_monitor(self) -> tuple[str, str] | None:
+        """The monitor, defaulting to ("loss", "min") when the loss is sure to exist."""
+        monitor = self._config["monitor"].value
+        if monitor is None and (
+            "metrics" not in self._hooks or bool(self._config["eval_loss"].value)
+        ):
+            monitor = ("loss", "min")
+            self._config["monitor"] = Resolved(monitor, "default")
+        return monitor  # type: ignore[no-any-return]
+
+    def _setup_optimization(self, fresh: Any, w0_option: Any) -> None:
+        """The optimizer plan, the early-stopping policy and the eval weights."""
+        c = self._config
+        ema = check_ema(c["ema"].value)
+        eval_weights = self._keywords.get("eval_weights")
+        if eval_weights is None:
+            eval_weights = "ema" if ema is not None else "raw"
+        if eval_weights not in ("ema", "raw"):
+            raise ConfigError(f'eval_weights={eval_weights!r}: it is "ema" or "raw".')
+        if eval_weights == "ema" and ema is None:
+            raise ConfigError(
+                'eval_weights="ema" needs an EMA of the weights: set ema() on the '
+                "experiment or pass ema=EMA(beta)."
+            )
+        self._eval_weights = eval_weights
+        monitor = self._resolve_monitor()
+        self._plan: OptimizerPlan | None = None
+        self._stopper: Any = None
+        self._anchor_sums: dict[str, str] = {}
+        self._device_schedules: list[tuple[Any, Any]] = []
+        if "train" not in self.data:
+            return  # nothing to optimize: no plan, no optimizer state
+        has_val = "val" in self.data
+        policy = c["early_stop"].value
+        if policy is not None and not has_val:
+            raise ConfigError(
+                "early_stop needs a val split: it is checked once per epoch after "
+                "validation, and this run has none."
+            )
+        self._stopper = bind_stopper(policy, monitor)
+        self._check_control_metric(
+            getattr(self._stopper, "metric", None), "EarlyStopping"
+        )
+        self._plan = build_plan(
+            self._experiment,
+            self._params,
+            w0_provider(w0_option, fresh, self._params, self._weights is not None),
+            PlanInputs(
+                schedules=c["schedules"].value,
+                clip_norm=float(c["gradient_clip_norm"].value),
+                ema=ema,
+                total=self.total_steps,
+                monitor=monitor,
+                device_fields=device_fields(self._cls),
+            ),
+        )
+        for schedule in self._plan.schedules:
+            if schedule.plateau is not None:
+                if not has_val:
+                    raise ConfigError(
+                        f"The Plateau on schedule `{schedule.key}` needs a val split: "
+                        f"it is updated once per epoch from validation."
+                    )
+                self._check_control_metric(schedule.plateau.metric, "Plateau")
+        self._anchor_sums = anchor_checksums(self._plan)
+        self._device_schedules = [
+            (s.target, self._device_values[s.target.name].dtype)
+            for s in self._plan.schedules
+            if s.target.namespace == "device"
+        ]
+        if self._resume is not None and self._record is not None:
+            self._restore_counters(self._record.meta)
+
+    def _check_control_metric(self, metric: str | None, what: str) -> None:
+        """Without custom metrics the only validation metric is the loss."""
+        if metric is not None and "metrics" not in self._hooks and metric != "loss":
+            raise ConfigError(
+                f"{what} watches `{metric}`, but {self._cls.__name__} defines no "
+                f'metrics, so validation reports only `loss`. Watch "loss", or '
+                f"define metrics()."
+            )
+
+    def _restore_counters(self, meta: dict[str, Any]) -> None:
+        """A resume continues the early-stopping and Plateau counters, and verifies
+        that every decay anchor is the one the record trained toward."""
+        assert self._plan is not None
+        stored = meta.get("anchor_checksums") or {}
+        for group, checksum in self._anchor_sums.items():
+            if group in stored and stored[group] != checksum:
+                raise ConfigError(
+                    f"Cannot resume from {self._record.path if self._record else ''}: "
+                    f"group {group!r} decays toward an anchor that differs from the "
+                    f"one the record trained toward (checksum mismatch). An anchored "
+                    f"run resumes only when its anchor is rebuilt identically."
+                )
+        if self._stopper is not None and meta.get("early_stop"):
+            restore = getattr(self._stopper, "restore", None)
+            if callable(restore):
+                restore(meta["early_stop"])
+        plateaus = meta.get("plateau") or {}
+        for schedule in self._plan.schedules:
+            if schedule.plateau is not None and schedule.key in plateaus:
+                schedule.plateau.restore(plateaus[schedule.key])
+
+    def _bind_run(self, run_dir: str) -> None:
+        """Point the logger and checkpointer at the run; log params and bindings."""
+        self._run_dir = run_dir
+        monitor = self._resolve_monitor()
+        self._monitor = monitor
+        ckpt = self._checkpointer
+        has_val = "val" in self.data
+        trains = "train" in self.data
+        if ckpt is not None:
+            if ckpt.ranks and monitor is None and ckpt.metric is None and has_val:
+                raise ConfigError(
+                    f"The checkpointer keeps Best checkpoints but {self._cls.__name__} "
+                    f"defines its own metrics and no `monitor`, so there is nothing to "
+                    f"rank by. Define monitor() returning e.g. ('acc', 'max'), pass "
+                    f"monitor=, or keep only the latest: "
+                    f"checkpointer=Checkpointer(keep=Last(1))."
+                )
+            check_keep(ckpt, trains=trains, has_val=has_val)
+            parent = None
+            resume = self._resume
+            if resume is not None and resume.entry is not None and resume.is_run_newest:
+                # The newest record of a run continues that run (a legacy run: None).
+                run_id = resume.entry.run
+            else:
+                run_id = new_run_id()
+                parent = resume.path if resume is not None else None
+            self._run_id: str | None = run_id
+            ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
+            if trains and ckpt.dir is not None:
+                for text in setup_warnings(ckpt, read_manifest(ckpt.dir), trains=True):
+                    warnings.warn(text, NitroWarning, stacklevel=4)
+        else:
+            self._run_id = new_run_id()
+        bind = getattr(self._logger, "bind_run_dir", None)
+        if callable(bind):
+            bind(run_dir)
+        if self._resume is not None and self._record is not None:
+            state = self._record.meta.get("logger_state")
+            if state is not None and self._logger is not None:
+                recorded_type = self._record.meta.get("logger_type")
+                mine = type(self._logger)
+                if recorded_type not in (
+                    None,
+                    f"{mine.__module__}.{mine.__qualname__}",
+                ):
+                    raise ConfigError(
+                        f"Cannot resume into a {type(self._logger).__name__}: the "
+                        f"record was logged by a {recorded_type}. Pass a logger of "
+                        f"that type."
+                    )
+                logproto.reattach(self._logger, state)
+
+    # ------------------------------------------------------------ public reads ------
+
+
+def safe_accessor(e: Any, name: str, cls: type | None = None) -> Any:
+    try:
+        return accessor_value(e, name, cls).value
+    except Exception:
+        return NOT_PASSED
+
+
+def differs(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except Exception:
+        return False
