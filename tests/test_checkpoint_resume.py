@@ -233,3 +233,72 @@ def test_resume_appends_to_the_same_log(tmp_path):
         "completed",
     ]
     assert [x["epoch"] for x in lines if x.get("context") == "validate"] == [1, 2]
+
+
+class CrashAt(nx.JSONLogger):
+    """A JSON logger that dies at the first train line of one epoch: a crash."""
+
+    def __init__(self, crash_in):
+        super().__init__()
+        self.crash_epoch = crash_in
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and epoch == self.crash_epoch:
+            raise RuntimeError("the machine went away")
+        super().log_metrics(metrics, step=step, epoch=epoch, context=context)
+
+
+@pytest.mark.parametrize("crash_in", [2, 3])
+def test_resume_after_a_crash_with_ema_plateau_and_schedules_is_bitwise(
+    tmp_path, crash_in
+):
+    """Train 4 epochs straight, against: train, crash in epoch k, resume to 4."""
+
+    def train(run_dir, **extra):
+        nitro = nx.Nitro(
+            Tiny(max_epochs=4),
+            run_dir=str(run_dir),
+            accum=2,
+            ema=nx.EMA(0.9),
+            schedules={
+                "learning_rate": nx.Plateau(
+                    lambda total: lambda t: 0.05 * (1 - t / total), patience=0
+                ),
+                "smoothing": lambda total: lambda t: 0.01 * t,
+            },
+            early_stop=nx.EarlyStopping(patience=3, min_delta=0.0),
+            **extra,
+        )
+        nitro.train()
+        return nitro
+
+    straight = train(tmp_path / "a")
+    with pytest.raises(RuntimeError, match="the machine went away"):
+        train(tmp_path / "b", logger=CrashAt(crash_in=crash_in))
+    resumed = train(tmp_path / "b", resume="auto", logger=CrashAt(crash_in=99))
+    assert resumed.history[crash_in]["epoch"] == crash_in  # it redid the lost epoch
+    for name in ("_params", "_opt_state", "_ema"):
+        for a, b in zip(
+            leaves(getattr(resumed, name)), leaves(getattr(straight, name)), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+    for p, q in zip(resumed._plan.schedules, straight._plan.schedules, strict=True):
+        if p.plateau is not None:
+            assert p.plateau.state() == q.plateau.state()
+    assert resumed._stopper.state() == straight._stopper.state()
+    rows = [(r["epoch"], r["train_loss"], r["loss"]) for r in straight.history]
+    assert [(r["epoch"], r["train_loss"], r["loss"]) for r in resumed.history] == rows[
+        crash_in - 1 :
+    ]
+
+    def logged(run_dir, context):
+        text = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = [json.loads(x) for x in text]
+        return [
+            {k: v for k, v in x.items() if k.startswith("schedule/") or k == "step"}
+            for x in lines
+            if x.get("context") == context
+        ]
+
+    for context in ("train", "validate"):
+        assert logged(tmp_path / "b", context) == logged(tmp_path / "a", context)
