@@ -129,3 +129,15 @@ def test_release_for_a_handle_that_only_evaluates():
     with pytest.warns(nx.NitroWarning, match="val"):
         nitro.release()
     assert sorted(released) == ["test", "train", "val"]
+
+
+def test_the_binding_report_says_what_drop_last_discards():
+    class Dropping(Tiny):
+        def build_data(self, dist):
+            train = grain.MapDataset.source(samples(70)).batch(16, drop_remainder=True)
+            return {"train": train}
+
+    report = nx.Nitro(Dropping(), logger=None, checkpointer=None).binding_report()
+    assert "train drop-last discards 6 samples an epoch" in report
+    listed = nx.Nitro(Tiny(), logger=None, checkpointer=None).binding_report()
+    assert "train drop-last discards 0 samples an epoch" in listed

@@ -11,6 +11,7 @@ from .accessors import (
     SCALAR_ACCESSORS,
 )
 from .data.prefetch import prefetch_report
+from .data.protocol import dropped_samples
 from .experiment import summarize
 from .hooks import (
     current_class,
@@ -130,6 +131,16 @@ class HandleReports(SetupSequence):
                 )
         if self._eval_width is not None:
             notes.append(f"eval batch width {self._eval_width}")
+        if "train" in self.data:
+            dropped = dropped_samples(self.data["train"])
+            notes.append(
+                "train drop-last discards "
+                + (
+                    f"{dropped} samples an epoch"
+                    if dropped is not None
+                    else "an unknown number of samples (the source does not say)"
+                )
+            )
         if "train" in self._prefetch:
             entries = prefetch_report(self._prefetch["train"])
             notes.append(

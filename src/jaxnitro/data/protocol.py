@@ -244,3 +244,39 @@ def release_splits(collection: Mapping[str, Any]) -> None:
                 NitroWarning,
                 stacklevel=2,
             )
+
+
+def dropped_samples(source: Any) -> int | None:
+    """How many samples the split's drop-last discards each epoch, when it can say.
+
+    A source may declare it (an int `dropped_samples` attribute or method); a list of
+    built batches drops nothing; a batched `grain.MapDataset` is read through Grain's
+    batch node. None when nothing says.
+    """
+    source = unwrap_source(source)
+    declared = getattr(source, "dropped_samples", None)
+    if declared is not None:
+        value = declared() if callable(declared) else declared
+        return int(value)
+    if is_materialized(source):
+        return 0
+    if is_grain_map_dataset(source):
+        return _grain_dropped(source)
+    return None
+
+
+def _grain_dropped(ds: Any) -> int | None:
+    # Grain keeps a batch node's parent and settings on private attributes; read
+    # them defensively, since a version that renames them must only lose the count.
+    node = ds
+    try:
+        while node is not None:
+            if type(node).__name__ == "BatchMapDataset":
+                if not node._drop_remainder:
+                    return 0
+                return int(len(node._parents[0]) - len(node) * node._batch_size)
+            parents: Any = getattr(node, "_parents", ())
+            node = parents[0] if len(parents) == 1 else None
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return None
