@@ -137,3 +137,34 @@ def test_restore_optimizer_needs_a_train_split(tmp_path):
     path = str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
     with pytest.raises(nx.ConfigError, match="no optimizer to restore into"):
         nx.Nitro(Tiny(), weights=path, restore_optimizer=True, data={}, logger=None)
+
+
+def test_restore_best_without_a_scored_checkpoint_warns_and_keeps_the_final_weights(
+    tmp_path,
+):
+    class NoVal(Tiny):
+        def build_data(self, dist):
+            return {"train": Tiny.build_data(self, dist)["train"]}
+
+    keep = nx.Checkpointer(keep=(nx.Best(1), nx.Last(1)))
+    nitro = nx.Nitro(
+        NoVal(max_epochs=1),
+        run_dir=str(tmp_path),
+        logger=None,
+        checkpointer=keep,
+        restore_best=True,
+    )
+    with pytest.warns(nx.NitroWarning, match="no scored checkpoint; keeping the final"):
+        nitro.train()
+    assert nitro.checkpoint_source is None
+
+
+def test_weights_with_other_graphconst_values_warn_with_the_diff(tmp_path):
+    nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+    path = str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
+
+    class Renamed(Tiny):
+        variant: nx.GraphConst[str] = "b"
+
+    with pytest.warns(nx.NitroWarning, match="variant: None in the record, 'b' now"):
+        nx.Nitro(Renamed(), weights=path, logger=None, checkpointer=None)
