@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -428,7 +429,9 @@ CHILD = textwrap.dedent(
 class Terminal:
     """A child process on a pseudo-terminal, its output fed to a terminal emulator."""
 
-    def __init__(self, script: str, columns: int = 100, rows: int = 10) -> None:
+    def __init__(
+        self, script: str, *args: str, columns: int = 100, rows: int = 10
+    ) -> None:
         import fcntl
         import pty
         import struct
@@ -449,7 +452,7 @@ class Terminal:
         }
         env["TERM"] = "xterm-256color"
         self.process = subprocess.Popen(
-            [sys.executable, "-c", script, str(sync_read)],
+            [sys.executable, "-c", script, str(sync_read), *args],
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -540,3 +543,48 @@ def test_a_person_at_a_terminal_sees_one_line_per_entry_point():
     assert described(screen[0]) == "setup done" and " 100% " in screen[0]
     assert described(screen[1]) == "done: 3/3 epochs" and " 100% " in screen[1]
     assert not term.screen.cursor.hidden  # the bar gave the cursor back
+
+
+TRAINING = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import jaxnitro as nx
+    from experiments import Tiny
+
+    sync = int(sys.argv[1])
+    holds = {("GradientCompiling", 1), ("EvalStepping", 2)}
+
+    def hold(phase, step, epoch, info):  # wait until the parent has seen the screen
+        key = (type(phase).__name__, epoch)
+        if key in holds:
+            holds.discard(key)
+            os.read(sync, 1)
+
+    nx.register_phase_monitor(hold)
+    nx.Nitro(Tiny(max_epochs=3), logger=None, checkpointer=None).train()
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_a_real_training_run_at_a_terminal_keeps_one_live_line():
+    pytest.importorskip("pyte")
+    term = Terminal(TRAINING, str(Path(__file__).resolve().parent), rows=40)
+    try:
+        *_, done, line = term.expect("[compiling gradient]", timeout=60)
+        assert described(done) == "setup done" and " 100% " in done
+        assert described(line) == "epoch 1/3: train [compiling gradient]"
+        term.proceed()
+        *_, line = term.expect("epoch 2/3: val", timeout=60)
+        assert described(line) == "epoch 2/3: val"
+        term.proceed()
+        screen = term.finish(timeout=60)
+    finally:
+        term.close()
+    bars = [line for line in screen if re.search(r" +[━╸╺]", line)]
+    assert [described(b) for b in bars] == ["setup done", "done: 3/3 epochs"]
+    assert screen[-1] == bars[-1] and " 100% " in bars[-1]
+    # The setup report printed while the bar was live sits whole above it.
+    assert any(x.startswith("╭") and "jaxnitro: Tiny" in x for x in screen), screen
+    assert not term.screen.cursor.hidden

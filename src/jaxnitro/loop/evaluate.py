@@ -55,10 +55,10 @@ def announcer(nitro: Nitro) -> Callable[[str], None]:
 
     def announce(kind: str) -> None:
         phase = phases.compile_phase(kind)
-        nitro.set_phase(phase)
         bar = nitro.progress()
-        if bar is not None:
+        if bar is not None:  # the line first, so a monitor's view matches the screen
             bar.phase(phase.label)
+        nitro.set_phase(phase)
 
     return announce
 
@@ -161,13 +161,13 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Run one split in eval mode and return its finalized metrics."""
     previous = nitro.phase
-    nitro.set_phase(phases.EvalStepping())
     source = nitro.data[split]
     bar = nitro.progress()
-    if bar is not None:
+    if bar is not None:  # the line first, so a monitor's view matches the screen
         epoch = nitro.current_epoch if isinstance(previous, phases.TrainStepping) else 0
         max_epochs = int(nitro._config["max_epochs"].value) if epoch else 0
         bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
+    nitro.set_phase(phases.EvalStepping())
     fields = nitro._fields
     has_metrics = "metrics" in nitro._hooks
     eval_loss = bool(nitro._config["eval_loss"].value)

@@ -107,6 +107,18 @@ class BarReporter:
         """Whether a bar is on screen now."""
         return self._progress is not None
 
+    def print_above(self, renderable: RenderableType) -> bool:
+        """Print above the live bar, which redraws below it; False when none is live.
+
+        Output written past a live bar on another console would land on the bar's
+        line and leave a torn copy of it on screen.
+        """
+        progress = self._progress
+        if progress is None:
+            return False
+        progress.console.print(renderable)
+        return True
+
     def __call__(
         self, verb: str, label: str, total: int, epoch: int, max_epochs: int
     ) -> None:

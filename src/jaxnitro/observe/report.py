@@ -99,13 +99,16 @@ def show_report(title: str, text: str) -> None:
     The same text goes to the logger's `log_other` either way (the caller's job), so
     a run's record holds it wherever the process ran.
     """
+    from .progress import progress_bar_reporter
     from .progress_bar import is_terminal_session
 
     if is_terminal_session():
         from rich.console import Console
         from rich.panel import Panel
 
-        Console(stderr=True).print(Panel(text, title=title, expand=False))
+        panel = Panel(text, title=title, expand=False)
+        if not progress_bar_reporter.print_above(panel):
+            Console(stderr=True).print(panel)
     else:
         logging.getLogger("jaxnitro").info("%s\n%s", title, text)
 
