@@ -84,6 +84,20 @@ def test_off_the_main_thread_nothing_is_installed():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_nested_block_leaves_ctrl_c_to_the_outer_one():
+    stops: list = []
+    with (
+        pytest.raises(KeyboardInterrupt),
+        StopOnInterrupt(lambda: stops.append("outer"), message=None) as outer,
+        StopOnInterrupt(lambda: stops.append("inner"), message=None) as inner,
+    ):
+        assert outer.installed and not inner.installed
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # a second press interrupts at once
+    assert stops == ["outer"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_handler_installed_inside_the_block_is_not_overwritten_on_exit():
     def theirs(signum, frame):
         pass

@@ -9,7 +9,9 @@ the previous handler runs, which by default raises KeyboardInterrupt. The previo
 handler is restored when the block exits.
 
 Off the main thread, or where SIGINT is ignored, the block installs nothing (Python
-delivers signals to the main thread only, and an ignored Ctrl+C stays ignored).
+delivers signals to the main thread only, and an ignored Ctrl+C stays ignored). Inside
+another block it installs nothing either: the outermost block owns Ctrl+C, so an entry
+point called inside another (render calling predict) cannot swallow the second press.
 
 The handler does nothing but set flags, call `request_stop` and write its line with
 one `os.write`: it runs between two bytecodes of the main thread, which may be holding
@@ -72,6 +74,8 @@ class StopOnInterrupt:
         previous = signal.getsignal(signal.SIGINT)
         if previous is signal.SIG_IGN or previous is None:
             return self  # ignored, or installed from outside Python: leave it alone
+        if isinstance(getattr(previous, "__self__", None), StopOnInterrupt):
+            return self  # nested: the outer block already turns Ctrl+C into a stop
         self._previous = previous
         signal.signal(signal.SIGINT, self._handle)
         self.installed = True
