@@ -165,12 +165,9 @@ class HandleReports(SetupSequence):
             if differs(then, now):
                 changes[name] = (then, now)
         prints = hook_fingerprints(now_cls)
-        redefined = [
+        redefined = sorted(
             name
             for name in prints.keys() | self._hook_prints.keys()
             if prints.get(name) != self._hook_prints.get(name)
-        ]
-        redefined.sort(
-            key=lambda n: list(prints.keys() | self._hook_prints.keys()).index(n)
         )
-        emit_stale_report(stale_report(self._cls.__name__, changes, sorted(redefined)))
+        emit_stale_report(stale_report(self._cls.__name__, changes, redefined))

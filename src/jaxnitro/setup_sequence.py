@@ -356,9 +356,10 @@ class SetupSequence:
         self._train_fields: tuple[str, ...] = ()
         self._train_batch: int | None = None
         self._eval_width: int | None = None
+        probes: dict[str, Any] = {}  # first batches already read, reused below
         if "train" in self.data:
             source = self.data["train"]
-            batch = first_batch("train", source)
+            batch = probes["train"] = first_batch("train", source)
             keys = tuple(batch)
             self._gradient_fields = self._route_training(keys)
             self._train_fields = tuple(
@@ -394,7 +395,9 @@ class SetupSequence:
         order += [n for n in self.data if n not in usual]
         for name in order:
             if self._split_sizes[name] > 0:
-                probe = first_batch(name, self.data[name])
+                probe = probes.get(name)
+                if probe is None:
+                    probe = first_batch(name, self.data[name])
                 forward = self._fields["forward"].select(tuple(probe))
                 self._eval_width = batch_size(probe, forward)
                 break
