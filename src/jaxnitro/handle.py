@@ -331,10 +331,7 @@ class Nitro(HandleReports):
                     f"it, so writing it on a live handle would change nothing. Build a "
                     f"new Nitro with the new value, or mark the field Device."
                 )
-            if self._plan is not None and any(
-                s.target.namespace == "device" and s.target.name == name
-                for s in self._plan.schedules
-            ):
+            if any(target.name == name for target, _ in self._device_schedules):
                 raise ConfigError(
                     f"set_device: `{name}` is scheduled: the schedule writes it every "
                     f"step and would overwrite this value. Remove it from schedules."
@@ -378,14 +375,13 @@ class Nitro(HandleReports):
     def _sync_scheduled_devices(self) -> None:
         """Write the scheduled Device fields' current values into the experiment,
         so evaluation between epochs sees what training last used."""
+        from .optim.plan import scheduled_devices
+
         if not self._device_schedules:
             return
         assert self._plan is not None
         current = self._plan.schedule_values(max(self._step - 1, 0))
-        updates = {
-            target.name: jnp.asarray(current[target], dtype)
-            for target, dtype in self._device_schedules
-        }
+        updates = scheduled_devices(current, self._device_schedules, jnp.asarray)
         self._experiment = replace_fields(self._experiment, **updates)
         self._device_values = {**self._device_values, **updates}
 

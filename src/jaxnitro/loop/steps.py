@@ -25,6 +25,8 @@ from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
 from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
+from ..optim.plan import scheduled_devices
+from ..optim.schedules import Target
 from .evaluate import announcer, compiled
 from .feed import open_feed
 
@@ -227,17 +229,15 @@ def _check_batch(
             )
 
 
-def _device_inputs(nitro: Nitro, plan: Any, step: int) -> dict[str, Any]:
-    """The Device fields for this step: scheduled ones overridden by NumPy values."""
-    values = nitro._device_values  # set_device may replace it between steps
+def _device_inputs(
+    nitro: Nitro, device: dict[str, Any], current: dict[Target, float]
+) -> dict[str, Any]:
+    """The Device fields `device` with the scheduled ones overridden by NumPy values
+    from `current`, the step's `schedule_values`."""
     scheduled = nitro._device_schedules
     if not scheduled:
-        return values
-    current = plan.schedule_values(step)
-    merged = dict(values)
-    for target, dtype in scheduled:
-        merged[target.name] = np.asarray(current[target], dtype)
-    return merged
+        return device
+    return {**device, **scheduled_devices(current, scheduled)}
 
 
 def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
@@ -268,14 +268,25 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None
     assert plan is not None
     settle = log.settle
     autolog = bool(nitro._config["autolog_schedules"].value) and log.logging
+    every = log.every
     gradient: Any = None
     optimizer: Any = None
     in_flight: _InFlight | None = None
+    step = nitro._step
+    step_values: dict[Target, float] = {}
+    hp: dict[str, Any] = {}
+    device: dict[str, Any] | None = None  # the Device fields `values` was merged from
+    values: dict[str, Any] = {}
     for index, (full, routed) in enumerate(feed):
         _check_batch(routed, names, expected, index, epoch)
-        step = nitro._step
-        values = _device_inputs(nitro, plan, step)
-        hp = plan.step_inputs(step)
+        if index % accum == 0:  # a new optimizer step: its schedules, evaluated once
+            step = nitro._step
+            step_values = plan.schedule_values(step)
+            hp = plan.step_inputs(step, step_values)
+            device = None
+        if nitro._device_values is not device:  # set_device may replace it
+            device = nitro._device_values
+            values = _device_inputs(nitro, device, step_values)
         if gradient is None:
             gradient, optimizer = training_programs(nitro, routed, values, hp)
         if accum == 1:
@@ -322,7 +333,9 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None
                     nitro._accumulator,
                     hp,
                 )
-        schedule_line = plan.scheduled_log(step) if autolog and ends_step else None
+        # Built only for a step whose train line is logged (EpochLog.settle).
+        logged = autolog and ends_step and (step + 1) % every == 0
+        schedule_line = plan.scheduled_log(step_values) if logged else None
         if ends_step:
             nitro._step = step + 1
             advance_progress_counter()

@@ -20,6 +20,7 @@ import numpy as np
 from .._version import __version__
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
+from ..logging.values import flatten
 from ..observe import phases
 from ..optim.schedules import check_plateau_metrics
 from ..restore import finish_restore_best, optimizer_state
@@ -45,20 +46,10 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
         nitro._accumulator = jax.tree.map(jnp.zeros_like, nitro._params)
 
 
-def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flat(value, name + "/"))
-        else:
-            flat[name] = value
-    return flat
-
-
 def _checkpoint(
-    nitro: Nitro, epoch: int, metrics: dict[str, Any], reason: str | None
+    nitro: Nitro, epoch: int, flat: dict[str, Any], reason: str | None
 ) -> None:
+    """Save the epoch's record; `flat`: the validation metrics, flattened."""
     ckpt = nitro.checkpointer
     if ckpt is None:
         return
@@ -68,7 +59,7 @@ def _checkpoint(
     stopper = nitro._stopper
     meta = {
         "framework_version": __version__,
-        "experiment": f"{type(e).__module__}.{type(e).__qualname__}",
+        "experiment": _qualified(e),
         "epoch": epoch,
         "step": nitro.current_step,
         "seed": int(nitro._config["seed"].value),
@@ -97,7 +88,7 @@ def _checkpoint(
     }
     if nitro._ema is not None:
         trees["ema"] = nitro._ema
-    scalars = {k: v for k, v in _flat(metrics).items() if np.ndim(v) == 0}
+    scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
     ckpt.save(
         epoch=epoch,
         step=nitro.current_step,
@@ -183,19 +174,20 @@ def run_training(nitro: Nitro) -> None:
                 else {}
             )
             early, scales = _after_validation(nitro, epoch, metrics)
+            flat = flatten(metrics)
             nitro._history.append(
                 _history_row(
                     epoch,
                     nitro.current_step,
                     log.mean_loss(),
-                    _flat(metrics),
+                    flat,
                     time.perf_counter() - started,
                 )
             )
             if metrics:
                 logproto.log_metrics(
                     nitro.logger,
-                    {**_flat(metrics), **scales},
+                    {**flat, **scales},
                     step=nitro.current_step,
                     epoch=epoch,
                     context="validate",
@@ -213,7 +205,7 @@ def run_training(nitro: Nitro) -> None:
                 reason = "early_stop"
             elif epoch == max_epochs:
                 reason = "completed"
-            _checkpoint(nitro, epoch, metrics, reason if reason != "error" else None)
+            _checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
             if requested or early:
                 break
     except BaseException as error:

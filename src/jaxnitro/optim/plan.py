@@ -13,7 +13,7 @@ fields, the EMA decay), which reach the programs as arguments and never recompil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,11 +138,17 @@ class OptimizerPlan:
             values[schedule.target] = schedule.value(step)
         return values
 
-    def step_inputs(self, step: int) -> dict[str, Any]:
-        """This optimizer step's inputs: NumPy scalars and constant device trees."""
+    def step_inputs(
+        self, step: int, values: dict[Target, float] | None = None
+    ) -> dict[str, Any]:
+        """This optimizer step's inputs: NumPy scalars and constant device trees.
+
+        `values`: `schedule_values(step)`, when the caller already has them.
+        """
         if self._cached is not None:
             return self._cached
-        values = self.schedule_values(step)
+        if values is None:
+            values = self.schedule_values(step)
         base = values.get(Target("opt", "learning_rate"), self.base_lr)
         decay_all = values.get(Target("opt", "weight_decay"))
         groups = {}
@@ -174,11 +180,11 @@ class OptimizerPlan:
             self._cached = inputs
         return inputs
 
-    def grad_inputs(self, step: int, values: dict[Target, float] | None = None) -> Any:
-        """The gradient rule's per-step inputs (empty for SingleGrad)."""
+    def grad_inputs(self, step: int, values: dict[Target, float]) -> Any:
+        """The gradient rule's per-step inputs (empty for SingleGrad), from
+        `schedule_values(step)`."""
         if not self.perturbs and self.grad_rule_fn is None:
             return {}
-        values = self.schedule_values(step) if values is None else values
         rule = self.grad_rule
         fields = {t.name: v for t, v in values.items() if t.namespace == "grad"}
         if self.grad_rule_fn is not None:
@@ -203,9 +209,10 @@ class OptimizerPlan:
             "masks": self.perturb_masks,
         }
 
-    def scheduled_log(self, step: int) -> dict[str, float]:
-        """The varying schedule values of this step, under their log keys."""
-        return {s.target.log_key(): s.value(step) for s in self._varying}
+    def scheduled_log(self, values: Mapping[Target, float]) -> dict[str, float]:
+        """The varying schedule values of a step, from its `schedule_values`, under
+        their log keys."""
+        return {s.target.log_key(): values[s.target] for s in self._varying}
 
     # --- traced ---------------------------------------------------------------------
     def transformation(
@@ -214,20 +221,13 @@ class OptimizerPlan:
         """The Optax transformation for this step, from the traced inputs."""
         chains = {}
         for g in self.groups:
-            group_hp = hp["groups"][g.name]
-
-            def decoupled(values: Mapping[str, Any]) -> Any:
-                return Decay(
-                    values["weight_decay"], values["anchor"], values["no_decay_mask"]
-                )
-
             chains[g.name] = build_chain(
                 g.rule,
                 view,
                 g.name,
-                group_hp,
+                hp["groups"][g.name],
                 g.scheduled,
-                decoupled if g.decays else None,
+                _decoupled if g.decays else None,
             )
         if len(self.groups) == 1:
             return chains[self.groups[0].name]
@@ -256,6 +256,21 @@ class OptimizerPlan:
         if self.ema is not None:
             ema = ema_update(ema, params, hp["ema"])
         return params, opt_state, ema
+
+
+def scheduled_devices(
+    values: Mapping[Target, float],
+    fields: Iterable[tuple[Target, Any]],
+    asarray: Callable[..., Any] = np.asarray,
+) -> dict[str, Any]:
+    """The scheduled Device fields as `{name: asarray(value, dtype)}`, from a step's
+    `schedule_values` and each field's `(target, dtype)`."""
+    return {target.name: asarray(values[target], dtype) for target, dtype in fields}
+
+
+def _decoupled(values: Mapping[str, Any]) -> Any:
+    """The group's decoupled decay, from its (traced) step inputs."""
+    return Decay(values["weight_decay"], values["anchor"], values["no_decay_mask"])
 
 
 def clip_by_global_norm(grads: Any, max_norm: Any) -> Any:
