@@ -22,7 +22,6 @@ at any instant leaves a readable directory whose manifest names complete records
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 import warnings
@@ -30,13 +29,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
+from ..watch import check_control_readback as check_control_readback
+from ..watch import read_watched
 from .filenames import RECORD_SUFFIX as RECORD_SUFFIX
 from .filenames import checkpoint_filename as checkpoint_filename
 from .filenames import new_run_id as new_run_id
 from .filenames import sanitize_metric_name as sanitize_metric_name
 from .manifest import MANIFEST as MANIFEST
+from .manifest import Manifest, load_manifest, remove_file, write_manifest
 from .manifest import ManifestEntry as ManifestEntry
-from .manifest import load_manifest, remove_file, write_manifest
 from .manifest import read_manifest as read_manifest
 from .record import TMP_PREFIX, read_meta, rewrite_meta, save_record
 from .selectors import Best as Best
@@ -231,9 +232,7 @@ class Checkpointer:
         Returns False when no selector admits the epoch (nothing is written).
         """
         directory = self._directory()
-        if not self._recovered:
-            self.recover()
-        manifest = load_manifest(directory)
+        manifest = load_manifest(directory) if self._recovered else self._recover()
         all_entries = manifest.entries
         score = self._score(metrics)
         metric = self.metric if score is not None else None
@@ -354,6 +353,10 @@ class Checkpointer:
     def recover(self) -> None:
         """Finish what a killed write left: rotation's pending deletions, and this
         run's temporary files. The first `save` after `bind` calls it."""
+        self._recover()
+
+    def _recover(self) -> Manifest:
+        """`recover()`; the manifest it read (recovery leaves it unchanged)."""
         directory = self._directory()
         self._recovered = True
         manifest = load_manifest(directory)
@@ -364,10 +367,11 @@ class Checkpointer:
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
-            return
+            return manifest
         for name in names:
             if name.startswith(self._tmp_prefix):
                 remove_file(os.path.join(directory, name))
+        return manifest
 
     def finalize(self, stop_reason: str) -> bool:
         """Record how the run ended in its last record, if a selector kept it.
@@ -419,37 +423,11 @@ class Checkpointer:
     def _score(self, metrics: Mapping[str, Any]) -> float | None:
         if self.metric is None or not metrics:
             return None
-        if self.metric not in metrics:
-            raise CheckpointError(
-                f"The checkpointer ranks by `{self.metric}`, but validation returned "
-                f"{', '.join(metrics) or 'no metrics'}. Set `monitor` to one of them."
-            )
-        return check_control_readback(
-            metrics[self.metric], "checkpoint metric", self.metric
+        return read_watched(
+            metrics,
+            self.metric,
+            "checkpoint metric",
+            error=CheckpointError,
+            watcher=f"The checkpointer ranks by `{self.metric}`",
+            hint=" Set `monitor` to one of them.",
         )
-
-    def latest(self, run: str | None = None) -> ManifestEntry | None:
-        """The newest entry of `run`, or of the run that wrote last."""
-        entries = self.entries()
-        if not entries:
-            return None
-        if run is None:
-            run = max(entries, key=lambda e: (e.written, e.epoch)).run
-        mine = [e for e in entries if e.run == run]
-        return max(mine, key=lambda e: (e.epoch, e.written)) if mine else None
-
-
-def check_control_readback(value: Any, what: str, name: str) -> float:
-    """A scalar the framework branches on, validated: finite and real, or raise."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise CheckpointError(
-            f"The {what} `{name}` is {value!r}, not a real number."
-        ) from None
-    if not math.isfinite(number):
-        raise CheckpointError(
-            f"The {what} `{name}` is {number}; the framework will not rank or stop on "
-            f"a non-finite value."
-        )
-    return number

@@ -105,7 +105,6 @@ def _recent(entries: Sequence[ManifestEntry], run: Any) -> list[ManifestEntry]:
         return []
     if run == "recent":
         run = latest_run(entries)
-        return [e for e in entries if e.run == run]
     return [e for e in entries if e.run == run]
 
 
@@ -190,7 +189,7 @@ def run_pool(
     if run == "all":
         return list(entries)
     if run == "latest":
-        return _of_run(entries, latest_run(entries)) or []
+        return _of_run(entries, latest_run(entries))
     mine = _of_run(entries, run)
     if not mine:
         raise CheckpointError(
@@ -208,6 +207,7 @@ def resolve_checkpoint(
     *,
     what: str,
     monitor: tuple[str, str] | None = None,
+    entries: Sequence[ManifestEntry] | None = None,
 ) -> Found:
     """Resolve `(run, which)` to a record through the manifest, or raise.
 
@@ -215,10 +215,12 @@ def resolve_checkpoint(
     checkpointer's current metric and mode, else `monitor`, else the pair the newest
     scored entry was written under; across every run for run "all"). A "best" over
     entries scored under another pair warns that they were not ranked, and a run
-    with none under the current pair raises, naming those it has.
+    with none under the current pair raises, naming those it has. `entries`: the
+    directory's manifest when the caller has read it already.
     """
     directory = source_directory(checkpointer, run_dir)
-    entries = read_manifest(directory)
+    if entries is None:
+        entries = read_manifest(directory)
     pool = run_pool(entries, directory, run, which, what)
     spelled = f"{what}=({run!r}, {which!r})"
     if which == "latest":

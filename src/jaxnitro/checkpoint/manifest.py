@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from ..errors import CheckpointError
 from .io_retry import with_io_retry
-from .record import TMP_PREFIX, atomic_write
+from .record import TMP_PREFIX, atomic_write, json_object
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -86,19 +86,24 @@ def load_manifest(directory: str) -> Manifest:
     text = with_io_retry(read, what=f"reading {path}")
     if text is None:
         return Manifest([], [])
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CheckpointError(
+
+    def not_manifest(kind: str) -> str:
+        return (
+            f"{path} is not a jaxnitro manifest: expected an object with an "
+            f'"entries" list, got {kind}.'
+        )
+
+    raw = json_object(
+        text,
+        lambda error: (
             f"{path} is not valid JSON ({error}). The manifest is replaced atomically, "
             f"so something else wrote it; restore it from a backup or delete it (the "
             f"records beside it stay readable by path)."
-        ) from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
-        raise CheckpointError(
-            f"{path} is not a jaxnitro manifest: expected an object with an "
-            f'"entries" list, got {type(raw).__name__}.'
-        )
+        ),
+        not_manifest,
+    )
+    if not isinstance(raw.get("entries", []), list):
+        raise CheckpointError(not_manifest(type(raw).__name__))
     entries = [_entry(path, i, item) for i, item in enumerate(raw.get("entries", []))]
     pending = raw.get("pending_deletion", [])
     if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):

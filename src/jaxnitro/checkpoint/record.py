@@ -26,7 +26,7 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +153,32 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+def json_object(
+    text: str | bytes,
+    invalid: Callable[[Exception], str],
+    not_object: Callable[[str], str],
+) -> dict[str, Any]:
+    """`text` parsed as a JSON object, or CheckpointError: `invalid(error)` when it
+    is not JSON, `not_object(type name)` when it is JSON but not an object."""
+    try:
+        value = json.loads(text)
+    except (TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(invalid(error)) from None
+    if not isinstance(value, dict):
+        raise CheckpointError(not_object(type(value).__name__))
+    return value
+
+
+def _unreadable(path: str, error: OSError) -> NoReturn:
+    """Raise for an OSError reading `path`: a transient one as is (`with_io_retry`
+    tries again), any other as CheckpointError."""
+    if isinstance(error, FileNotFoundError):
+        raise CheckpointError(f"No checkpoint at {path}.") from None
+    if is_transient_io(error):
+        raise error
+    raise CheckpointError(f"{path} cannot be read: {error}") from None
+
+
 class _Header:
     """A safetensors file's parsed header: tensor entries, metadata, data extent."""
 
@@ -173,18 +199,17 @@ class _Header:
                     f"bytes. It is truncated or not a checkpoint at all."
                 )
             raw = f.read(length)
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise CheckpointError(
+        header = json_object(
+            raw,
+            lambda error: (
                 f"{path} has a corrupted header: it is not valid JSON ({error}). "
                 f"The file is damaged or not a safetensors file."
-            ) from None
-        if not isinstance(header, dict):
-            raise CheckpointError(
-                f"{path} has a corrupted header: a JSON {type(header).__name__}, "
-                f"not the object safetensors writes."
-            )
+            ),
+            lambda kind: (
+                f"{path} has a corrupted header: a JSON {kind}, not the object "
+                f"safetensors writes."
+            ),
+        )
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict):
             raise CheckpointError(f"{path} has a corrupted header: bad __metadata__.")
@@ -222,17 +247,13 @@ def _read_header(path: str) -> _Header:
     def read() -> _Header:
         try:
             return _Header(path)
-        except FileNotFoundError:
-            raise CheckpointError(f"No checkpoint at {path}.") from None
         except IsADirectoryError:
             raise CheckpointError(
                 f"{path} is a directory, not a checkpoint file; pass a record's path, "
                 f"or a (run, which) pair to look it up in a run directory."
             ) from None
         except OSError as error:
-            if is_transient_io(error):
-                raise  # with_io_retry tries again
-            raise CheckpointError(f"{path} cannot be read: {error}") from None
+            _unreadable(path, error)
 
     return with_io_retry(read, what=f"reading {path}")
 
@@ -245,18 +266,16 @@ def _meta_of(header: _Header) -> dict[str, Any]:
             f"no {_META_KEY!r} metadata. It was written by another program; load its "
             f"arrays with safetensors directly."
         )
-    try:
-        meta = json.loads(header.metadata[_META_KEY])
-    except (TypeError, json.JSONDecodeError) as error:
-        raise CheckpointError(
-            f"{path} has corrupted record metadata: the {_META_KEY!r} header entry is "
-            f"not valid JSON ({error})."
-        ) from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(
-            f"{path} has corrupted record metadata: a JSON {type(meta).__name__}, not "
-            f"an object."
-        )
+    meta = json_object(
+        header.metadata[_META_KEY],
+        lambda error: (
+            f"{path} has corrupted record metadata: the {_META_KEY!r} header entry "
+            f"is not valid JSON ({error})."
+        ),
+        lambda kind: (
+            f"{path} has corrupted record metadata: a JSON {kind}, not an object."
+        ),
+    )
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has record format {meta.get('format_version')!r}; this jaxnitro "
@@ -364,12 +383,8 @@ class Record:
 def _load_arrays(path: str) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"No checkpoint at {path}.") from None
     except OSError as error:
-        if is_transient_io(error):
-            raise  # with_io_retry tries again
-        raise CheckpointError(f"{path} cannot be read: {error}") from None
+        _unreadable(path, error)
     except Exception as error:  # safetensors raises its own error type
         raise CheckpointError(
             f"{path}: its arrays cannot be read ({type(error).__name__}: {error}). "

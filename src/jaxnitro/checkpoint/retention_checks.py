@@ -56,13 +56,7 @@ def scope_deletion_warning(
     """The warning for scope "dir" when other runs' checkpoints may be deleted."""
     if not trains or ckpt.scope != "dir":
         return None
-    others = [
-        e
-        for e in entries
-        if e.run != ckpt.run
-        and e.score is not None
-        and is_scored_under(e, ckpt.metric, ckpt.mode)
-    ]
+    others = ckpt._others_ranked(entries)
     if not others:
         return None
     runs = sorted({str(e.run) if e.run is not None else "legacy" for e in others})

@@ -78,6 +78,14 @@ class Selector:
         return f"{type(self).__name__}()"
 
 
+def _check_count(owner: str, name: str, value: Any) -> None:
+    """Refuse `owner(name)` other than an integer >= 1 (a bool is refused too)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"{owner}({name}) needs an integer {name} >= 1, got {value!r}."
+        )
+
+
 def is_selector(value: Any) -> bool:
     """Whether `value` implements the selector protocol (a callable `select`)."""
     return isinstance(value, Selector) or callable(getattr(value, "select", None))
@@ -112,8 +120,7 @@ class Best(Selector):
     across_runs = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
-            raise ConfigError(f"Best(k) needs an integer k >= 1, got {self.k!r}.")
+        _check_count("Best", "k", self.k)
         if self.among is not None and not is_selector(self.among):
             raise ConfigError(
                 f"Best(among=...) takes a selector such as Last(20), got "
@@ -147,8 +154,7 @@ class Last(Selector):
     n: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ConfigError(f"Last(n) needs an integer n >= 1, got {self.n!r}.")
+        _check_count("Last", "n", self.n)
 
     def select(
         self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
@@ -210,8 +216,7 @@ class Every(Selector):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ConfigError(f"Every(n) needs an integer n >= 1, got {self.n!r}.")
+        _check_count("Every", "n", self.n)
 
     def select(
         self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer

@@ -232,12 +232,13 @@ def _resolve_average(
             f"selector names; keep them while training with Checkpointer(keep=...)."
         )
     if average.state_from == "best":
-        if ranking is None or not rank_best(picks, ranking):
+        best = [] if ranking is None else rank_best(picks, ranking)
+        if not best:
             raise CheckpointError(
                 f'{what}=({run!r}, {average!r}): state="best" needs a scored '
                 f'checkpoint among the picks; pass state="latest".'
             )
-        state_entry = rank_best(picks, ranking)[0]
+        state_entry = best[0]
     else:
         state_entry = newest_of(picks)
     return AverageSource(average, tuple(picks), directory, state_entry, picks[0].run)
@@ -260,7 +261,8 @@ def resume_source(
         )
     if isinstance(resume, str) and resume == "auto":
         directory = source_directory(checkpointer, run_dir)
-        if not read_manifest(directory):
+        entries = read_manifest(directory)
+        if not entries:
             warnings.warn(
                 f'resume="auto" found nothing to resume in {directory!r}; starting a '
                 f"fresh run.",
@@ -268,18 +270,23 @@ def resume_source(
                 stacklevel=3,
             )
             return None
-        found = resolve_source(
-            ("latest", "latest"), run_dir, checkpointer, "resume", monitor=monitor
+        # ("latest", "latest"), resolved from the entries just read.
+        found = resolve_checkpoint(
+            checkpointer,
+            run_dir,
+            "latest",
+            "latest",
+            what="resume",
+            monitor=monitor,
+            entries=entries,
         )
-        entry = found.entry
-        assert entry is not None
         log.info(
             'resume="auto": continuing run %s from epoch %d (%s)',
-            run_label(entry.run),
-            entry.epoch,
+            run_label(found.entry.run),
+            found.entry.epoch,
             found.path,
         )
-        return found
+        return ResolvedSource(found.path, found.entry, found.is_run_newest)
     return resolve_source(resume, run_dir, checkpointer, "resume", monitor=monitor)
 
 

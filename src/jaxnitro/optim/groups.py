@@ -72,21 +72,15 @@ class GroupLayout:
     Attributes:
         names: the groups in order: "default" first, then by first appearance.
         labels: the group name of each leaf, in tree-flatten order.
-        keypaths: each leaf's plain keypath, in the same order.
     """
 
     names: tuple[str, ...]
     labels: tuple[str, ...]
-    keypaths: tuple[tuple[Hashable, ...], ...]
 
     def label_tree(self, params: Any) -> Any:
         """The labels as a tree shaped like `params` (for `optax.multi_transform`)."""
         treedef = jax.tree_util.tree_structure(params)
         return jax.tree_util.tree_unflatten(treedef, list(self.labels))
-
-    def leaves_of(self, group: str) -> list[int]:
-        """The flat indices of the leaves in `group`."""
-        return [i for i, label in enumerate(self.labels) if label == group]
 
     def key(self) -> tuple[Any, ...]:
         """A hashable summary for the optimizer program's cache key."""
@@ -111,7 +105,7 @@ def group_layout(
         labels.append(group)
     names = [DEFAULT_GROUP]
     names += [g for g in dict.fromkeys(labels) if g != DEFAULT_GROUP]
-    return GroupLayout(tuple(names), tuple(labels), tuple(paths))
+    return GroupLayout(tuple(names), tuple(labels))
 
 
 def leaf_mask(

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from ..errors import ConfigError, HookError
+from .decay import Decay
 
 # Fields of Optax rules that cannot be traced or scheduled, beyond what the signature
 # shows (booleans, dtypes, strings and callables are never schedulable).
@@ -204,15 +205,9 @@ def probe_level2(
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     if decays:
-        expected = jax.tree.map(
-            lambda p, m, a: -(hp["weight_decay"] * m * (p if a is None else p - a)),
-            params,
-            hp["no_decay_mask"],
-            hp["anchor"]
-            if hp["anchor"] is not None
-            else jax.tree.map(lambda _: None, params),
-            is_leaf=lambda x: x is None,
-        )
+        # What Decay alone makes of zero updates: what a chain ending in it must give.
+        decay = Decay(hp["weight_decay"], hp["anchor"], hp["no_decay_mask"])
+        expected, _ = decay.update(zeros, decay.init(params), params)
         got = update(hp, zeros)
         want = [np.asarray(x) for x in jax.tree.leaves(expected)]
         if len(got) != len(want) or not all(
@@ -226,11 +221,12 @@ def probe_level2(
                 f"base rule, so the coefficient arrives pre-multiplied by the "
                 f"learning rate."
             )
+    baseline = three_steps(hp) if scheduled else []
     for name in scheduled:
         base = float(np.asarray(hp[name]))
         other = dict(hp)
         other[name] = np.float32(base * 0.5 + 0.05)
-        pairs = zip(three_steps(hp), three_steps(other), strict=True)
+        pairs = zip(baseline, three_steps(other), strict=True)
         if all(np.array_equal(a, b) for a, b in pairs):
             raise ConfigError(
                 f"The schedule on `{name}` reaches group {group!r}'s level-2 chain as "

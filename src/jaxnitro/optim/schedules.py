@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint.checkpointer import check_control_readback
 from ..errors import ConfigError
+from ..watch import check_mode, follow_monitor, read_watched
 
 NAMESPACES = ("device", "opt", "grad", "bind")
 
@@ -63,8 +63,7 @@ class Plateau:
     ) -> None:
         if isinstance(inner, Plateau):
             raise ConfigError("Plateau(inner) cannot wrap another Plateau.")
-        if mode is not None and mode not in ("min", "max"):
-            raise ConfigError(f'Plateau(mode={mode!r}): mode must be "min" or "max".')
+        check_mode(mode, "Plateau")
         if not 0 < float(factor) < 1:
             raise ConfigError(f"Plateau(factor={factor!r}) must be in (0, 1).")
         if not isinstance(patience, int) or patience < 0:
@@ -91,14 +90,13 @@ class Plateau:
 
     def state_for(self, monitor: tuple[str, str] | None) -> PlateauState:
         """Fresh counters for one key of one handle, following `monitor` if unset."""
-        metric, mode = self.metric, self.mode
-        if metric is None or mode is None:
-            if monitor is None:
-                raise ConfigError(
-                    "Plateau has no metric to watch: set monitor() on the experiment, "
-                    "or pass Plateau(..., metric=..., mode=...)."
-                )
-            metric, mode = metric or monitor[0], mode or monitor[1]
+        metric, mode = follow_monitor(
+            self.metric,
+            self.mode,
+            monitor,
+            owner="Plateau",
+            spelled="Plateau(..., metric=..., mode=...)",
+        )
         return PlateauState(metric, mode, self)
 
 
@@ -394,13 +392,12 @@ def check_plateau_metrics(
         state = schedule.plateau
         if state is None:
             continue
-        if state.metric not in metrics:
-            raise ConfigError(
-                f"Plateau on `{schedule.key}` watches `{state.metric}`, but validation "
-                f"returned {', '.join(metrics) or 'no metrics'}."
-            )
-        value = check_control_readback(
-            metrics[state.metric], "Plateau metric", state.metric
+        value = read_watched(
+            metrics,
+            state.metric,
+            "Plateau metric",
+            error=ConfigError,
+            watcher=f"Plateau on `{schedule.key}` watches `{state.metric}`",
         )
         state.update(value)
         scales[f"schedule/plateau/{schedule.key}"] = state.scale

@@ -166,8 +166,8 @@ def build_plan(
         if g not in layout.labels:
             continue  # "default" with no leaf of its own
         lr_g = float(group_value(e, "learning_rate", g, base_lr))
-        kind = check_anchor(g, group_value(e, "decay_anchor", g, "zero"))
         anchor_value = group_value(e, "decay_anchor", g, "zero")
+        kind = check_anchor(g, anchor_value)
         decays = weight_decay[g] != 0 or g in decay_scheduled
         anchor = _anchor_tree(g, kind, anchor_value, w0, params) if decays else None
         fields = tuple(

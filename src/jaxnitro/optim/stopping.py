@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoint.checkpointer import check_control_readback
 from ..errors import ConfigError
+from ..watch import check_mode, follow_monitor, read_watched
 
 
 @dataclass
@@ -42,10 +42,7 @@ class EarlyStopping:
     wait: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.mode is not None and self.mode not in ("min", "max"):
-            raise ConfigError(
-                f'EarlyStopping(mode={self.mode!r}): mode must be "min" or "max".'
-            )
+        check_mode(self.mode, "EarlyStopping")
         if not isinstance(self.patience, int) or self.patience < 1:
             raise ConfigError(
                 f"EarlyStopping(patience={self.patience!r}) must be an int >= 1."
@@ -57,14 +54,13 @@ class EarlyStopping:
 
     def bound(self, monitor: tuple[str, str] | None) -> EarlyStopping:
         """A fresh copy for one handle, following `monitor` where unset."""
-        metric, mode = self.metric, self.mode
-        if metric is None or mode is None:
-            if monitor is None:
-                raise ConfigError(
-                    "EarlyStopping has no metric to watch: set monitor() on the "
-                    "experiment, or pass EarlyStopping(metric=..., mode=...)."
-                )
-            metric, mode = metric or monitor[0], mode or monitor[1]
+        metric, mode = follow_monitor(
+            self.metric,
+            self.mode,
+            monitor,
+            owner="EarlyStopping",
+            spelled="EarlyStopping(metric=..., mode=...)",
+        )
         return EarlyStopping(metric, mode, self.patience, self.min_delta)
 
     def should_stop(self, epoch: int, metrics: dict[str, Any]) -> bool:
@@ -72,13 +68,13 @@ class EarlyStopping:
         del epoch
         if self.metric is None or self.mode is None:
             raise ConfigError("EarlyStopping must be bound to a metric first.")
-        if self.metric not in metrics:
-            raise ConfigError(
-                f"EarlyStopping watches `{self.metric}`, but validation returned "
-                f"{', '.join(metrics) or 'no metrics'}. Pass a metric it returns."
-            )
-        value = check_control_readback(
-            metrics[self.metric], "early-stopping metric", self.metric
+        value = read_watched(
+            metrics,
+            self.metric,
+            "early-stopping metric",
+            error=ConfigError,
+            watcher=f"EarlyStopping watches `{self.metric}`",
+            hint=" Pass a metric it returns.",
         )
         better = (
             math.isnan(self.best)
