@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .data.transfer import is_numeric_dtype
 from .errors import ConfigError
 
 
@@ -74,8 +75,9 @@ def check_numeric_fields(
     """Refuse a routed field that cannot go to the device (strings, objects)."""
     for name in names:
         value = batch[name]
-        kind = np.asarray(value).dtype.kind if not isinstance(value, jax.Array) else "f"
-        if kind not in "biufc":
+        if not isinstance(value, jax.Array) and not is_numeric_dtype(
+            np.asarray(value).dtype
+        ):
             raise ConfigError(
                 f"Batch field `{name}` of split `{split}` is not a numeric array "
                 f"({type(value).__name__}); a field a traced hook declares is "

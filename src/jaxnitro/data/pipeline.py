@@ -39,14 +39,13 @@ import jax
 from ..errors import ConfigError, NitroWarning
 from ..routing import as_batch
 from .channel import Channel, ChannelClosed
-from .protocol import begin_epoch_checked, call_batch_at
+from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at
 
 Prepare = Callable[[Mapping[str, Any]], Sequence[Any]]
 """Host batch -> the items to yield for it, each with a `.device` pytree of arrays."""
 
 END = object()
 """The last item a pass puts in its device channel."""
-_HINT = "Each split must yield dicts such as {'img': array, 'label': array}."
 
 
 class Ledger:
@@ -170,6 +169,7 @@ class Pipeline:
                     self.ledger.free_item(item)
 
     def shutdown(self, timeout: float, wait: bool) -> None:
+        """Close the channels and join the threads; `shutdown_pass` frees the ledger."""
         self.abort()
         me = threading.current_thread()
         deadline = time.monotonic() + timeout
@@ -189,7 +189,6 @@ class Pipeline:
                 NitroWarning,
                 stacklevel=4,
             )
-        self.ledger.free_all()
 
 
 class FanoutPlan(NamedTuple):
@@ -202,7 +201,7 @@ class FanoutPlan(NamedTuple):
 
 
 def _stage(pipeline: Pipeline, prepare: Prepare, host: Any) -> None:
-    for item in prepare(as_batch(host, _HINT)):
+    for item in prepare(as_batch(host, BATCH_HINT)):
         pipeline.ledger.add(item)
         pipeline.put_staged(item)
 

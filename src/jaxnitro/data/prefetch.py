@@ -41,7 +41,7 @@ from .protocol import (
 )
 from .sources import batch_size
 from .stream import EvalStaged, PrefetchStream, Staged
-from .transfer import transfer
+from .transfer import is_numeric_dtype, transfer
 
 __all__ = [
     "EvalStaged",
@@ -341,10 +341,15 @@ def prepared_stream(
     )
 
 
-_NOT_NUMERIC = "OSUaMm"  # object, bytes, str, datetime, timedelta
+def routed_fields(
+    host: Mapping[str, Any], fields: tuple[str, ...], name: str
+) -> dict[str, Any]:
+    """The routed `fields` of one host batch of split `name`, each checked.
 
-
-def _routed(host: Mapping[str, Any], fields: tuple[str, ...], name: str) -> dict:
+    A field missing from the batch, or one whose dtype cannot go to the device, is
+    refused with a `RoutingError` naming it. A `jax.Array` field is kept as it is;
+    any other value becomes a NumPy array.
+    """
     missing = [k for k in fields if k not in host]
     if missing:
         raise RoutingError(
@@ -357,7 +362,7 @@ def _routed(host: Mapping[str, Any], fields: tuple[str, ...], name: str) -> dict
         for k in fields
     }
     for k, value in routed.items():
-        if value.dtype.kind in _NOT_NUMERIC:
+        if not isinstance(value, jax.Array) and not is_numeric_dtype(value.dtype):
             raise RoutingError(
                 f"Batch field `{k}` of split `{name}` has dtype {value.dtype}, which "
                 f"cannot go to the device: a field a traced hook declares must be "
@@ -383,7 +388,7 @@ def batch_stream(
     """
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
-        return [Staged(host, transfer(_routed(host, fields, name), sharding))]
+        return [Staged(host, transfer(routed_fields(host, fields, name), sharding))]
 
     return prepared_stream(split, prepare, epoch=epoch, name=name)
 
@@ -406,7 +411,7 @@ def eval_stream(
     width = _count("width", width, 1)
 
     def prepare(host: Mapping[str, Any]) -> list[EvalStaged]:
-        routed = _routed(host, fields, name)
+        routed = routed_fields(host, fields, name)
         size = batch_size(routed)
         items = []
         for start in range(0, size, width) if size > width else (0,):

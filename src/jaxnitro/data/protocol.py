@@ -35,6 +35,8 @@ from ..errors import ConfigError, NitroWarning
 
 Batch = Mapping[str, Any]
 """A batch: field name -> host array with the batch dimension first, shape (B, ...)."""
+BATCH_HINT = "Each split must yield dicts such as {'img': array, 'label': array}."
+"""The fix named when a split yields something other than a batch dict."""
 
 
 @runtime_checkable
@@ -76,13 +78,6 @@ class IndexedSource(BatchSource, Protocol):
     def begin_epoch(self) -> Any: ...
 
     def batch_at(self, i: int, plan: Any = None) -> Batch: ...
-
-
-@runtime_checkable
-class ReleasableSource(Protocol):
-    """A source holding something open; `release()` may be called twice."""
-
-    def release(self) -> None: ...
 
 
 class SplitWrapper:

@@ -18,11 +18,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..routing import as_batch
-from .grain_adapter import grain_type_refusal
+from .grain_adapter import GrainSource, grain_type_refusal
+from .protocol import BATCH_HINT, call_batch_at, unwrap_source
 from .protocol import is_grain_map_dataset as _is_grain_map_dataset
-from .protocol import unwrap_source
-
-_BATCH_HINT = "Each split must yield dicts such as {'img': array, 'label': array}."
 
 
 def has_batch_at(source: Any) -> bool:
@@ -61,7 +59,7 @@ def check_split(name: str, source: Any) -> int:
         except TypeError:
             raise ConfigError(
                 f"Split `{name}` ({type(source).__name__}) is not iterable. "
-                f"{_BATCH_HINT}"
+                f"{BATCH_HINT}"
             ) from None
     return int(count)
 
@@ -70,15 +68,16 @@ def batch_at_index(source: Any, index: int) -> Mapping[str, Any] | None:
     """Batch `index` of epoch 0 by random access, or None for a sequential source."""
     source = unwrap_source(source)
     if has_batch_at(source):
-        plan = (
-            source.begin_epoch()
-            if callable(getattr(source, "begin_epoch", None))
-            else None
-        )
-        return as_batch(source.batch_at(index, plan), _BATCH_HINT)
+        return as_batch(call_batch_at(source, index, _plan(source)), BATCH_HINT)
     if _is_grain_map_dataset(source) or isinstance(source, list | tuple):
-        return as_batch(source[index], _BATCH_HINT)
+        return as_batch(source[index], BATCH_HINT)
     return None
+
+
+def _plan(source: Any) -> Any:
+    """The source's plan for its next epoch, or None when it keeps its own."""
+    begin = getattr(source, "begin_epoch", None)
+    return begin() if callable(begin) else None
 
 
 def first_batch(name: str, source: Any) -> Mapping[str, Any]:
@@ -87,7 +86,7 @@ def first_batch(name: str, source: Any) -> Mapping[str, Any]:
     if found is not None:
         return found
     for batch in source:
-        return as_batch(batch, _BATCH_HINT)
+        return as_batch(batch, BATCH_HINT)
     raise ConfigError(
         f"Split `{name}` yielded no batch although len() is {len(source)}."
     )
@@ -96,21 +95,15 @@ def first_batch(name: str, source: Any) -> Mapping[str, Any]:
 def epoch_batches(source: Any, epoch: int) -> Iterator[Mapping[str, Any]]:
     """The batches of one epoch (0-based), in the source's order for that epoch."""
     source = unwrap_source(source)
+    if _is_grain_map_dataset(source):
+        source = GrainSource(source, epoch=epoch)  # reads Grain's epoch `epoch`
     if has_batch_at(source):
-        plan = (
-            source.begin_epoch()
-            if callable(getattr(source, "begin_epoch", None))
-            else None
-        )
+        plan = _plan(source)
         for index in range(len(source)):
-            yield as_batch(source.batch_at(index, plan), _BATCH_HINT)
-    elif _is_grain_map_dataset(source):
-        offset = epoch * len(source)
-        for index in range(len(source)):
-            yield as_batch(source[offset + index], _BATCH_HINT)
+            yield as_batch(call_batch_at(source, index, plan), BATCH_HINT)
     else:
         for batch in source:
-            yield as_batch(batch, _BATCH_HINT)
+            yield as_batch(batch, BATCH_HINT)
 
 
 def batch_size(batch: Mapping[str, Any], fields: Any = None) -> int:

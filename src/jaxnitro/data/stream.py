@@ -29,9 +29,9 @@ from .pipeline import (
     build_single,
     shutdown_pass,
 )
+from .protocol import BATCH_HINT
 
 T = TypeVar("T")
-_HINT = "Each split must yield dicts such as {'img': array, 'label': array}."
 
 
 class Staged(NamedTuple):
@@ -134,7 +134,7 @@ class PrefetchStream(Generic[T]):
     ) -> Generator[Any, None, None]:
         set_epoch()
         for batch in source:
-            for item in prepare(as_batch(batch, _HINT)):
+            for item in prepare(as_batch(batch, BATCH_HINT)):
                 self._ledger.add(item)
                 yield item
 

@@ -62,3 +62,15 @@ def transfer(arrays: Mapping[str, Any], sharding: Any = None) -> dict[str, jax.A
     for array in placed.values():
         array.block_until_ready()
     return {k: placed[k] for k in arrays}
+
+
+def is_numeric_dtype(dtype: Any) -> bool:
+    """Whether a host array of `dtype` can go to the device as a routed field.
+
+    Booleans, integers, floats and complex numbers, the `ml_dtypes` ones (bfloat16,
+    float8, int4) included; not strings, bytes, objects, datetimes or records.
+
+    >>> is_numeric_dtype(np.dtype(np.float32)), is_numeric_dtype(np.dtype("U3"))
+    (True, False)
+    """
+    return dtype.kind in "biufc" or bool(jax.dtypes.issubdtype(dtype, np.number))

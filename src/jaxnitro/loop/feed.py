@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 
-from ..data.prefetch import Staged, prefetch_config, prepared_stream
+from ..data.prefetch import Staged, prefetch_config, prepared_stream, routed_fields
+from ..data.protocol import unwrap_source
 from ..data.sources import epoch_batches
 from ..data.transfer import transfer
 
@@ -36,9 +36,15 @@ def stages_on_device() -> bool:
 class InlineFeed:
     """One pass over a split read on the consuming thread, with its waiting time."""
 
-    def __init__(self, split: Any, epoch: int, fields: tuple[str, ...] | None) -> None:
+    def __init__(
+        self, split: Any, epoch: int, fields: tuple[str, ...], name: str
+    ) -> None:
+        seek = getattr(unwrap_source(split), "set_epoch", None)
+        if callable(seek):  # as the stream does, so a resumed run reads the same order
+            seek(epoch)
         self._batches = epoch_batches(split, epoch)
         self._fields = fields
+        self._name = name
         self.wait_seconds = 0.0
 
     def __iter__(self) -> Iterator[Staged]:
@@ -50,10 +56,7 @@ class InlineFeed:
             host = next(self._batches)
         finally:
             self.wait_seconds += time.perf_counter() - started
-        routed: Any = (
-            dict(host) if self._fields is None else _routed(host, self._fields)
-        )
-        return Staged(host, routed)
+        return Staged(host, routed_fields(host, self._fields, self._name))
 
     def release(self, device: Any) -> None:
         """Nothing to free: the executable placed the host arrays itself."""
@@ -85,25 +88,22 @@ class StreamFeed:
         self._stream.close()
 
 
-def _routed(host: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    return {k: np.asarray(host[k]) for k in fields}
-
-
 def open_feed(
-    split: Any, *, epoch: int, fields: tuple[str, ...] | None, name: str
+    split: Any, *, epoch: int, fields: tuple[str, ...], name: str
 ) -> InlineFeed | StreamFeed:
     """A pass over `split` for 0-based `epoch`, yielding `Staged(host, device)`.
 
-    `device` holds the routed `fields` (all of them when None): device arrays when
-    staged on an accelerator, host arrays otherwise. Close it on every exit path.
+    `device` holds the routed `fields`, each checked as `batch_stream` checks them:
+    device arrays when staged on an accelerator, host arrays otherwise (a field the
+    source already put on the device stays there). Close it on every exit path.
     """
     path = prefetch_config(split).path
-    on_device = stages_on_device() and fields is not None
+    on_device = stages_on_device()
     if path in INLINE_PATHS and not on_device:
-        return InlineFeed(split, epoch, fields)
+        return InlineFeed(split, epoch, fields, name)
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
-        routed = dict(host) if fields is None else _routed(host, fields)
+        routed = routed_fields(host, fields, name)
         return [Staged(host, transfer(routed) if on_device else routed)]
 
     return StreamFeed(prepared_stream(split, prepare, epoch=epoch, name=name))

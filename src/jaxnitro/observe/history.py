@@ -468,6 +468,11 @@ def _normalize(index: int, row: Any) -> dict[str, Any]:
     return out
 
 
+def _is_scalar(value: Any) -> bool:
+    """Whether a value of a `_normalize`d row is a scalar: None, bool, int or float."""
+    return value is None or isinstance(value, int | float)
+
+
 def _best_epoch(
     rows: tuple[dict[str, Any], ...], selection_metric: tuple[str, str] | None
 ) -> int | None:
@@ -476,8 +481,8 @@ def _best_epoch(
     name, mode = selection_metric
     best: tuple[float, int] | None = None
     for row in rows:
-        ok, value = as_scalar(row.get(name))
-        if not ok or value is None or not math.isfinite(value):
+        value = row.get(name)
+        if not isinstance(value, int | float) or not math.isfinite(value):
             continue
         score = -value if mode == "max" else value
         if best is None or score < best[0]:
@@ -492,7 +497,7 @@ def _shape(
     scalar: dict[str, bool] = dict.fromkeys(AXES, True)
     for row in rows:
         for key, value in row.items():
-            scalar[key] = scalar.get(key, True) and as_scalar(value)[0]
+            scalar[key] = scalar.get(key, True) and _is_scalar(value)
     chosen = selection_metric[0] if selection_metric is not None else None
     leading = [c for c in LEADING if scalar.get(c)]
     if chosen is not None and scalar.get(chosen) and chosen not in leading:

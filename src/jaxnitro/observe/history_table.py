@@ -19,6 +19,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from .history import LEADING
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -155,8 +156,7 @@ def history_table(h: MetricHistory, height: int, width: int) -> dict[str, Any]:
         recall; select with h['recall'].
     """
     rows = list(h)
-    positions = {row["epoch"]: i for i, row in enumerate(rows)}
-    best = positions.get(h.best_epoch) if h.best_epoch is not None else None
+    best = h._positions.get(h.best_epoch) if h.best_epoch is not None else None
     title = history_title(h)
     budget = max(height - CHROME_LINES, 1)
     for _ in range(8):  # shrink until the wrapped title and note fit too
@@ -217,7 +217,7 @@ def _fit_columns(
 
 def _fixed_names(h: MetricHistory) -> tuple[str, ...]:
     chosen = h.selection_metric[0] if h.selection_metric else None
-    return ("epoch", "step", "train_loss") + ((chosen,) if chosen else ())
+    return LEADING + ((chosen,) if chosen else ())
 
 
 def history_title(h: MetricHistory) -> str:

@@ -15,6 +15,7 @@ to three digits and counted across batches.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -127,11 +128,7 @@ def render(
         )
     if not isinstance(batches, int) or batches < 1:
         raise HookError(f"render(batches={batches!r}) must be an int >= 1.")
-    chosen = []
-    for index, found in enumerate(epoch_batches(nitro.data[split], 0)):
-        if index >= batches:
-            break
-        chosen.append(found)
+    chosen = list(itertools.islice(epoch_batches(nitro.data[split], 0), batches))
     return render_batches(
         nitro,
         chosen,

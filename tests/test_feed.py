@@ -1,0 +1,68 @@
+"""The training loop's feed checks every batch's routed fields as the stream does."""
+
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny, make_batches
+
+import jaxnitro as nx
+
+
+def test_a_train_list_batch_missing_a_routed_field_names_it():
+    class Holey(Tiny):
+        def build_data(self, dist):
+            batches = make_batches(self.n_train, 16)
+            del batches[1]["y"]  # `loss` declares y; the first batch has it
+            return {"train": batches}
+
+    nitro = nx.Nitro(Holey(max_epochs=1), logger=None, checkpointer=None)
+    with pytest.raises(nx.RoutingError, match="split `train` has no field `y`"):
+        nitro.train()
+
+
+class Shuffled:
+    """Tiny's train data as a random-access source, reshuffled each epoch."""
+
+    def __init__(self):
+        batches = make_batches(64, 16)
+        self.x = np.concatenate([b["x"] for b in batches])
+        self.y = np.concatenate([b["y"] for b in batches])
+        self.epoch_token = 0
+        self.seeks: list[int] = []
+        self._epoch = 0
+
+    def __len__(self):
+        return 4
+
+    def set_epoch(self, epoch):
+        self.seeks.append(epoch)
+        self._epoch = epoch
+
+    def begin_epoch(self):
+        plan = np.random.default_rng([5, self._epoch]).permutation(len(self.x))
+        self._epoch += 1
+        self.epoch_token += 1
+        return plan
+
+    def batch_at(self, i, plan):
+        rows = plan[i * 16 : (i + 1) * 16]
+        return {"x": self.x[rows], "y": self.y[rows]}
+
+
+def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does():
+    def trained(wrap):
+        source = Shuffled()
+
+        class OnSource(Tiny):
+            def build_data(self, dist):
+                return {"train": wrap(source)}
+
+        nitro = nx.Nitro(OnSource(max_epochs=3), logger=None, checkpointer=None)
+        nitro.train()
+        return source.seeks, jax.tree.leaves(nitro.parameters)
+
+    inline_seeks, inline = trained(nx.NoPrefetch)
+    stream_seeks, streamed = trained(lambda s: s)
+    assert inline_seeks[-3:] == stream_seeks[-3:] == [0, 1, 2]
+    for a, b in zip(inline, streamed, strict=True):
+        np.testing.assert_array_equal(a, b)
