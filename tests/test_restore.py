@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from experiments import Tiny
+from experiments import Tiny, init_mlp
 
 import jaxnitro as nx
 
@@ -31,6 +31,26 @@ def test_weights_from_a_live_handle_is_a_warm_start(tmp_path):
         nx.CheckpointError, match=r"leaf \[.b1.\] is float32\[16\] there"
     ):
         nx.Nitro(Tiny(width=8), weights=trained, logger=None, checkpointer=None)
+
+
+class KeyedState(Tiny):
+    """Tiny whose state carries a typed PRNG key, as a dropout model's would."""
+
+    def build_model(self, rng):
+        return None, init_mlp(rng, self.width), {"rng": jax.random.key(7)}
+
+
+def test_a_warm_start_takes_typed_prng_keys_in_the_state_over():
+    trained = nx.Nitro(KeyedState(max_epochs=1), logger=None, checkpointer=None)
+    trained.train()
+    warm = nx.Nitro(KeyedState(), weights=trained, logger=None, checkpointer=None)
+    key = warm.states["rng"]
+    assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    assert jax.random.key_impl(key) == jax.random.key_impl(trained.states["rng"])
+    np.testing.assert_array_equal(
+        jax.random.key_data(key), jax.random.key_data(trained.states["rng"])
+    )
+    same(warm.parameters, trained.parameters)
 
 
 def test_weights_from_an_average_of_a_runs_checkpoints(tmp_path):
@@ -146,17 +166,23 @@ def test_restore_best_without_a_scored_checkpoint_warns_and_keeps_the_final_weig
         def build_data(self, dist):
             return {"train": Tiny.build_data(self, dist)["train"]}
 
-    keep = nx.Checkpointer(keep=(nx.Best(1), nx.Last(1)))
-    nitro = nx.Nitro(
-        NoVal(max_epochs=1),
-        run_dir=str(tmp_path),
-        logger=None,
-        checkpointer=keep,
-        restore_best=True,
-    )
+    def run(run_dir, **kw):
+        return nx.Nitro(
+            NoVal(max_epochs=1),
+            run_dir=str(run_dir),
+            logger=None,
+            checkpointer=nx.Checkpointer(keep=(nx.Best(1), nx.Last(1))),
+            seed=42,
+            **kw,
+        )
+
+    nitro = run(tmp_path / "restore", restore_best=True)
     with pytest.warns(nx.NitroWarning, match="no scored checkpoint; keeping the final"):
         nitro.train()
     assert nitro.checkpoint_source is None
+    twin = run(tmp_path / "twin")  # the same run without restore_best
+    twin.train()
+    same(nitro.parameters, twin.parameters)
 
 
 def test_weights_with_other_graphconst_values_warn_with_the_diff(tmp_path):

@@ -148,15 +148,30 @@ def _leaf_for_leaf(source: Any, template: Any, what: str) -> Any:
         zip(jax.tree.leaves(source), jax.tree.leaves(template), strict=True),
         strict=True,
     ):
-        host = np.asarray(a)
-        if host.shape != np.shape(b) or host.dtype != np.dtype(b.dtype):
+        there, here = _leaf_type(a), _leaf_type(b)
+        if there != here:
             raise CheckpointError(
                 f"weights=<Nitro>: {what} leaf {jax.tree_util.keystr(path)} is "
-                f"{host.dtype}{list(host.shape)} there but "
-                f"{np.dtype(b.dtype)}{list(np.shape(b))} here."
+                f"{there} there but {here} here."
             )
-        leaves.append(jnp.asarray(host))
+        leaves.append(_through_host(a))
     return jax.tree.unflatten(want, leaves)
+
+
+def _leaf_type(leaf: Any) -> str:
+    """`float32[16]`, `key<fry>[]`: what must agree for a leaf to be taken over."""
+    return f"{jnp.asarray(leaf).dtype}{list(np.shape(leaf))}"
+
+
+def _through_host(leaf: Any) -> Any:
+    """A fresh device copy of `leaf` through host memory; typed PRNG keys stay keys."""
+    leaf = jnp.asarray(leaf)
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        data = np.asarray(jax.random.key_data(leaf))
+        return jax.random.wrap_key_data(
+            jnp.asarray(data), impl=jax.random.key_impl(leaf)
+        )
+    return jnp.asarray(np.asarray(leaf))
 
 
 def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
