@@ -13,7 +13,7 @@ from jaxnitro.checkpoint import checkpointer as checkpointer_module
 from jaxnitro.checkpoint import topk as topk_module
 from jaxnitro.checkpoint.checkpointer import Checkpointer, checkpoint_filename
 from jaxnitro.checkpoint.info import checkpoint_info
-from jaxnitro.checkpoint.manifest import load_manifest, read_manifest
+from jaxnitro.checkpoint.manifest import MANIFEST, load_manifest, read_manifest
 from jaxnitro.checkpoint.record import Record, save_record
 from jaxnitro.checkpoint.retention_checks import (
     check_keep,
@@ -302,7 +302,18 @@ def test_finalize_rewrites_nothing_when_no_selector_kept_the_last_epoch(tmp_path
 def test_finalize_keeps_a_reason_already_recorded_and_refuses_unknown_ones(tmp_path):
     ckpt = bound(tmp_path, keep=Last(1))
     write(ckpt, 1, 0.5, stop_reason="early_stop")
+    record = tmp_path / manifest_files(tmp_path)[0]
+    manifest = tmp_path / MANIFEST
+
+    def snapshot(path):
+        info = path.stat()
+        return path.read_bytes(), info.st_mtime_ns, info.st_ino
+
+    before = {path: snapshot(path) for path in (record, manifest)}
     assert ckpt.finalize("early_stop") is True
+    # The reason is already there: neither file is rewritten (not even in place).
+    assert {path: snapshot(path) for path in (record, manifest)} == before
+    assert checkpoint_info(record)["stop_reason"] == "early_stop"
     with pytest.raises(nx.ConfigError, match="stop_reason='crashed'.*completed"):
         ckpt.finalize("crashed")
 

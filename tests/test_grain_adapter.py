@@ -34,7 +34,9 @@ def test_an_epoch_is_a_function_of_seed_and_epoch():
     assert first.epoch_token == 3
     epochs = [_epoch(first, p) for p in plans]
     assert [_epoch(second, p) for p in plans] == epochs  # same seed, same order
-    assert epochs[0] != epochs[1] != epochs[2]  # a fresh permutation each epoch
+    # A fresh permutation each epoch: all three differ pairwise.
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    assert epochs[0] != epochs[2]
     assert _epoch(GrainSource(_dataset(seed=8)), GrainPlan(0)) != epochs[0]
     for ids in epochs:  # every sample once per epoch
         assert sorted(sum(ids, [])) == list(range(24))
@@ -80,7 +82,8 @@ def test_a_map_dataset_has_the_trait_and_passes_check_batch_at():
     ds = _dataset()
     assert fanout_capable(ds)
     check_batch_at(ds, values=True)
-    assert check_prefetch({"train": PrefetchIterator(ds, workers=2)})["train"].workers
+    configs = check_prefetch({"train": PrefetchIterator(ds, workers=2)})
+    assert configs["train"].workers == 2
 
 
 def test_the_sources_helpers_look_through_the_wrapper():

@@ -26,9 +26,11 @@ def test_the_first_ctrl_c_requests_a_stop_and_says_so(capfd):
         assert guard.installed
         signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt
         assert stops == ["stop"] and guard.requested
-    assert "stop requested (Ctrl+C)" in capfd.readouterr().err
+    printed = capfd.readouterr().err
+    assert STOP_MESSAGE in printed
+    assert "stop requested (Ctrl+C)" in printed
+    assert "Press Ctrl+C again to interrupt at once" in printed
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert "Press Ctrl+C again to interrupt at once" in STOP_MESSAGE
 
 
 def test_a_second_ctrl_c_interrupts_as_usual():

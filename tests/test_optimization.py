@@ -4,6 +4,7 @@ Every formula is checked against a direct Optax or NumPy computation of the same
 steps on the same data.
 """
 
+import dataclasses
 import json
 import math
 
@@ -552,18 +553,74 @@ def test_no_decay_mask_changes_compile_nothing():
     assert not np.array_equal(first.parameters["b1"], second.parameters["b1"])
 
 
+def lowered_step(plan, params, by_hand=False):
+    """The stablehlo lines of one optimizer step, from the plan or written by hand.
+
+    By hand: RAdam, then (if the plan decays) `u - mask * (lambda * w)`, decay toward
+    zero with no anchor term at all.
+    """
+
+    def step(p, state, grads, hp):
+        if not by_hand:
+            return plan.apply(None, p, state, None, grads, hp)[:2]
+        group = hp["groups"]["default"]
+
+        def decay_update(updates, state, p):
+            def pull(u, w, m):
+                return u - (m * (group["weight_decay"] * w)).astype(u.dtype)
+
+            return jax.tree.map(pull, updates, p, group["no_decay_mask"]), state
+
+        tx = optax.radam(group["learning_rate"])
+        if plan.groups[0].decays:
+            decay = optax.GradientTransformation(
+                lambda p: optax.EmptyState(), decay_update
+            )
+            tx = optax.chain(tx, decay)
+        updates, state = tx.update(grads, state, p)
+        new = jax.tree.map(lambda a, u: (a + u).astype(a.dtype), p, updates)
+        return new, state
+
+    args = (params, plan.init_state(params), params, plan.step_inputs(0))
+    text = jax.jit(step).lower(*args).as_text()
+    return [line for line in text.splitlines() if "stablehlo." in line]
+
+
 def test_zero_decay_emits_no_decay_and_zero_anchor_no_subtraction():
     class Decayed(OneBatch):
         def weight_decay(self, group=None):
             return 0.1
 
+    nx.cache_reset()
     plain = nx.Nitro(OneBatch(max_epochs=1), **quiet())
     decayed = nx.Nitro(Decayed(max_epochs=1), **quiet())
     plain.train()
     decayed.train()
     keys = [k for k in program_cache().program_keys() if k.kind == "train_step"]
-    assert len({k.baked for k in keys}) >= 2  # decay is part of the program's key
-    assert not plain._plan.groups[0].decays and decayed._plan.groups[0].anchor is None
+    assert len(keys) == 2
+    assert len({k.baked for k in keys}) == 2  # decay is part of the program's key
+    assert not plain._plan.groups[0].decays
+    assert decayed._plan.groups[0].decays and decayed._plan.groups[0].anchor is None
+
+    params = initial_params()
+    # Zero decay: exactly the bare rule's program, no decay ops at all.
+    bare = lowered_step(plain._plan, params)
+    assert bare == lowered_step(plain._plan, params, by_hand=True)
+    # Decay toward zero: exactly `u - mask * (lambda * w)`, no `w - anchor`.
+    toward_zero = lowered_step(decayed._plan, params)
+    assert toward_zero == lowered_step(decayed._plan, params, by_hand=True)
+    # An explicit (all-zero) anchor tree does emit the subtraction, once per leaf.
+    group = dataclasses.replace(
+        decayed._plan.groups[0], anchor=jax.tree.map(jnp.zeros_like, params)
+    )
+    anchored = lowered_step(dataclasses.replace(decayed._plan, groups=(group,)), params)
+
+    def subtractions(lines):
+        return sum("stablehlo.subtract" in line for line in lines)
+
+    leaves = len(jax.tree.leaves(params))
+    assert subtractions(toward_zero) == subtractions(bare) + leaves  # u - step
+    assert subtractions(anchored) == subtractions(toward_zero) + leaves  # w - anchor
 
 
 def test_resume_refuses_a_different_decay_anchor(tmp_path):

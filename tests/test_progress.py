@@ -242,9 +242,13 @@ def test_the_default_shows_nothing_on_a_captured_stream(monkeypatch, progress_lo
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert not is_terminal_session()
     assert not is_log_shown()  # only the last-resort handler, at WARNING
-    chooser = DefaultReporter(bar=Events(), log=Events())
+    bar, log = Events(), Events()
+    chooser = DefaultReporter(bar=bar, log=log)
     chooser("begin", "train", 1, 1, 1)
+    chooser("step", "", 0, 0, 0)
+    chooser("done", "", 0, 0, 0)
     assert chooser.choice is None
+    assert bar.calls == [] and log.calls == []
 
 
 def test_the_default_logs_when_a_handler_shows_info(monkeypatch, progress_logger):
