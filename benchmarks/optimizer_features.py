@@ -8,45 +8,31 @@ of the weights, on the tutorial-sized MLP (784-128-10, batch 100).
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from throughput import (  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
+from _common import (
     WORKLOADS,
     apply,
     cross_entropy,
     init_params,
+    make_experiment,
+    paired_ratio,
     synthetic_batches,
 )
 
-import jaxnitro as nx  # noqa: E402
+import jaxnitro as nx
 
 LR, RATIO, DECAY, CLIP, BETA = 1e-3, 0.1, 1e-4, 1.0, 0.999
 
 
 def experiment(widths, batches):
-    class Featured(nx.Experiment):
-        max_epochs: int = 1
+    """The shared benchmark experiment with the optimizer's features turned on."""
 
-        def build_data(self, dist):
-            return {"train": batches}
-
-        def build_model(self, rng):
-            return None, init_params(widths), {}
-
-        def forward(self, model, params, state, *, x):
-            return apply(params, x), state
-
-        def loss(self, logits, *, y):
-            return cross_entropy(logits, y)
-
+    class Featured(make_experiment(widths, batches)):
         def param_group(self, keypath):
             return "encoder" if keypath[0] == 0 else "default"
 
@@ -142,18 +128,18 @@ def main() -> None:
         return nitro.history[2]["seconds"]  # epoch 2: no compile in it
 
     ours()
-    pairs = []
-    for _ in range(25):
-        mine = ours()
+    mine, theirs = [], []
+    for _ in range(25):  # one epoch each, interleaved: paired samples
+        mine.append(ours())
         start = time.perf_counter()
         reference()
-        pairs.append(((time.perf_counter() - start), mine))
-    ratio = statistics.median(r / o for r, o in pairs)
+        theirs.append(time.perf_counter() - start)
+    ratio = paired_ratio(theirs, mine)
     print(
         f"two groups + decay toward w0 + clipping + EMA, tutorial MLP: "
         f"jaxnitro/hand-written = {ratio:.3f}x paired (s/epoch: jaxnitro "
-        f"{statistics.median(o for _, o in pairs):.4f}, hand-written "
-        f"{statistics.median(r for r, _ in pairs):.4f})"
+        f"{statistics.median(mine):.4f}, hand-written "
+        f"{statistics.median(theirs):.4f})"
     )
 
 

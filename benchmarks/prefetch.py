@@ -27,33 +27,20 @@ import zlib
 
 import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
+from _common import apply, cross_entropy, init_params, paired_ratio
 
 from jaxnitro.data.prefetch import NoPrefetch, PrefetchIterator, batch_stream
 
 BATCH, BATCHES, WIDTHS = 100, 60, (784, 128, 10)
 
 
-def init_params(seed: int = 0) -> list[dict[str, jax.Array]]:
-    keys = jax.random.split(jax.random.key(seed), len(WIDTHS) - 1)
-    return [
-        {"w": jax.random.normal(k, (a, b)) * (2.0 / a) ** 0.5, "b": jnp.zeros((b,))}
-        for k, a, b in zip(keys, WIDTHS[:-1], WIDTHS[1:], strict=True)
-    ]
-
-
 def make_step(optimizer: optax.GradientTransformation):
-    def loss_fn(params, img, label):
-        x = img
-        for layer in params[:-1]:
-            x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])
-        logits = x @ params[-1]["w"] + params[-1]["b"][None, :]
-        return -jnp.mean(jnp.sum(label * jax.nn.log_softmax(logits), -1))
-
     def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch["img"], batch["label"])
+        loss, grads = jax.value_and_grad(
+            lambda p: cross_entropy(apply(p, batch["img"]), batch["label"])
+        )(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -148,7 +135,7 @@ def run_plain(step, state, batches) -> float:
 
 
 def fresh_state(optimizer):
-    params = init_params()
+    params = init_params(WIDTHS)
     return [params, optimizer.init(params)]
 
 
@@ -302,7 +289,7 @@ def part_b(step, optimizer, epochs: int) -> None:
         f"batches already on the device (median of {epochs} paired epochs)"
     )
     for name, times in walls.items():
-        ratio = statistics.median(b / t for b, t in zip(base, times, strict=True))
+        ratio = paired_ratio(base, times)
         per_step = statistics.median(times) / BATCHES * 1e3
         print(f"    {name:34s} {ratio:6.3f}x   {per_step:6.3f} ms/step")
 

@@ -1,28 +1,25 @@
 """What splitting one training step into two programs costs, on this machine.
 
-DESIGN.md section 3 measured about 5% for a gradient program feeding a separate
-optimizer program. This measures it again, side by side in one process, on the
-tutorial-sized MLP (dispatch-bound) and a compute-bound one: a fused program (gradient
-and RAdam update in one executable, what jaxnitro runs at accum == 1) against the split
-pair, each with the loss read back one step late as the training loop does.
+../shared/DESIGN.md, section 3, measured about 5% for a gradient program feeding a
+separate optimizer program. This measures it again, side by side in one process, on
+the tutorial-sized MLP (dispatch-bound) and a compute-bound one: a fused program
+(gradient and RAdam update in one executable, what jaxnitro runs at accum == 1)
+against the split pair, each with the loss read back one step late as the training
+loop does.
 
     python benchmarks/split_step.py
 """
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from throughput import (  # noqa: E402
+import jax
+import numpy as np
+import optax
+from _common import (
     WORKLOADS,
     apply,
     cross_entropy,

@@ -22,73 +22,15 @@ import subprocess
 import sys
 import time
 
-WORKLOADS = {
-    # name: (layer widths, batch size, batches per epoch)
-    "tutorial_mlp": ((784, 128, 10), 100, 60),
-    "compute_bound_mlp": ((784, 1024, 1024, 10), 256, 12),
-}
-
-
-def synthetic_batches(batch: int, count: int, seed: int = 0) -> list[dict]:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(count):
-        x = rng.normal(size=(batch, 784)).astype(np.float32)
-        y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, size=batch)]
-        batches.append({"x": x, "y": y})
-    return batches
-
-
-def init_params(widths, seed=0):
-    import jax
-    import jax.numpy as jnp
-
-    keys = jax.random.split(jax.random.key(seed), len(widths) - 1)
-    return [
-        {
-            "w": jax.random.normal(k, (a, b)) * (2.0 / a) ** 0.5,
-            "b": jnp.zeros((b,)),
-        }
-        for k, a, b in zip(keys, widths[:-1], widths[1:], strict=True)
-    ]
-
-
-def apply(params, x):
-    import jax
-
-    for layer in params[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"][None, :])
-    return x @ params[-1]["w"] + params[-1]["b"][None, :]
-
-
-def cross_entropy(logits, y):
-    import jax
-    import jax.numpy as jnp
-
-    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), -1))
-
-
-def make_experiment(widths, batches):
-    import jaxnitro as nx
-
-    class Bench(nx.Experiment):
-        max_epochs: int = 1
-
-        def build_data(self, dist):
-            return {"train": batches}
-
-        def build_model(self, rng):
-            return None, init_params(widths), {}
-
-        def forward(self, model, params, state, *, x):
-            return apply(params, x), state
-
-        def loss(self, logits, *, y):
-            return cross_entropy(logits, y)
-
-    return Bench
+from _common import (
+    WORKLOADS,
+    apply,
+    cross_entropy,
+    init_params,
+    make_experiment,
+    paired_ratio,
+    synthetic_batches,
+)
 
 
 def reference_loop(widths, batches):
@@ -198,8 +140,7 @@ def measure_throughput(name: str, reps: int, epochs: int) -> dict:
     # next to it, so a slow stretch of a shared machine cancels out.
     for side in ("jaxnitro", "keras"):
         if side in sides:
-            pairs = zip(sides["reference"], sides[side], strict=True)
-            result[f"{side}_paired"] = statistics.median(r / o for r, o in pairs)
+            result[f"{side}_paired"] = paired_ratio(sides["reference"], sides[side])
     result["samples_per_epoch"] = batch * count
     return result
 
