@@ -7,7 +7,7 @@ import grain
 import jax
 import numpy as np
 import pytest
-from experiments import Tiny, make_batches
+from experiments import Tiny, TinyMetrics, make_batches
 
 import jaxnitro as nx
 
@@ -141,3 +141,123 @@ def test_the_binding_report_says_what_drop_last_discards():
     assert "train drop-last discards 6 samples an epoch" in report
     listed = nx.Nitro(Tiny(), logger=None, checkpointer=None).binding_report()
     assert "train drop-last discards 0 samples an epoch" in listed
+
+
+class FannedOut:
+    """Built batches behind the fan-out trait: workers fetch them by index."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def begin_epoch(self):
+        return None
+
+    def batch_at(self, i):
+        return self.batches[i]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
+    monkeypatch,
+):
+    import jaxnitro.data.prefetch as prefetch
+
+    padded_on = []
+    pad = prefetch.pad_batch
+
+    def spying_pad(batch, size):
+        padded_on.append((threading.current_thread().name, len(batch["x"]), size))
+        return pad(batch, size)
+
+    monkeypatch.setattr(prefetch, "pad_batch", spying_pad)
+    sizes = []
+
+    class Counting(TinyMetrics):
+        def metrics(self, logits, *, y):
+            sizes.append((len(logits), len(y)))
+            return TinyMetrics.metrics(self, logits, y=y)
+
+    class Fanned(Counting):
+        def build_data(self, dist):  # val: batches of 16, 16 and a short 8
+            val = make_batches(40, 16, seed=1)
+            return {
+                "train": make_batches(64, 16),
+                "val": nx.PrefetchIterator(FannedOut(val), workers=2),
+            }
+
+    class Listed(Counting):
+        def build_data(self, dist):
+            return {"train": make_batches(64, 16), "val": make_batches(40, 16, seed=1)}
+
+    fanned = nx.Nitro(Fanned(), logger=None, checkpointer=None)
+    assert fanned._prefetch["val"].path == "fanout"
+    streamed = fanned.validate()
+    assert sizes == [(16, 16), (16, 16), (8, 8)]
+    assert all(name == "jaxnitro-prefetch-val-transfer" for name, *_ in padded_on)
+    assert [(n, size) for _, n, size in padded_on] == [(16, 16), (16, 16), (8, 16)]
+    padded_on.clear()
+    sizes.clear()
+    inline = nx.Nitro(Listed(), logger=None, checkpointer=None).validate()
+    assert sizes == [(16, 16), (16, 16), (8, 8)]
+    assert [name for name, *_ in padded_on] == ["MainThread"] * 3
+    assert streamed["acc"] == inline["acc"]
+    np.testing.assert_array_equal(streamed["confusion"], inline["confusion"])
+    assert streamed["confusion"].sum() == 40
+
+
+def test_device_memory_holds_at_most_device_batches_plus_two_batches(monkeypatch):
+    """On an accelerator the prefetch stages routed fields on the device ahead of the
+    step; forced here on the CPU, so the staged buffers are real device arrays."""
+    import jaxnitro.loop.feed as feed
+
+    monkeypatch.setattr(feed, "stages_on_device", lambda: True)
+    staged = 2
+    x_shape = (16, 8)  # only a batch's `x` has it (width 20 keeps w1 at (8, 20))
+    alive = {"train": [], "val": []}
+
+    def count():
+        return sum(a.shape == x_shape for a in jax.live_arrays())
+
+    class Sampler:
+        def log_metrics(self, metrics, *, step, epoch, context, **kw):
+            if context == "train":
+                alive["train"].append(count())
+
+        def log_params(self, params):
+            pass
+
+        def log_other(self, key, value):
+            pass
+
+        def finish(self, status):
+            pass
+
+    class Staged(TinyMetrics):
+        def build_data(self, dist):
+            return {
+                name: nx.PrefetchIterator(
+                    FannedOut(make_batches(n, 16, seed=seed)),
+                    workers=2,
+                    device_batches=staged,
+                )
+                for name, n, seed in (("train", 128, 0), ("val", 96, 1))
+            }
+
+        def metrics(self, logits, *, y):
+            alive["val"].append(count())
+            return TinyMetrics.metrics(self, logits, y=y)
+
+    nitro = nx.Nitro(
+        Staged(max_epochs=2, width=20), logger=Sampler(), checkpointer=None
+    )
+    before = count()
+    nitro.train()
+    assert len(alive["train"]) == 16 and len(alive["val"]) == 12
+    for phase, counts in alive.items():
+        assert 1 <= max(counts) - before <= staged + 2, (phase, counts)
+    assert count() == before  # every staged batch freed when its pass closed

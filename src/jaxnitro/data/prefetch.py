@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -56,6 +56,7 @@ __all__ = [
     "check_prefetch",
     "check_source_options",
     "default_prefetch_workers",
+    "eval_prepare",
     "eval_stream",
     "prefetch_config",
     "prefetch_report",
@@ -413,22 +414,38 @@ def eval_stream(
     its real samples; slice outputs back to `n_real`. Reads epoch 0's order.
     """
     width = _count("width", width, 1)
+    prepare = eval_prepare(
+        lambda keys: fields, width, name, lambda part: transfer(part, sharding)
+    )
+    return prepared_stream(split, prepare, epoch=0, name=name)
+
+
+def eval_prepare(
+    select: Callable[[tuple[str, ...]], tuple[str, ...]],
+    width: int,
+    name: str,
+    place: Callable[[dict[str, Any]], dict[str, Any]],
+) -> Prepare:
+    """The prepare step of an evaluation pass: host batch -> `EvalStaged` chunks.
+
+    `select(keys)` gives the routed fields of a batch with those keys; each chunk's
+    routed fields are padded to `width` and handed to `place` (a transfer, or
+    nothing on a backend whose executables take host arrays).
+    """
 
     def prepare(host: Mapping[str, Any]) -> list[EvalStaged]:
+        fields = select(tuple(host))
         routed = routed_fields(host, fields, name)
         size = batch_size(routed)
+        if size <= width:
+            return [EvalStaged(dict(host), place(pad_batch(routed, width)), size)]
         items = []
-        for start in range(0, size, width) if size > width else (0,):
-            if size > width:
-                stop = start + width
-                chunk = {k: np.asarray(v)[start:stop] for k, v in host.items()}
-                part = {k: chunk[k] for k in fields}
-            else:
-                chunk, part = dict(host), routed
+        for start in range(0, size, width):
+            chunk = {k: np.asarray(v)[start : start + width] for k, v in host.items()}
+            part = {k: chunk[k] for k in fields}
             count = batch_size(part)
-            items.append(
-                EvalStaged(chunk, transfer(pad_batch(part, width), sharding), count)
-            )
+            last = start + width >= size
+            items.append(EvalStaged(chunk, place(pad_batch(part, width)), count, last))
         return items
 
-    return prepared_stream(split, prepare, epoch=0, name=name)
+    return prepare

@@ -52,6 +52,8 @@ class EvalStaged(NamedTuple):
     """The routed fields padded to the eval width: shape (width, ...)."""
     n_real: int
     """Real samples in the chunk (<= width); outputs beyond it are padding."""
+    ends_batch: bool = True
+    """Whether this chunk is the last of its source batch (a wider batch is cut)."""
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,17 @@
 All three share one compiled eval forward program per handle (compiled for the eval
 batch width), so moving between them compiles nothing. A short batch is padded to the
 width, run, and every output leaf is sliced back to the real count before any hook sees
-it; a batch wider than the width runs in chunks. Metrics run on the host by default
+it; a batch wider than the width runs in chunks. A split's pass comes through its eval
+feed (`feed.open_eval_feed`): on the prefetch paths a producer thread pads (and on an
+accelerator transfers) the next chunk while the current one runs; predict pads on the
+calling thread. Metrics run on the host by default
 (`metrics_residency`), or in their own small program on the device; the loss, when
 reported, runs on the device as in training.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +23,13 @@ import numpy as np
 from ..compile.cache import program_cache
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
-from ..data.sources import batch_size, epoch_batches
+from ..data.sources import batch_size, first_batch
 from ..errors import HookError, RoutingError
 from ..metrics import MetricAccumulator, plain
 from ..observe import phases
 from ..observe.counter import advance_progress_counter
 from ..routing import as_batch
+from .feed import open_eval_feed
 
 if TYPE_CHECKING:
     from ..handle import Nitro
@@ -83,7 +88,15 @@ def forward_chunk(
     assert width is not None
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
+    return forward_padded(nitro, padded, count), count
+
+
+def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
+    """Device outputs of forward on fields padded to the eval width, cut to `count`."""
+    width = nitro._eval_width
+    assert width is not None
     ctx = nitro._ctx
+    names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro._state, padded)
     executable = compiled(
         nitro,
@@ -108,7 +121,7 @@ def forward_chunk(
         outputs = slice_outputs(full, count)
         jax.block_until_ready(outputs)
         _delete(full)
-    return outputs, count
+    return outputs
 
 
 _EVAL_PROGRAMS = {"eval_metrics": eval_metrics_fn, "eval_loss": eval_loss_fn}
@@ -175,15 +188,22 @@ def evaluate_split(
     device_metrics = has_metrics and nitro._residency("metrics") == "device"
     accumulator = MetricAccumulator()
     loss_keys: set[str] = set()
-    for batch in epoch_batches(source, 0):
-        if stoppable and nitro._stop_requested:
-            break
-        keys = tuple(batch)
-        forward_names = fields["forward"].select(keys)
-        if nitro._eval_width is None:
-            nitro._eval_width = batch_size(batch, forward_names)
-        for chunk in _chunks(batch, forward_names, nitro._eval_width):
-            outputs, count = forward_chunk(nitro, chunk, forward_names)
+    if nitro._eval_width is None:
+        probe = first_batch(split, source)
+        nitro._eval_width = batch_size(probe, fields["forward"].select(tuple(probe)))
+    feed = open_eval_feed(
+        source,
+        select=functools.lru_cache(maxsize=8)(fields["forward"].select),
+        width=nitro._eval_width,
+        name=split,
+    )
+    try:
+        for item in feed:
+            if stoppable and nitro._stop_requested:
+                break
+            chunk, keys = item.host, tuple(item.host)
+            outputs = forward_padded(nitro, item.device, item.n_real)
+            feed.release(item.device)  # dispatched: the runtime frees it after use
             if has_metrics:
                 names = fields["metrics"].select(keys)
                 if device_metrics:
@@ -204,23 +224,16 @@ def evaluate_split(
                     )
                 accumulator.add(values)
             if want_loss:
-                try:
-                    names = fields["loss"].select(keys)
-                except RoutingError:
-                    if has_metrics:  # eval_loss skips a split that lacks loss fields
-                        want_loss = False
-                        _delete(outputs)
-                        continue
-                    raise
-                loss, terms = run_on_outputs(nitro, "eval_loss", outputs, chunk, names)
-                accumulator.add_leaf(("loss",), loss, 1)
-                for term, value in terms.items():
-                    loss_keys.add(f"loss/{term}")
-                    accumulator.add_leaf((f"loss/{term}",), value, 1)
+                want_loss = _add_loss(
+                    nitro, accumulator, loss_keys, outputs, chunk, keys, has_metrics
+                )
             _delete(outputs)
-        advance_progress_counter()
-        if bar is not None:
-            bar.step()
+            if item.ends_batch:
+                advance_progress_counter()
+                if bar is not None:
+                    bar.step()
+    finally:
+        feed.close()
     combined = accumulator.result()
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
@@ -243,6 +256,34 @@ def evaluate_split(
         # The transition out of EvalStepping carries the metrics to the monitors.
         nitro.set_phase(previous, metrics=result)
     return result
+
+
+def _add_loss(
+    nitro: Nitro,
+    accumulator: MetricAccumulator,
+    loss_keys: set[str],
+    outputs: Any,
+    chunk: Mapping[str, Any],
+    keys: tuple[str, ...],
+    has_metrics: bool,
+) -> bool:
+    """Add the chunk's loss (and its terms) to the metrics; False stops the loss.
+
+    With custom metrics, `eval_loss` skips a split whose batches lack the fields
+    `loss` declares; without them the loss is the metric, and the error stands.
+    """
+    try:
+        names = nitro._fields["loss"].select(keys)
+    except RoutingError:
+        if has_metrics:
+            return False
+        raise
+    loss, terms = run_on_outputs(nitro, "eval_loss", outputs, chunk, names)
+    accumulator.add_leaf(("loss",), loss, 1)
+    for term, value in terms.items():
+        loss_keys.add(f"loss/{term}")
+        accumulator.add_leaf((f"loss/{term}",), value, 1)
+    return True
 
 
 def _plain_tree(value: Any) -> Any:

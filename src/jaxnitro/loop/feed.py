@@ -8,19 +8,27 @@ stages the routed fields on the device ahead of the step. On a CPU backend the r
 host arrays go to the executable as they are: it places them itself, and an explicit
 copy would only cost time (measured in benchmarks/prefetch.py).
 
-Either way the loop gets `Staged(host, device)` items and the time it waited for them,
-for the once-per-epoch `data_wait_frac`.
+Either way the training loop gets `Staged(host, device)` items and the time it waited
+for them, for the once-per-epoch `data_wait_frac`; evaluation gets `EvalStaged` chunks,
+padded to the eval width by their producer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 
-from ..data.prefetch import Staged, prefetch_config, prepared_stream, routed_fields
+from ..data.pipeline import Prepare
+from ..data.prefetch import (
+    Staged,
+    eval_prepare,
+    prefetch_config,
+    prepared_stream,
+    routed_fields,
+)
 from ..data.protocol import unwrap_source
 from ..data.sources import epoch_batches
 from ..data.transfer import transfer
@@ -34,29 +42,29 @@ def stages_on_device() -> bool:
 
 
 class InlineFeed:
-    """One pass over a split read on the consuming thread, with its waiting time."""
+    """One pass over a split prepared on the consuming thread, with its waiting time."""
 
-    def __init__(
-        self, split: Any, epoch: int, fields: tuple[str, ...], name: str
-    ) -> None:
+    def __init__(self, split: Any, epoch: int, prepare: Prepare) -> None:
         seek = getattr(unwrap_source(split), "set_epoch", None)
         if callable(seek):  # as the stream does, so a resumed run reads the same order
             seek(epoch)
         self._batches = epoch_batches(split, epoch)
-        self._fields = fields
-        self._name = name
+        self._prepare = prepare
+        self._ready: list[Any] = []
         self.wait_seconds = 0.0
 
-    def __iter__(self) -> Iterator[Staged]:
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> Staged:
-        started = time.perf_counter()
-        try:
-            host = next(self._batches)
-        finally:
-            self.wait_seconds += time.perf_counter() - started
-        return Staged(host, routed_fields(host, self._fields, self._name))
+    def __next__(self) -> Any:
+        if not self._ready:
+            started = time.perf_counter()
+            try:
+                host = next(self._batches)
+            finally:
+                self.wait_seconds += time.perf_counter() - started
+            self._ready = list(self._prepare(host))[::-1]
+        return self._ready.pop()
 
     def release(self, device: Any) -> None:
         """Nothing to free: the executable placed the host arrays itself."""
@@ -71,11 +79,11 @@ class StreamFeed:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def __iter__(self) -> Iterator[Staged]:
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> Staged:
-        return next(self._stream)  # type: ignore[no-any-return]
+    def __next__(self) -> Any:
+        return next(self._stream)
 
     @property
     def wait_seconds(self) -> float:
@@ -88,22 +96,47 @@ class StreamFeed:
         self._stream.close()
 
 
+def _open(
+    split: Any, epoch: int, name: str, prepare: Prepare
+) -> InlineFeed | StreamFeed:
+    if prefetch_config(split).path in INLINE_PATHS and not stages_on_device():
+        return InlineFeed(split, epoch, prepare)
+    return StreamFeed(prepared_stream(split, prepare, epoch=epoch, name=name))
+
+
+def _place(routed: dict[str, Any]) -> dict[str, Any]:
+    return transfer(routed) if stages_on_device() else routed
+
+
 def open_feed(
     split: Any, *, epoch: int, fields: tuple[str, ...], name: str
 ) -> InlineFeed | StreamFeed:
-    """A pass over `split` for 0-based `epoch`, yielding `Staged(host, device)`.
+    """A training pass over `split` for 0-based `epoch`: `Staged(host, device)`.
 
     `device` holds the routed `fields`, each checked as `batch_stream` checks them:
     device arrays when staged on an accelerator, host arrays otherwise (a field the
     source already put on the device stays there). Close it on every exit path.
     """
-    path = prefetch_config(split).path
     on_device = stages_on_device()
-    if path in INLINE_PATHS and not on_device:
-        return InlineFeed(split, epoch, fields, name)
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
         routed = routed_fields(host, fields, name)
         return [Staged(host, transfer(routed) if on_device else routed)]
 
-    return StreamFeed(prepared_stream(split, prepare, epoch=epoch, name=name))
+    return _open(split, epoch, name, prepare)
+
+
+def open_eval_feed(
+    split: Any,
+    *,
+    select: Callable[[tuple[str, ...]], tuple[str, ...]],
+    width: int,
+    name: str,
+) -> InlineFeed | StreamFeed:
+    """An evaluation pass over `split` (epoch 0's order): `EvalStaged` chunks.
+
+    Each chunk's routed fields (`select(keys)`) are padded to `width` by whoever
+    produces it (a prefetch thread, so the pad overlaps the previous forward, or the
+    consumer on the inline paths); `host` stays unpadded. Close it on every exit.
+    """
+    return _open(split, 0, name, eval_prepare(select, width, name, _place))
