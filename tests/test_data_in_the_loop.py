@@ -198,7 +198,9 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
     assert fanned._prefetch["val"].path == "fanout"
     streamed = fanned.validate()
     assert sizes == [(16, 16), (16, 16), (8, 8)]
-    assert all(name == "jaxnitro-prefetch-val-transfer" for name, *_ in padded_on)
+    # On the CPU the workers pad (nothing to stage); on an accelerator, the transfer
+    # thread: either way a prefetch thread, never the consumer.
+    assert all(name.startswith("jaxnitro-prefetch-val-") for name, *_ in padded_on)
     assert [(n, size) for _, n, size in padded_on] == [(16, 16), (16, 16), (8, 16)]
     padded_on.clear()
     sizes.clear()

@@ -8,6 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+from jaxnitro.data.channel import Channel, ChannelClosed
+from jaxnitro.data.pipeline import END, Coordinator
 from jaxnitro.data.prefetch import (
     NoPrefetch,
     PrefetchConfig,
@@ -310,6 +312,119 @@ def test_unordered_epochs_hold_every_batch_once(clean):
         with batch_stream(split, ("x",), epoch=epoch) as stream:
             seen = sorted(i[0] for i in _drain(stream))
         assert seen == list(range(6))
+
+
+# --- without staging: the workers prepare, the consumer reads them directly --------
+
+
+def _named_prepare(host):
+    """A prepare that stages nothing (the CPU loop's) and says which thread ran it."""
+    return [(threading.current_thread().name, host)]
+
+
+def _unstaged(split, epoch=0):
+    with prepared_stream(split, _named_prepare, epoch=epoch, stage=False) as stream:
+        items = list(stream)
+        threads = [t.name for t in stream.threads]
+    return items, threads
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_without_staging_the_workers_prepare_and_order_holds(clean, workers):
+    split = PrefetchIterator(Indexed(), workers=workers)
+    staged = _epochs(split)
+    unstaged = []
+    for epoch in range(3):
+        items, threads = _unstaged(split, epoch)
+        assert {name for name, _ in items} <= set(threads)
+        assert all("worker" in name for name in threads)  # no transfer thread
+        unstaged += [host["x"] for _, host in items]
+    np.testing.assert_array_equal(staged, np.stack(unstaged))
+
+
+def test_without_staging_unordered_delivers_each_batch_once(clean):
+    split = PrefetchIterator(Indexed(n_batches=9), workers=3, ordered=False)
+    items, _ = _unstaged(split)
+    assert sorted(int(host["i"][0]) for _, host in items) == list(range(9))
+
+
+def test_without_staging_a_prepare_error_reaches_the_consumer(clean):
+    split = PrefetchIterator(Indexed(), workers=2)
+    stream = prepared_stream(split, _failing_prepare, stage=False)
+    with pytest.raises(RuntimeError, match="the transfer failed") as info:
+        next(stream)
+    assert "_failing_prepare" in [
+        f.name for f in traceback.extract_tb(info.value.__traceback__)
+    ]
+    assert "jaxnitro-prefetch-split-worker-" in info.value.__notes__[0]
+    stream.close()
+
+
+def test_without_staging_an_early_close_stops_every_thread(clean):
+    stream = prepared_stream(
+        PrefetchIterator(Indexed(n_batches=8), workers=3), _named_prepare, stage=False
+    )
+    next(stream)
+    stream.close()
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_the_coordinator_hands_out_no_more_indices_than_its_credits():
+    coordinator = Coordinator(count=5, host_batches=2, ordered=True)
+    assert [coordinator.claim(), coordinator.claim()] == [0, 1]
+    claimed = []
+    waiting = threading.Thread(target=lambda: claimed.append(coordinator.claim()))
+    waiting.start()
+    waiting.join(0.05)
+    assert waiting.is_alive() and claimed == []  # both credits are out
+    coordinator.put(1, "b1")
+    coordinator.put(0, "b0")
+    assert coordinator.take() == "b0"  # in index order; its credit goes back
+    waiting.join(WAIT)
+    assert claimed == [2]
+    assert coordinator.take() == "b1"
+    coordinator.put(2, "b2")
+    assert coordinator.take() == "b2"
+    assert [coordinator.claim(), coordinator.claim()] == [3, 4]
+    assert coordinator.claim() is None  # every index handed out
+    coordinator.put(4, "b4")
+    coordinator.put(3, "b3")
+    assert [coordinator.take(), coordinator.take()] == ["b3", "b4"]
+    assert coordinator.take() is END
+
+
+def test_closing_the_coordinator_wakes_its_waiters():
+    coordinator = Coordinator(count=3, host_batches=1, ordered=True)
+    coordinator.claim()
+    errors = []
+
+    def wait(call):
+        try:
+            call()
+        except ChannelClosed:
+            errors.append(call.__name__)
+
+    threads = [
+        threading.Thread(target=wait, args=(f,))
+        for f in (coordinator.claim, coordinator.take)
+    ]
+    for thread in threads:
+        thread.start()
+    coordinator.put(1, "not yet takeable")  # the taker waits for index 0
+    assert coordinator.close() == ["not yet takeable"]
+    for thread in threads:
+        thread.join(WAIT)
+    assert sorted(errors) == ["claim", "take"]
+
+
+def test_a_channel_refills_in_bursts_and_delivers_everything_in_order():
+    channel = Channel(4)
+    producer = threading.Thread(target=lambda: [channel.put(i) for i in range(50)])
+    producer.start()
+    assert [channel.get() for _ in range(50)] == list(range(50))
+    producer.join(WAIT)
+    assert not producer.is_alive()
 
 
 # --- errors travel to the consumer ------------------------------------------------

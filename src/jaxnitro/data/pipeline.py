@@ -1,23 +1,28 @@
 """The threads behind a `PrefetchStream`: workers, a transfer thread, a ledger.
 
-Threaded paths (`fanout`, `fanout_unordered`; one producer on the others):
+The fan-out (`fanout`, `fanout_unordered`):
 
-    coordinator  --indices (workers)-->  N workers: batch_at(i, plan)
-        ^                                      |
-        |  credits (host_batches tokens)       v  (i, host batch)   (workers)
-        +------------- returned on emit --  transfer thread: reorder buffer,
-                                               prepare = [pad +] device_put
-                                               |
-                                               v  staged items   (device_batches)
-                                            the consumer: next(stream)
+    coordinator: hands out indices against credits (host_batches), reorders
+        |  claim(): the next index               ^  put(i, built)
+        v                                        |
+    N workers: batch_at(i, plan)  ---------------+   (and prepare, when not staging)
+        take(): batches in index order (ordered) or as they finish (unordered)
+        v
+    staging:     transfer thread: prepare = [pad +] device_put --> channel of
+                 device_batches --> the consumer: next(stream)
+    not staging: the consumer takes the workers' prepared items itself
 
-The coordinator takes one credit per index it hands out, so at most `host_batches`
-host batches exist between it and the transfer thread (in workers, in the hand-off
-channel, in the reorder buffer). The transfer thread emits in index order (ordered)
-or as batches arrive (unordered), and is the only thread that allocates device
-memory. One producer (the `single*` and `materialized` paths) iterates the source and
-prepares each batch itself. Any thread's exception closes every channel and is
-re-raised, with its original traceback, by the consumer's next `next()`.
+The coordinator is shared state under one lock, not a thread: a worker claims the
+next index only while fewer than `host_batches` claimed batches are still unemitted
+(in workers or in the reorder buffer), and emitting one returns its credit. Each
+hand-off between threads costs a wake-up (tens of microseconds on a 2-core host),
+so a pass uses as few as it can: with staging (an accelerator), the transfer thread
+is the only one that allocates device memory; without it (the CPU backend, whose
+executables take host arrays), the workers also run the cheap `prepare` (routing
+checks, eval padding) and the consumer reads the reorder buffer directly. One
+producer (the `single*` and `materialized` paths) iterates the source and prepares
+each batch itself. Any thread's exception closes every channel and is re-raised,
+with its original traceback, by the consumer's next `next()`.
 
 Device memory: every device batch the stream creates is recorded in a ledger until
 `release(device)` (or `.delete()` on its arrays) frees it, and `close()` frees all
@@ -107,19 +112,17 @@ def _delete(arrays: tuple[jax.Array, ...]) -> None:
 class Pipeline:
     """The channels and threads of one stream; never refers to the stream itself."""
 
-    def __init__(self, name: str, ledger: Ledger, device_batches: int) -> None:
+    def __init__(self, name: str, ledger: Ledger, capacity: int) -> None:
         self.name = name
         self.ledger = ledger
-        self.device: Channel[Any] = Channel(device_batches)
-        self.channels: list[Channel[Any]] = [self.device]
+        self.device: Channel[Any] = Channel(capacity)
+        """The prepared items on their way to the consumer, `capacity` at most."""
+        self.output: Any = self.device
+        """What the consumer reads: the device channel, or the fan-out's own items."""
+        self.channels: list[Channel[Any] | Coordinator] = [self.device]
         self.threads: list[threading.Thread] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-
-    def channel(self, capacity: int) -> Channel[Any]:
-        ch: Channel[Any] = Channel(capacity)
-        self.channels.append(ch)
-        return ch
 
     def spawn(self, role: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(
@@ -198,6 +201,8 @@ class FanoutPlan(NamedTuple):
     workers: int
     host_batches: int
     ordered: bool
+    stage: bool
+    """Whether a transfer thread prepares the batches (it places them on a device)."""
 
 
 def _stage(pipeline: Pipeline, prepare: Prepare, host: Any) -> None:
@@ -206,29 +211,107 @@ def _stage(pipeline: Pipeline, prepare: Prepare, host: Any) -> None:
         pipeline.put_staged(item)
 
 
+class Coordinator:
+    """One fan-out pass's index claims, credits and reorder buffer, under one lock.
+
+    Closable like a `Channel`: closing wakes every waiter, and every later call
+    raises `ChannelClosed`.
+    """
+
+    def __init__(self, count: int, host_batches: int, ordered: bool) -> None:
+        self._count, self._credits, self._ordered = count, host_batches, ordered
+        lock = threading.Lock()
+        self._room = threading.Condition(lock)  # a worker waits for a credit
+        self._ready = threading.Condition(lock)  # the taker waits for its batch
+        self._claimed = 0
+        self._emitted = 0
+        self._built: dict[int, Any] = {}
+        self._closed = False
+
+    def claim(self) -> int | None:
+        """The next index to build, waiting for a credit; None once all are claimed."""
+        with self._room:
+            while (
+                not self._closed
+                and self._claimed < self._count
+                and self._claimed - self._emitted >= self._credits
+            ):
+                self._room.wait()
+            if self._closed:
+                raise ChannelClosed
+            if self._claimed == self._count:
+                return None
+            self._claimed += 1
+            return self._claimed - 1
+
+    def put(self, index: int, built: Any) -> None:
+        """Hand in the batch built for a claimed index."""
+        with self._ready:
+            if self._closed:
+                raise ChannelClosed
+            self._built[index] = built
+            if not self._ordered or index == self._emitted:
+                self._ready.notify()
+
+    def take(self) -> Any:
+        """The next batch (in index order when ordered), or END after the last."""
+        with self._ready:
+            if self._emitted == self._count and not self._closed:
+                return END
+            while not self._closed and not self._has_next():
+                self._ready.wait()
+            if self._closed:
+                raise ChannelClosed
+            if self._ordered:
+                built = self._built.pop(self._emitted)
+            else:
+                built = self._built.pop(next(iter(self._built)))
+            self._emitted += 1
+            # Its credit goes back. Workers are woken when half the credits are
+            # free, not per batch: each wake-up costs the consumer's core time.
+            if self._claimed - self._emitted <= self._credits // 2:
+                self._room.notify_all()
+            return built
+
+    def _has_next(self) -> bool:
+        return self._emitted in self._built if self._ordered else bool(self._built)
+
+    def close(self) -> list[Any]:
+        """Close, waking every waiter; returns the batches still held."""
+        with self._room:
+            self._closed = True
+            left = list(self._built.values())
+            self._built.clear()
+            self._room.notify_all()
+            self._ready.notify_all()
+            return left
+
+
+class _Prepared:
+    """The consumer's end of a fan-out without staging: the workers' items in turn."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+        self._items: list[Any] = []
+
+    def get(self) -> Any:
+        if not self._items:
+            built = self._coordinator.take()
+            if built is END:
+                return END
+            self._items = list(built)[::-1]
+        return self._items.pop()
+
+
 def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None:
-    source, workers = plan.source, plan.workers
+    source = plan.source
     epoch_plan = begin_epoch_checked(source, pipeline.name)
     count = len(source)  # read after begin_epoch: a plan may change it
-    indices = pipeline.channel(workers)
-    hosts = pipeline.channel(workers)
-    credits = pipeline.channel(plan.host_batches)
-    for _ in range(plan.host_batches):
-        credits.put(None)
-
-    def coordinator() -> None:
-        for index in range(count):
-            credits.get()
-            indices.put(index)
-        for _ in range(workers):
-            indices.put(END)
+    coordinator = Coordinator(count, plan.host_batches, plan.ordered)
+    pipeline.channels.append(coordinator)
 
     def worker() -> None:
-        while True:
-            index = indices.get()
-            if index is END:
-                hosts.put(END)
-                return
+        while (index := coordinator.claim()) is not None:
             batch = call_batch_at(source, index, epoch_plan)
             if batch is None:
                 raise ConfigError(
@@ -236,42 +319,23 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
                     f"({type(source).__name__}) returned None; it must return a "
                     f"batch for every i in range(len(source)) = range({count})."
                 )
-            hosts.put((index, batch))
+            if not plan.stage:
+                batch = prepare(as_batch(batch, BATCH_HINT))
+                for item in batch:
+                    pipeline.ledger.add(item)
+            coordinator.put(index, batch)
 
     def transfer() -> None:
-        pending: dict[int, Any] = {}
-        marks = bytearray(count)
-        following = 0
-        ended = 0
-        while ended < workers:
-            got = hosts.get()
-            if got is END:
-                ended += 1
-                continue
-            index, batch = got
-            if marks[index]:
-                raise RuntimeError(f"prefetch: batch {index} was built twice")
-            marks[index] = 1
-            if not plan.ordered:
-                _stage(pipeline, prepare, batch)
-                credits.put(None)
-                continue
-            pending[index] = batch
-            while following in pending:
-                _stage(pipeline, prepare, pending.pop(following))
-                credits.put(None)
-                following += 1
-        if pending or not all(marks):
-            raise RuntimeError(
-                f"prefetch: the epoch of split `{pipeline.name}` ended with batches "
-                f"undelivered ({count - sum(marks)} never built)"
-            )
+        while (batch := coordinator.take()) is not END:
+            _stage(pipeline, prepare, batch)
         pipeline.device.put(END)
 
-    pipeline.spawn("coordinator", coordinator)
-    for k in range(workers):
+    for k in range(plan.workers):
         pipeline.spawn(f"worker-{k}", worker)
-    pipeline.spawn("transfer", transfer)
+    if plan.stage:
+        pipeline.spawn("transfer", transfer)
+    else:
+        pipeline.output = _Prepared(coordinator)
 
 
 def build_single(

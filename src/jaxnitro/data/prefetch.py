@@ -311,12 +311,16 @@ def prepared_stream(
     *,
     epoch: int | None = None,
     name: str = "split",
+    stage: bool = True,
     join_timeout: float = 10.0,
 ) -> PrefetchStream[Any]:
     """A stream over one pass of `split`, each host batch mapped through `prepare`.
 
     `prepare(host) -> [item, ...]` runs on the transfer thread (on the consumer for
     `NoPrefetch`); each item carries a `.device` pytree the stream owns and frees.
+    `stage=False` says `prepare` places nothing on a device (the CPU backend's
+    executables take host arrays): the fan-out's workers then run it themselves and
+    no transfer thread is started.
     `epoch` (0-based) positions a source that has `set_epoch` (the Grain adapter
     does), so a resumed run reads the same order.
     """
@@ -338,6 +342,7 @@ def prepared_stream(
         host_batches=cfg.host_batches,
         ordered=cfg.ordered,
         set_epoch=set_epoch,
+        stage=stage,
         join_timeout=join_timeout,
     )
 

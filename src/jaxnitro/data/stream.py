@@ -99,6 +99,7 @@ class PrefetchStream(Generic[T]):
         host_batches: int,
         ordered: bool,
         set_epoch: Callable[[], None],
+        stage: bool = True,
         join_timeout: float = 10.0,
     ) -> None:
         self.path = path
@@ -116,10 +117,13 @@ class PrefetchStream(Generic[T]):
         if path == "inline":
             self._inline = self._inline_items(source, prepare, set_epoch)
         else:
-            pipeline = Pipeline(name, self._ledger, device_batches)
+            # Staged items hold device memory: device_batches bounds them. Without
+            # staging the channel holds host batches, which host_batches bounds.
+            capacity = device_batches if stage else max(device_batches, host_batches)
+            pipeline = Pipeline(name, self._ledger, capacity)
             if path in ("fanout", "fanout_unordered"):
                 set_epoch()
-                plan = FanoutPlan(source, workers, host_batches, ordered)
+                plan = FanoutPlan(source, workers, host_batches, ordered, stage)
                 build_fanout(pipeline, plan, prepare)
             else:
                 build_single(pipeline, source, prepare, set_epoch)
@@ -164,7 +168,7 @@ class PrefetchStream(Generic[T]):
             return next(self._inline)
         assert self._pipeline is not None
         try:
-            item = self._pipeline.device.get()
+            item = self._pipeline.output.get()
         except ChannelClosed:
             raise self._closed_error() from None
         if item is END:

@@ -101,7 +101,10 @@ def _open(
 ) -> InlineFeed | StreamFeed:
     if prefetch_config(split).path in INLINE_PATHS and not stages_on_device():
         return InlineFeed(split, epoch, prepare)
-    return StreamFeed(prepared_stream(split, prepare, epoch=epoch, name=name))
+    stream = prepared_stream(
+        split, prepare, epoch=epoch, name=name, stage=stages_on_device()
+    )
+    return StreamFeed(stream)
 
 
 def _place(routed: dict[str, Any]) -> dict[str, Any]:
