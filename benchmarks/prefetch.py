@@ -196,6 +196,10 @@ def compare_producers(step, state, source, epochs: int) -> None:
         "inline (NoPrefetch)": NoPrefetch(source),
         "single producer (workers=1)": PrefetchIterator(source, workers=1),
         "fan-out, workers=2": PrefetchIterator(source, workers=2),
+        "fan-out, workers=2, host_batches=8": PrefetchIterator(
+            source, workers=2, host_batches=8
+        ),
+        "fan-out, workers=3": PrefetchIterator(source, workers=3),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in splits}
     run_epoch(step, state, splits["fan-out, workers=2"], 0)  # warm-up
@@ -206,7 +210,7 @@ def compare_producers(step, state, source, epochs: int) -> None:
         frac = statistics.median(f for f, _ in runs)
         wall = statistics.median(w for _, w in runs)
         print(
-            f"    {name:30s} data_wait_frac {frac:6.1%}   {BATCHES / wall:6.0f} steps/s"
+            f"    {name:36s} data_wait_frac {frac:6.1%}   {BATCHES / wall:6.0f} steps/s"
         )
 
 
@@ -259,6 +263,10 @@ def compare_in_the_loop(source, epochs: int) -> None:
         "inline (NoPrefetch)": nx.NoPrefetch(source),
         "single producer (workers=1)": nx.PrefetchIterator(source, workers=1),
         "fan-out, workers=2": nx.PrefetchIterator(source, workers=2),
+        "fan-out, workers=2, host_batches=8": nx.PrefetchIterator(
+            source, workers=2, host_batches=8
+        ),
+        "fan-out, workers=3": nx.PrefetchIterator(source, workers=3),
     }
     for name, split in splits.items():
         waits = DataWait()
@@ -271,7 +279,7 @@ def compare_in_the_loop(source, epochs: int) -> None:
         frac = statistics.median(waits.fracs[1:])  # the first epoch compiles
         wall = statistics.median(row["seconds"] for row in nitro.history[1:])
         print(
-            f"    {name:30s} data_wait_frac {frac:6.1%}   {BATCHES / wall:6.0f} steps/s"
+            f"    {name:36s} data_wait_frac {frac:6.1%}   {BATCHES / wall:6.0f} steps/s"
         )
 
 
