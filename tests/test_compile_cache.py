@@ -8,7 +8,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from experiments import Tiny
+from experiments import QuietLogger, Tiny
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import program_cache
@@ -44,7 +44,7 @@ def kinds_compiled(run):
     return sorted({key.kind for key in set(program_cache().program_keys()) - before})
 
 
-class StepRecorder:
+class StepRecorder(QuietLogger):
     """A logger recording the cache misses at every logged line."""
 
     def __init__(self):
@@ -52,15 +52,6 @@ class StepRecorder:
 
     def log_metrics(self, metrics, *, step, epoch, context, **kw):
         self.lines.append((context, epoch, step, nx.cache_stats()["misses"]))
-
-    def log_params(self, params):
-        pass
-
-    def log_other(self, key, value):
-        pass
-
-    def finish(self, status):
-        pass
 
 
 def test_two_epochs_compile_nothing_after_the_first_step():

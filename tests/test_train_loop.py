@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import Tiny, make_batches
+from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
 
@@ -171,7 +171,7 @@ def test_no_batch_buffer_outlives_its_step():
     batch_shapes = {(16, 8), (16, 3)}
     alive_at_lines = []
 
-    class Sampler(StepCounter):
+    class Sampler(QuietLogger):
         def log_metrics(self, metrics, *, step, epoch, context, **kw):
             if context == "train":
                 alive = [a for a in jax.live_arrays() if a.shape in batch_shapes]
@@ -183,20 +183,6 @@ def test_no_batch_buffer_outlives_its_step():
     assert len(alive_at_lines) == 8 and max(alive_at_lines) == 0
     leftover = [a.shape for a in jax.live_arrays() if id(a) not in before]
     assert not batch_shapes & set(leftover)
-
-
-class StepCounter:
-    def log_metrics(self, metrics, *, step, epoch, context, **kw):
-        pass
-
-    def log_params(self, params):
-        pass
-
-    def log_other(self, key, value):
-        pass
-
-    def finish(self, status):
-        pass
 
 
 def test_resumed_handle_at_max_epochs_warns_nothing_to_train(tmp_path):
