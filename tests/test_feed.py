@@ -49,7 +49,16 @@ class Shuffled:
         return {"x": self.x[rows], "y": self.y[rows]}
 
 
-def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does():
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu", "staged"])
+def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does(
+    monkeypatch, staged
+):
+    """Also with batches staged on the device, as on an accelerator (forced here):
+    there the inline split is a stream too, reading `batch_at` in the plan's order."""
+    import jaxnitro.loop.feed as feed
+
+    monkeypatch.setattr(feed, "stages_on_device", lambda: staged)
+
     def trained(wrap):
         source = Shuffled()
 

@@ -97,6 +97,12 @@ def epoch_batches(source: Any, epoch: int) -> Iterator[Mapping[str, Any]]:
     source = unwrap_source(source)
     if _is_grain_map_dataset(source):
         source = GrainSource(source, epoch=epoch)  # reads Grain's epoch `epoch`
+    return pass_batches(source)
+
+
+def pass_batches(source: Any) -> Iterator[Mapping[str, Any]]:
+    """One pass: `batch_at` over the plan of the source's next epoch when it has the
+    trait (the order the fan-out reads), else the source's own iteration."""
     if has_batch_at(source):
         plan = _plan(source)
         for index in range(len(source)):

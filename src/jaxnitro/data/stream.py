@@ -17,7 +17,6 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
 
-from ..routing import as_batch
 from .channel import ChannelClosed
 from .pipeline import (
     END,
@@ -29,7 +28,7 @@ from .pipeline import (
     build_single,
     shutdown_pass,
 )
-from .protocol import BATCH_HINT
+from .sources import pass_batches
 
 T = TypeVar("T")
 
@@ -139,8 +138,8 @@ class PrefetchStream(Generic[T]):
         self, source: Any, prepare: Prepare, set_epoch: Callable[[], None]
     ) -> Generator[Any, None, None]:
         set_epoch()
-        for batch in source:
-            for item in prepare(as_batch(batch, BATCH_HINT)):
+        for batch in pass_batches(source):
+            for item in prepare(batch):
                 self._ledger.add(item)
                 yield item
 
