@@ -26,3 +26,22 @@ def _config_report_on():
     previous = set_config_report(True)
     yield
     set_config_report(previous)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--staged",
+        action="store_true",
+        help="run the loop as on an accelerator: the prefetch threads stage every "
+        "batch on the device (the CPU backend otherwise hands host arrays on)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _staged(request, monkeypatch):
+    """With --staged, the accelerator's data path runs on the CPU (CI runs both)."""
+    if request.config.getoption("--staged"):
+        import jaxnitro.loop.feed as feed
+
+        monkeypatch.setattr(feed, "stages_on_device", lambda: True)
+    yield

@@ -10,6 +10,7 @@ import pytest
 from experiments import QuietLogger, Tiny, TinyMetrics, make_batches
 
 import jaxnitro as nx
+import jaxnitro.loop.feed as feed
 
 
 def samples(n, seed=0):
@@ -206,7 +207,11 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
     sizes.clear()
     inline = nx.Nitro(Listed(), logger=None, checkpointer=None).validate()
     assert sizes == [(16, 16), (16, 16), (8, 8)]
-    assert [name for name, *_ in padded_on] == ["MainThread"] * 3
+    # A list is read inline on the CPU; staged, its one producer thread pads.
+    padder = (
+        "jaxnitro-prefetch-val-producer" if feed.stages_on_device() else "MainThread"
+    )
+    assert [name for name, *_ in padded_on] == [padder] * 3
     assert streamed["acc"] == inline["acc"]
     np.testing.assert_array_equal(streamed["confusion"], inline["confusion"])
     assert streamed["confusion"].sum() == 40
@@ -215,8 +220,6 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
 def test_device_memory_holds_at_most_device_batches_plus_two_batches(monkeypatch):
     """On an accelerator the prefetch stages routed fields on the device ahead of the
     step; forced here on the CPU, so the staged buffers are real device arrays."""
-    import jaxnitro.loop.feed as feed
-
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
     staged = 2
     x_shape = (16, 8)  # only a batch's `x` has it (width 20 keeps w1 at (8, 20))

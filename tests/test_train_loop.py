@@ -9,6 +9,7 @@ import pytest
 from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
+import jaxnitro.loop.feed as feed
 
 
 def quiet(**kw):
@@ -180,7 +181,11 @@ def test_no_batch_buffer_outlives_its_step():
     nitro = nx.Nitro(Tiny(max_epochs=2, width=20), logger=Sampler(), checkpointer=None)
     before = {id(a) for a in jax.live_arrays()}
     nitro.train()
-    assert len(alive_at_lines) == 8 and max(alive_at_lines) == 0
+    # On the CPU the executable takes the host arrays: no batch buffer outlives its
+    # step. Staged (an accelerator, or --staged): device_batches (1) + 2 batches of
+    # two fields at most.
+    bound = 2 * (1 + 2) if feed.stages_on_device() else 0
+    assert len(alive_at_lines) == 8 and max(alive_at_lines) <= bound
     leftover = [a.shape for a in jax.live_arrays() if id(a) not in before]
     assert not batch_shapes & set(leftover)
 
