@@ -2,6 +2,7 @@
 
 import gc
 import threading
+import time
 import traceback
 
 import jax
@@ -422,7 +423,17 @@ def test_a_channel_refills_in_bursts_and_delivers_everything_in_order():
     channel = Channel(4)
     producer = threading.Thread(target=lambda: [channel.put(i) for i in range(50)])
     producer.start()
-    assert [channel.get() for _ in range(50)] == list(range(50))
+    deadline = time.monotonic() + WAIT
+    while len(channel) < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert channel.get() == 0
+    time.sleep(0.05)
+    assert len(channel) == 3  # one slot free: the blocked producer sleeps on
+    assert channel.get() == 1  # half free: it wakes and refills
+    while len(channel) < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(channel) == 4
+    assert [channel.get() for _ in range(48)] == list(range(2, 50))
     producer.join(WAIT)
     assert not producer.is_alive()
 
