@@ -97,18 +97,16 @@ class StreamFeed:
 
 
 def _open(
-    split: Any, epoch: int, name: str, prepare: Prepare
+    split: Any, epoch: int, name: str, prepare: Prepare, on_device: bool
 ) -> InlineFeed | StreamFeed:
-    if prefetch_config(split).path in INLINE_PATHS and not stages_on_device():
+    if prefetch_config(split).path in INLINE_PATHS and not on_device:
         return InlineFeed(split, epoch, prepare)
-    stream = prepared_stream(
-        split, prepare, epoch=epoch, name=name, stage=stages_on_device()
-    )
+    stream = prepared_stream(split, prepare, epoch=epoch, name=name, stage=on_device)
     return StreamFeed(stream)
 
 
-def _place(routed: dict[str, Any]) -> dict[str, Any]:
-    return transfer(routed) if stages_on_device() else routed
+def _as_is(routed: dict[str, Any]) -> dict[str, Any]:
+    return routed
 
 
 def open_feed(
@@ -126,7 +124,7 @@ def open_feed(
         routed = routed_fields(host, fields, name)
         return [Staged(host, transfer(routed) if on_device else routed)]
 
-    return _open(split, epoch, name, prepare)
+    return _open(split, epoch, name, prepare, on_device)
 
 
 def open_eval_feed(
@@ -142,4 +140,6 @@ def open_eval_feed(
     produces it (a prefetch thread, so the pad overlaps the previous forward, or the
     consumer on the inline paths); `host` stays unpadded. Close it on every exit.
     """
-    return _open(split, 0, name, eval_prepare(select, width, name, _place))
+    on_device = stages_on_device()
+    place = transfer if on_device else _as_is
+    return _open(split, 0, name, eval_prepare(select, width, name, place), on_device)
