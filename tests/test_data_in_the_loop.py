@@ -217,11 +217,13 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
     assert streamed["confusion"].sum() == 40
 
 
-def test_device_memory_holds_at_most_device_batches_plus_two_batches(monkeypatch):
+@pytest.mark.parametrize("staged", [1, 2])
+def test_device_memory_holds_at_most_device_batches_plus_two_batches(
+    monkeypatch, staged
+):
     """On an accelerator the prefetch stages routed fields on the device ahead of the
     step; forced here on the CPU, so the staged buffers are real device arrays."""
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
-    staged = 2
     x_shape = (16, 8)  # only a batch's `x` has it (width 20 keeps w1 at (8, 20))
     alive = {"train": [], "val": []}
 
