@@ -438,6 +438,65 @@ def test_a_channel_refills_in_bursts_and_delivers_everything_in_order():
     assert not producer.is_alive()
 
 
+class Jittery:
+    """A fan-out source whose batches take a random 0-2 ms; one may fail."""
+
+    def __init__(self, n, rng, fail_at=None):
+        self.n, self.fail_at = n, fail_at
+        self.delays = rng.uniform(0, 0.002, size=n)
+
+    def __len__(self):
+        return self.n
+
+    def begin_epoch(self):
+        return None
+
+    def batch_at(self, i):
+        time.sleep(self.delays[i])
+        if i == self.fail_at:
+            raise ValueError(f"batch {i} is corrupt")
+        return {"i": np.array([i])}
+
+
+def test_random_fanout_passes_deliver_everything_or_fail_cleanly(clean):
+    """Worker counts, credits, order, staging, errors and early stops drawn at random:
+    every pass delivers each batch once (in order when ordered) or raises the worker's
+    error, and leaves no thread and no device buffer behind."""
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n, workers = int(rng.integers(1, 20)), int(rng.integers(2, 6))
+        ordered, stage = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
+        fail_at = int(rng.integers(0, n)) if rng.random() < 0.2 else None
+        stop_at = int(rng.integers(0, n + 1)) if rng.random() < 0.2 else None
+        split = PrefetchIterator(
+            Jittery(n, rng, fail_at),
+            workers=workers,
+            host_batches=int(rng.integers(workers, 3 * workers + 1)),
+            ordered=ordered,
+        )
+
+        def prepare(host, stage=stage):
+            routed = {"i": host["i"]}
+            return [Staged(host, transfer(routed) if stage else routed)]
+
+        seen, raised = [], None
+        with prepared_stream(split, prepare, stage=stage) as stream:
+            try:
+                for k, item in enumerate(stream):
+                    if k == stop_at:
+                        break
+                    seen.append(int(item.host["i"][0]))
+                    stream.release(item.device)
+            except ValueError as error:
+                raised = error
+        if fail_at is not None and raised is not None:
+            assert str(raised) == f"batch {fail_at} is corrupt"
+        elif stop_at is None:
+            assert raised is None
+            assert seen == list(range(n)) if ordered else sorted(seen) == list(range(n))
+        assert _threads() == []
+
+
 # --- errors travel to the consumer ------------------------------------------------
 
 
