@@ -35,10 +35,7 @@ from .compile.cache import configure_persistent_cache
 from .compile.programs import TraceContext
 from .data.prefetch import auto_prefetch, check_prefetch
 from .data.sources import (
-    batch_at_index,
-    batch_size,
     check_split,
-    first_batch,
 )
 from .errors import (
     ConfigError,
@@ -60,14 +57,12 @@ from .observe.transitions import PhaseRecorder
 from .optim.plan import OptimizerPlan
 from .optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
 from .optim.stopping import bind_stopper
-from .routing import HookFields, hook_fields
 from .setup_checks import (
     check_compile_options,
     check_monitor,
-    check_numeric_fields,
-    partial_batch_message,
     w0_provider,
 )
+from .setup_routing import RoutingSetup
 from .traits import config_metadata, device_fields, field_names, graphconst_fields
 from .values import to_device
 from .view import (
@@ -82,7 +77,7 @@ from .view import (
 NOT_PASSED: Any = object()
 
 
-class SetupSequence:
+class SetupSequence(RoutingSetup):
     """The construction steps of a `Nitro` (the handle's innermost base class).
 
     The attributes below are set by `Nitro.__init__` before the sequence runs.
@@ -345,93 +340,6 @@ class SetupSequence:
                 stacklevel=4,
             )
         self._config["seed"] = Resolved(recorded, "record")
-
-    def _probe_routing(self) -> None:
-        """Resolve routing from one batch, and check the train split's shape."""
-        self._fields: dict[str, HookFields] = {
-            name: hook_fields(name, self._hooks[name])
-            for name in ("forward", "loss", "metrics", "train_metrics")
-            if name in self._hooks
-        }
-        self._train_fields: tuple[str, ...] = ()
-        self._train_batch: int | None = None
-        self._eval_width: int | None = None
-        probes: dict[str, Any] = {}  # first batches already read, reused below
-        if "train" in self.data:
-            source = self.data["train"]
-            batch = probes["train"] = first_batch("train", source)
-            keys = tuple(batch)
-            self._gradient_fields = self._route_training(keys)
-            self._train_fields = tuple(
-                dict.fromkeys(
-                    self._gradient_fields.forward
-                    + self._gradient_fields.loss
-                    + (self._gradient_fields.train_metrics or ())
-                )
-            )
-            check_numeric_fields(batch, self._train_fields, "train")
-            self._train_batch = batch_size(batch, self._train_fields)
-            count, accum = self._split_sizes["train"], int(self._config["accum"].value)
-            if count % accum:
-                raise ConfigError(
-                    f"The train split has {count} batches, which does not divide by "
-                    f"accum={accum} ({count} % {accum} = {count % accum}): every "
-                    f"optimizer step takes {accum} micro-batches. Change the batch "
-                    f"size or accum so the batch count divides."
-                )
-            if count == 0:
-                raise ConfigError("The train split has no batches.")
-            last = batch_at_index(source, count - 1) if count > 1 else None
-            if last is not None:
-                last_size = batch_size(last, self._train_fields)
-                if last_size != self._train_batch:
-                    raise ConfigError(
-                        partial_batch_message(last_size, self._train_batch)
-                    )
-        # The eval programs' batch width: the first batch of val, else test, else
-        # any split; with no data at all, the first batch predict is handed.
-        usual = ("val", "test", "train")
-        order = [n for n in usual if n in self.data]
-        order += [n for n in self.data if n not in usual]
-        for name in order:
-            if self._split_sizes[name] > 0:
-                probe = probes.get(name)
-                if probe is None:
-                    probe = first_batch(name, self.data[name])
-                forward = self._fields["forward"].select(tuple(probe))
-                self._eval_width = batch_size(probe, forward)
-                break
-
-    def _route_training(self, keys: tuple[str, ...]) -> Any:
-        from .compile.programs import GradientFields
-
-        device_tm = (
-            "train_metrics" in self._fields
-            and self._residency("train_metrics") == "device"
-        )
-        return GradientFields(
-            forward=self._fields["forward"].select(keys),
-            loss=self._fields["loss"].select(keys),
-            train_metrics=(
-                self._fields["train_metrics"].select(keys) if device_tm else None
-            ),
-            host_outputs="train_metrics" in self._fields and not device_tm,
-        )
-
-    def _residency(self, hook: str) -> str:
-        """Where metric hook `hook` runs, resolved once and frozen with the handle."""
-        frozen = self.__dict__.setdefault("_residencies", {})
-        if hook not in frozen:
-            where = hook_function(self._cls, "metrics_residency")(
-                self._experiment, hook
-            )
-            if where not in ("host", "device"):
-                raise ConfigError(
-                    f'metrics_residency({hook!r}) must return "host" or "device", '
-                    f"got {where!r}."
-                )
-            frozen[hook] = str(where)
-        return str(frozen[hook])
 
     def _resolve_monitor(self) -> tuple[str, str] | None:
         """The monitor, defaulting to ("loss", "min") when the loss is sure to exist."""
