@@ -83,7 +83,8 @@ class PrefetchStream(Generic[T]):
     batch with `release(item.device)` once the step that used it has been
     dispatched or read back; `close()` frees everything still alive, stops every
     thread and is idempotent. Also a context manager; a stream dropped without
-    `close()` is closed when garbage-collected.
+    `close()` is closed when garbage-collected. With `stage=False` the items hold
+    host arrays only, and the fan-out's workers prepare them (no transfer thread).
     """
 
     def __init__(
