@@ -42,7 +42,7 @@ BATCH, BATCHES, WIDTHS = 100, 60, (784, 128, 10)
 def make_step(optimizer: optax.GradientTransformation):
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(
-            lambda p: cross_entropy(apply(p, batch["img"]), batch["label"])
+            lambda p: cross_entropy(apply(p, batch["x"]), batch["y"])
         )(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -95,7 +95,7 @@ class AugmentingLoader:
         noisy += rng.standard_normal(noisy.shape, dtype=np.float32) * np.float32(0.05)
         img = np.roll(img, int(rng.integers(-2, 3)), axis=1)  # random translation
         label = np.eye(10, dtype=np.float32)[self.labels[k]]
-        return {"img": img, "label": label}
+        return {"x": img, "y": label}
 
     def __iter__(self):
         plan = self.begin_epoch()
@@ -106,7 +106,7 @@ def run_epoch(step, state, split, epoch: int) -> tuple[float, float]:
     """One epoch the framework's way; (data_wait_frac, wall seconds)."""
     params, opt_state = state
     started = time.perf_counter()
-    stream = batch_stream(split, ("img", "label"), epoch=epoch)
+    stream = batch_stream(split, ("x", "y"), epoch=epoch)
     previous = None
     for _host, device in stream:
         params, opt_state, loss = step(params, opt_state, device)
@@ -214,28 +214,6 @@ def compare_producers(step, state, source, epochs: int) -> None:
         )
 
 
-def loader_experiment(split):
-    """The framework's experiment for the loader's batches (`img`, `label`)."""
-    import jaxnitro as nx
-
-    class Augmented(nx.Experiment):
-        max_epochs: int = 1
-
-        def build_data(self, dist):
-            return {"train": split}
-
-        def build_model(self, rng):
-            return None, init_params(WIDTHS), {}
-
-        def forward(self, model, params, state, *, img):
-            return apply(params, img), state
-
-        def loss(self, logits, *, label):
-            return cross_entropy(logits, label)
-
-    return Augmented
-
-
 class DataWait:
     """A logger keeping the loop's once-per-epoch data_wait_frac."""
 
@@ -271,7 +249,7 @@ def compare_in_the_loop(source, epochs: int) -> None:
     for name, split in splits.items():
         waits = DataWait()
         nitro = nx.Nitro(
-            loader_experiment(split)(max_epochs=epochs + 1),
+            make_experiment(WIDTHS, split)(max_epochs=epochs + 1),
             logger=waits,
             checkpointer=None,
         )
@@ -307,8 +285,8 @@ def tutorial_loader(seed: int = 0):
     rng = np.random.default_rng(seed)
     samples = [
         {
-            "img": rng.normal(size=784).astype(np.float32),
-            "label": np.eye(10, dtype=np.float32)[rng.integers(10)],
+            "x": rng.normal(size=784).astype(np.float32),
+            "y": np.eye(10, dtype=np.float32)[rng.integers(10)],
         }
         for _ in range(BATCH * BATCHES)
     ]
@@ -340,9 +318,8 @@ def part_b(epochs: int) -> None:
     import jaxnitro.loop.feed as feed
 
     ds = tutorial_loader()
-    host = [{"x": b["img"], "y": b["label"]} for b in (ds[i] for i in range(BATCHES))]
+    host = [ds[i] for i in range(BATCHES)]
     device = [jax.device_put(b) for b in host]
-    grain_xy = ds.map(lambda b: {"x": b["img"], "y": b["label"]})
     on_cpu = feed.stages_on_device
 
     def loop(split, stage=False):
@@ -379,7 +356,7 @@ def part_b(epochs: int) -> None:
     for _ in range(epochs):
         for name, side in sides.items():
             walls[name] += side(3)
-    grain_wall = statistics.median(loop(nx.PrefetchIterator(grain_xy, workers=2))(3))
+    grain_wall = statistics.median(loop(nx.PrefetchIterator(ds, workers=2))(3))
     base = walls["batches on the device"]
     print(
         f"(b) the framework's loop, tutorial MLP, {BATCHES} batches of {BATCH}: "
