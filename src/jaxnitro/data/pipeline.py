@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -292,15 +292,16 @@ class _Prepared:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
-        self._items: list[Any] = []
+        self._items: Iterator[Any] = iter(())
 
     def get(self) -> Any:
-        if not self._items:
-            built = self._coordinator.take()
-            if built is END:
-                return END
-            self._items = list(built)[::-1]
-        return self._items.pop()
+        for item in self._items:  # the rest of a batch cut into chunks
+            return item
+        built = self._coordinator.take()
+        if built is END:
+            return END
+        self._items = iter(built)
+        return next(self._items)
 
 
 def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None:

@@ -50,21 +50,22 @@ class InlineFeed:
             seek(epoch)
         self._batches = epoch_batches(split, epoch)
         self._prepare = prepare
-        self._ready: list[Any] = []
+        self._ready: Iterator[Any] = iter(())
         self.wait_seconds = 0.0
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        if not self._ready:
-            started = time.perf_counter()
-            try:
-                host = next(self._batches)
-            finally:
-                self.wait_seconds += time.perf_counter() - started
-            self._ready = list(self._prepare(host))[::-1]
-        return self._ready.pop()
+        for item in self._ready:  # the rest of a batch cut into chunks
+            return item
+        started = time.perf_counter()
+        try:
+            host = next(self._batches)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+        self._ready = iter(self._prepare(host))
+        return next(self._ready)
 
     def release(self, device: Any) -> None:
         """Nothing to free: the executable placed the host arrays itself."""
