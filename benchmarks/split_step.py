@@ -8,10 +8,17 @@ against the split pair, each with the loss read back one step late as the traini
 loop does.
 
     python benchmarks/split_step.py
+    python benchmarks/split_step.py --cores 1   # pinned to one core
+
+On several cores XLA's CPU runtime runs a program's independent kernels side by side,
+so inside the fused step the update's kernels overlap the backward pass; `--cores 1`
+takes that away and shows what the second program costs by itself.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
 import statistics
 import time
@@ -110,7 +117,17 @@ def measure(name: str, reps: int = 15) -> tuple[float, ...]:
 
 
 def main() -> None:
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cores", type=int, help="pin the process to this many cores")
+    cores = parser.parse_args().cores
+    if cores is not None:
+        # XLA sizes its CPU thread pool from the affinity when the backend starts,
+        # which is at the first `jax.devices()` below, after this.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
+        f"{len(os.sched_getaffinity(0))} cores"
+    )
     for name in WORKLOADS:
         fused, split, fused_sync, gradient_sync = measure(name)
         print(
