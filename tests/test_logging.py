@@ -18,13 +18,17 @@ def test_default_logger_writes_runs_exp_metrics_jsonl():
     nitro = nx.Nitro(Tiny(max_epochs=2), checkpointer=None)
     path = os.path.join("runs", "Tiny", "metrics.jsonl")
     assert nitro.run_dir == os.path.join("runs", "Tiny")
-    assert nitro.logger_info == {"path": path}
+    assert nitro.logger_info == nx.logger_info(nitro) == {"path": path}
     nitro.train()
     lines = read_lines(path)
     assert lines[0]["type"] == "params"
     params = lines[0]
     assert (params["width"], params["smoothing"], params["seed"]) == (16, 0.0, 42)
     assert (params["accum"], params["max_epochs"]) == (1, 2)
+    # the resolved prefetch settings (a list of batches: one producer, nothing to
+    # spread)
+    assert params["prefetch_path"] == "materialized"
+    assert params["prefetch_workers"] == 1 and params["prefetch_ordered"] is True
     assert lines[1]["type"] == "other" and lines[1]["key"] == "binding_report"
     assert "max_epochs" in lines[1]["value"] and "from field" in lines[1]["value"]
     train = [x for x in lines if x.get("context") == "train"]

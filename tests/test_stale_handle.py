@@ -49,6 +49,22 @@ def test_a_keyword_is_not_mistaken_for_a_stale_accessor():
     assert nitro.current_step == 2
 
 
+def test_an_accessor_redefined_after_its_keyword_was_passed_is_not_reported():
+    cls = fresh_class()
+    nitro = nx.Nitro(cls(max_epochs=1), accum=2, **quiet())
+    cls.accum = lambda self: 4
+    nitro.train()  # warnings are errors in this suite: silence is the assertion
+    assert nitro.current_step == 2
+
+
+def test_a_monitor_spelled_val_loss_is_not_reported_as_redefined():
+    cls = fresh_class()
+    cls.monitor = lambda self: ("val_loss", "min")
+    with pytest.warns(DeprecationWarning, match='spelled "loss"'):
+        nitro = nx.Nitro(cls(max_epochs=1), **quiet())
+    nitro.train()  # no StaleHandleWarning: the pair is the same once read
+
+
 def test_redefined_hook_is_reported_and_the_old_code_keeps_running():
     cls = fresh_class()
     nitro = nx.Nitro(cls(), **quiet())

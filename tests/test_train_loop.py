@@ -121,6 +121,81 @@ def test_a_non_finite_loss_raises_naming_step_and_epoch(tmp_path):
     assert lines[-1] == {"type": "finish", "status": "error"}
 
 
+def test_with_accum_a_divergence_names_the_step_of_a_first_micro_batch(tmp_path):
+    # Batch 3 (index 2) is the first micro-batch of optimizer step 2 at accum 2.
+    nitro = nx.Nitro(Diverging(), accum=2, run_dir=str(tmp_path), checkpointer=None)
+    with pytest.raises(
+        nx.DivergenceError, match="The training loss is nan at step 2 of epoch 1"
+    ):
+        nitro.train()
+
+
+class LineRecorder(QuietLogger):
+    def __init__(self):
+        self.lines = []
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        self.lines.append((context, dict(metrics)))
+
+
+def test_loss_terms_are_averaged_over_the_steps_micro_batches_as_the_loss_is():
+    class WithTerms(Tiny):
+        def loss(self, logits, *, y):
+            value = Tiny.loss(self, logits, y=y)
+            return value, {"same": value, "twice": 2 * value}
+
+    recorder = LineRecorder()
+    nx.Nitro(
+        WithTerms(max_epochs=1), accum=2, logger=recorder, checkpointer=None
+    ).train()
+    train = [line for context, line in recorder.lines if context == "train"]
+    assert len(train) == 2
+    for line in train:
+        assert line["loss/same"] == pytest.approx(line["loss"], rel=1e-6)
+        assert line["loss/twice"] == pytest.approx(2 * line["loss"], rel=1e-6)
+
+
+class RunsDry:
+    """Says len() 4 but its one iterator is shared: the probe and epoch 1 drain it."""
+
+    def __init__(self):
+        self._batches = iter(make_batches(64, 16))
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        return self._batches
+
+
+class Shrinking:
+    """Says len() 4 but yields 2 batches: a source that runs short."""
+
+    def __init__(self):
+        self._batches = make_batches(64, 16)
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        return iter(self._batches[:2])
+
+
+@pytest.mark.parametrize("source", [RunsDry, Shrinking])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_an_epoch_that_delivers_other_than_len_batches_is_refused(source, accum):
+    class Short(Tiny):
+        def build_data(self, dist):
+            return {"train": nx.PrefetchIterator(source(), workers=1)}
+
+    nitro = nx.Nitro(Short(max_epochs=2), accum=accum, **quiet())
+    with pytest.raises(
+        nx.ConfigError, match=r"delivered \d batches in epoch 1, but len"
+    ):
+        nitro.train()
+    assert nitro.stop_reason == "error"
+
+
 def test_check_divergence_off_continues_and_drops_the_value(tmp_path):
     nitro = nx.Nitro(
         Diverging(max_epochs=1),

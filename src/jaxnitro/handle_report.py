@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ from .accessors import (
 )
 from .data.prefetch import prefetch_report
 from .data.protocol import dropped_samples
+from .errors import ConfigError
 from .experiment import summarize
 from .hooks import (
     current_class,
@@ -90,6 +92,8 @@ class HandleReports(SetupSequence):
             )
         if self._preset is not None:
             params["preset"] = self._preset
+        if "train" in self._prefetch:  # the resolved prefetch settings, as the spec's
+            params.update(prefetch_report(self._prefetch["train"]))
         return params
 
     def log_setup(self) -> None:
@@ -156,12 +160,14 @@ class HandleReports(SetupSequence):
         names = SCALAR_ACCESSORS if entry == "train" else ("seed", "run_dir")
         changes = {}
         for name in names:
+            if self._config[name].source == "keyword":
+                continue  # the handle uses the keyword, whatever the accessor says
             then = self._accessor_snapshot.get(name, NOT_PASSED)
             now = safe_accessor(self._experiment, name, now_cls)
             if then is NOT_PASSED or now is NOT_PASSED:
                 continue
-            if name == "monitor" and now is not None:
-                now = check_monitor(now)
+            if name == "monitor":
+                then, now = _as_monitor(then), _as_monitor(now)
             if differs(then, now):
                 changes[name] = (then, now)
         prints = hook_fingerprints(now_cls)
@@ -171,3 +177,17 @@ class HandleReports(SetupSequence):
             if prints.get(name) != self._hook_prints.get(name)
         )
         emit_stale_report(stale_report(self._cls.__name__, changes, redefined))
+
+
+def _as_monitor(value: Any) -> Any:
+    """A monitor as the handle reads it ("val_loss" is "loss"), to compare; a value
+    that is not a valid monitor compares as it is. The deprecation was shown at
+    setup, so it is not repeated here."""
+    if value is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return check_monitor(value)
+        except ConfigError:
+            return value

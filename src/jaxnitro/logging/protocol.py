@@ -118,7 +118,15 @@ def run_url(logger: Any) -> Any:
 
 
 def logger_info(logger: Any) -> dict[str, Any]:
-    """Plain data identifying where the backend writes (default: empty)."""
+    """Plain data identifying where the backend writes (default: empty).
+
+    Given a `Nitro`, the run's logger: `logger_info(nitro)` is
+    `logger_info(nitro.logger)`.
+    """
+    from ..handle import Nitro  # the handle imports this module
+
+    if isinstance(logger, Nitro):
+        logger = logger.logger
     if logger is None:
         return {}
     return dict(_optional(logger, "logger_info", {}) or {})

@@ -56,6 +56,7 @@ class EpochLog:
         self.epoch = epoch
         self.losses: list[float] = []
         self.step_losses: list[float] = []
+        self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
         self.check = bool(nitro._config["check_divergence"].value)
         self.every = int(nitro._config["log_every_n_steps"].value)
         self.logging = nitro.logger is not None
@@ -72,16 +73,21 @@ class EpochLog:
             )
         self.losses.append(loss)
         self.step_losses.append(loss)
+        if item.terms:
+            self.step_terms.append(item.terms)
         if not item.ends_step:
             return
         if self.logging and item.step % self.every == 0:
             self._log_line(item)
         self.step_losses = []
+        self.step_terms = []
 
     def _log_line(self, item: _InFlight) -> None:
         line: dict[str, Any] = {"loss": sum(self.step_losses) / len(self.step_losses)}
-        for name, value in jax.device_get(item.terms).items():
-            line[f"loss/{name}"] = float(value)
+        # Each term is averaged over the step's micro-batches, as the loss is.
+        terms = jax.device_get(self.step_terms)
+        for name in terms[0] if terms else ():
+            line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
         stats = item.stats
         if item.outputs is not None:  # train_metrics on the host
             nitro = self.nitro
@@ -124,7 +130,6 @@ def training_programs(
     traced = ("forward", "loss") + (
         ("train_metrics",) if fields.train_metrics is not None else ()
     )
-    optimizer_traced = ("optimizer",) if "optimizer" in ctx.hooks else ()
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     constants = {**plan.constants(), **plan.gradient_constants()}
 
@@ -148,7 +153,7 @@ def training_programs(
                 "train_step",
                 train_step_fn(ctx, fields, plan),
                 args,
-                traced=traced + optimizer_traced,
+                traced=traced,
                 baked={"mode": "train", "fields": fields, **constants},
                 donate=(1, 2, 3),
                 on_compile=announce,
@@ -201,7 +206,7 @@ def training_programs(
             "optimizer",
             optimizer_fn(ctx, plan),
             opt_args,
-            traced=optimizer_traced,
+            traced=(),  # the rule's code is in its key: plan.constants()
             baked=plan.constants(),
             donate=(1, 2, 3, 4),
             on_compile=announce,
@@ -251,15 +256,36 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
     feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
     log.feed = feed
     try:
-        _steps(nitro, epoch, feed, log, bar)
+        delivered = _steps(nitro, epoch, feed, log, bar)
     finally:
         feed.close()
+    if delivered is not None:
+        _check_epoch_length(source, delivered, epoch)
     return log
 
 
-def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None:
+def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
+    """Refuse an epoch that delivered other than len(source) batches: the schedule
+    horizon and the accumulation groups were fixed from len(), and a source that
+    runs short (a one-shot iterator behind a reusable face) trains on less silently."""
+    expected = len(source)
+    if delivered != expected:
+        raise ConfigError(
+            f"The train split delivered {delivered} batches in epoch {epoch}, but "
+            f"len() says {expected}. A source must yield len() batches every epoch "
+            f"and start over on each iter() call; a one-shot iterator behind __iter__ "
+            f"runs dry after the first epoch."
+        )
+
+
+def _steps(
+    nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any
+) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
-    the per-step work is the dispatch plus one read-back."""
+    the per-step work is the dispatch plus one read-back.
+
+    Returns how many batches the feed delivered, or None when a stop request ended
+    the epoch early."""
     accum = int(nitro._config["accum"].value)
     names = nitro._train_fields
     expected = nitro._train_batch
@@ -277,6 +303,7 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None
     hp: dict[str, Any] = {}
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
+    delivered: int | None = 0
     for index, (full, routed) in enumerate(feed):
         _check_batch(routed, names, expected, index, epoch)
         if index % accum == 0:  # a new optimizer step: its schedules, evaluated once
@@ -341,8 +368,10 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None
             advance_progress_counter()
         if bar is not None:
             bar.step()
+        # The optimizer step this micro-batch belongs to, also when it is not the
+        # step's last (a divergence error names it).
         current = _InFlight(
-            loss, terms, stats, outputs, full, nitro._step, ends_step, schedule_line
+            loss, terms, stats, outputs, full, step + 1, ends_step, schedule_line
         )
         # The step is dispatched: a staged device batch can go (the runtime frees
         # it when the step has run), which bounds device memory per batch.
@@ -350,7 +379,10 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> None
         if in_flight is not None:
             settle(in_flight)
         in_flight = current
+        delivered = index + 1
         if ends_step and nitro._stop_requested:
+            delivered = None
             break
     if in_flight is not None:
         settle(in_flight)
+    return delivered

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..compile.fingerprint import fingerprint
 from ..errors import ConfigError, HookError
 from .decay import Decay
 
@@ -43,16 +44,11 @@ class RuleSpec:
     refused: tuple[str, ...]  # fields that may not be scheduled
 
     def key(self) -> tuple[Any, ...]:
-        """The rule's identity for the program key (a level-2 factory is traced
-        and fingerprinted as the `optimizer` hook instead)."""
-        if self.level == 2:
-            return (2,)
-        fn = self.build
-        return (
-            self.level,
-            getattr(fn, "__module__", ""),
-            getattr(fn, "__qualname__", repr(fn)),
-        )
+        """The rule's identity for the program key: its level and the fingerprint
+        of the code that builds the chain (the level-2 `optimizer` method with what
+        it calls, or the rule the level-1 method returned), taken afresh, so an
+        edited rule never reuses a program traced from the old one."""
+        return (self.level, fingerprint(self.build))
 
 
 def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
