@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 from experiments import Tiny
 
@@ -140,3 +141,18 @@ def test_json_logger_appends_and_flushes_per_line(tmp_path):
         "confusion",
         "finish",
     ]
+
+
+def test_json_logger_writes_strict_json_for_non_finite_array_elements(tmp_path):
+    path = tmp_path / "m.jsonl"
+    logger = nx.JSONLogger(path)
+    logger.log_metrics(
+        {"per_class": np.array([0.5, np.nan, np.inf])},
+        step=1,
+        epoch=1,
+        context="validate",
+    )
+    logger.finish("completed")
+    text = path.read_text().splitlines()[0]
+    line = json.loads(text, parse_constant=lambda token: pytest.fail(token))
+    assert line["per_class"] == [0.5, None, None]

@@ -8,6 +8,7 @@ JSON; a `MetricHistory` makes the scalars its columns.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -59,12 +60,15 @@ def flatten(params: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
 
 
 def jsonable(value: Any) -> Any:
-    """`value` as JSON-ready data: arrays become lists, unknown objects their repr.
+    """`value` as strict JSON-ready data: arrays become lists, unknown objects their
+    repr, and a NaN or infinity becomes None (null), since JSON has no token for it.
 
     Example:
         >>> import numpy as np
         >>> jsonable({"m": np.eye(2, dtype=int), "x": np.float32(0.5)})
         {'m': [[1, 0], [0, 1]], 'x': 0.5}
+        >>> jsonable(np.array([1.0, np.nan]))
+        [1.0, None]
     """
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -72,8 +76,12 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
         array = np.asarray(value)
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            return jsonable(array.tolist())  # element by element, for the nulls
         return array.item() if array.ndim == 0 else array.tolist()
-    if value is None or isinstance(value, bool | int | float | str):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, bool | int | str):
         return value
     return repr(value)
 
