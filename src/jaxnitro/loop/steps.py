@@ -278,9 +278,7 @@ def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
         )
 
 
-def _steps(
-    nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any
-) -> int | None:
+def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
     the per-step work is the dispatch plus one read-back.
 
