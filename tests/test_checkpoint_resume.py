@@ -89,6 +89,56 @@ def test_weights_restores_parameters_and_derived_values_and_skips_derive(tmp_pat
     assert loaded.current_step == 0  # weights carry no training position
 
 
+class DerivedShape(Tiny):
+    n_out: nx.GraphConst[int] = 5
+    variant: nx.GraphConst[str] = "a"
+    n_seen: int = 0
+    names: list = nx.field(default_factory=list)
+
+    def derive(self, data):
+        return {"n_out": 3, "n_seen": sum(len(b["y"]) for b in data["train"])}
+
+    def build_model(self, rng):
+        model, params, state = Tiny.build_model(self, rng)
+        return model, {**params, "w2": params["w2"][:, : self.n_out]}, state
+
+
+def trained_record(cls, tmp_path):
+    nx.Nitro(cls(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+    return str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
+
+
+def test_weights_restores_derived_graphconst_and_host_values(tmp_path):
+    path = trained_record(DerivedShape, tmp_path)
+    # Only `variant`, which the user set and derive does not produce, differs.
+    with pytest.warns(nx.NitroWarning) as warned:
+        loaded = nx.Nitro(
+            DerivedShape(variant="b"),
+            weights=path,
+            data={"test": make_batches(16, 8)},
+            logger=None,
+            checkpointer=None,
+        )
+    (message,) = [str(w.message) for w in warned]
+    assert "(variant: 'a' in the record, 'b' now)" in message
+    e = loaded.experiment
+    assert (e.n_out, e.n_seen, e.variant) == (3, 64, "b")
+
+
+def test_weights_warns_for_a_derived_host_value_no_record_holds(tmp_path):
+    class DerivedNames(DerivedShape):
+        def derive(self, data):
+            return {"n_out": 3, "names": ["a", "b", "c"]}
+
+    path = trained_record(DerivedNames, tmp_path)
+    with pytest.warns(
+        nx.NitroWarning,
+        match="the record does not hold the values derive produced for `names`",
+    ):
+        loaded = nx.Nitro(DerivedNames(), weights=path, logger=None, checkpointer=None)
+    assert loaded.experiment.names == [] and loaded.experiment.n_out == 3
+
+
 def test_weights_by_run_and_which(tmp_path):
     nitro = nx.Nitro(Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None)
     nitro.train()

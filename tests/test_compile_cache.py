@@ -1,17 +1,19 @@
 """The compile cache: what moves a key, and what never does."""
 
 import contextlib
+import dataclasses
 import importlib
 import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny
+from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
-from jaxnitro.compile.cache import program_cache
+from jaxnitro.compile.cache import ProgramKey, program_cache, typed_key
 from jaxnitro.optim.plan import single_group_plan
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -96,6 +98,77 @@ def test_graphconst_change_compiles_new_programs():
         lambda: nx.Nitro(Tiny(max_epochs=1, width=24), accum=2, **quiet()).train()
     )
     assert kinds == ["gradient", "optimizer"]
+
+
+class Offsets(Tiny):
+    offsets: nx.GraphConst[tuple] = (1, 2)
+
+    def forward(self, model, params, state, *, x):
+        logits, state = Tiny.forward(self, model, params, state, x=x)
+        offsets = jnp.asarray(self.offsets)[None, :]
+        rows = jnp.ones((x.shape[0], 1), offsets.dtype)
+        # 1 / -0.0 is -inf: the inverse shows the sign of a baked zero.
+        return {
+            "logits": logits,
+            "offsets": rows * offsets,
+            "inverse": rows / offsets,
+        }, state
+
+    def loss(self, out, *, y):
+        return Tiny.loss(self, out["logits"], y=y)
+
+
+def test_graphconst_values_python_calls_equal_compile_apart():
+    # (1, 2) == (True, 2.0) and 0.0 == -0.0, with equal hashes, yet each bakes
+    # another constant: a shared key would serve the first program for both.
+    batch = make_batches(4, 4)[0]
+
+    def predict(value):
+        return nx.Nitro(Offsets(offsets=value), **quiet()).predict(batch)
+
+    ints, mixed = predict((1, 2))["offsets"], predict((True, 2.0))["offsets"]
+    assert ints.dtype == np.int32 and mixed.dtype == np.float32
+    zero, negative_zero = predict((0.0, 1.0)), predict((-0.0, 1.0))
+    assert zero["inverse"][0, 0] == np.inf and negative_zero["inverse"][0, 0] == -np.inf
+    misses = nx.cache_stats()["misses"]
+    assert predict((1, 2))["offsets"].dtype == np.int32
+    assert nx.cache_stats()["misses"] == misses  # each value hits its own program
+
+
+def test_typed_key_tells_apart_values_python_calls_equal():
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        width: float
+
+    for a, b in [
+        ((1, 2), (True, 2.0)),
+        (0.0, -0.0),
+        (frozenset({1}), frozenset({1.0})),
+        ({"a": 1}, {"a": True}),
+        (Cfg(1), Cfg(1.0)),
+        (np.float32(1.0), 1.0),
+    ]:
+        assert a == b and typed_key(a) != typed_key(b)
+    assert typed_key((1, (2.0, "x"))) == typed_key((1, (2.0, "x")))
+    assert typed_key(float("nan")) == typed_key(float("nan"))
+
+
+def test_baked_constants_key_with_their_types():
+    def key(baked):
+        return ProgramKey(
+            kind="gradient",
+            experiment=("m", "E"),
+            graphconst=(),
+            code="",
+            model=None,
+            signature=(),
+            baked=baked,
+            compile_options=(),
+        )
+
+    assert key((("inv_accum", 1.0),)) == key((("inv_accum", 1.0),))
+    assert key((("inv_accum", 1.0),)) != key((("inv_accum", 1),))
+    assert key((("clip", 0.0),)) != key((("clip", -0.0),))
 
 
 def test_clip_threshold_compiles_nothing_and_switching_it_on_only_the_optimizer():

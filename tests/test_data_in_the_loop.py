@@ -132,6 +132,49 @@ def test_release_for_a_handle_that_only_evaluates():
     assert sorted(released) == ["test", "train", "val"]
 
 
+class Closing(list):
+    """Built batches behind a source whose release() closes it."""
+
+    def release(self):
+        self.closed = True
+
+
+class OnClosing(Tiny):
+    def build_data(self, dist):
+        data = Tiny.build_data(self, dist)
+        return {
+            "train": Closing(data["train"]),
+            "val": Closing(data["val"]),
+            "test": data["test"],
+        }
+
+
+def test_a_released_split_is_refused_naming_what_released_it():
+    nitro = nx.Nitro(OnClosing(max_epochs=1), logger=None, checkpointer=None)
+    nitro.train()
+    ended = (
+        r"was released by the end of train\(\) \(phase Done\), which ran its "
+        r"source's release\(\).*Nitro\(e, weights=nitro\)"
+    )
+    with pytest.raises(
+        nx.ConfigError, match=r"validate\(\): split `val` \(Closing\) " + ended
+    ):
+        nitro.validate()
+    with pytest.raises(
+        nx.ConfigError, match=r"train\(\): split `train` \(Closing\) " + ended
+    ):
+        nitro.train()
+    assert "loss" in nitro.evaluate(split="test")  # a list holds nothing open
+
+    only_evaluated = nx.Nitro(OnClosing(), logger=None, checkpointer=None)
+    only_evaluated.release()
+    by_hand = r"split `val` \(Closing\) was released by nitro\.release\(\)"
+    with pytest.raises(nx.ConfigError, match=r"evaluate\(split='val'\): " + by_hand):
+        only_evaluated.evaluate(split="val")
+    with pytest.raises(nx.ConfigError, match=r"render\(split='val'\): " + by_hand):
+        only_evaluated.render()
+
+
 def test_the_binding_report_says_what_drop_last_discards():
     class Dropping(Tiny):
         def build_data(self, dist):
@@ -259,3 +302,126 @@ def test_device_memory_holds_at_most_device_batches_plus_two_batches(
     for phase, counts in alive.items():
         assert 1 <= max(counts) - before <= staged + 2, (phase, counts)
     assert count() == before  # every staged batch freed when its pass closed
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_grain_filter_is_refused_even_where_it_drops_the_probed_batch(split):
+    batched = grain.MapDataset.source(samples(64)).batch(16)
+    first = batched[0]["x"]
+    holed = batched.filter(lambda b: not np.array_equal(b["x"], first))
+    with pytest.raises(
+        nx.ConfigError, match=f"Split `{split}` is a grain.MapDataset with `.filter"
+    ):
+        nx.Nitro(
+            Tiny(),
+            data={"train": batched, split: holed},
+            logger=None,
+            checkpointer=None,
+        )
+
+
+class CountsPlans:
+    """The whole trait, counting its plans; `__iter__` plans through begin_epoch."""
+
+    def __init__(self):
+        batch = make_batches(64, 64)[0]
+        self.x, self.y = batch["x"], batch["y"]
+        self.epoch_token = 0
+
+    def __len__(self):
+        return 4
+
+    def begin_epoch(self):
+        self.epoch_token += 1
+        return np.random.default_rng(self.epoch_token).permutation(64)
+
+    def batch_at(self, i, plan=None):
+        rows = plan[i * 16 : (i + 1) * 16]
+        return {"x": self.x[rows], "y": self.y[rows]}
+
+    def __iter__(self):
+        plan = self.begin_epoch()
+        return (self.batch_at(i, plan) for i in range(len(self)))
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda s: s, lambda s: nx.PrefetchIterator(s, workers=1), nx.NoPrefetch],
+    ids=["fanout", "single", "inline"],
+)
+def test_setup_draws_one_plan_so_n_epochs_see_n_plus_one(wrap):
+    source = CountsPlans()
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2), data={"train": wrap(source)}, logger=None, checkpointer=None
+    )
+    assert source.epoch_token == 1  # the first and last batch probes share it
+    nitro.train()
+    assert source.epoch_token == 3
+
+
+class PlansInIter:
+    """`batch_at` alone, its plan drawn in `__iter__`: nothing before it exists."""
+
+    def __init__(self):
+        batch = make_batches(64, 64)[0]
+        self.x, self.y = batch["x"], batch["y"]
+        self.rng = np.random.default_rng(0)
+        self.plans = 0
+        self.reads: list[int] = []  # the plan each batch_at read
+
+    def __len__(self):
+        return 4
+
+    def batch_at(self, i):
+        self.reads.append(self.plans)
+        rows = self.perm[i * 16 : (i + 1) * 16]
+        return {"x": self.x[rows], "y": self.y[rows]}
+
+    def __iter__(self):
+        self.perm = self.rng.permutation(64)
+        self.plans += 1
+        return (self.batch_at(i) for i in range(len(self)))
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["single", "inline"])
+def test_a_source_with_batch_at_alone_is_iterated_at_setup_and_every_epoch(inline):
+    source = PlansInIter()
+    split = nx.NoPrefetch(source) if inline else source
+    if inline:
+        nitro = nx.Nitro(
+            Tiny(max_epochs=2), data={"train": split}, logger=None, checkpointer=None
+        )
+    else:
+        with pytest.warns(nx.NitroWarning, match="runs in ONE producer thread"):
+            nitro = nx.Nitro(
+                Tiny(max_epochs=2),
+                data={"train": split},
+                logger=None,
+                checkpointer=None,
+            )
+    nitro.train()
+    last = source.plans
+    assert source.reads[-8:] == [last - 1] * 4 + [last] * 4  # a new plan each epoch
+
+
+def test_a_source_with_batch_at_and_no_iter_is_read_by_index_on_one_producer():
+    class ByIndex:
+        def __init__(self):
+            self.batches = make_batches(64, 16)
+
+        def __len__(self):
+            return len(self.batches)
+
+        def batch_at(self, i):
+            return self.batches[i]
+
+    with pytest.warns(nx.NitroWarning, match="runs in ONE producer thread"):
+        nitro = nx.Nitro(
+            Tiny(max_epochs=1),
+            data={"train": ByIndex()},
+            logger=None,
+            checkpointer=None,
+        )
+    assert nitro._prefetch["train"].path == "single_no_trait"
+    nitro.train()
+    assert nitro.current_step == 4

@@ -69,6 +69,11 @@ def test_set_device_writes_and_compiles_nothing():
         ({"steps": 2.5}, "is not integral and would be truncated"),
         ({"flag": 1}, "holds bool values"),
         (
+            {"steps": 2**40},
+            "`steps` holds int32 values, from -2147483648 to 2147483647; got "
+            "1099511627776, out of that range",
+        ),
+        (
             {"class_weights": np.ones(4)},
             "`class_weights` has shape (3,); the new value has shape (4,)",
         ),
@@ -81,6 +86,22 @@ def test_set_device_refusals(kw, message):
     assert message in str(info.value)
 
 
+def test_an_integer_out_of_the_device_dtype_range_is_refused_at_setup():
+    with pytest.raises(nx.ConfigError, match="got 8589934597, out of that range"):
+        nx.Nitro(WithArrays(steps=2**33 + 5), **quiet())
+
+    class Ids(Tiny):
+        ids: nx.Device[np.ndarray] = nx.field(
+            default_factory=lambda: np.array([2**31, 7])
+        )
+
+    with pytest.raises(
+        nx.ConfigError,
+        match="`ids` holds int32 values.*got values from 7 to 2147483648",
+    ):
+        nx.Nitro(Ids(), **quiet())
+
+
 def test_set_device_refuses_a_scheduled_field():
     schedules = {"smoothing": lambda total: lambda t: 0.1}
     nitro = nx.Nitro(WithArrays(), schedules=schedules, **quiet())
@@ -90,10 +111,12 @@ def test_set_device_refuses_a_scheduled_field():
 
 def test_device_value_refuses_other_fields():
     nitro = nx.Nitro(WithArrays(), **quiet())
-    with pytest.raises(
-        nx.ConfigError, match="`width` is a Host field|not a Device field"
-    ):
+    with pytest.raises(nx.ConfigError, match="`width` is a GraphConst field of"):
         nitro.device_value("width")
+    with pytest.raises(nx.ConfigError, match="`label` is a Host field of"):
+        nitro.device_value("label")
+    with pytest.raises(nx.ConfigError, match="`nope` is no field of"):
+        nitro.device_value("nope")
 
 
 def test_presets_and_from_preset():
@@ -145,6 +168,22 @@ def test_nitro_preset_form_refusals():
     assert "Run keywords: seed" in str(info.value) and "Fields: " in str(info.value)
     with pytest.raises(nx.ConfigError, match='no preset "nope"'):
         nx.Nitro(WithArrays, "nope")
+    with pytest.raises(nx.ConfigError, match="preset='made-up': WithArrays declares"):
+        nx.Nitro(WithArrays(), preset="made-up", **quiet())
+
+
+def test_the_preset_form_takes_the_deprecated_checkpoint_keyword(tmp_path):
+    trained = nx.Nitro(
+        WithArrays, "current", max_epochs=1, run_dir=str(tmp_path), logger=None
+    )
+    trained.train()
+    record = tmp_path / nx.read_manifest(tmp_path)[-1].file
+    with pytest.warns(DeprecationWarning, match="deprecated spelling of weights="):
+        loaded = nx.Nitro(WithArrays, "current", checkpoint=str(record), **quiet())
+    for a, b in zip(
+        jax.tree.leaves(loaded.parameters), jax.tree.leaves(trained.parameters)
+    ):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_unknown_run_keyword_is_refused():
@@ -181,6 +220,35 @@ def test_derive_with_an_unknown_key_is_refused():
 
     with pytest.raises(nx.ConfigError, match="derive returned `class_wieghts`"):
         nx.Nitro(BadDerive(), **quiet())
+
+
+def derives(values):
+    class Shaped(Tiny):
+        dims: nx.GraphConst[tuple] = (4,)
+        depth: nx.GraphConst[int] = 2
+
+        def derive(self, data):
+            return values
+
+    return Shaped
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [("dims", [8, [4, 2]], (8, (4, 2))), ("depth", np.float64(3.0), 3)],
+)
+def test_derived_graphconst_values_convert_like_the_constructor(name, value, expected):
+    held = getattr(nx.Nitro(derives({name: value})(), **quiet()).experiment, name)
+    assert held == expected and type(held) is type(expected)
+
+
+def test_a_derived_graphconst_value_that_does_not_convert_is_refused():
+    with pytest.raises(
+        nx.ConfigError,
+        match="derive's value for `depth` is refused: GraphConst field `depth` is "
+        "declared int but got '3'",
+    ):
+        nx.Nitro(derives({"depth": "3"})(), **quiet())
 
 
 def test_data_keyword_skips_build_data():

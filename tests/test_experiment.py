@@ -1,5 +1,6 @@
 """Experiments and markers: the dataclass, the traits, compile_view, hashability."""
 
+import copy
 import dataclasses
 
 import jax
@@ -92,6 +93,51 @@ def test_graphconst_lists_become_tuples_and_ints_convert():
         Lists(depth=2.5)  # type: ignore[arg-type]
 
 
+class Declared(nx.Experiment):
+    flag: nx.GraphConst[bool] = False
+    rate: nx.GraphConst[float] = 0.1
+    depth: nx.GraphConst[int] = 2
+    variant: nx.GraphConst[str] = "a"
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("rate", 1, 1.0),
+        ("rate", np.float32(0.5), 0.5),
+        ("depth", np.int64(3), 3),
+        ("flag", np.bool_(True), True),
+        ("flag", 0, False),
+        ("variant", np.str_("b"), "b"),
+    ],
+)
+def test_graphconst_converts_to_its_declared_type(name, value, expected):
+    held = getattr(Declared(**{name: value}), name)
+    assert held == expected and type(held) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "name, value, declared",
+    [
+        ("flag", "False", "bool"),
+        ("flag", 2, "bool"),
+        ("rate", None, "float"),
+        ("rate", "0.5", "float"),
+        ("depth", "3", "int"),
+        ("depth", float("inf"), "int"),
+        ("rate", 2**60 + 1, "float"),
+        ("variant", 5, "str"),
+    ],
+)
+def test_graphconst_refuses_a_value_that_does_not_convert(name, value, declared):
+    with pytest.raises(nx.ConfigError) as info:
+        Declared(**{name: value})
+    assert f"GraphConst field `{name}` is declared {declared} but got {value!r}" in str(
+        info.value
+    )
+    assert "Fix: pass" in str(info.value)
+
+
 def test_repr_never_prints_large_arrays_or_device_buffers():
     e = Marked(images=np.zeros((1000, 784), np.float32))
     text = repr(e)
@@ -134,6 +180,9 @@ def test_compile_view_strips_host_fields_only():
         (lambda s: float(s), "float()"),
         (lambda s: np.asarray(s), "conversion to an array"),
         (lambda s: jnp.asarray(s), "conversion to a JAX array"),
+        (lambda s: jnp.sum(s), "conversion to a JAX array"),
+        (lambda s: jnp.where(s, 1.0, 0.0), "conversion to a JAX array"),
+        (lambda s: jnp.exp(s), "conversion to a JAX array"),
         (lambda s: bool(s), "conversion to bool"),
         (lambda s: len(s), "len()"),
     ],
@@ -157,6 +206,26 @@ def test_stripped_host_inside_jit_raises():
 
     with pytest.raises(nx.StrippedHostError, match="`max_epochs`"):
         traced(jnp.ones(3))
+
+
+def test_stripped_host_in_a_jnp_function_in_a_hook_names_the_field():
+    class SumsHost(Tiny):
+        weights: np.ndarray = dataclasses.field(
+            default_factory=lambda: np.ones(3, np.float32)
+        )
+
+        def loss(self, logits, *, y):
+            return Tiny.loss(self, logits, y=y) * jnp.sum(self.weights)
+
+    nitro = nx.Nitro(SumsHost(), logger=None, checkpointer=None)
+    with pytest.raises(nx.StrippedHostError, match="Host field `weights` of SumsHost"):
+        nitro.validate()
+
+
+def test_stripped_host_stays_silent_when_stored_copied_or_compared():
+    sentinel = nx.compile_view(Marked()).images
+    assert sentinel is not None and copy.copy(sentinel) is sentinel
+    assert copy.deepcopy(sentinel) is sentinel and sentinel == nx.StrippedHost("images")
 
 
 def test_graphconst_hashable_by_content_passes():

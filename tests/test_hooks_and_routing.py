@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -71,6 +72,39 @@ def test_var_keyword_receives_every_field():
     nitro = nx.Nitro(TakesAll(max_epochs=1), **quiet())
     nitro.train()
     assert seen["fields"] == ["x", "y"]
+
+
+class StaticHooks(Tiny):
+    @staticmethod
+    def loss(logits, *, y):
+        return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), -1))
+
+    @classmethod
+    def metrics(cls, logits, *, y):
+        return {"acc": ((logits.argmax(-1) == y.argmax(-1)).sum(), len(y))}
+
+    def monitor(self):
+        return ("acc", "max")
+
+
+def test_staticmethod_and_classmethod_hooks_get_only_their_fields():
+    nitro = nx.Nitro(StaticHooks(max_epochs=1), **quiet())
+    nitro.train()
+    assert set(nitro.validate()) == {"acc"}  # metrics replace the loss
+
+
+def test_an_edited_staticmethod_hook_compiles_a_new_program():
+    def scaled(scale):
+        class Scaled(Tiny):
+            @staticmethod
+            def loss(logits, *, y):
+                return scale * -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), -1))
+
+        return Scaled
+
+    once = nx.Nitro(scaled(1.0)(), **quiet()).validate()["loss"]
+    twice = nx.Nitro(scaled(2.0)(), **quiet()).validate()["loss"]
+    assert twice == pytest.approx(2 * once, rel=1e-5)
 
 
 def test_an_undeclared_field_is_never_transferred():

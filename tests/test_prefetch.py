@@ -33,6 +33,7 @@ from jaxnitro.data.protocol import (
     fanout_capable,
     release_splits,
 )
+from jaxnitro.data.sources import check_split
 from jaxnitro.data.stream import StreamStats
 from jaxnitro.errors import ConfigError, NitroWarning, RoutingError
 
@@ -819,6 +820,60 @@ def test_check_batch_at_compares_sizes_and_counts():
         check_batch_at(Partial())
     with pytest.raises(ConfigError, match="Sequential lacks begin_epoch and batch_at"):
         check_batch_at(Sequential())
+
+
+# --- how a pass off the fan-out reads a source ------------------------------------
+
+
+class ReplansInIter:
+    """`batch_at` alone, its plan (a permutation) drawn anew in each `__iter__`."""
+
+    def __init__(self, n_batches=4, bs=3):
+        self.n, self.bs = n_batches, bs
+        self.rng = np.random.default_rng(0)
+        self.perm = np.arange(n_batches * bs)
+        self.iters = 0
+
+    def __len__(self):
+        return self.n
+
+    def batch_at(self, i):
+        rows = self.perm[i * self.bs : (i + 1) * self.bs]
+        return {"x": rows.astype(np.float32), "i": np.full(self.bs, i, np.int32)}
+
+    def __iter__(self):
+        self.iters += 1
+        self.perm = self.rng.permutation(self.n * self.bs)
+        return (self.batch_at(i) for i in range(self.n))
+
+
+def test_an_inline_source_with_batch_at_alone_is_iterated_so_it_replans(clean):
+    source = ReplansInIter()
+    passes = [
+        sum(_drain(batch_stream(NoPrefetch(source), ("x",)), field="x"), [])
+        for _ in range(2)
+    ]
+    assert source.iters == 2
+    assert passes[0] != passes[1]  # each pass its own permutation
+    assert [sorted(rows) for rows in passes] == [list(range(12))] * 2
+
+
+def test_a_source_that_resets_and_returns_its_one_iterator_is_accepted():
+    """A source may hand out one iterator object it restarts on each __iter__ (a
+    torch DataLoader with persistent workers does): restartable, so accepted. A
+    shared iterator that does NOT restart runs short, which the loop refuses after
+    the epoch (tests/test_train_loop.py)."""
+
+    class Resetting(Sequential):
+        def __init__(self):
+            super().__init__()
+            self.iterator = None
+
+        def __iter__(self):
+            self.iterator = Sequential.__iter__(self)  # a fresh pass, one object
+            return self.iterator
+
+    assert check_split("train", NoPrefetch(Resetting())) == 5
 
 
 # --- release ----------------------------------------------------------------------

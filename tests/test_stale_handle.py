@@ -145,3 +145,40 @@ def test_an_autoreload_style_patch_does_not_change_a_built_handle():
     with pytest.warns(nx.StaleHandleWarning, match="forward"):
         out = nitro.evaluate(split="test")
     assert np.isfinite(out["loss"])
+
+
+def _scale(x):
+    return x
+
+
+def test_a_helper_rebound_in_its_module_after_construction_does_not_reach_the_handle():
+    """A reload re-executes the module into the same globals: a handle that has not
+    compiled yet must still trace the helper it was built with."""
+
+    class ScaledLoss(Tiny):
+        def loss(self, logits, *, y):
+            return _scale(Tiny.loss(self, logits, y=y))
+
+    ScaledLoss.__module__ = __name__
+    nitro = nx.Nitro(ScaledLoss(), **quiet())
+    expected = nx.Nitro(Tiny(), **quiet()).validate()["loss"]
+    original = globals()["_scale"]
+    globals()["_scale"] = lambda x: 10.0 * x
+    try:
+        with pytest.warns(nx.StaleHandleWarning, match=r"\(loss\)"):
+            got = nitro.validate()["loss"]
+    finally:
+        globals()["_scale"] = original
+    assert got == pytest.approx(expected)
+
+
+def test_a_redefined_optimizer_is_reported_and_the_handle_keeps_its_rule():
+    import optax
+
+    cls = fresh_class()
+    cls.optimizer = lambda self: optax.sgd
+    nitro = nx.Nitro(cls(max_epochs=1), **quiet())
+    cls.optimizer = lambda self: optax.adam
+    with pytest.warns(nx.StaleHandleWarning, match=r"\(optimizer\)"):
+        nitro.train()
+    assert nitro._plan.groups[0].rule.build is optax.sgd

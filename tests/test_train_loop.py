@@ -156,7 +156,11 @@ def test_loss_terms_are_averaged_over_the_steps_micro_batches_as_the_loss_is():
 
 
 class RunsDry:
-    """Says len() 4 but its one iterator is shared: the probe and epoch 1 drain it."""
+    """Says len() 4 but its one iterator is shared: the probe and epoch 1 drain it.
+
+    Each `__iter__` wraps it anew, so setup's check for one iterator handed out twice
+    cannot see it; returning the shared iterator itself is refused at setup.
+    """
 
     def __init__(self):
         self._batches = iter(make_batches(64, 16))
@@ -165,7 +169,7 @@ class RunsDry:
         return 4
 
     def __iter__(self):
-        return self._batches
+        return (batch for batch in self._batches)
 
 
 class Shrinking:

@@ -24,8 +24,13 @@ class RoutingError(HookError):
     """A batch field a hook declares is missing, or a batch is not a mapping."""
 
 
-class StrippedHostError(NitroError, TypeError):
-    """Traced code used a Host field, which the tracer only sees as a sentinel."""
+class StrippedHostError(NitroError):
+    """Traced code used a Host field, which the tracer only sees as a sentinel.
+
+    Not a `TypeError`: JAX catches the TypeErrors raised while it reads a jitted
+    function's arguments (`jnp.sum(x)` is one) and replaces them with its own message,
+    which names neither the field nor the fixes.
+    """
 
 
 class DivergenceError(NitroError, FloatingPointError):

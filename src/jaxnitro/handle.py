@@ -28,13 +28,14 @@ from .accessors import (
     RUN_KEYWORDS,
 )
 from .checkpoint.checkpointer import Checkpointer
-from .data.protocol import release_splits
+from .data.protocol import has_release, release_splits, unwrap_source
 from .errors import (
     ConfigError,
     RoutingError,
 )
 from .handle_report import HandleReports
 from .logging import protocol as logproto
+from .markers import Kind
 from .observe import phases
 from .observe.entry import entry_point
 from .observe.history import MetricHistory
@@ -42,10 +43,17 @@ from .observe.interrupt import StopOnInterrupt
 from .observe.progress import Progress
 from .observe.transitions import PhaseRecorder
 from .presets import from_preset, presets
-from .traits import device_fields, field_names, graphconst_fields
+from .traits import device_fields, field_kind_of, field_names, graphconst_fields
 from .values import to_host_array, to_host_value
 from .view import (
     replace_fields,
+)
+
+RELEASED_REFUSAL = (
+    "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
+    "release() and closed what it holds open, so this handle cannot read it again. "
+    "Build a new Nitro with its own data and this handle's weights: "
+    "Nitro(e, weights=nitro) (build_data runs again unless data= is passed)."
 )
 
 
@@ -99,7 +107,7 @@ class Nitro(HandleReports):
         self._logger: Any = None
         self.phase_recorder = PhaseRecorder(self)
         self._progress: Progress | None = None
-        self._released = False
+        self._released_by: str | None = None  # what released the splits, if done
         with entry_point() as entry, Progress() as progress:
             self._progress = progress
             progress.begin("setup")
@@ -204,6 +212,7 @@ class Nitro(HandleReports):
 
         self._check_stale("train")
         restore.refuse_after_restore_best(self)
+        self._refuse_released("train()", ("train", "val"))
         self._run_entry(lambda: run_training(self))
         return self
 
@@ -217,6 +226,7 @@ class Nitro(HandleReports):
                 f"validate() needs a val split; the data holds: "
                 f"{', '.join(self.data) or 'no splits'}."
             )
+        self._refuse_released("validate()", ("val",))
         return self._run_entry(lambda: evaluate_split(self, "val"))
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
@@ -229,6 +239,7 @@ class Nitro(HandleReports):
                 f"evaluate(split={split!r}): the data has no split {split!r}. The "
                 f"splits are: {', '.join(self.data) or 'none'}."
             )
+        self._refuse_released(f"evaluate(split={split!r})", (split,))
         return self._run_entry(lambda: evaluate_split(self, split))
 
     def predict(self, batch: Any) -> Any:
@@ -269,6 +280,8 @@ class Nitro(HandleReports):
         """
         from .observe.render import render
 
+        if batch is None:
+            self._refuse_released(f"render(split={split!r})", (split,))
         return self._run_entry(
             lambda: render(
                 self,
@@ -352,7 +365,10 @@ class Nitro(HandleReports):
     def device_value(self, name: str) -> Any:
         """The host value of a Device field (a Python scalar or a NumPy array)."""
         if name not in device_fields(self._cls):
-            kind = "a Host" if name in field_names(self._cls) else "no"
+            kind = "no"
+            if name in field_names(self._cls):
+                marker = field_kind_of(self._cls, name)
+                kind = "a GraphConst" if marker is Kind.GRAPHCONST else "a Host"
             raise ConfigError(
                 f"device_value: `{name}` is {kind} field of {self._cls.__name__}, not "
                 f"a Device field; read it as nitro.experiment.{name}. Device fields: "
@@ -393,18 +409,38 @@ class Nitro(HandleReports):
         if self.phase_recorder.set(phase, **info) and isinstance(
             phase, phases.Terminal
         ):
-            self.release()
+            self._release(f"the end of train() (phase {type(phase).__name__})")
 
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.
 
         Training does this itself when it ends; call it for a handle that only
         validated, predicted or exported. A split whose release raises is warned
-        about and the others are still released.
+        about and the others are still released. The handle cannot read a released
+        source again: `train`, `validate`, `evaluate` and `render` refuse it.
         """
-        if not self._released:
-            self._released = True
+        self._release("nitro.release()")
+
+    def _release(self, by: str) -> None:
+        if self._released_by is None:
+            self._released_by = by
             release_splits(self.data)
+
+    def _refuse_released(self, verb: str, splits: Iterable[str]) -> None:
+        """Refuse, before any stream opens, to read a split whose source was released.
+
+        A source without a `release()` method held nothing open, so it stays readable.
+        """
+        if self._released_by is None:
+            return
+        for name in splits:
+            if name in self.data and has_release(self.data[name]):
+                kind = type(unwrap_source(self.data[name])).__name__
+                raise ConfigError(
+                    RELEASED_REFUSAL.format(
+                        verb=verb, name=name, kind=kind, by=self._released_by
+                    )
+                )
 
     def progress(self) -> Progress | None:
         """The progress line of the entry point running now, if any."""
@@ -421,6 +457,14 @@ def _split_preset_form(
                 "Nitro(e, name): a preset name goes with the experiment class, "
                 "Nitro(MyExp, name, ...), not with an instance."
             )
+        named = kwargs.get("preset")
+        if named is not None and named not in presets(type(experiment)):
+            raise ConfigError(
+                f"preset={named!r}: {type(experiment).__name__} declares no such "
+                f"preset, and the name is logged and stored in checkpoints as the "
+                f"recipe this run used. Its presets: "
+                f"{', '.join(presets(type(experiment))) or 'none'}."
+            )
         return experiment, kwargs
     if preset is None:
         raise ConfigError(
@@ -436,7 +480,8 @@ def _split_preset_form(
             f"data=...)."
         )
     fields = set(field_names(experiment))
-    run_kw = {k: v for k, v in kwargs.items() if k in RUN_KEYWORDS}
+    # `checkpoint` is the deprecated spelling of `weights`: a run keyword too.
+    run_kw = {k: v for k, v in kwargs.items() if k in RUN_KEYWORDS or k == "checkpoint"}
     overrides = {
         k: v for k, v in kwargs.items() if k not in RUN_KEYWORDS and k in fields
     }

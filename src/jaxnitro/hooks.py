@@ -8,6 +8,7 @@ redefinition later.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -20,8 +21,16 @@ from .experiment import Experiment
 REQUIRED_HOOKS = ("build_model", "build_data", "forward", "loss")
 # Hooks a handle calls after construction; frozen with it.
 RUNTIME_HOOKS = ("forward", "loss", "metrics", "train_metrics", "finalize_metrics")
+# Hooks setup calls for the optimizer; what they return is fixed in the handle's plan.
+OPTIMIZER_HOOKS = ("param_group", "optimizer", "no_decay", "grad_rule", "no_perturb")
 # Every hook whose redefinition makes a handle stale.
-WATCHED_HOOKS = ("build_model", "build_data", "derive", *RUNTIME_HOOKS)
+WATCHED_HOOKS = (
+    "build_model",
+    "build_data",
+    "derive",
+    *RUNTIME_HOOKS,
+    *OPTIMIZER_HOOKS,
+)
 _DEFAULTED = ("finalize_metrics", "derive")
 
 
@@ -41,13 +50,36 @@ def hook_function(cls: type, name: str) -> Callable[..., Any]:
                 attr = klass.__dict__[name]
                 break
         if isinstance(attr, staticmethod):
-            inner = attr.__func__
-            return lambda _self, *args, **kwargs: inner(*args, **kwargs)
+            return _ignoring_self(attr.__func__)
         if isinstance(attr, classmethod):
-            bound = attr.__get__(None, cls)
-            return lambda _self, *args, **kwargs: bound(*args, **kwargs)
+            return _ignoring_self(attr.__get__(None, cls))
         return attr  # type: ignore[no-any-return,return-value]
     return getattr(Experiment, name)  # type: ignore[no-any-return]
+
+
+def _ignoring_self(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` called as a hook, `hook(experiment, ...)`, dropping the experiment.
+
+    The wrapper carries `fn`'s signature with a leading `_self`: routing reads the
+    batch fields a hook declares from its signature, and the wrapper's own
+    `(*args, **kwargs)` would declare every field. It also carries `fn`'s module, so
+    the code fingerprint counts it as user code and follows its closure into `fn`:
+    as a jaxnitro function it would fingerprint by name alone, and an edit to `fn`
+    would reuse the program compiled from the old code.
+    """
+
+    def hook(_self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    signature = inspect.signature(fn)
+    first = inspect.Parameter("_self", inspect.Parameter.POSITIONAL_ONLY)
+    hook.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[first, *signature.parameters.values()]
+    )
+    hook.__name__ = getattr(fn, "__name__", hook.__name__)
+    hook.__qualname__ = getattr(fn, "__qualname__", hook.__qualname__)
+    hook.__module__ = getattr(fn, "__module__", hook.__module__)
+    return hook
 
 
 def check_required_hooks(cls: type, *, has_data: bool) -> None:
@@ -64,11 +96,16 @@ def check_required_hooks(cls: type, *, has_data: bool) -> None:
 
 
 def freeze(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A copy of `fn` that keeps today's code even if the original is patched."""
+    """A copy of `fn` that keeps today's code even if the original is patched or
+    a global it reads is rebound."""
     if not isinstance(fn, types.FunctionType):
         return fn
+    # The module's globals are copied as they are now: a helper the hook calls,
+    # rebound in its module later (a reload re-executes the module into the same
+    # dict), would otherwise change what this handle traces for a program it has not
+    # compiled yet, while the programs it compiled keep the old helper.
     copy = types.FunctionType(
-        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+        fn.__code__, dict(fn.__globals__), fn.__name__, fn.__defaults__, fn.__closure__
     )
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__ = fn.__qualname__

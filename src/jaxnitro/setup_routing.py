@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .data.sources import batch_at_index, batch_size, first_batch
+from .data.sources import batch_size, first_batch, probe_split
 from .errors import ConfigError
 from .hooks import hook_function
 from .routing import HookFields, hook_fields
@@ -39,7 +39,8 @@ class RoutingSetup:
         probes: dict[str, Any] = {}  # first batches already read, reused below
         if "train" in self.data:
             source = self.data["train"]
-            batch = probes["train"] = first_batch("train", source)
+            batch, last = probe_split("train", source, last=True)
+            probes["train"] = batch
             keys = tuple(batch)
             self._gradient_fields = self._route_training(keys)
             self._train_fields = tuple(
@@ -61,7 +62,6 @@ class RoutingSetup:
                 )
             if count == 0:
                 raise ConfigError("The train split has no batches.")
-            last = batch_at_index(source, count - 1) if count > 1 else None
             if last is not None:
                 last_size = batch_size(last, self._train_fields)
                 if last_size != self._train_batch:

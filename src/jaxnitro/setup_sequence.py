@@ -63,8 +63,14 @@ from .setup_checks import (
     w0_provider,
 )
 from .setup_routing import RoutingSetup
-from .traits import config_metadata, device_fields, field_names, graphconst_fields
-from .values import to_device
+from .traits import (
+    config_metadata,
+    device_fields,
+    field_names,
+    graphconst_fields,
+    host_fields,
+)
+from .values import coerce_graphconst, to_device
 from .view import (
     assert_graphconst_hashable,
     check_field_names,
@@ -92,7 +98,7 @@ class SetupSequence(RoutingSetup):
     _executables: dict[Any, Any]
     _stop_requested: bool
     _stop_reason: str | None
-    _released: bool
+    _released_by: str | None
     _progress: Progress | None
     phase_recorder: PhaseRecorder
 
@@ -188,12 +194,7 @@ class SetupSequence(RoutingSetup):
         )
         if derived_from_record:
             assert self._record is not None
-            stored = self._record.device_values()
-            derived = {
-                name: stored[name]
-                for name in self._record.meta["derived"]
-                if name in stored
-            }
+            derived = self._derived_from_record(cls, self._record)
         else:
             derived = hook_function(cls, "derive")(e, self.data) or {}
             if not isinstance(derived, Mapping):
@@ -204,6 +205,7 @@ class SetupSequence(RoutingSetup):
             check_field_names(
                 cls, derived, "derive returned", "Every key must name a field."
             )
+        derived = convert_derived(cls, derived, from_record=derived_from_record)
         self._derived_keys = tuple(derived)
         e = replace_fields(e, **{name: derived[name] for name in derived})
         assert_graphconst_hashable(e)
@@ -326,6 +328,37 @@ class SetupSequence(RoutingSetup):
             NitroWarning,
             stacklevel=4,
         )
+
+    def _derived_from_record(self, cls: type, record: Record) -> dict[str, Any]:
+        """The values derive produced for the run that wrote `record`, read back.
+
+        A Device value is a stored array, a GraphConst value is in the record's
+        GraphConst table, and a scalar Host value in its logged config. Other Host
+        values (lists, arrays) are in no record: such a field keeps this experiment's
+        value, with a warning, since derive does not run to recompute it.
+        """
+        tables = {
+            **dict.fromkeys(device_fields(cls), record.device_values()),
+            **dict.fromkeys(graphconst_fields(cls), record.meta.get("graphconst", {})),
+            **dict.fromkeys(host_fields(cls), record.meta.get("config", {})),
+        }
+        derived = {}
+        missing = []
+        for name in record.meta["derived"]:
+            table = tables.get(name)
+            if table is not None and name in table:
+                derived[name] = table[name]
+            else:
+                missing.append(name)
+        if missing:
+            warnings.warn(
+                DERIVED_NOT_RECORDED.format(
+                    path=record.path, fields=", ".join(f"`{n}`" for n in missing)
+                ),
+                NitroWarning,
+                stacklevel=4,
+            )
+        return derived
 
     def _adopt_resumed_seed(self) -> None:
         assert self._record is not None
@@ -498,6 +531,37 @@ class SetupSequence(RoutingSetup):
                 logproto.reattach(self._logger, state)
 
     # ------------------------------------------------------------ public reads ------
+
+
+DERIVED_NOT_RECORDED = """\
+weights={path}: the record does not hold the values derive produced for {fields} \
+(a record keeps Device arrays, GraphConst values and scalar Host values), and derive \
+does not run for a weights= load, so this experiment's values are kept. Fix: set them \
+on the experiment, computed from the data you have, or make a numeric one Device so \
+the record stores it."""
+
+
+def convert_derived(
+    cls: type, derived: Mapping[str, Any], *, from_record: bool
+) -> dict[str, Any]:
+    """`derived` with its GraphConst values converted to their declared types.
+
+    derive's values bypass the keyword constructor, which converts GraphConst values
+    (a list to a tuple, 3.0 to a declared int) and refuses a lossy conversion; the
+    same happens here, so a derived value keys and traces like a constructed one.
+    """
+    meta = config_metadata(cls)
+    converted = dict(derived)
+    for name in graphconst_fields(cls):
+        if name not in derived:
+            continue
+        declared = meta[name].type if name in meta else None
+        try:
+            converted[name] = coerce_graphconst(name, declared, derived[name])
+        except ConfigError as error:
+            source = "The record's derived value" if from_record else "derive's value"
+            raise ConfigError(f"{source} for `{name}` is refused: {error}") from None
+    return converted
 
 
 def safe_accessor(e: Any, name: str, cls: type | None = None) -> Any:

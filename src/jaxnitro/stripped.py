@@ -126,6 +126,11 @@ class StrippedHost:
     def __array__(self, *args: object, **kwargs: object) -> NoReturn:
         self._raise("conversion to an array")
 
+    # A property, not a method: JAX reads `getattr(x, "__jax_array__", None)` and,
+    # when it is not None, raises its own error that names no field (JAX 0.10 refuses
+    # `__jax_array__` during abstractification, as in `jnp.sum(x)`). Raising on the
+    # read itself reaches every such probe first.
+    @property
     def __jax_array__(self) -> NoReturn:
         self._raise("conversion to a JAX array")
 

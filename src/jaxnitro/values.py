@@ -1,9 +1,10 @@
 """Conversions of field values: GraphConst normalization and Device placement.
 
 A GraphConst value must hash and compare by content, because the compile cache is keyed
-on it; lists become tuples here. A Device value becomes a `jax.Array` with the declared
-dtype (`float` is float32) when a `Nitro` is set up, and `set_device` converts a new
-value the same way, refusing one that would change the compiled program's signature.
+on it; lists become tuples here, and a value converts to its declared type without loss
+or is refused. A Device value becomes a `jax.Array` with the declared dtype (`float` is
+float32) when a `Nitro` is set up, and `set_device` converts a new value the same way,
+refusing one that would change the compiled program's signature or wrap around.
 """
 
 from __future__ import annotations
@@ -39,23 +40,68 @@ def freeze_graphconst(value: Any) -> Any:
     return value
 
 
+GRAPHCONST_TYPE = """\
+GraphConst field `{field}` is declared {declared} but got {value!r} ({kind}), which \
+does not convert to {declared} without loss. A GraphConst field holds its declared \
+type; numbers convert among bool, int and float only when the value is kept, and \
+nothing converts from or to a string. Fix: pass {fix}."""
+
+_GRAPHCONST_FIXES = {
+    bool: "True or False (parse a string such as 'False' before passing it)",
+    int: "an integer",
+    float: "a number",
+    complex: "a number",
+    str: "a string",
+    tuple: "a tuple (a list converts to one)",
+}
+_REFUSED: Any = object()
+
+
 def coerce_graphconst(name: str, declared: Any, value: Any) -> Any:
-    """Convert a GraphConst value to its declared scalar type, refusing a lossy one."""
+    """Convert a GraphConst value to its declared type, refusing a lossy conversion.
+
+    Lists become tuples first. A number converts to a declared bool, int, float or
+    complex when the conversion keeps its value (3.0 -> 3, np.int64(2) -> 2, 1 ->
+    True), a NumPy string to `str`; anything else of another type is refused. A
+    declared type other than these, or none, is left to the value.
+
+    Example:
+        >>> coerce_graphconst("depth", int, 3.0), coerce_graphconst("p", float, 1)
+        (3, 1.0)
+    """
     value = freeze_graphconst(value)
-    if declared is int and not isinstance(value, bool):
-        if isinstance(value, numbers.Integral):
-            return int(value)
-        if isinstance(value, numbers.Real) and float(value).is_integer():
-            return int(float(value))
+    if not (isinstance(declared, type) and declared in _GRAPHCONST_FIXES):
+        return value
+    converted = _convert(declared, value)
+    if converted is _REFUSED:
         raise ConfigError(
-            f"GraphConst field `{name}` is declared int but got {value!r} "
-            f"({type(value).__name__}); pass an integer."
+            GRAPHCONST_TYPE.format(
+                field=name,
+                declared=declared.__name__,
+                value=value,
+                kind=type(value).__name__,
+                fix=_GRAPHCONST_FIXES[declared],
+            )
         )
-    if declared is float and isinstance(value, numbers.Real):
-        return float(value)
-    if declared is bool and isinstance(value, bool | np.bool_):
-        return bool(value)
-    return value
+    return converted
+
+
+def _convert(declared: type, value: Any) -> Any:
+    """`value` as a `declared`, or `_REFUSED` when that would change it."""
+    if declared is str:
+        return str(value) if isinstance(value, str) else _REFUSED
+    if declared is tuple:
+        return value if isinstance(value, tuple) else _REFUSED
+    # np.bool_ is no numbers.Number; a complex keeps its value only as a complex.
+    real = isinstance(value, numbers.Real | np.bool_)
+    if not (real or (declared is complex and isinstance(value, numbers.Complex))):
+        return _REFUSED
+    try:
+        converted = declared(value)
+    except (ValueError, OverflowError):  # int(nan), int(inf)
+        return _REFUSED
+    same = converted == value or (converted != converted and value != value)  # NaN
+    return converted if same else _REFUSED
 
 
 def device_dtype(declared: Any, value: Any) -> np.dtype:
@@ -110,6 +156,17 @@ def to_host_array(name: str, dtype: np.dtype, value: Any) -> np.ndarray:
         raise ConfigError(
             f"Device field `{name}` holds {dtype} values; {value!r} is complex."
         )
+    if dtype.kind in "iu" and array.dtype.kind in "iuf" and array.size:
+        # astype wraps an integer that does not fit around, silently: 2**40 -> 0.
+        bounds = np.iinfo(dtype)
+        low, high = array.min(), array.max()
+        if low < bounds.min or high > bounds.max:
+            shown = f"{value!r}" if array.size == 1 else f"values from {low} to {high}"
+            raise ConfigError(
+                f"Device field `{name}` holds {dtype} values, from {bounds.min} to "
+                f"{bounds.max}; got {shown}, out of that range, which the conversion "
+                f"would wrap around. Pass values in range."
+            )
     return array.astype(dtype)
 
 

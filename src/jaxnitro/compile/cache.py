@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import jax
@@ -28,7 +28,12 @@ import numpy as np
 
 @dataclass(frozen=True)
 class ProgramKey:
-    """Everything one compiled program depends on."""
+    """Everything one compiled program depends on.
+
+    The host constants (`graphconst`, `baked`, `compile_options`) are stored as
+    `typed_key` of each value, so that values which compare equal but trace apart
+    key apart.
+    """
 
     kind: str
     experiment: tuple[str, str]
@@ -38,6 +43,48 @@ class ProgramKey:
     signature: Hashable
     baked: tuple[tuple[str, Any], ...]
     compile_options: tuple[tuple[str, Any], ...]
+
+    def __post_init__(self) -> None:
+        for name in ("graphconst", "baked", "compile_options"):
+            pairs = getattr(self, name)
+            typed = tuple((key, typed_key(value)) for key, value in pairs)
+            object.__setattr__(self, name, typed)
+
+
+def typed_key(value: Any) -> Hashable:
+    """`value` as a key that tells apart values Python calls equal.
+
+    `1 == 1.0 == True` and `0.0 == -0.0` hash alike, yet a traced program bakes an
+    int32, a float32 or a bool constant, and a zero of either sign, so each part of
+    the value keys together with its type, recursively through containers, and a
+    float keys by its repr (which also lets a NaN equal itself).
+
+    Example:
+        >>> typed_key((1, 2)) == typed_key((True, 2.0)), (1, 2) == (True, 2.0)
+        (False, True)
+    """
+    kind = type(value)
+    if isinstance(value, float | complex | np.floating | np.complexfloating):
+        return (kind, repr(value))
+    if isinstance(value, tuple | list):
+        return (kind, tuple(typed_key(item) for item in value))
+    if isinstance(value, frozenset | set):
+        return (kind, frozenset(typed_key(item) for item in value))
+    if isinstance(value, dict):
+        items = frozenset((typed_key(k), typed_key(v)) for k, v in value.items())
+        return (kind, items)
+    if is_dataclass(value) and not isinstance(value, type):
+        params = getattr(value, "__dataclass_params__", None)
+        if params is not None and params.eq:  # it compares by these fields
+            return (
+                kind,
+                tuple(
+                    (f.name, typed_key(getattr(value, f.name)))
+                    for f in fields(value)
+                    if f.compare
+                ),
+            )
+    return (kind, value)
 
 
 class CompileCache:

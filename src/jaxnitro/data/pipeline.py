@@ -45,6 +45,7 @@ from ..errors import ConfigError, NitroWarning
 from ..routing import as_batch
 from .channel import Channel, ChannelClosed
 from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at
+from .sources import has_iter, pass_batches
 
 Prepare = Callable[[Mapping[str, Any]], Sequence[Any]]
 """Host batch -> the items to yield for it, each with a `.device` pytree of arrays."""
@@ -344,7 +345,8 @@ def build_single(
 ) -> None:
     def producer() -> None:
         epoch()
-        iterator = iter(source)
+        # A source without __iter__ is read as the inline path reads it (batch_at).
+        iterator = iter(source) if has_iter(source) else pass_batches(source)
         try:
             for batch in iterator:
                 _stage(pipeline, prepare, batch)

@@ -208,11 +208,15 @@ def call_batch_at(source: Any, index: int, plan: Any) -> Any:
     return source.batch_at(index, plan)
 
 
+def has_release(source: Any) -> bool:
+    """Whether the source defines `release()` (a wrapper is looked through)."""
+    return callable(getattr(unwrap_source(source), "release", None))
+
+
 def release_source(source: Any) -> None:
     """Call the source's `release()` if it defines one (a wrapper is looked through)."""
-    release = getattr(unwrap_source(source), "release", None)
-    if callable(release):
-        release()
+    if has_release(source):
+        unwrap_source(source).release()
 
 
 def release_splits(collection: Mapping[str, Any]) -> None:
