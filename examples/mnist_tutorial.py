@@ -339,9 +339,10 @@ def main() -> None:
 
     # The framework never logs a confusion matrix itself: only the experiment knows
     # it has one and what its labels mean. A monitor on this handle sees every phase
-    # transition; the one out of validation carries the epoch's metrics.
+    # transition; each one out of evaluation carries that split's metrics, and the
+    # one back to training follows the epoch's validation.
     def log_confusion(phase, step, epoch, info):
-        if "metrics" in info and "confusion" in e.scratch:
+        if isinstance(phase, nx.TrainStepping) and "metrics" in info:
             labels = [str(c) for c in range(N_CLASSES)]
             nx.log_confusion(
                 info["logger"], e.scratch["confusion"], labels, epoch=epoch

@@ -44,6 +44,29 @@ def test_accumulator_modes():
     assert result["whole"] == {"p": 2.0, "q": 4.0}
 
 
+def test_a_group_leaf_covered_by_two_modes_is_refused():
+    acc = MetricAccumulator()
+    with pytest.raises(
+        nx.HookError,
+        match="metric `g/a` is a \\(value, mode\\) pair inside a group that "
+        "already has a mode: each leaf of a group must be covered by exactly one",
+    ):
+        acc.add({"g": ({"a": (3, 2)}, "sum")})
+
+
+def test_a_concat_metric_with_the_wrong_length_names_it_and_the_batch():
+    class WrongLength(Tiny):
+        def metrics(self, logits, *, y):
+            return {"s": (np.ones(3), "concat")}
+
+    with pytest.raises(
+        nx.HookError,
+        match='metric `s` is "concat" but returned 3 entries for a batch of 16 '
+        "samples; a concat metric needs one entry per sample",
+    ):
+        nx.Nitro(WrongLength(), **quiet()).validate()
+
+
 def test_a_metric_that_is_not_a_pair_is_refused():
     acc = MetricAccumulator()
     with pytest.raises(
@@ -123,6 +146,41 @@ def test_device_residency_matches_host():
     assert device["acc"] == pytest.approx(host["acc"])
 
 
+class StringModes(TinyMetrics):
+    """Every mode spelling: a count, None, "sum", "concat", and a group's mode."""
+
+    def metrics(self, logits, *, y):
+        pred, truth = jnp.argmax(logits, -1), jnp.argmax(y, -1)
+        n = y.shape[0]
+        return {
+            "acc": ((pred == truth).sum(), n),
+            "n": (n, None),
+            "hits": ((pred == truth).sum(), "sum"),
+            "scores": (logits[:, 0], "concat"),
+            "group": ({"a": jnp.sum(y, 0), "b": n}, "sum"),
+        }
+
+
+class StringModesOnDevice(StringModes):
+    def metrics_residency(self, hook):
+        return "device"
+
+
+def test_device_residency_keeps_string_modes_and_matches_host():
+    host = nx.Nitro(StringModes(), **quiet()).evaluate("test")
+    device = nx.Nitro(StringModesOnDevice(), **quiet()).evaluate("test")
+    # A second handle takes the metrics program from the cache: no trace runs, the
+    # modes come back all the same.
+    cached = nx.Nitro(StringModesOnDevice(), **quiet()).evaluate("test")
+    for result in (device, cached):
+        assert set(result) == set(host) and result["n"] == 40
+        assert result["acc"] == pytest.approx(host["acc"])
+        assert result["hits"] == host["hits"]
+        np.testing.assert_allclose(result["scores"], host["scores"], rtol=1e-6)
+        np.testing.assert_array_equal(result["group"]["a"], host["group"]["a"])
+        assert result["group"]["b"] == host["group"]["b"] == 40
+
+
 def test_eval_loss_adds_the_loss_and_refuses_a_collision():
     nitro = nx.Nitro(TinyMetrics(), eval_loss=True, **quiet())
     result = nitro.validate()
@@ -136,6 +194,61 @@ def test_eval_loss_adds_the_loss_and_refuses_a_collision():
         nx.HookError, match="metrics returns `loss` while eval_loss is on"
     ):
         nx.Nitro(Collides(), eval_loss=True, **quiet()).validate()
+
+
+class WithTerms(TinyMetrics):
+    def loss(self, logits, *, y):
+        value = Tiny.loss(self, logits, y=y)
+        return value, {"ce": value}
+
+
+def test_eval_loss_terms_stay_apart_from_metrics_and_collisions_name_both():
+    result = nx.Nitro(WithTerms(), eval_loss=True, **quiet()).validate()
+    assert result["loss/ce"] == pytest.approx(result["loss"])
+
+    class TermCollides(WithTerms):
+        def metrics(self, logits, *, y):
+            return {"loss/ce": (100.0, 1)}
+
+    with pytest.raises(
+        nx.HookError,
+        match="metrics returns `loss/ce` while eval_loss is on, which also reports "
+        "`loss/ce` \\(the loss hook's term `ce`\\)",
+    ):
+        nx.Nitro(TermCollides(), eval_loss=True, **quiet()).validate()
+
+    class FinalizeCollides(TinyMetrics):
+        def finalize_metrics(self, acc, split):
+            return {"acc": acc["acc"], "loss": -1.0}
+
+    with pytest.raises(
+        nx.HookError,
+        match="finalize_metrics returns `loss` while eval_loss is on, which also "
+        "reports `loss` \\(the loss itself\\)",
+    ):
+        nx.Nitro(FinalizeCollides(), eval_loss=True, **quiet()).validate()
+
+
+def test_the_eval_loss_averages_batches_whatever_their_order():
+    val = make_batches(37, 16, seed=1)  # batches of 16, 16 and 5
+    nitro = nx.Nitro(Tiny(), **quiet())
+    e = nitro.experiment
+    per_batch = [
+        float(
+            Tiny.loss(
+                e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])
+            )
+        )
+        for b in val
+    ]
+    for experiment, order in [
+        (Tiny(), val),
+        (Tiny(), val[::-1]),  # the 5 first sets the width: 16s run as 5, 5, 5, 1
+        (TinyMetrics(), val[::-1]),
+    ]:
+        handle = nx.Nitro(experiment, data={"val": order}, eval_loss=True, **quiet())
+        loss = handle.validate()["loss"]
+        assert loss == pytest.approx(np.mean(per_batch), rel=1e-5)
 
 
 def test_custom_metrics_without_monitor_refuse_a_best_checkpointer():

@@ -519,3 +519,29 @@ def test_the_phase_tree_and_compile_phases():
         r"eval_forward, .*Add the kind to COMPILE_PHASES",
     ):
         phases.compile_phase("predict")
+
+
+# ------------------------------------------------------------------- a real handle ---
+def test_a_standalone_validate_then_evaluate_carry_metrics_and_keep_done():
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None)
+    nitro.train()
+    events: list = []
+    handle = register_phase_monitor(Recorder(events, "m"), nitro=nitro)
+    val = nitro.validate()
+    test = nitro.evaluate("test")
+    # The events hold the handle and its registry the events: break the cycle, so
+    # the handle's arrays go now (a later test counts live arrays).
+    unregister_phase_monitor(handle)
+    seen = [
+        (type(phase).__name__, info.get("metrics")) for _, phase, _, _, info in events
+    ]
+    assert [name for name, _ in seen if name != "EvalCompiling"] == [
+        *("Starting", "EvalStepping", "Done", "Idle"),
+        *("Starting", "EvalStepping", "Done", "Idle"),
+    ]
+    assert [metrics for name, metrics in seen if name == "Done"] == [val, test]
+    assert nitro.phase == phases.Done()  # how its run ended, once Idle again

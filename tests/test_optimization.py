@@ -6,7 +6,9 @@ steps on the same data.
 
 import dataclasses
 import json
+import logging
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -267,6 +269,44 @@ def test_scheduling_decay_and_per_group_decay_is_refused():
         nx.Nitro(Grouped(), schedules={"weight_decay": 0.1}, **quiet())
 
 
+def test_weight_decay_may_be_a_field():
+    class FieldDecay(OneBatch):
+        weight_decay: float = 0.0
+
+    class MethodDecay(OneBatch):
+        def weight_decay(self, group=None):
+            return 0.1
+
+    by_field = nx.Nitro(FieldDecay(max_epochs=2, weight_decay=0.1), **quiet())
+    assert [(g.weight_decay, g.decays) for g in by_field._plan.groups] == [(0.1, True)]
+    by_field.train()
+    by_method = nx.Nitro(MethodDecay(max_epochs=2), **quiet())
+    by_method.train()
+    assert_trees_close(by_field.parameters, by_method.parameters, rtol=0, atol=0)
+
+
+def test_a_field_named_like_a_hook_is_refused():
+    class Field(OneBatch):
+        grad_rule: object = None
+
+    with pytest.raises(
+        nx.ConfigError, match="has a field `grad_rule`, but `grad_rule` is a hook"
+    ):
+        nx.Nitro(Field(), **quiet())
+
+
+def test_schedules_reads_no_field():
+    class Field(OneBatch):
+        schedules: object = None
+
+    table = {"learning_rate": lambda total: lambda t: 7.0}
+    for kw in ({}, {"schedules": table}):
+        with pytest.raises(
+            nx.ConfigError, match="reads no field of the experiment.*def schedules"
+        ):
+            nx.Nitro(Field(schedules=table), **quiet(**kw))
+
+
 def test_schedules_compile_nothing_and_are_logged(tmp_path):
     def cosine(total):
         assert total == 3 * 4  # max_epochs * (batches // accum)
@@ -290,11 +330,54 @@ def test_schedules_compile_nothing_and_are_logged(tmp_path):
     ]
     train = [x for x in lines if x.get("context") == "train"]
     expected = [float(optax.cosine_decay_schedule(0.05, 12)(t)) for t in range(12)]
+    # A rule value is logged per group (one group here), a Device field bare.
     np.testing.assert_allclose(
-        [x["schedule/learning_rate"] for x in train], expected, rtol=1e-6
+        [x["schedule/default/learning_rate"] for x in train], expected, rtol=1e-6
     )
     assert train[-1]["schedule/smoothing"] == pytest.approx(0.2 * 11 / 12)
     assert nitro.device_value("smoothing") == pytest.approx(0.2 * 11 / 12)
+
+
+def test_rule_schedules_are_logged_per_group_after_scaling(tmp_path):
+    class TwoGroups(OneBatch):
+        def param_group(self, keypath):
+            return "encoder" if keypath[0] in ("w1", "b1") else "default"
+
+        def learning_rate(self, group=None):
+            return 0.01 if group == "encoder" else 0.1
+
+    def train_lines(schedules, run):
+        nx.Nitro(
+            TwoGroups(max_epochs=2),
+            schedules=schedules,
+            run_dir=str(tmp_path / run),
+            checkpointer=None,
+        ).train()
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [
+            {k: v for k, v in json.loads(x).items() if k.startswith("schedule/")}
+            for x in lines
+            if json.loads(x).get("context") == "train"
+        ]
+
+    ramp = lambda total: lambda t: 0.1 * (t + 1)  # noqa: E731
+    decay = lambda total: lambda t: 0.5 * (t + 1)  # noqa: E731
+    lines = train_lines({"learning_rate": ramp, "weight_decay": decay}, "bare")
+    assert len(lines) == 2
+    for t, line in enumerate(lines):
+        lr = 0.1 * (t + 1)
+        assert line == pytest.approx(
+            {
+                "schedule/default/learning_rate": lr,
+                "schedule/encoder/learning_rate": 0.1 * lr,
+                "schedule/default/weight_decay": 0.5 * (t + 1) * lr,
+                "schedule/encoder/weight_decay": 0.5 * (t + 1) * 0.1 * lr,
+            }
+        )
+    lines = train_lines({"opt": {"encoder": {"learning_rate": ramp}}}, "group")
+    assert len(lines) == 2
+    for t, line in enumerate(lines):  # the encoder's ratio applies to its own path
+        assert line == pytest.approx({"schedule/encoder/learning_rate": 0.01 * (t + 1)})
 
 
 def pytorch_plateau(
@@ -362,8 +445,23 @@ def test_plateau_scales_the_learning_rate_and_is_logged(tmp_path):
         [1.0, 0.1, 0.01, 0.001]
     )
     train = [x for x in lines if x.get("context") == "train"]
-    assert train[4]["schedule/learning_rate"] == pytest.approx(0.05)  # epoch 2
-    assert train[8]["schedule/learning_rate"] == pytest.approx(0.005)  # epoch 3
+    assert train[4]["schedule/default/learning_rate"] == pytest.approx(0.05)  # epoch 2
+    assert train[8]["schedule/default/learning_rate"] == pytest.approx(0.005)
+
+
+def test_plateau_reductions_are_reported_at_info(caplog):
+    plateau = nx.Plateau(0.05, patience=0, threshold=10.0)  # epoch 2 reduces
+    with caplog.at_level(logging.INFO, logger="jaxnitro"):
+        nx.Nitro(
+            Tiny(max_epochs=2), schedules={"learning_rate": plateau}, **quiet()
+        ).train()
+    reports = [m for r in caplog.records if (m := r.getMessage()).startswith("Plateau")]
+    assert len(reports) == 1
+    assert re.fullmatch(
+        r"Plateau on schedule `learning_rate`: `loss` stopped improving \([0-9.]+ at "
+        r"epoch 2\); scale reduced to 0.1 from the next epoch.",
+        reports[0],
+    )
 
 
 def test_plateau_needs_a_val_split():
@@ -430,6 +528,17 @@ def test_early_stopping_refusals():
         )
 
 
+@pytest.mark.parametrize("given", [{"metric": "acc"}, {"mode": "max"}])
+@pytest.mark.parametrize("owner", ["EarlyStopping", "Plateau"])
+def test_half_a_metric_and_mode_is_refused(owner, given):
+    half = "a metric without its mode" if "metric" in given else "a mode without"
+    with pytest.raises(nx.ConfigError, match=f"{owner}\\(metric=.*gives {half}"):
+        if owner == "EarlyStopping":
+            nx.EarlyStopping(**given)
+        else:
+            nx.Plateau(0.01, **given)
+
+
 def sam_reference(rule, steps, params0, lr=0.05):
     """SAM / ASAM by hand: gradient at w + eps, RAdam on it."""
     tx = optax.radam(lr)
@@ -481,6 +590,55 @@ def test_rho_is_an_input_and_schedulable():
         **quiet(),
     ).train()
     assert nx.cache_stats()["misses"] == before
+
+
+def test_a_custom_perturb_rule_is_keyed_by_its_code_and_fields():
+    def shift_rule(scale):
+        # Every rule this makes has the same qualname; only the closure differs.
+        @dataclasses.dataclass(frozen=True)
+        class Shift(nx.PerturbRule):
+            def perturbation(self, grads, params, masks, values):
+                return jax.tree.map(lambda g: scale * jnp.sign(g), grads)
+
+        return Shift
+
+    class Plain(nx.PerturbRule):  # not a dataclass: its attributes are its fields
+        def __init__(self, scale):
+            self.scale = scale
+
+        def perturbation(self, grads, params, masks, values):
+            return jax.tree.map(lambda g: self.scale * jnp.sign(g), grads)
+
+    def trained(rule):
+        class Sharp(OneBatch):
+            def grad_rule(self):
+                return rule
+
+        nitro = nx.Nitro(Sharp(max_epochs=2), **quiet())
+        nitro.train()
+        return nitro.parameters
+
+    plain = nx.Nitro(OneBatch(max_epochs=2), **quiet())
+    plain.train()
+    for zero, big in [(shift_rule(0.0)(), shift_rule(5.0)()), (Plain(0.0), Plain(5.0))]:
+        assert_trees_close(trained(zero), plain.parameters)  # eps = 0: one pass's
+        before = nx.cache_stats()["misses"]
+        moved = trained(big)
+        assert nx.cache_stats()["misses"] == before + 1
+        assert not np.allclose(moved["w1"], plain.parameters["w1"])
+
+
+def test_a_rule_field_that_cannot_key_a_program_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Listed(nx.PerturbRule):
+        scales: list
+
+    class Sharp(OneBatch):
+        def grad_rule(self):
+            return Listed([0.1])
+
+    with pytest.raises(nx.ConfigError, match="field `scales` = \\[0.1\\].*hashable"):
+        nx.Nitro(Sharp(), **quiet())
 
 
 def test_ema_tracks_the_weights_and_is_what_evaluation_reads(tmp_path):

@@ -1,7 +1,8 @@
 """Run keywords and the accessors they default to, resolved once at construction.
 
 Each accessor resolves as: the `Nitro` keyword, else the experiment's own method or a
-field of the same name, else the default on `Experiment`. Where each value came from
+field of the same name, else the default on `Experiment`. `schedules` alone reads no
+field, and a field of that name is refused. Where each value came from
 is kept, for the binding report and the stale-handle check.
 
 Keywords and accessors owned by features that have not landed yet are refused when
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import NotYetSupportedError
+from .errors import ConfigError, NotYetSupportedError
 from .experiment import Experiment
 from .traits import field_names
 
@@ -96,9 +97,26 @@ def defines(cls: type, name: str) -> bool:
     return False
 
 
+# `schedules` reads no field of the experiment (the spec): its entries are functions
+# of the step, not configuration values. A field of that name would shadow the method
+# and be ignored, so it is refused.
+SCHEDULES_FIELD = (
+    "{cls} has a field `schedules`, but the schedules accessor reads no field of the "
+    "experiment: schedules are functions of the step, not configuration values. "
+    "Rename the field and define a method, `def schedules(self): return {{...}}`, or "
+    "pass Nitro(..., schedules={{...}}) for one run."
+)
+
+
+def _refuse_schedules_field(cls: type, name: str) -> None:
+    if name == "schedules" and name in field_names(cls):
+        raise ConfigError(SCHEDULES_FIELD.format(cls=cls.__name__))
+
+
 def accessor_value(e: Any, name: str, cls: type | None = None) -> Resolved:
     """The accessor `name` of `e`: a field, a method of `cls`, or the default."""
     cls = cls or type(e)
+    _refuse_schedules_field(cls, name)
     if name in field_names(cls):
         return Resolved(getattr(e, name), "field")
     if defines(cls, name):
@@ -109,6 +127,8 @@ def accessor_value(e: Any, name: str, cls: type | None = None) -> Resolved:
 
 def resolve(e: Any, name: str, keywords: Mapping[str, Any]) -> Resolved:
     """Keyword beats the experiment's method or field, which beats the default."""
+    # Refused under a keyword too: the field would be ignored either way.
+    _refuse_schedules_field(type(e), name)
     if name in keywords:
         return Resolved(keywords[name], "keyword")
     return accessor_value(e, name)

@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
 from .errors import HookError
 
+COUNT = "count"
 SUM = "sum"
 CONCAT = "concat"
 
@@ -38,31 +40,59 @@ def _is_mode(value: Any) -> bool:
     return hasattr(value, "shape") and np.ndim(value) == 0
 
 
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and _is_mode(value[1])
+
+
+@dataclass(frozen=True)
+class MetricLeaf:
+    """One metric of one batch, flattened: `value` combined at `path` as `mode` says.
+
+    A pytree whose `path` and `mode` are static: a device program returns these, so
+    only arrays leave the trace, and the modes come back in the output's treedef
+    (from a cached executable too, which no trace-time side channel would survive).
+    """
+
+    path: tuple[str, ...]
+    mode: str  # COUNT, SUM or CONCAT
+    value: Any
+    count: Any = None  # the divisor of a COUNT metric
+
+
+jax.tree_util.register_dataclass(
+    MetricLeaf, data_fields=["value", "count"], meta_fields=["path", "mode"]
+)
+
+
 @dataclass
 class _Leaf:
-    mode: str  # "count", "sum" or "concat"
+    mode: str  # COUNT, SUM or CONCAT
     total: Any = None
     count: float = 0.0
     parts: list[Any] = field(default_factory=list)
 
 
-def _flatten(tree: Any, path: tuple[str, ...], mode: Any, out: dict) -> None:
-    """Flatten one batch's metric tree into {path: (value, mode)}."""
+def _flatten(
+    tree: Any, path: tuple[str, ...], mode: Any, out: list[MetricLeaf]
+) -> None:
+    """Flatten one batch's metric tree into `out`, validating the pairs."""
     if isinstance(tree, Mapping):
         for key, value in tree.items():
             _flatten(value, (*path, str(key)), mode, out)
         return
     if mode is not None:  # inside a group whose pair set one mode for every leaf
-        out[path] = (tree, mode)
+        if _is_pair(tree):
+            raise HookError(_COVERED_TWICE.format(name="/".join(path)))
+        out.append(_leaf(path, tree, mode))
         return
-    if isinstance(tree, tuple) and len(tree) == 2 and _is_mode(tree[1]):
+    if _is_pair(tree):
         value, leaf_mode = tree
         leaf_mode = SUM if leaf_mode is None else leaf_mode
         if isinstance(value, Mapping):
             for key, inner in value.items():
                 _flatten(inner, (*path, str(key)), leaf_mode, out)
         else:
-            out[path] = (value, leaf_mode)
+            out.append(_leaf(path, value, leaf_mode))
         return
     name = "/".join(path) or "<metrics>"
     raise HookError(
@@ -72,14 +102,28 @@ def _flatten(tree: Any, path: tuple[str, ...], mode: Any, out: dict) -> None:
     )
 
 
-def flatten_metrics(tree: Any) -> dict[tuple[str, ...], tuple[Any, Any]]:
-    """One batch's metrics as {path: (value, mode)}, validating the pairs."""
+_COVERED_TWICE = (
+    "metric `{name}` is a (value, mode) pair inside a group that already has a "
+    "mode: each leaf of a group must be covered by exactly one mode. Drop the "
+    "leaf's mode, {{'g': ({{'a': value}}, 'sum')}}, or the group's, "
+    "{{'g': {{'a': (value, 'sum')}}}}; pass a tuple meant as a value as an array."
+)
+
+
+def _leaf(path: tuple[str, ...], value: Any, mode: Any) -> MetricLeaf:
+    if isinstance(mode, str):
+        return MetricLeaf(path, mode, value)
+    return MetricLeaf(path, COUNT, value, mode)
+
+
+def flatten_metrics(tree: Any) -> list[MetricLeaf]:
+    """One batch's metrics as a list of leaves, validating the pairs."""
     if not isinstance(tree, Mapping):
         raise HookError(
             f"`metrics` must return a dict of (value, mode) pairs; it returned "
             f"{type(tree).__name__}."
         )
-    out: dict[tuple[str, ...], tuple[Any, Any]] = {}
+    out: list[MetricLeaf] = []
     for key, value in tree.items():
         _flatten(value, (str(key),), None, out)
     return out
@@ -91,31 +135,54 @@ class MetricAccumulator:
     def __init__(self) -> None:
         self._leaves: dict[tuple[str, ...], _Leaf] = {}
 
-    def add(self, tree: Any) -> None:
-        """Add one batch's metrics (host or device values)."""
-        for path, (value, mode) in flatten_metrics(tree).items():
-            self.add_leaf(path, value, mode)
+    def add(self, tree: Any, *, n_real: int | None = None) -> None:
+        """Add one batch's metrics (host or device values); see `add_leaves`."""
+        self.add_leaves(flatten_metrics(tree), n_real=n_real)
 
-    def add_leaf(self, path: tuple[str, ...], value: Any, mode: Any) -> None:
-        kind = mode if isinstance(mode, str) else "count"
+    def add_leaves(
+        self, leaves: list[MetricLeaf], *, n_real: int | None = None
+    ) -> None:
+        """Add one batch's flattened metrics; `n_real`: its real sample count, which
+        each concat leaf must match."""
+        for leaf in leaves:
+            mode = leaf.count if leaf.mode == COUNT else leaf.mode
+            self.add_leaf(leaf.path, leaf.value, mode, n_real=n_real)
+
+    def add_leaf(
+        self,
+        path: tuple[str, ...],
+        value: Any,
+        mode: Any,
+        *,
+        n_real: int | None = None,
+    ) -> None:
+        kind = mode if isinstance(mode, str) else COUNT
+        name = "/".join(path)
         leaf = self._leaves.setdefault(path, _Leaf(kind))
         if leaf.mode != kind:
             raise HookError(
-                f"metric `{'/'.join(path)}` changed its mode between batches "
+                f"metric `{name}` changed its mode between batches "
                 f"({leaf.mode} then {kind}); a metric must combine one way."
             )
         host = np.asarray(value)
         if kind == CONCAT:
             if host.ndim == 0:
                 raise HookError(
-                    f'metric `{"/".join(path)}` is "concat" but a batch returned a '
+                    f'metric `{name}` is "concat" but a batch returned a '
                     f"scalar; a concat metric needs one entry per sample on axis 0."
+                )
+            if n_real is not None and len(host) != n_real:
+                raise HookError(
+                    f'metric `{name}` is "concat" but returned {len(host)} entries '
+                    f"for a batch of {n_real} samples; a concat metric needs one "
+                    f"entry per sample on axis 0 (reduce it first, or use a count "
+                    f'or "sum" mode).'
                 )
             leaf.parts.append(host)
             return
         widened = host.astype(np.float64) if host.dtype.kind in "biuf" else host
         leaf.total = widened if leaf.total is None else leaf.total + widened
-        if kind == "count":
+        if kind == COUNT:
             leaf.count += float(np.asarray(mode))
 
     def result(self) -> dict[str, Any]:
@@ -124,7 +191,7 @@ class MetricAccumulator:
         for path, leaf in self._leaves.items():
             if leaf.mode == CONCAT:
                 value = np.concatenate(leaf.parts, axis=0)
-            elif leaf.mode == "count":
+            elif leaf.mode == COUNT:
                 value = leaf.total / leaf.count if leaf.count else np.nan * leaf.total
             else:
                 value = leaf.total

@@ -1,9 +1,10 @@
 """The watched validation metric: which one a component follows, and its value.
 
 `EarlyStopping`, `Plateau` and the checkpointer each watch one metric of the
-validation results. `follow_monitor` fills an unset metric or mode from the run's
-`monitor`, `check_mode` refuses a mode other than "min" or "max", and `read_watched`
-reads the metric out of one epoch's results, refusing a missing or non-finite value.
+validation results. `follow_monitor` fills an unset metric and mode from the run's
+`monitor`, `check_mode` refuses a mode other than "min" or "max", `check_pair` a
+metric without a mode or the reverse, and `read_watched` reads the metric out of one
+epoch's results, refusing a missing or non-finite value.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ def check_mode(mode: str | None, owner: str) -> None:
         raise ConfigError(f'{owner}(mode={mode!r}): mode must be "min" or "max".')
 
 
+def check_pair(metric: str | None, mode: str | None, owner: str) -> None:
+    """Refuse `owner(metric=...)` without a mode, or the reverse: filling the missing
+    half from the monitor would pair a metric with another metric's direction."""
+    if (metric is None) != (mode is None):
+        half = (
+            "a metric without its mode" if mode is None else "a mode without its metric"
+        )
+        raise ConfigError(
+            f"{owner}(metric={metric!r}, mode={mode!r}) gives {half}; the missing "
+            f"half cannot come from the monitor, which watches its own metric. Give "
+            f"both to watch something other than the monitor, e.g. "
+            f"{owner}(metric={metric or 'acc'!r}, mode={mode or 'max'!r}), or neither "
+            f"to follow the run's monitor."
+        )
+
+
 def follow_monitor(
     metric: str | None,
     mode: str | None,
@@ -67,11 +84,13 @@ def follow_monitor(
     owner: str,
     spelled: str,
 ) -> tuple[str, str]:
-    """`metric` and `mode`, each filled from `monitor` where unset.
+    """`metric` and `mode` as given, or both from `monitor` when neither is.
 
-    With either unset and no monitor, raises ConfigError naming `owner` and how to
-    pass both (`spelled`, e.g. "EarlyStopping(metric=..., mode=...)").
+    Refuses a half-given pair (see `check_pair`). With neither given and no monitor,
+    raises ConfigError naming `owner` and how to pass both (`spelled`, e.g.
+    "EarlyStopping(metric=..., mode=...)").
     """
+    check_pair(metric, mode, owner)
     if metric is not None and mode is not None:
         return metric, mode
     if monitor is None:
@@ -79,4 +98,4 @@ def follow_monitor(
             f"{owner} has no metric to watch: set monitor() on the experiment, or "
             f"pass {spelled}."
         )
-    return metric or monitor[0], mode or monitor[1]
+    return monitor[0], monitor[1]

@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import HookError
+from ..metrics import flatten_metrics
 from ..modes import training_mode
 from ..optim.plan import OptimizerPlan
 from ..view import replace_fields
-from .cache import CompileCache, ProgramKey, abstract_signature
+from .cache import CompileCache, ProgramKey, abstract_signature, typed_key
 from .fingerprint import fingerprint
 
 
@@ -54,7 +55,7 @@ def model_key(model: Any) -> Any:
         value: Any = model
     except TypeError:
         value = _Identity(model)
-    return (fingerprint(type(model)), value)
+    return (fingerprint(type(model)), typed_key(value))
 
 
 @dataclass
@@ -281,12 +282,18 @@ def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
 
 
 def eval_metrics_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
-    """Device-resident metrics on (already sliced) eval outputs."""
+    """Device-resident metrics on (already sliced) eval outputs, as `MetricLeaf`s.
+
+    A mode such as "sum" is no array and cannot leave a trace: flattening here puts
+    each leaf's mode in the output's static structure, where the host reads it back.
+    """
 
     def run(device_values, outputs, batch):
         view = ctx.make_view(device_values)
         with training_mode(False):
-            return ctx.hooks["metrics"](view, outputs, **{k: batch[k] for k in names})
+            return flatten_metrics(
+                ctx.hooks["metrics"](view, outputs, **{k: batch[k] for k in names})
+            )
 
     return run
 

@@ -25,13 +25,14 @@ from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
 from ..errors import HookError, RoutingError
-from ..metrics import MetricAccumulator, plain
+from ..metrics import MetricAccumulator, flatten_metrics, plain
 from ..observe import phases
 from ..observe.counter import advance_progress_counter
 from ..routing import as_batch
 from .feed import open_eval_feed
 
 if TYPE_CHECKING:
+    from ..data.stream import EvalStaged
     from ..handle import Nitro
 
 
@@ -138,7 +139,8 @@ def run_on_outputs(
     """Run `metrics` or `loss` on (sliced) device outputs in their own small program.
 
     They run on the real sample count, never on padding, so a split with a short
-    last batch compiles them once per distinct size.
+    last batch compiles them once per distinct size. Metrics come back as
+    `MetricLeaf`s, their modes restored from the program's output structure.
     """
     ctx = nitro._ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
@@ -186,8 +188,8 @@ def evaluate_split(
     eval_loss = bool(nitro._config["eval_loss"].value)
     want_loss = not has_metrics or eval_loss
     device_metrics = has_metrics and nitro._residency("metrics") == "device"
-    accumulator = MetricAccumulator()
-    loss_keys: set[str] = set()
+    metrics = MetricAccumulator()
+    losses = _LossMean()  # its own leaves: a metric can never merge into the loss
     if nitro._eval_width is None:
         probe = first_batch(split, source)
         nitro._eval_width = batch_size(probe, fields["forward"].select(tuple(probe)))
@@ -207,26 +209,20 @@ def evaluate_split(
             if has_metrics:
                 names = fields["metrics"].select(keys)
                 if device_metrics:
-                    values = run_on_outputs(
+                    leaves = run_on_outputs(
                         nitro, "eval_metrics", outputs, chunk, names
                     )
                 else:
                     host_outputs = jax.device_get(outputs)
                     host_fields = {k: np.asarray(chunk[k]) for k in names}
-                    values = nitro._hooks["metrics"](
-                        nitro.experiment, host_outputs, **host_fields
+                    leaves = flatten_metrics(
+                        nitro._hooks["metrics"](
+                            nitro.experiment, host_outputs, **host_fields
+                        )
                     )
-                if eval_loss and isinstance(values, Mapping) and "loss" in values:
-                    raise HookError(
-                        "metrics returns `loss` while eval_loss is on, which also "
-                        "reports `loss`: the two sources would collide. Rename the "
-                        "metric, or turn eval_loss off."
-                    )
-                accumulator.add(values)
+                metrics.add_leaves(leaves, n_real=item.n_real)
             if want_loss:
-                want_loss = _add_loss(
-                    nitro, accumulator, loss_keys, outputs, chunk, keys, has_metrics
-                )
+                want_loss = _add_loss(nitro, losses, outputs, item, has_metrics)
             _delete(outputs)
             if item.ends_batch:
                 advance_progress_counter()
@@ -234,14 +230,14 @@ def evaluate_split(
                     bar.step()
     finally:
         feed.close()
-    combined = accumulator.result()
+    losses.end_batch()  # a stop between the chunks of a batch
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
-    loss_part = (
-        {k: combined.pop(k) for k in ("loss", *sorted(loss_keys)) if k in combined}
-        if has_metrics
-        else {}
-    )
+    if has_metrics:
+        combined, loss_part = metrics.result(), losses.result()
+        _refuse_collisions("metrics", combined, loss_part)
+    else:
+        combined, loss_part = losses.result(), {}
     finalize = nitro._hooks.get("finalize_metrics")
     if finalize is not None:
         combined = finalize(nitro.experiment, combined, split)
@@ -250,39 +246,79 @@ def evaluate_split(
                 f"finalize_metrics must return a dict; it returned "
                 f"{type(combined).__name__}."
             )
+        _refuse_collisions("finalize_metrics", combined, loss_part)
     combined = {**dict(combined), **loss_part}
     result = {k: _plain_tree(v) for k, v in dict(combined).items()}
-    if isinstance(previous, phases.TrainStepping):
-        # The transition out of EvalStepping carries the metrics to the monitors.
-        nitro.set_phase(previous, metrics=result)
+    # The transition out of EvalStepping carries the metrics to the monitors; the
+    # phase returns to what it was, so a handle keeps how its run ended.
+    nitro.set_phase(previous, metrics=result)
     return result
 
 
+def _refuse_collisions(
+    source: str, keys: Mapping[str, Any], loss_part: Mapping[str, Any]
+) -> None:
+    for key in keys:
+        if key in loss_part:
+            origin = (
+                "the loss itself"
+                if key == "loss"
+                else f"the loss hook's term `{key.removeprefix('loss/')}`"
+            )
+            raise HookError(
+                f"{source} returns `{key}` while eval_loss is on, which also reports "
+                f"`{key}` ({origin}): the two sources would collide. Rename the key "
+                f"in {source}, or turn eval_loss off."
+            )
+
+
+class _LossMean:
+    """The eval loss and its terms, averaged over the source's batches.
+
+    Each chunk's loss is the mean over its own samples. A batch wider than the eval
+    width runs in chunks, which are weighted by their real counts so that the batch
+    counts once: otherwise the average would depend on where a short batch fell,
+    since the first batch sets the width.
+    """
+
+    def __init__(self) -> None:
+        self._batches = MetricAccumulator()
+        self._batch = MetricAccumulator()
+
+    def add(self, values: Mapping[str, Any], n_real: int, ends_batch: bool) -> None:
+        for key, value in values.items():
+            weighted = np.asarray(value, np.float64) * n_real
+            self._batch.add_leaf((key,), weighted, n_real)
+        if ends_batch:
+            self.end_batch()
+
+    def end_batch(self) -> None:
+        for key, value in self._batch.result().items():
+            self._batches.add_leaf((key,), value, 1)
+        self._batch = MetricAccumulator()
+
+    def result(self) -> dict[str, Any]:
+        return self._batches.result()
+
+
 def _add_loss(
-    nitro: Nitro,
-    accumulator: MetricAccumulator,
-    loss_keys: set[str],
-    outputs: Any,
-    chunk: Mapping[str, Any],
-    keys: tuple[str, ...],
-    has_metrics: bool,
+    nitro: Nitro, losses: _LossMean, outputs: Any, item: EvalStaged, has_metrics: bool
 ) -> bool:
-    """Add the chunk's loss (and its terms) to the metrics; False stops the loss.
+    """Add the chunk's loss (and its terms) to `losses`; False stops the loss.
 
     With custom metrics, `eval_loss` skips a split whose batches lack the fields
     `loss` declares; without them the loss is the metric, and the error stands.
     """
+    chunk = item.host
     try:
-        names = nitro._fields["loss"].select(keys)
+        names = nitro._fields["loss"].select(tuple(chunk))
     except RoutingError:
         if has_metrics:
             return False
         raise
     loss, terms = run_on_outputs(nitro, "eval_loss", outputs, chunk, names)
-    accumulator.add_leaf(("loss",), loss, 1)
-    for term, value in terms.items():
-        loss_keys.add(f"loss/{term}")
-        accumulator.add_leaf((f"loss/{term}",), value, 1)
+    values = {"loss": loss, **{f"loss/{term}": v for term, v in terms.items()}}
+    losses.add(values, item.n_real, item.ends_batch)
     return True
 
 

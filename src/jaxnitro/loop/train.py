@@ -132,7 +132,11 @@ def _after_validation(
     """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
     plan = nitro._plan
     assert plan is not None
-    scales = check_plateau_metrics(list(plan.schedules), metrics) if metrics else {}
+    scales = (
+        check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
+        if metrics
+        else {}
+    )
     stop = False
     if nitro._stopper is not None:
         stop = bool(nitro._stopper.should_stop(epoch, metrics))

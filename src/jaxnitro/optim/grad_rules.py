@@ -11,17 +11,21 @@ accumulated; the reported loss, state and train_metrics are the first pass's.
 Leaves `no_perturb` excludes get eps = 0 and stay out of the norm; under ASAM, leaves
 `adaptive_perturb` declines (rank 1 and below by default) get T = 1. A rule's
 schedulable fields (rho) reach the program as inputs every step, so changing them
-never recompiles; the rule's type and its other fields bake in.
+never recompiles; the rule's class (its code included) and its other fields bake in.
+A custom rule may be a dataclass or a plain class, whose instance attributes are its
+fields.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from ..compile.fingerprint import fingerprint
 from ..errors import ConfigError, NotYetSupportedError
 
 _TINY = 1e-12
@@ -36,14 +40,28 @@ class GradRule:
         """The schedulable fields' host values, which the program receives."""
         return {name: float(getattr(self, name)) for name in self.schedulable}
 
+    def baked(self) -> tuple[tuple[str, Any], ...]:
+        """The unscheduled fields, which the program bakes in: a dataclass's fields,
+        or a plain class's instance attributes."""
+        if dataclasses.is_dataclass(self):
+            names = [f.name for f in dataclasses.fields(self)]
+        else:
+            names = sorted(getattr(self, "__dict__", {}))
+        return tuple(
+            (name, getattr(self, name))
+            for name in names
+            if name not in self.schedulable
+        )
+
     def key(self) -> tuple[Any, ...]:
-        """What bakes into the gradient program: the type and unscheduled fields."""
-        baked = [
-            (f.name, getattr(self, f.name))
-            for f in fields(self)  # type: ignore[arg-type]
-            if f.name not in self.schedulable
-        ]
-        return (type(self).__name__, tuple(baked))
+        """What bakes into the gradient program: the class and the unscheduled fields.
+
+        The class counts by its code as well as its name: two rules can share a
+        qualname (a notebook redefinition, a class made in a factory) and trace
+        different perturbations.
+        """
+        cls = type(self)
+        return (cls.__module__, cls.__qualname__, fingerprint(cls), self.baked())
 
 
 @dataclass(frozen=True)
@@ -122,10 +140,21 @@ class ASAM(PerturbRule):
 
 
 def check_grad_rule(rule: Any) -> GradRule:
-    """Refuse what is not a GradRule, naming the ones there are."""
+    """Refuse what is not a GradRule, naming the ones there are, and a rule whose
+    baked fields cannot enter a cache key."""
     if not isinstance(rule, GradRule):
         raise ConfigError(
             f"grad_rule returned {rule!r}; it must be a GradRule: SingleGrad(), "
             f"SAM(rho) or ASAM(rho, eta)."
         )
+    for name, value in rule.baked():
+        try:
+            hash(value)
+        except TypeError:
+            raise ConfigError(
+                f"grad_rule returned {type(rule).__name__} with field `{name}` = "
+                f"{value!r}, which is not hashable. A rule's unscheduled fields bake "
+                f"into the gradient program and key it, so they must be host values "
+                f"such as numbers, strings and tuples."
+            ) from None
     return rule

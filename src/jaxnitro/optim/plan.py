@@ -103,6 +103,8 @@ class OptimizerPlan:
         self._constant = {s.target: s.value(0) for s in self.schedules if s.constant}
         self._varying = tuple(s for s in self.schedules if not s.constant)
         self._cached: dict[str, Any] | None = None
+        # The train line's keys, resolved once: it is built on every logged step.
+        self._logged = _log_keys(self._varying, self.groups)
 
     # --- structure ------------------------------------------------------------------
     @property
@@ -149,26 +151,17 @@ class OptimizerPlan:
             return self._cached
         if values is None:
             values = self.schedule_values(step)
-        base = values.get(Target("opt", "learning_rate"), self.base_lr)
-        decay_all = values.get(Target("opt", "weight_decay"))
         groups = {}
         for g in self.groups:
-            lr = values.get(Target("opt", "learning_rate", g.name), base) * g.lr_ratio
-            coefficient = values.get(
-                Target("opt", "weight_decay", g.name),
-                decay_all if decay_all is not None else g.weight_decay,
-            )
+            own = self._group_values(g, values)
             hp: dict[str, Any] = {
-                "learning_rate": np.float32(lr),
-                "weight_decay": np.float32(coefficient * lr) if g.decays else None,
+                "learning_rate": np.float32(own["learning_rate"]),
+                "weight_decay": np.float32(own["weight_decay"]) if g.decays else None,
                 "anchor": g.anchor,
                 "no_decay_mask": g.mask,
             }
             for name in g.scheduled:
-                value = values.get(
-                    Target("opt", name, g.name), values.get(Target("opt", name))
-                )
-                hp[name] = np.float32(value)
+                hp[name] = np.float32(own[name])
             groups[g.name] = hp
         inputs: dict[str, Any] = {"groups": groups}
         if self.clips:
@@ -192,9 +185,11 @@ class OptimizerPlan:
             rule = check_grad_rule(
                 self.grad_rule_fn(self.experiment, {**fields, "bind": bind})
             )
+            # The same class object has the same code, so only the fields can
+            # differ: comparing them spares fingerprinting the class every step.
             if (
                 type(rule) is not type(self.grad_rule)
-                or rule.key() != self.grad_rule.key()
+                or rule.baked() != self.grad_rule.baked()
             ):
                 raise ConfigError(
                     f"grad_rule(self, hp) returned {rule!r} at step {step}, but it "
@@ -209,10 +204,42 @@ class OptimizerPlan:
             "masks": self.perturb_masks,
         }
 
+    def _group_values(
+        self, g: GroupPlan, values: Mapping[Target, float]
+    ) -> dict[str, float]:
+        """Group `g`'s rule fields this step, after the per-group scaling: the
+        learning rate times the group's ratio, the decay coefficient (when it decays)
+        times that rate, and each scheduled field. A group's own schedule beats one for
+        every group."""
+
+        def scheduled(name: str, default: Any) -> Any:
+            return values.get(
+                Target("opt", name, g.name), values.get(Target("opt", name), default)
+            )
+
+        lr = float(scheduled("learning_rate", self.base_lr)) * g.lr_ratio
+        own = {"learning_rate": lr}
+        if g.decays:
+            own["weight_decay"] = float(scheduled("weight_decay", g.weight_decay)) * lr
+        for name in g.scheduled:
+            own[name] = float(scheduled(name, None))
+        return own
+
     def scheduled_log(self, values: Mapping[Target, float]) -> dict[str, float]:
         """The varying schedule values of a step, from its `schedule_values`, under
-        their log keys."""
-        return {s.target.log_key(): values[s.target] for s in self._varying}
+        their log keys: a rule field as `schedule/<group>/<field>` for each group it
+        reaches, after that group's scaling (as the step received it); a Device field
+        as `schedule/<field>`."""
+        line: dict[str, float] = {}
+        groups: dict[str, dict[str, float]] = {}
+        for key, (g, target) in self._logged.items():
+            if g is None:
+                line[key] = values[target]
+                continue
+            if g.name not in groups:
+                groups[g.name] = self._group_values(g, values)
+            line[key] = groups[g.name][target.name]
+        return line
 
     # --- traced ---------------------------------------------------------------------
     def transformation(
@@ -256,6 +283,28 @@ class OptimizerPlan:
         if self.ema is not None:
             ema = ema_update(ema, params, hp["ema"])
         return params, opt_state, ema
+
+
+def _log_keys(
+    varying: Iterable[BoundSchedule], groups: tuple[GroupPlan, ...]
+) -> dict[str, tuple[GroupPlan | None, Target]]:
+    """Each varying schedule's train-line keys: one per group a rule field reaches,
+    with the group that scales it, and one for any other target."""
+    keys: dict[str, tuple[GroupPlan | None, Target]] = {}
+    for s in varying:
+        t = s.target
+        if t.namespace != "opt":
+            keys[t.log_key()] = (None, t)
+            continue
+        for g in groups:
+            reaches = (
+                t.name == "learning_rate"
+                or t.name in g.scheduled
+                or (t.name == "weight_decay" and g.decays)
+            )
+            if reaches and t.group in (None, g.name):
+                keys[t.log_key(g.name)] = (g, t)
+    return keys
 
 
 def scheduled_devices(

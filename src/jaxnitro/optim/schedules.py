@@ -19,6 +19,7 @@ every step and reach the programs as inputs, so a changed schedule compiles noth
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -28,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..watch import check_mode, follow_monitor, read_watched
+from ..watch import check_mode, check_pair, follow_monitor, read_watched
 
 NAMESPACES = ("device", "opt", "grad", "bind")
+log = logging.getLogger("jaxnitro")
 
 
 class Plateau:
@@ -64,6 +66,7 @@ class Plateau:
         if isinstance(inner, Plateau):
             raise ConfigError("Plateau(inner) cannot wrap another Plateau.")
         check_mode(mode, "Plateau")
+        check_pair(metric, mode, "Plateau")
         if not 0 < float(factor) < 1:
             raise ConfigError(f"Plateau(factor={factor!r}) must be in (0, 1).")
         if not isinstance(patience, int) or patience < 0:
@@ -168,10 +171,12 @@ class Target:
     name: str
     group: str | None = None
 
-    def log_key(self) -> str:
-        """`schedule/<field>` or `schedule/<group>/<field>`."""
-        if self.group is not None:
-            return f"schedule/{self.group}/{self.name}"
+    def log_key(self, group: str | None = None) -> str:
+        """The train line's key: `schedule/<group>/<field>` for a rule field as it
+        reaches `group` (an opt target is logged per group), `schedule/<field>` for a
+        Device field, `schedule/grad/<field>` and `schedule/bind/<name>` otherwise."""
+        if self.namespace == "opt":
+            return f"schedule/{group or self.group}/{self.name}"
         if self.namespace in ("grad", "bind"):
             return f"schedule/{self.namespace}/{self.name}"
         return f"schedule/{self.name}"
@@ -384,9 +389,10 @@ def _namespaced(path: tuple[str, ...], key: str, bindable: Bindable) -> Target:
 
 
 def check_plateau_metrics(
-    bound: list[BoundSchedule], metrics: Mapping[str, Any]
+    bound: list[BoundSchedule], metrics: Mapping[str, Any], *, epoch: int
 ) -> dict[str, float]:
-    """Update every Plateau from one epoch's validation metrics; the scales by key."""
+    """Update every Plateau from epoch `epoch`'s validation metrics, reporting each
+    reduction at INFO on the "jaxnitro" logger; the scales by log key."""
     scales = {}
     for schedule in bound:
         state = schedule.plateau
@@ -399,6 +405,15 @@ def check_plateau_metrics(
             error=ConfigError,
             watcher=f"Plateau on `{schedule.key}` watches `{state.metric}`",
         )
-        state.update(value)
+        if state.update(value):
+            log.info(
+                "Plateau on schedule `%s`: `%s` stopped improving (%.6g at epoch %d); "
+                "scale reduced to %.6g from the next epoch.",
+                schedule.key,
+                state.metric,
+                value,
+                epoch,
+                state.scale,
+            )
         scales[f"schedule/plateau/{schedule.key}"] = state.scale
     return scales

@@ -3,8 +3,9 @@
 Setup calls, once and on the host: `param_group(keypath)` for every leaf,
 `learning_rate(group)`, `weight_decay(group)`, `decay_anchor(group)`, `optimizer`
 (levels 0 to 2), `no_decay(keypath, leaf)`, `grad_rule()`, `no_perturb` and
-`adaptive_perturb`, and binds the `schedules` table. Each accessor may be a method,
-with or without the group argument, or a field of the same name.
+`adaptive_perturb`, and binds the `schedules` table. Each is a method; the per-group
+ones may take the group argument or not, and `learning_rate`, `weight_decay` and
+`decay_anchor` may instead be a field of the same name (one value for every group).
 """
 
 from __future__ import annotations
@@ -50,8 +51,27 @@ class PlanInputs:
     device_fields: tuple[str, ...]
 
 
+# The accessors `group_value` reads, which a field of the same name may set; every
+# other hook setup calls is code that a field cannot stand in for.
+_FIELD_ACCESSORS = ("learning_rate", "weight_decay", "decay_anchor")
+
+
 def _method(e: Any, name: str) -> Callable[..., Any] | None:
+    """The hook `name` of `e`'s class, or None.
+
+    A field of that name is never the hook: the class attribute is only the field's
+    default. `group_value` reads the field's value instead, for the accessors that
+    take one; for the other hooks the field is refused.
+    """
     cls = type(e)
+    if name in field_names(cls):
+        if name in _FIELD_ACCESSORS:
+            return None
+        raise ConfigError(
+            f"{cls.__name__} has a field `{name}`, but `{name}` is a hook setup calls, "
+            f"not a value a field can hold. Define it as a method, "
+            f"`def {name}(self, ...)`, and rename the field."
+        )
     if isinstance(e, Experiment):
         return getattr(cls, name) if defines(cls, name) else None
     attr = getattr(cls, name, None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..watch import check_mode, follow_monitor, read_watched
+from ..watch import check_mode, check_pair, follow_monitor, read_watched
 
 
 @dataclass
@@ -24,7 +24,8 @@ class EarlyStopping:
     """Stop training when a validation metric stops improving.
 
     Args:
-        metric, mode: what to watch; None follows the run's `monitor`.
+        metric, mode: what to watch, both or neither; neither follows the run's
+            `monitor`.
         patience: epochs without improvement before stopping (>= 1).
         min_delta: how much better than the best an epoch must be to improve.
 
@@ -43,6 +44,7 @@ class EarlyStopping:
 
     def __post_init__(self) -> None:
         check_mode(self.mode, "EarlyStopping")
+        check_pair(self.metric, self.mode, "EarlyStopping")
         if not isinstance(self.patience, int) or self.patience < 1:
             raise ConfigError(
                 f"EarlyStopping(patience={self.patience!r}) must be an int >= 1."
