@@ -181,7 +181,9 @@ def test_the_preset_form_takes_the_deprecated_checkpoint_keyword(tmp_path):
     with pytest.warns(DeprecationWarning, match="deprecated spelling of weights="):
         loaded = nx.Nitro(WithArrays, "current", checkpoint=str(record), **quiet())
     for a, b in zip(
-        jax.tree.leaves(loaded.parameters), jax.tree.leaves(trained.parameters)
+        jax.tree.leaves(loaded.parameters),
+        jax.tree.leaves(trained.parameters),
+        strict=True,
     ):
         np.testing.assert_array_equal(a, b)
 

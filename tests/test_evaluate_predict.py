@@ -44,14 +44,29 @@ def test_accumulator_modes():
     assert result["whole"] == {"p": 2.0, "q": 4.0}
 
 
-def test_a_group_leaf_covered_by_two_modes_is_refused():
+def test_a_leaf_covered_by_two_modes_is_refused():
     acc = MetricAccumulator()
     with pytest.raises(
         nx.HookError,
-        match="metric `g/a` is a \\(value, mode\\) pair inside a group that "
-        "already has a mode: each leaf of a group must be covered by exactly one",
+        match="metric `g/a` is a \\(value, mode\\) pair inside a pair or a group "
+        "that already has a mode: each leaf must be covered by exactly one",
     ):
         acc.add({"g": ({"a": (3, 2)}, "sum")})
+    with pytest.raises(nx.HookError, match="metric `g` is a \\(value, mode\\) pair"):
+        acc.add({"g": ((3, 2.0), "sum")})
+
+
+def test_a_concat_metric_returned_unreduced_is_refused():
+    class Unreduced(Tiny):
+        def metrics(self, logits, *, y):
+            return {"scores": (logits[:, 0], "concat")}
+
+    with pytest.raises(
+        nx.HookError,
+        match='metric `scores` is "concat", and finalize_metrics returned its 24 '
+        "per-sample entries unreduced",
+    ):
+        nx.Nitro(Unreduced(), **quiet()).validate()
 
 
 def test_a_concat_metric_with_the_wrong_length_names_it_and_the_batch():
@@ -97,6 +112,8 @@ def test_default_metric_is_loss_averaged_over_batches():
 
 
 class Counting(TinyMetrics):
+    scratch: dict = nx.field(default_factory=dict)  # Host: what finalize keeps
+
     def metrics(self, logits, *, y):
         assert isinstance(logits, np.ndarray) and len(logits) == len(y)
         base = TinyMetrics.metrics(self, logits, y=y)
@@ -109,11 +126,11 @@ class Counting(TinyMetrics):
     def finalize_metrics(self, acc, split):
         c = acc["confusion"]
         recall = np.diag(c) / np.maximum(c.sum(1), 1)
+        self.scratch["sizes"] = acc["sizes"]  # per sample: kept, not logged
         return {
             "acc": acc["acc"],
             "macro_recall": recall.mean(),
             "n": acc["n"],
-            "sizes": acc["sizes"],
             "split": split,
         }
 
@@ -122,7 +139,8 @@ def test_metrics_never_see_padding_and_finalize_gets_the_split():
     nitro = nx.Nitro(Counting(), **quiet())
     val = nitro.validate()
     assert val["n"] == 24 and val["split"] == "val"
-    np.testing.assert_array_equal(val["sizes"], [16] * 16 + [8] * 8)
+    sizes = nitro.experiment.scratch["sizes"]
+    np.testing.assert_array_equal(sizes, [16] * 16 + [8] * 8)
     test = nitro.evaluate(split="test")
     assert test["n"] == 40 and test["split"] == "test"
     batches = make_batches(40, 16, seed=2)
@@ -160,6 +178,9 @@ class StringModes(TinyMetrics):
             "group": ({"a": jnp.sum(y, 0), "b": n}, "sum"),
         }
 
+    def finalize_metrics(self, acc, split):
+        return {**acc, "scores": np.sort(acc["scores"])[-3:].sum()}  # reduced
+
 
 class StringModesOnDevice(StringModes):
     def metrics_residency(self, hook):
@@ -176,7 +197,7 @@ def test_device_residency_keeps_string_modes_and_matches_host():
         assert set(result) == set(host) and result["n"] == 40
         assert result["acc"] == pytest.approx(host["acc"])
         assert result["hits"] == host["hits"]
-        np.testing.assert_allclose(result["scores"], host["scores"], rtol=1e-6)
+        assert result["scores"] == pytest.approx(host["scores"], rel=1e-6)
         np.testing.assert_array_equal(result["group"]["a"], host["group"]["a"])
         assert result["group"]["b"] == host["group"]["b"] == 40
 

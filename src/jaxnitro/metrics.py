@@ -87,6 +87,8 @@ def _flatten(
         return
     if _is_pair(tree):
         value, leaf_mode = tree
+        if _is_pair(value):  # ((v, mode), mode): which mode combines v?
+            raise HookError(_COVERED_TWICE.format(name="/".join(path)))
         leaf_mode = SUM if leaf_mode is None else leaf_mode
         if isinstance(value, Mapping):
             for key, inner in value.items():
@@ -103,8 +105,8 @@ def _flatten(
 
 
 _COVERED_TWICE = (
-    "metric `{name}` is a (value, mode) pair inside a group that already has a "
-    "mode: each leaf of a group must be covered by exactly one mode. Drop the "
+    "metric `{name}` is a (value, mode) pair inside a pair or a group that already "
+    "has a mode: each leaf must be covered by exactly one mode. Drop the "
     "leaf's mode, {{'g': ({{'a': value}}, 'sum')}}, or the group's, "
     "{{'g': {{'a': (value, 'sum')}}}}; pass a tuple meant as a value as an array."
 )
@@ -134,6 +136,8 @@ class MetricAccumulator:
 
     def __init__(self) -> None:
         self._leaves: dict[tuple[str, ...], _Leaf] = {}
+        self.concatenated: dict[int, str] = {}
+        """`id` of each concat leaf's array in the last `result()`, to its name."""
 
     def add(self, tree: Any, *, n_real: int | None = None) -> None:
         """Add one batch's metrics (host or device values); see `add_leaves`."""
@@ -188,9 +192,11 @@ class MetricAccumulator:
     def result(self) -> dict[str, Any]:
         """The combined metrics, nested like the batches' dicts, modes removed."""
         combined: dict[str, Any] = {}
+        self.concatenated = {}
         for path, leaf in self._leaves.items():
             if leaf.mode == CONCAT:
                 value = np.concatenate(leaf.parts, axis=0)
+                self.concatenated[id(value)] = "/".join(path)
             elif leaf.mode == COUNT:
                 value = leaf.total / leaf.count if leaf.count else np.nan * leaf.total
             else:
@@ -207,3 +213,26 @@ def plain(value: Any) -> Any:
     if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
         return np.asarray(value).item()
     return value
+
+
+def refuse_unreduced(result: Mapping[str, Any], concatenated: dict[int, str]) -> None:
+    """Refuse a concat leaf that `finalize_metrics` handed back as it came: a
+    per-sample array is an input to a metric (an AUC, a ranking), not one that a
+    log line or the history can hold."""
+    for value in _values(result):
+        name = concatenated.get(id(value))
+        if name is not None:
+            raise HookError(
+                f'metric `{name}` is "concat", and finalize_metrics returned its '
+                f"{len(value)} per-sample entries unreduced. Reduce it there (e.g. "
+                f"an AUC over the scores) and return the number; keep the array on "
+                f"the experiment if a monitor needs it."
+            )
+
+
+def _values(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        for value in tree.values():
+            yield from _values(value)
+    else:
+        yield tree

@@ -25,7 +25,7 @@ from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
 from ..errors import HookError, RoutingError
-from ..metrics import MetricAccumulator, flatten_metrics, plain
+from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
 from ..observe import phases
 from ..observe.counter import advance_progress_counter
 from ..routing import as_batch
@@ -247,6 +247,7 @@ def evaluate_split(
                 f"{type(combined).__name__}."
             )
         _refuse_collisions("finalize_metrics", combined, loss_part)
+    refuse_unreduced(combined, metrics.concatenated)
     combined = {**dict(combined), **loss_part}
     result = {k: _plain_tree(v) for k, v in dict(combined).items()}
     # The transition out of EvalStepping carries the metrics to the monitors; the
