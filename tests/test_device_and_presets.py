@@ -180,6 +180,8 @@ def test_the_preset_form_takes_the_deprecated_checkpoint_keyword(tmp_path):
     record = tmp_path / nx.read_manifest(tmp_path)[-1].file
     with pytest.warns(DeprecationWarning, match="deprecated spelling of weights="):
         loaded = nx.Nitro(WithArrays, "current", checkpoint=str(record), **quiet())
+    with pytest.raises(nx.ConfigError, match="checkpoint= and weights= were both"):
+        nx.Nitro(WithArrays(), checkpoint=str(record), weights=str(record), **quiet())
     for a, b in zip(
         jax.tree.leaves(loaded.parameters),
         jax.tree.leaves(trained.parameters),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+import numpy as np
 import pytest
 
 from jaxnitro.errors import NitroError, NitroWarning
@@ -539,9 +540,46 @@ def test_a_standalone_validate_then_evaluate_carry_metrics_and_keep_done():
     seen = [
         (type(phase).__name__, info.get("metrics")) for _, phase, _, _, info in events
     ]
+    # The run ended: Done is not announced again (a monitor closing on a Terminal
+    # phase fires once); the metrics ride on the transition out of EvalStepping,
+    # which is the entry point's Idle.
     assert [name for name, _ in seen if name != "EvalCompiling"] == [
-        *("Starting", "EvalStepping", "Done", "Idle"),
-        *("Starting", "EvalStepping", "Done", "Idle"),
+        *("Starting", "EvalStepping", "Idle"),
+        *("Starting", "EvalStepping", "Idle"),
     ]
-    assert [metrics for name, metrics in seen if name == "Done"] == [val, test]
+    assert [metrics for name, metrics in seen if name == "Idle"] == [val, test]
     assert nitro.phase == phases.Done()  # how its run ended, once Idle again
+
+
+def test_a_failed_evaluation_restores_the_phase(tmp_path):
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    class Breaks(Tiny):
+        def metrics(self, logits, *, y):
+            raise ValueError("metrics broke")
+
+    nitro = nx.Nitro(Breaks(max_epochs=1), logger=None, checkpointer=None)
+    with pytest.raises(ValueError, match="metrics broke"):
+        nitro.validate()
+    assert nitro.phase == phases.Starting()  # never trained, and nothing in flight
+    with pytest.raises(TypeError):  # fails while it compiles: x is too narrow
+        nitro.predict({"x": np.zeros((2, 1), np.float32)})
+    assert nitro.phase == phases.Starting()
+
+
+def test_the_train_function_announces_idle_once():
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    events: list = []
+    handle = register_phase_monitor(Recorder(events, "m"))
+    try:
+        nx.train(Tiny(max_epochs=1), logger=None, checkpointer=None)
+    finally:
+        unregister_phase_monitor(handle)
+    names = [type(phase).__name__ for _, phase, _, _, _ in events]
+    assert names.count("Idle") == 1 and names[-1] == "Idle"
+    assert names.count("Starting") == 1

@@ -89,6 +89,12 @@ class Nitro(HandleReports):
                 f"{', '.join(unknown)}. The run keywords are: "
                 f"{', '.join(RUN_KEYWORDS)}."
             )
+        if "checkpoint" in kwargs and "weights" in kwargs:
+            raise ConfigError(
+                "checkpoint= and weights= were both passed; checkpoint= is the "
+                "deprecated spelling of weights=, so one would silently win. Pass "
+                "weights= alone."
+            )
         if "checkpoint" in kwargs:
             warnings.warn(
                 "checkpoint= is the deprecated spelling of weights=; use weights=.",
@@ -511,7 +517,12 @@ def _fill_ref(ref: Any, nitro: Nitro) -> None:
 
 
 def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro:
-    """`Nitro(experiment, **kwargs).train()`: build a handle and train it."""
-    if preset is None:
-        return Nitro(experiment, **kwargs).train()
-    return Nitro(experiment, preset, **kwargs).train()
+    """`Nitro(experiment, **kwargs).train()`: build a handle and train it.
+
+    One entry point: Idle is announced once, when training returns, not between the
+    setup and the training.
+    """
+    with entry_point():
+        if preset is None:
+            return Nitro(experiment, **kwargs).train()
+        return Nitro(experiment, preset, **kwargs).train()

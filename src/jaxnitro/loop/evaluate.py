@@ -46,7 +46,11 @@ def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:
     found = nitro._executables.get(key)
     if found is None:
         before = nitro.phase
-        found = build()
+        try:
+            found = build()
+        except BaseException:
+            nitro.phase_recorder.restore(before)  # no compile stays announced
+            raise
         nitro._executables[key] = found
         if nitro.phase != before:
             nitro.set_phase(before)
@@ -174,8 +178,33 @@ def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any
 def evaluate_split(
     nitro: Nitro, split: str, *, stoppable: bool = True
 ) -> dict[str, Any]:
-    """Run one split in eval mode and return its finalized metrics."""
+    """Run one split in eval mode and return its finalized metrics.
+
+    The transition out of EvalStepping carries the metrics to the monitors: back to
+    TrainStepping during training; otherwise the handle's phase goes back quietly to
+    how its run stands (Done, Failed, Starting) and the metrics ride on the entry
+    point's Idle. A failure restores the phase too.
+    """
     previous = nitro.phase
+    try:
+        result = _evaluate_split(nitro, split, previous, stoppable)
+    except BaseException:
+        nitro.phase_recorder.restore(previous)
+        raise
+    _leave_eval(nitro, previous, metrics=result)
+    return result
+
+
+def _leave_eval(nitro: Nitro, previous: phases.Phase, **info: Any) -> None:
+    if isinstance(previous, phases.TrainStepping):
+        nitro.set_phase(previous, **info)
+    else:
+        nitro.phase_recorder.restore(previous, **info)
+
+
+def _evaluate_split(
+    nitro: Nitro, split: str, previous: phases.Phase, stoppable: bool
+) -> dict[str, Any]:
     source = nitro.data[split]
     bar = nitro.progress()
     if bar is not None:  # the line first, so a monitor's view matches the screen
@@ -249,11 +278,7 @@ def evaluate_split(
         _refuse_collisions("finalize_metrics", combined, loss_part)
     refuse_unreduced(combined, metrics.concatenated)
     combined = {**dict(combined), **loss_part}
-    result = {k: _plain_tree(v) for k, v in dict(combined).items()}
-    # The transition out of EvalStepping carries the metrics to the monitors; the
-    # phase returns to what it was, so a handle keeps how its run ended.
-    nitro.set_phase(previous, metrics=result)
-    return result
+    return {k: _plain_tree(v) for k, v in dict(combined).items()}
 
 
 def _refuse_collisions(
@@ -340,11 +365,15 @@ def predict_batch(nitro: Nitro, batch: Any) -> Any:
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())
     pieces = []
-    for chunk in _chunks(batch, names, nitro._eval_width):
-        outputs, _ = forward_chunk(nitro, chunk, names)
-        pieces.append(jax.device_get(outputs))
-        _delete(outputs)
-    nitro.set_phase(previous)
+    try:
+        for chunk in _chunks(batch, names, nitro._eval_width):
+            outputs, _ = forward_chunk(nitro, chunk, names)
+            pieces.append(jax.device_get(outputs))
+            _delete(outputs)
+    except BaseException:
+        nitro.phase_recorder.restore(previous)
+        raise
+    _leave_eval(nitro, previous)
     if len(pieces) == 1:
         return pieces[0]
     return jax.tree.map(lambda *leaves: np.concatenate(leaves, axis=0), *pieces)

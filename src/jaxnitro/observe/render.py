@@ -98,10 +98,16 @@ def render_batches(
 
 
 def _close(figure: Any) -> None:
-    """Free a matplotlib figure's memory once it is written."""
-    clear = getattr(figure, "clear", None)
-    if callable(clear) and type(figure).__module__.startswith("matplotlib"):
-        clear()
+    """Free a matplotlib figure's memory once it is written: pyplot keeps every
+    figure it made alive until it is closed, so a figure per sample would pile up."""
+    if not type(figure).__module__.startswith("matplotlib"):
+        return
+    figure.clear()
+    import sys
+
+    pyplot = sys.modules.get("matplotlib.pyplot")  # only pyplot can hold it
+    if pyplot is not None:
+        pyplot.close(figure)
 
 
 def render(

@@ -60,6 +60,7 @@ class PhaseRecorder:
         self._owner = weakref.ref(owner)
         self.monitors = MonitorRegistry()
         self._phase: Phase = Starting() if initial is None else initial
+        self._pending: dict[str, Any] = {}  # info for the next published transition
 
     @property
     def phase(self) -> Phase:
@@ -79,9 +80,21 @@ class PhaseRecorder:
         self.publish(phase, **info)
         return True
 
+    def restore(self, phase: Phase, **info: Any) -> None:
+        """Go back to `phase` without publishing it (after an evaluation or a compile
+        outside training, or one that failed): the handle again reports how its run
+        stands, which monitors have seen already. `info` (the metrics of an
+        evaluation) rides on the next published transition instead, the entry
+        point's Idle for a standalone call."""
+        _check_phase(phase, "restore")
+        self._phase = phase
+        self._pending = dict(info)
+
     def publish(self, phase: Phase, **info: Any) -> None:
         """Fire the monitors for `phase` without recording it."""
         _check_phase(phase, "publish_phase")
+        if self._pending:
+            info, self._pending = {**self._pending, **info}, {}
         step, epoch, full = self.context(**info)
         self.monitors.publish(phase, step, epoch, full)
 
