@@ -56,30 +56,29 @@ def test_a_leaf_covered_by_two_modes_is_refused():
         acc.add({"g": ((3, 2.0), "sum")})
 
 
-def test_a_concat_metric_returned_unreduced_is_refused():
-    class Unreduced(Tiny):
+@pytest.mark.parametrize(
+    "scores, message",
+    [
+        (  # handed back by the default finalize_metrics as it came
+            lambda logits: logits[:, 0],
+            'metric `s` is "concat", and finalize_metrics returned its 24 '
+            "per-sample entries unreduced",
+        ),
+        (
+            lambda logits: np.ones(3),
+            'metric `s` is "concat" but returned 3 entries for a batch of 16 '
+            "samples; a concat metric needs one entry per sample",
+        ),
+    ],
+    ids=["unreduced", "wrong-length"],
+)
+def test_a_concat_metric_is_refused_unreduced_or_of_the_wrong_length(scores, message):
+    class Concat(Tiny):
         def metrics(self, logits, *, y):
-            return {"scores": (logits[:, 0], "concat")}
+            return {"s": (scores(logits), "concat")}
 
-    with pytest.raises(
-        nx.HookError,
-        match='metric `scores` is "concat", and finalize_metrics returned its 24 '
-        "per-sample entries unreduced",
-    ):
-        nx.Nitro(Unreduced(), **quiet()).validate()
-
-
-def test_a_concat_metric_with_the_wrong_length_names_it_and_the_batch():
-    class WrongLength(Tiny):
-        def metrics(self, logits, *, y):
-            return {"s": (np.ones(3), "concat")}
-
-    with pytest.raises(
-        nx.HookError,
-        match='metric `s` is "concat" but returned 3 entries for a batch of 16 '
-        "samples; a concat metric needs one entry per sample",
-    ):
-        nx.Nitro(WrongLength(), **quiet()).validate()
+    with pytest.raises(nx.HookError, match=message):
+        nx.Nitro(Concat(), **quiet()).validate()
 
 
 def test_a_metric_that_is_not_a_pair_is_refused():
@@ -98,17 +97,17 @@ def test_default_metric_is_loss_averaged_over_batches():
     nitro = nx.Nitro(Tiny(), **quiet())
     result = nitro.validate()
     assert set(result) == {"loss"}
-    val = make_batches(24, 16, seed=1)
-    e = nitro.experiment
-    per_batch = [
-        float(
-            Tiny.loss(
-                e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])
-            )
-        )
-        for b in val
-    ]
+    per_batch = batch_losses(nitro, make_batches(24, 16, seed=1))
     assert result["loss"] == pytest.approx(np.mean(per_batch), rel=1e-5)
+
+
+def batch_losses(nitro, batches):
+    """Tiny's loss of each batch, computed directly."""
+    e, params = nitro.experiment, nitro.parameters
+    return [
+        float(Tiny.loss(e, mlp(params, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])))
+        for b in batches
+    ]
 
 
 class Counting(TinyMetrics):
@@ -252,16 +251,7 @@ def test_eval_loss_terms_stay_apart_from_metrics_and_collisions_name_both():
 
 def test_the_eval_loss_averages_batches_whatever_their_order():
     val = make_batches(37, 16, seed=1)  # batches of 16, 16 and 5
-    nitro = nx.Nitro(Tiny(), **quiet())
-    e = nitro.experiment
-    per_batch = [
-        float(
-            Tiny.loss(
-                e, mlp(nitro.parameters, jnp.asarray(b["x"])), y=jnp.asarray(b["y"])
-            )
-        )
-        for b in val
-    ]
+    per_batch = batch_losses(nx.Nitro(Tiny(), **quiet()), val)
     for experiment, order in [
         (Tiny(), val),
         (Tiny(), val[::-1]),  # the 5 first sets the width: 16s run as 5, 5, 5, 1
