@@ -1,12 +1,13 @@
 """Checkpoints the core writes, weights=, and resume="auto" with exact continuation."""
 
 import json
+import logging
 import os
 
 import jax
 import numpy as np
 import pytest
-from experiments import Tiny, make_batches
+from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
 from jaxnitro.checkpoint.record import Record
@@ -190,6 +191,41 @@ def test_resume_auto_with_nothing_to_resume_warns_and_starts_fresh(tmp_path):
     with pytest.warns(nx.NitroWarning, match='resume="auto" found nothing to resume'):
         nitro = nx.Nitro(Tiny(), run_dir=str(tmp_path), resume="auto", logger=None)
     assert nitro.current_epoch == 0
+
+
+class OtherLogged(QuietLogger):
+    def __init__(self):
+        self.other = {}
+
+    def log_other(self, key, value):
+        self.other[key] = value
+
+
+def test_resuming_an_earlier_record_logs_that_it_branches_into_a_new_run(
+    tmp_path, caplog
+):
+    keep = nx.Checkpointer(keep=nx.Last(2))
+    first = nx.Nitro(
+        Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None, checkpointer=keep
+    )
+    first.train()
+    earlier = min(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch)
+    path = str(tmp_path / earlier.file)
+    logger = OtherLogged()
+    with caplog.at_level(logging.INFO, logger="jaxnitro"):
+        branch = nx.Nitro(Tiny(), run_dir=str(tmp_path), resume=path, logger=logger)
+    assert branch.checkpoint_run != first.checkpoint_run
+    assert (
+        f"resume: {path} is epoch 1 of run {first.checkpoint_run}, not its newest "
+        f"record, so this is a new run {branch.checkpoint_run} that branches from it"
+        in caplog.text
+    )
+    assert logger.other["branched_from"] == path
+    caplog.clear()
+    logger = OtherLogged()
+    with caplog.at_level(logging.INFO, logger="jaxnitro"):
+        nx.Nitro(Tiny(), run_dir=str(tmp_path), resume="auto", logger=logger)
+    assert "branches" not in caplog.text and "branched_from" not in logger.other
 
 
 def leaves(tree):

@@ -4,6 +4,7 @@ average_checkpoints, runs() and the lookups, read from the manifest."""
 import logging
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from checkpoint_fixtures import (
@@ -361,7 +362,7 @@ def test_average_refuses_what_it_cannot_average(averaged_run, tmp_path_factory):
     with pytest.raises(nx.CheckpointError, match="no scored checkpoint to rank"):
         average_checkpoints(str(unscored), ("u", Average(Best(2))))
     with pytest.raises(nx.CheckpointError, match='state="best" needs a scored'):
-        average_checkpoints(str(unscored), ("u", Average(Last(2), state="best")))
+        average_checkpoints(str(unscored), ("u", Average(Last(1), state="best")))
 
 
 def test_average_refuses_a_differing_integer_leaf(tmp_path):
@@ -376,6 +377,43 @@ def test_average_refuses_a_differing_integer_leaf(tmp_path):
         )
     with pytest.raises(nx.CheckpointError, match="Cannot average params/\\['n'\\]"):
         average_checkpoints(str(tmp_path), ("r", Average(Last(2))))
+
+
+def test_an_average_refuses_a_run_holding_fewer_checkpoints_than_it_names(tmp_path):
+    ckpt = bound(tmp_path, run="r", keep=Last(1))
+    for epoch in range(1, 5):
+        write(ckpt, epoch, 0.5)
+    with pytest.raises(
+        nx.CheckpointError,
+        match=r"Last\(n=3\) names 3 checkpoints, but run 'r' in .* holds 1 of them "
+        r"\(epochs \[4\]; the run holds epochs \[4\]\).*keep them while training "
+        r"with Checkpointer\(keep=\(Best\(3\), Last\(n=3\)\)\), or average fewer",
+    ):
+        average_checkpoints(str(tmp_path), ("r", Average(Last(3))))
+    with pytest.raises(nx.CheckpointError, match=r"Best\(3\), Last\(n=2\)\)\)"):
+        average_checkpoints(str(tmp_path), ("r", Average(Best(2, among=Last(2)))))
+    # restore_best takes the short pick and warns itself (short_average_message).
+    short = resolve_weights_source(
+        ("r", Average(Last(3))), str(tmp_path), None, allow_short=True
+    )
+    assert isinstance(short, AverageSource) and len(short.picks) == 1
+
+
+def test_an_average_keeps_bfloat16_leaves_bfloat16(tmp_path):
+    bf16 = jnp.bfloat16
+    ckpt = bound(tmp_path, run="r", keep=Last(3))
+    for epoch, value in zip((1, 2, 3), (1.0, 2.0, 4.0), strict=True):
+        ckpt.save(
+            epoch=epoch,
+            step=epoch,
+            metrics={"loss": 1.0},
+            trees={"params": {"w": np.full((2, 3), value, bf16)}},
+            meta={"epoch": epoch, "step": epoch},
+        )
+    record = average_checkpoints(str(tmp_path), ("r", Average(Last(3))))
+    averaged = record.arrays["params/['w']"]
+    assert averaged.dtype == bf16
+    np.testing.assert_array_equal(averaged, np.full((2, 3), 7 / 3).astype(bf16))
 
 
 def test_restore_best_average_needs_a_keep_that_holds_it():

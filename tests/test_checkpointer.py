@@ -260,10 +260,17 @@ def test_a_filename_another_run_owns_gets_the_run_id(tmp_path):
     assert "epoch-0002-step-8-loss=0.5-run-bbb.safetensors" in record_files(tmp_path)
 
 
-def test_a_record_this_run_left_unlisted_by_a_crash_is_overwritten_in_place(tmp_path):
+@pytest.mark.parametrize(
+    "meta",
+    # The second: a record of a run that started from averaged weights.
+    [{"run": "aaa"}, {"run": "aaa", "averaged_from": {"epochs": [1, 2]}}],
+)
+def test_a_record_this_run_left_unlisted_by_a_crash_is_overwritten_in_place(
+    tmp_path, meta
+):
     ckpt = bound(tmp_path, run="aaa", keep=Last(1))
     orphan = tmp_path / checkpoint_filename(epoch=1, step=4, metric="loss", score=0.5)
-    save_record(str(orphan), {"params": {"w": np.zeros(2)}}, {"run": "aaa"})
+    save_record(str(orphan), {"params": {"w": np.zeros(2)}}, meta)
     write(ckpt, 1, 0.5)
     assert manifest_files(tmp_path) == [orphan.name]
     assert Record(str(orphan)).arrays["params/['w']"].shape == (2, 3)

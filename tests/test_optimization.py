@@ -804,6 +804,43 @@ def test_w0_refusals():
         nx.Nitro(OneBatch(), w0="latest", **quiet())
 
 
+class AnchoredAt(OneBatch):
+    """OneBatch decaying toward `anchor`: "w0" or a tree."""
+
+    anchor = "w0"
+
+    def weight_decay(self, group=None):
+        return 0.1
+
+    def decay_anchor(self, group=None):
+        return self.anchor
+
+
+def test_w0_and_anchor_trees_must_match_the_parameters_leaf_for_leaf():
+    scalars = {"w1": jnp.zeros(()), "b1": jnp.zeros(()), "w2": jnp.zeros((1,))}
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"w0 is a tree that does not match the parameters leaf for leaf: its "
+        r"leaf \['b1'\] has shape \(\) where the parameter has shape \(16,\)\. "
+        r"Pass a tree shaped like what build_model returns",
+    ):
+        nx.Nitro(AnchoredAt(), w0=scalars, **quiet())
+    with pytest.raises(nx.ConfigError, match=r"w0 .* it has no leaf at \['w2'\]"):
+        nx.Nitro(
+            AnchoredAt(), w0={"w1": jnp.zeros((8, 16)), "b1": jnp.zeros(16)}, **quiet()
+        )
+
+    class TreeAnchored(AnchoredAt):
+        anchor = scalars
+
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"decay_anchor\('default'\) returned a tree that does not match the "
+        r"parameters leaf for leaf \(its leaf \['b1'\] has shape \(\)",
+    ):
+        nx.Nitro(TreeAnchored(), **quiet())
+
+
 def test_grad_rule_with_hp_reads_bind_values():
     seen = []
 

@@ -2,10 +2,12 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
-from experiments import Tiny, init_mlp
+from experiments import QuietLogger, Tiny, init_mlp
 
 import jaxnitro as nx
+from jaxnitro.checkpoint.sources import AverageSource
 
 
 def leaves(tree):
@@ -88,6 +90,29 @@ def test_weights_from_an_average_of_a_runs_checkpoints(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def test_weights_from_an_average_record_what_they_average(tmp_path):
+    keep = nx.Checkpointer(keep=(nx.Best(1), nx.Last(2)))
+    nx.Nitro(
+        Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None, checkpointer=keep
+    ).train()
+    averaged = nx.Nitro(
+        Tiny(max_epochs=1),
+        run_dir=str(tmp_path),
+        weights=("latest", nx.Average(nx.Last(2))),
+        logger=None,
+    )
+    origin = averaged.averaged_from
+    assert origin["epochs"] == [1, 2] and origin["weights"] == [0.5, 0.5]
+    assert averaged.checkpoint_source is None
+    averaged.train()
+    mine = [
+        e for e in nx.read_manifest(str(tmp_path)) if e.run == averaged.checkpoint_run
+    ]
+    assert nx.checkpoint_info(str(tmp_path / mine[0].file))["averaged_from"] == origin
+    plain = nx.Nitro(Tiny(), weights=str(tmp_path / mine[0].file), logger=None)
+    assert plain.averaged_from is None  # a record of that run is not an average
+
+
 def test_restore_optimizer_takes_the_records_optimizer_state_and_starts_fresh(tmp_path):
     first = nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None)
     first.train()
@@ -120,6 +145,73 @@ def test_restore_optimizer_takes_the_records_optimizer_state_and_starts_fresh(tm
 def test_restore_optimizer_refusals(tmp_path, kw, message):
     with pytest.raises(nx.ConfigError, match=message):
         nx.Nitro(Tiny(), run_dir=str(tmp_path), logger=None, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"ema": nx.EMA(0.9)}, {"gradient_clip_norm": 1.0}], ids=["ema", "clip"]
+)
+def test_restore_optimizer_takes_state_across_an_added_ema_or_clipping(tmp_path, kw):
+    nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+    path = str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
+    tuned = nx.Nitro(
+        Tiny(max_epochs=1),
+        weights=path,
+        restore_optimizer=True,
+        logger=None,
+        checkpointer=None,
+        **kw,
+    )
+    tuned.train()
+    counts = [int(x) for x in leaves(tuned._opt_state) if np.ndim(x) == 0]
+    assert 8 in counts  # RAdam's count went on from the record's 4 steps
+
+
+class Sgd(Tiny):
+    def optimizer(self):
+        return optax.sgd
+
+
+class Decayed(Tiny):
+    def weight_decay(self, group=None):
+        return 0.01
+
+
+class TwoGroups(Tiny):
+    def param_group(self, keypath):
+        return "head" if keypath[0] == "w2" else "default"
+
+
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        (
+            Sgd,
+            r"rule of group 'default': 'optax.*radam \(level 0, code \w+\)' in "
+            r"the record, 'optax.*sgd \(level 1, code \w+\)' in this run",
+        ),
+        (Decayed, "decay in group 'default': False in the record, True in this run"),
+        (
+            TwoGroups,
+            r"group of params\['w2'\]: 'default' in the record, 'head' in "
+            r"this run",
+        ),
+    ],
+    ids=["rule", "decay", "groups"],
+)
+def test_restore_optimizer_refuses_another_rule_or_group_layout_naming_it(
+    tmp_path, cls, message
+):
+    nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+    path = str(tmp_path / nx.read_manifest(str(tmp_path))[0].file)
+    other = nx.Nitro(
+        cls(max_epochs=1),
+        weights=path,
+        restore_optimizer=True,
+        logger=None,
+        checkpointer=None,
+    )
+    with pytest.raises(nx.CheckpointError, match=message):
+        other.train()
 
 
 def test_restore_best_ends_training_holding_the_best_checkpoint(tmp_path):
@@ -183,6 +275,60 @@ def test_restore_best_without_a_scored_checkpoint_warns_and_keeps_the_final_weig
     twin = run(tmp_path / "twin")  # the same run without restore_best
     twin.train()
     same(nitro.parameters, twin.parameters)
+
+
+class Finished(QuietLogger):
+    def __init__(self):
+        self.status = None
+
+    def finish(self, status):
+        self.status = status
+
+
+def test_restore_best_average_holds_the_average_or_warns_when_the_run_is_short(
+    tmp_path,
+):
+    def run(run_dir, epochs):
+        return nx.Nitro(
+            Tiny(max_epochs=epochs),
+            run_dir=str(run_dir),
+            logger=None,
+            checkpointer=nx.Checkpointer(keep=(nx.Best(1), nx.Last(3))),
+            restore_best=nx.Average(nx.Last(3)),
+        )
+
+    full = run(tmp_path / "full", 3)
+    full.train()
+    assert full.averaged_from["epochs"] == [1, 2, 3]
+    assert full.checkpoint_source is None
+    short = run(tmp_path / "short", 2)
+    with pytest.warns(nx.NitroWarning, match="wants 3 checkpoints but the run holds 2"):
+        short.train()
+    assert short.averaged_from is None
+
+
+def test_restore_best_that_cannot_load_warns_and_keeps_the_final_weights(
+    tmp_path, monkeypatch
+):
+    def damaged(self):
+        raise nx.CheckpointError("epoch-0002.safetensors is damaged")
+
+    monkeypatch.setattr(AverageSource, "load", damaged)
+    logger = Finished()
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2),
+        run_dir=str(tmp_path),
+        logger=logger,
+        checkpointer=nx.Checkpointer(keep=(nx.Best(1), nx.Last(2))),
+        restore_best=nx.Average(nx.Last(2)),
+    )
+    with pytest.warns(
+        nx.NitroWarning,
+        match="restore_best: epoch-0002.safetensors is damaged; keeping the final",
+    ):
+        nitro.train()
+    assert logger.status == "completed" and isinstance(nitro.phase, nx.Done)
+    assert nitro.averaged_from is None and nitro.checkpoint_source is None
 
 
 def test_weights_with_other_graphconst_values_warn_with_the_diff(tmp_path):

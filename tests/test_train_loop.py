@@ -131,6 +131,29 @@ def test_with_accum_a_divergence_names_the_step_of_a_first_micro_batch(tmp_path)
         nitro.train()
 
 
+class Finished(QuietLogger):
+    def __init__(self):
+        self.statuses = []
+
+    def finish(self, status):
+        self.statuses.append(status)
+
+
+def test_a_failure_after_the_last_epoch_still_finishes_the_logger_and_fails(
+    monkeypatch,
+):
+    def broken(nitro):
+        raise RuntimeError("restore_best broke")
+
+    monkeypatch.setattr("jaxnitro.loop.train.finish_restore_best", broken)
+    logger = Finished()
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=logger, checkpointer=None)
+    with pytest.raises(RuntimeError, match="restore_best broke"):
+        nitro.train()
+    assert logger.statuses == ["error"]
+    assert isinstance(nitro.phase, nx.Failed) and nitro.stop_reason == "error"
+
+
 class LineRecorder(QuietLogger):
     def __init__(self):
         self.lines = []
@@ -314,3 +337,18 @@ def test_compile_options_are_checked_at_construction():
         **quiet(),
     )
     nitro.train()
+
+
+def test_a_misspelled_monitor_raises_at_the_end_of_the_first_epoch():
+    from experiments import TinyMetrics
+
+    class Typo(TinyMetrics):
+        def monitor(self):
+            return ("accc", "max")
+
+    nitro = nx.Nitro(Typo(max_epochs=2), **quiet())  # nothing follows the monitor
+    with pytest.raises(
+        nx.ConfigError, match=r"monitor\(\) names `accc` \(max\), but validation"
+    ):
+        nitro.train()
+    assert nitro.current_epoch == 1

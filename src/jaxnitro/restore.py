@@ -88,6 +88,9 @@ def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
     nitro.checkpoint_source = (
         source.path if isinstance(source, ResolvedSource) else None
     )
+    if isinstance(source, AverageSource):
+        assert nitro._record is not None
+        nitro.averaged_from = nitro._record.meta["averaged_from"]
 
 
 def restore_weights(nitro: Any, fresh: Any, load_ema: bool) -> None:
@@ -189,15 +192,35 @@ def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
         )
     plan = nitro._plan
     assert plan is not None
-    recorded = record.meta.get("optimizer")
-    mine = repr(plan.constants())
-    if recorded is not None and recorded != mine:
-        raise CheckpointError(
-            f"{record.path} was written with another optimizer (rule or group layout) "
-            f"than this run builds, so its optimizer state does not apply:\n"
-            f"  record: {recorded}\n  this run: {mine}"
-        )
+    recorded = record.meta.get("optimizer_layout")
+    if recorded is not None:  # a record from before it was stored: leaf for leaf only
+        _check_optimizer_layout(record.path, recorded, plan.state_layout())
     return record.restore("opt_state", fresh, "optimizer state")
+
+
+def _check_optimizer_layout(
+    path: str, recorded: dict[str, Any], mine: dict[str, Any]
+) -> None:
+    """Refuse optimizer state written under another rule or group layout.
+
+    Only what shapes the state counts (`OptimizerPlan.state_layout`): an EMA, gradient
+    clipping or other step values may change between the runs.
+    """
+    differ = [
+        f"{key}: {recorded.get(key, 'absent')!r} in the record, "
+        f"{mine.get(key, 'absent')!r} in this run"
+        for key in dict.fromkeys([*mine, *recorded])
+        if recorded.get(key) != mine.get(key)
+    ]
+    if differ:
+        more = f" ({len(differ)} differences in all)" if len(differ) > 3 else ""
+        raise CheckpointError(
+            f"{path} was written with another optimizer (rule or group layout) than "
+            f"this run builds, so its optimizer state does not apply: "
+            f"{'; '.join(differ[:3])}{more}. Build the rule and parameter groups it "
+            f"was trained with, or take its weights alone (weights= without "
+            f"restore_optimizer), which starts the optimizer fresh."
+        )
 
 
 def check_restore_optimizer(nitro: Any) -> None:
@@ -240,13 +263,42 @@ def check_restore_best(nitro: Any) -> Any:
 
 
 def finish_restore_best(nitro: Nitro) -> None:
-    """At the end of a train() that did not fail: load the run's selected weights."""
+    """At the end of a train() that did not fail: load the run's selected weights.
+
+    A checkpoint that cannot be found or read warns and keeps the final weights:
+    training succeeded, and its records are on disk.
+    """
     choice = nitro._restore_best
     if choice is None:
         return
+    try:
+        found = _restore_best_record(nitro, choice)
+    except CheckpointError as error:
+        warnings.warn(
+            f"restore_best: {error}; keeping the final weights.",
+            NitroWarning,
+            stacklevel=3,
+        )
+        return
+    if found is None:
+        return
+    record, path = found
+    fresh = nitro._params
+    nitro._params = record.restore("params", fresh, "parameter")
+    nitro._state = record.restore("state", nitro._state, "state")
+    if nitro._ema is not None and record.has_tree("ema"):
+        nitro._ema = record.restore("ema", fresh, "EMA")
+    nitro.checkpoint_source = path
+    if isinstance(choice, Average):
+        nitro.averaged_from = record.meta["averaged_from"]
+    nitro._restored_best = True
+
+
+def _restore_best_record(nitro: Nitro, choice: Any) -> tuple[Record, str | None] | None:
+    """The record restore_best loads and its file (None for an average), or None
+    after warning that the run holds nothing to load."""
     ckpt = nitro._checkpointer
     assert ckpt is not None
-    fresh = nitro._params
     if choice is True:
         best = selected_checkpoint(ckpt, nitro.run_dir, run=nitro.checkpoint_run)
         if best is None:
@@ -254,39 +306,23 @@ def finish_restore_best(nitro: Nitro) -> None:
                 "restore_best: this run has no scored checkpoint; keeping the final "
                 "weights.",
                 NitroWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-            return
-        record = Record(best.path)
-        path: str | None = best.path
-    else:
-        try:
-            source = resolve_weights_source(
-                (nitro.checkpoint_run or "legacy", choice),
-                nitro.run_dir,
-                ckpt,
-                "restore_best",
-            )
-        except CheckpointError as error:
-            warnings.warn(
-                f"restore_best: {error}; keeping the final weights.",
-                NitroWarning,
-                stacklevel=3,
-            )
-            return
-        assert isinstance(source, AverageSource)
-        short = short_average_message(choice, len(source.picks), "restore_best")
-        if short is not None:
-            warnings.warn(short, NitroWarning, stacklevel=3)
-            return
-        record = source.load()
-        path = None
-    nitro._params = record.restore("params", fresh, "parameter")
-    nitro._state = record.restore("state", nitro._state, "state")
-    if nitro._ema is not None and record.has_tree("ema"):
-        nitro._ema = record.restore("ema", fresh, "EMA")
-    nitro.checkpoint_source = path
-    nitro._restored_best = True
+            return None
+        return Record(best.path), best.path
+    source = resolve_weights_source(
+        (nitro.checkpoint_run or "legacy", choice),
+        nitro.run_dir,
+        ckpt,
+        "restore_best",
+        allow_short=True,
+    )
+    assert isinstance(source, AverageSource)
+    short = short_average_message(choice, len(source.picks), "restore_best")
+    if short is not None:
+        warnings.warn(short, NitroWarning, stacklevel=4)
+        return None
+    return source.load(), None
 
 
 def refuse_after_restore_best(nitro: Nitro) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .data.transfer import is_numeric_dtype
 from .errors import ConfigError
+from .optim.decay import anchor_mismatch
 
 
 def check_monitor(monitor: Any) -> tuple[str, str]:
@@ -95,6 +96,12 @@ def partial_batch_message(last: int, full: int) -> str:
     )
 
 
+W0_MISMATCH = """\
+w0 is a tree that does not match the parameters leaf for leaf: {problem}. Pass a tree \
+shaped like what build_model returns (the same structure, each leaf the parameter's \
+shape), or w0="build_model" / w0="weights"."""
+
+
 def w0_provider(
     option: Any, fresh: Any, params: Any, has_weights: bool
 ) -> Callable[[], Any]:
@@ -119,13 +126,10 @@ def w0_provider(
 
     def provide() -> Any:
         if not cached:
-            tree = jax.tree.map(jnp.array, source)  # a copy: training donates params
-            if jax.tree.structure(tree) != jax.tree.structure(params):  # type: ignore[operator]
-                raise ConfigError(
-                    "w0 is a tree that does not match the parameters' structure; it "
-                    "must be shaped like what build_model returns."
-                )
-            cached.append(tree)
+            problem = anchor_mismatch(source, params)
+            if problem is not None:
+                raise ConfigError(W0_MISMATCH.format(problem=problem))
+            cached.append(jax.tree.map(jnp.array, source))  # training donates params
         return cached[0]
 
     return provide

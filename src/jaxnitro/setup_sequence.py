@@ -8,6 +8,7 @@ the optimizer plan, and bind the logger and checkpointer to the run.
 
 from __future__ import annotations
 
+import logging
 import random
 import warnings
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from .accessors import (
     resolve,
 )
 from .checkpoint.checkpointer import Checkpointer, new_run_id
+from .checkpoint.lookup import run_label
 from .checkpoint.manifest import read_manifest
 from .checkpoint.record import Record
 from .checkpoint.retention_checks import check_keep, setup_warnings
@@ -82,6 +84,8 @@ from .view import (
 
 NOT_PASSED: Any = object()
 
+log = logging.getLogger("jaxnitro")
+
 
 class SetupSequence(RoutingSetup):
     """The construction steps of a `Nitro` (the handle's innermost base class).
@@ -101,6 +105,12 @@ class SetupSequence(RoutingSetup):
     _released_by: str | None
     _progress: Progress | None
     phase_recorder: PhaseRecorder
+
+    averaged_from: dict[str, Any] | None
+    """What the handle's weights average, when they are an average: set by
+    `weights=(run, Average(sel))` and by `restore_best=Average(sel)`, else None. The
+    record header's `averaged_from` (spec, run, dir, files, epochs, weights,
+    state_from); the records a run started from an average writes carry it too."""
 
     @property
     def total_steps(self) -> int:
@@ -157,6 +167,7 @@ class SetupSequence(RoutingSetup):
         self._record: Record | None = None
         self.checkpoint_source: str | None = None
         self.weights_from: dict[str, Any] | None = None
+        self.averaged_from: dict[str, Any] | None = None
         self._restored_best = False
         restore.locate(self, run_dir, self._resolve_monitor())
         self._step = 0
@@ -486,6 +497,7 @@ class SetupSequence(RoutingSetup):
         ckpt = self._checkpointer
         has_val = "val" in self.data
         trains = "train" in self.data
+        parent = None  # the record a resume branches from into a new run
         if ckpt is not None:
             if ckpt.ranks and monitor is None and ckpt.metric is None and has_val:
                 raise ConfigError(
@@ -496,7 +508,6 @@ class SetupSequence(RoutingSetup):
                     f"checkpointer=Checkpointer(keep=Last(1))."
                 )
             check_keep(ckpt, trains=trains, has_val=has_val)
-            parent = None
             resume = self._resume
             if resume is not None and resume.entry is not None and resume.is_run_newest:
                 # The newest record of a run continues that run (a legacy run: None).
@@ -529,6 +540,25 @@ class SetupSequence(RoutingSetup):
                         f"that type."
                     )
                 logproto.reattach(self._logger, state)
+        if self._resume is not None and parent is not None:
+            self._log_branch(self._resume, str(self._run_id))
+
+    def _log_branch(self, resume: ResolvedSource, run_id: str) -> None:
+        """Say that resuming `resume` starts a new run rather than continuing one."""
+        entry = resume.entry
+        if entry is None:
+            what = "is not listed in the run directory's manifest"
+        else:
+            run = run_label(entry.run)
+            what = f"is epoch {entry.epoch} of run {run}, not its newest record"
+        log.info(
+            "resume: %s %s, so this is a new run %s that branches from it; the "
+            "original run's later epochs are kept.",
+            resume.path,
+            what,
+            run_id,
+        )
+        logproto.log_other(self._logger, "branched_from", resume.path)
 
     # ------------------------------------------------------------ public reads ------
 

@@ -2,12 +2,13 @@
 
 `Average(sel)` is a weights source (`weights=(run, Average(Last(10)))`) and a
 `restore_best` value. The picked records must share one parameter tree; parameters
-(and the EMA, when every pick has one) are averaged leaf for leaf in float64 and cast
-back to their dtype. The model state and the derived Device values are not averaged:
-they come from one pick, the best when the selector ranks and the latest otherwise,
-or as `state="best" | "latest"` says. That is exact for a model without running
-statistics and an approximation for one with them (BatchNorm). The optimizer starts
-fresh, so an averaged record holds no optimizer state.
+(and the EMA, when every pick has one) are averaged leaf for leaf in float64
+(complex128 for a complex leaf) and cast back to their dtype, bfloat16 included. The
+model state and the derived Device values are not averaged: they come from one pick,
+the best when the selector ranks and the latest otherwise, or as `state="best" |
+"latest"` says. That is exact for a model without running statistics and an
+approximation for one with them (BatchNorm). The optimizer starts fresh, so an
+averaged record holds no optimizer state.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError
@@ -109,13 +111,20 @@ def keep_holds(keep: Sequence[Any], selector: Any) -> bool | None:
     return None
 
 
+def keep_for(selector: Any) -> Any:
+    """The selector a keep holds `selector`'s picks with (keep refuses `among`)."""
+    if isinstance(selector, Best) and selector.among is not None:
+        return keep_for(selector.among)
+    return selector
+
+
 def check_keep_holds(checkpointer: Any, average: Average, what: str) -> None:
     """Refuse a checkpointer whose keep cannot hold what `average` picks."""
     if keep_holds(checkpointer.keep, average.selector) is False:
         raise ConfigError(
             f"{what}={average!r} averages checkpoints this run's checkpointer does not "
             f"keep (keep={checkpointer.keep!r}). Keep them while training, e.g. "
-            f"Checkpointer(keep=(Best(3), {average.selector!r}))."
+            f"Checkpointer(keep=(Best(3), {keep_for(average.selector)!r}))."
         )
 
 
@@ -154,6 +163,11 @@ def _mismatches(
     return problems
 
 
+def _accumulator(dtype: Any) -> Any:
+    """The wide dtype a leaf of `dtype` is summed in before it is cast back."""
+    return np.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else np.float64
+
+
 def average_records(
     entries: Sequence[ManifestEntry],
     directory: str,
@@ -190,9 +204,10 @@ def average_records(
                     f"checkpoint an Average picks must come from the same model."
                 )
         for key, value in averaged.items():
-            if np.issubdtype(value.dtype, np.inexact):
+            # JAX's dtype lattice, not NumPy's: it knows bfloat16 is a float.
+            if jnp.issubdtype(value.dtype, jnp.inexact):
                 total = sums.get(key)
-                scaled = value.astype(np.float64) * weight
+                scaled = value.astype(_accumulator(value.dtype)) * weight
                 sums[key] = scaled if total is None else total + scaled
             elif not np.array_equal(value, reference[key]):
                 raise CheckpointError(

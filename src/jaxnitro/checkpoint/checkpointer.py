@@ -348,7 +348,12 @@ class Checkpointer:
             meta = read_meta(path)
         except CheckpointError:
             return False
-        return meta.get("run") == self.run and "averaged_from" not in meta
+        # An average_checkpoints file has run None, so it can pass for an orphan
+        # only of a run with no id; a record of a run that started from an average
+        # also carries averaged_from, and is its run's own.
+        return meta.get("run") == self.run and (
+            self.run is not None or "averaged_from" not in meta
+        )
 
     def recover(self) -> None:
         """Finish what a killed write left: rotation's pending deletions, and this

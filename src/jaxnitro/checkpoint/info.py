@@ -32,7 +32,8 @@ def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     Only the safetensors header is read: no weight is loaded. `run_id` and `run_url`
     are the logger's; `run` is the checkpoint run id the manifest lists it under.
     `anchor_checksum` holds the anchor checksums of the Decay anchors, and
-    `averaged_from` is present for a record `average_checkpoints` wrote.
+    `averaged_from` is present for a record `average_checkpoints` wrote and for the
+    records of a run that started from `weights=(run, Average(sel))`.
     A damaged or foreign file raises `CheckpointError` naming it.
     """
     meta = read_meta(os.fspath(path))

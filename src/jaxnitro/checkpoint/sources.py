@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, NitroWarning, NotYetSupportedError
-from .averaging import Average, average_records
+from .averaging import Average, average_records, expected_count, keep_for
 from .checkpointer import Checkpointer
 from .lookup import (
     newest_of,
@@ -44,6 +44,12 @@ from .source_checks import check_source as check_source
 from .source_checks import is_nitro, normalize_which
 
 log = logging.getLogger("jaxnitro")
+
+SHORT_AVERAGE = """\
+{source}: {selector!r} names {wanted} checkpoints, but run {run!r} in {directory!r} \
+holds {count} of them (epochs {picked}; the run holds epochs {held}). The run must \
+still hold every checkpoint the selector names: keep them while training with \
+Checkpointer(keep=(Best(3), {keep!r})), or average fewer."""
 
 
 @dataclass(frozen=True)
@@ -115,12 +121,15 @@ def resolve_weights_source(
     *,
     monitor: tuple[str, str] | None = None,
     restore_optimizer: bool = False,
+    allow_short: bool = False,
 ) -> WeightsSource:
     """Resolve any weights source: a record file, an average, or a live handle.
 
     `checkpointer` is this run's (its `dir`, else `run_dir`, is read; its current
     metric and mode, else `monitor`, decide "best"). A `(Nitro, which)` pair reads
-    that handle's own run in its own directory through its own checkpointer.
+    that handle's own run in its own directory through its own checkpointer. An
+    `Average` whose selector names more checkpoints than the run holds is refused,
+    unless `allow_short` (restore_best, which warns about it itself).
     """
     check_source(source, what, restore_optimizer=restore_optimizer)
     if isinstance(source, str | os.PathLike):
@@ -149,7 +158,9 @@ def resolve_weights_source(
         checkpointer, run_dir = other.checkpointer, other.run_dir
         run = run_label(other.checkpoint_run)
     if isinstance(which, Average):
-        return _resolve_average(run, which, run_dir, checkpointer, what, monitor)
+        return _resolve_average(
+            run, which, run_dir, checkpointer, what, monitor, allow_short
+        )
     found = resolve_checkpoint(
         checkpointer, run_dir, run, which, what=what, monitor=monitor
     )
@@ -200,6 +211,7 @@ def _resolve_average(
     checkpointer: Checkpointer | None,
     what: str,
     monitor: tuple[str, str] | None,
+    allow_short: bool,
 ) -> AverageSource:
     directory = source_directory(checkpointer, run_dir)
     entries = read_manifest(directory)
@@ -221,6 +233,22 @@ def _resolve_average(
             f"{what}=({run!r}, {average!r}): the selector picks no checkpoint of run "
             f"{run_label(pool[0].run)!r} in {directory!r}, which holds epochs "
             f"{sorted(e.epoch for e in pool)}."
+        )
+    wanted = expected_count(average.selector)
+    if not allow_short and wanted is not None and len(picks) < wanted:
+        # Averaging the fewer held would be a different average than the one named.
+        raise CheckpointError(
+            SHORT_AVERAGE.format(
+                source=f"{what}=({run!r}, {average!r})",
+                selector=average.selector,
+                wanted=wanted,
+                run=run_label(pool[0].run),
+                directory=directory,
+                count=len(picks),
+                picked=[e.epoch for e in picks],
+                held=sorted(e.epoch for e in pool),
+                keep=keep_for(average.selector),
+            )
         )
     missing = [
         e.file for e in picks if not os.path.isfile(os.path.join(directory, e.file))

@@ -72,7 +72,7 @@ def _checkpoint(
         "run_id": logproto.run_id(nitro.logger),
         "run_url": logproto.run_url(nitro.logger),
         "anchor_checksums": nitro._anchor_sums,
-        "optimizer": repr(plan.constants()),
+        "optimizer_layout": plan.state_layout(),
         "early_stop": stopper.state()
         if callable(getattr(stopper, "state", None))
         else None,
@@ -86,6 +86,8 @@ def _checkpoint(
         "opt_state": nitro._opt_state,
         "device": nitro.device_values(),
     }
+    if nitro.averaged_from is not None:  # the run started from these averaged weights
+        meta["averaged_from"] = nitro.averaged_from
     if nitro._ema is not None:
         trees["ema"] = nitro._ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
@@ -132,6 +134,15 @@ def _after_validation(
     """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
     plan = nitro._plan
     assert plan is not None
+    monitor = nitro._monitor
+    if metrics and monitor is not None and monitor[0] not in flatten(metrics):
+        # Checked whether or not anything follows it: with custom metrics a
+        # misspelled monitor cannot be caught before validation runs (the spec).
+        raise ConfigError(
+            f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
+            f"{', '.join(flatten(metrics))}. Return that key from metrics or "
+            f"finalize_metrics, or fix monitor()."
+        )
     scales = (
         check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
         if metrics
@@ -213,22 +224,34 @@ def run_training(nitro: Nitro) -> None:
             if requested or early:
                 break
     except BaseException as error:
-        nitro._stop_reason = "error"
-        for what, finish in (
-            ("checkpointer's finalize", _finalize_checkpoints),
-            ("logger's finish", _finish_logger),
-        ):
-            try:
-                finish(nitro, "error")
-            except Exception as failure:  # never mask the error that ended the run
-                error.add_note(f"The {what}('error') also failed: {failure}")
-        nitro.set_phase(phases.Failed())
+        _fail(nitro, error, finalize=True)
         raise
     nitro._stop_reason = reason
-    _finalize_checkpoints(nitro, reason)
-    finish_restore_best(nitro)
+    try:
+        _finalize_checkpoints(nitro, reason)
+        finish_restore_best(nitro)
+    except BaseException as error:
+        # The epochs are done and their records hold how training ended, but this
+        # train() raises: the logger still finishes and the handle ends Failed.
+        _fail(nitro, error, finalize=False)
+        raise
     _finish_logger(nitro, reason)
     nitro.set_phase(phases.Done())
+
+
+def _fail(nitro: Nitro, error: BaseException, *, finalize: bool) -> None:
+    """End a train() that raises `error`: stop reason "error", the logger finished
+    (and, when `finalize`, the last record marked), then the Failed phase."""
+    nitro._stop_reason = "error"
+    finishers = [("logger's finish", _finish_logger)]
+    if finalize:
+        finishers.insert(0, ("checkpointer's finalize", _finalize_checkpoints))
+    for what, finish in finishers:
+        try:
+            finish(nitro, "error")
+        except Exception as failure:  # never mask the error that ended the run
+            error.add_note(f"The {what}('error') also failed: {failure}")
+    nitro.set_phase(phases.Failed())
 
 
 def _finalize_checkpoints(nitro: Nitro, reason: str) -> None:

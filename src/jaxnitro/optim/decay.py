@@ -79,6 +79,36 @@ def check_anchor(group: str, anchor: Any) -> str:
     return "tree"
 
 
+def anchor_mismatch(tree: Any, params: Any) -> str | None:
+    """How an anchor tree fails to match the parameters leaf for leaf, or None.
+
+    The first missing or extra leaf, or the first leaf whose shape differs, by key
+    path: Decay would broadcast a wrongly shaped anchor without a word.
+    """
+    anchor = _by_keypath(tree)
+    wanted = _by_keypath(params)
+    for key, param in wanted.items():
+        if key not in anchor:
+            return f"it has no leaf at {key}"
+        if np.shape(anchor[key]) != np.shape(param):
+            return (
+                f"its leaf {key} has shape {np.shape(anchor[key])} where the "
+                f"parameter has shape {np.shape(param)}"
+            )
+    extra = [key for key in anchor if key not in wanted]
+    if extra:
+        return f"its leaf {extra[0]} is not a parameter"
+    got, want = jax.tree.structure(tree), jax.tree.structure(params)
+    if got != want:  # type: ignore[operator]
+        return f"its containers differ from the parameters' ({got} against {want})"
+    return None
+
+
+def _by_keypath(tree: Any) -> dict[str, Any]:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
 def anchor_checksum(tree: Any) -> str:
     """A checksum of an anchor's values, stored in checkpoints and checked on resume."""
     digest = hashlib.sha256()

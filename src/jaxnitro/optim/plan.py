@@ -129,6 +129,24 @@ class OptimizerPlan:
             "ema": self.ema is not None,
         }
 
+    def state_layout(self) -> dict[str, Any]:
+        """What the optimizer state's structure follows, for a checkpoint record.
+
+        The group of each parameter leaf, and each group's rule and whether its chain
+        ends with Decay; JSON-safe. Clipping and the EMA run outside the groups' chains
+        and the step's values are inputs, so none of them is here: a run may change
+        them and still restore the state.
+        """
+        paths = jax.tree_util.tree_flatten_with_path(self.labels)[0]
+        layout: dict[str, Any] = {
+            f"group of params{jax.tree_util.keystr(path)}": label
+            for path, label in paths
+        }
+        for g in self.groups:
+            layout[f"rule of group {g.name!r}"] = g.rule.describe()
+            layout[f"decay in group {g.name!r}"] = g.decays
+        return layout
+
     def gradient_constants(self) -> dict[str, Any]:
         """What the gradient computation bakes in: the gradient rule."""
         return {"grad_rule": self.grad_rule.key()}

@@ -50,6 +50,14 @@ class RuleSpec:
         edited rule never reuses a program traced from the old one."""
         return (self.level, fingerprint(self.build))
 
+    def describe(self) -> str:
+        """The rule as a message names it: its builder, level and code digest."""
+        build = self.build
+        name = getattr(build, "__qualname__", type(build).__qualname__)
+        module = getattr(build, "__module__", None)
+        where = f"{module}.{name}" if module else name
+        return f"{where} (level {self.level}, code {self.key()[1][:16]})"
+
 
 def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
     """The fields of an Optax rule constructor that may not be scheduled."""

@@ -17,14 +17,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from ..accessors import defines
 from ..errors import ConfigError, HookError
 from ..experiment import Experiment
 from ..traits import field_names
-from .decay import anchor_checksum, check_anchor
+from .decay import anchor_checksum, anchor_mismatch, check_anchor
 from .ema import EMA
 from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule
 from .groups import (
@@ -117,17 +116,14 @@ def _anchor_tree(
         return w0()
     try:
         tree = jax.tree.map(jnp.asarray, value)
-        same = bool(jax.tree.structure(tree) == jax.tree.structure(params))  # type: ignore[operator]
-    except Exception:
-        same = False
-    if not same or any(
-        np.shape(a) != np.shape(p)
-        for a, p in zip(jax.tree.leaves(tree), jax.tree.leaves(params), strict=True)
-    ):
+        problem = anchor_mismatch(tree, params)
+    except Exception as error:
+        problem = f"{type(error).__name__}: {error}"
+    if problem is not None:
         raise ConfigError(
             f"decay_anchor({group!r}) returned a tree that does not match the "
-            f'parameters leaf for leaf; return "zero", "w0", or a tree with the '
-            f"parameters' structure and shapes."
+            f'parameters leaf for leaf ({problem}); return "zero", "w0", or a '
+            f"tree with the parameters' structure and shapes."
         )
     return tree
 
