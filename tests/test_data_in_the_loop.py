@@ -320,6 +320,21 @@ def test_a_grain_filter_is_refused_even_where_it_drops_the_probed_batch(split):
         )
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_unbatched_split_is_refused_at_setup(split):
+    batched = grain.MapDataset.source(samples(64)).batch(16)
+    single = grain.MapDataset.source(samples(64))  # per-sample x (8,) and y (3,)
+    with pytest.raises(
+        nx.ConfigError, match="x: 8, y: 3.*a source of single samples must be batched"
+    ):
+        nx.Nitro(
+            Tiny(),
+            data={"train": batched, split: single},
+            logger=None,
+            checkpointer=None,
+        )
+
+
 class CountsPlans:
     """The whole trait, counting its plans; `__iter__` plans through begin_epoch."""
 

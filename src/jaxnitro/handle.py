@@ -71,6 +71,12 @@ class Nitro(HandleReports):
             check_divergence, log_every_n_steps, logger, checkpointer, monitor,
             eval_loss, data, weights, resume, compile_options, run_ref, ...).
 
+    Attributes:
+        averaged_from: what an averaged weights source averaged (`weights=(run,
+            Average(sel))`, or `restore_best=Average(...)` once training ends): the
+            spec, run, dir, files, epochs and weights; None otherwise. The records
+            this run writes carry it too.
+
     Example::
 
         nitro = Nitro(MyExp(), run_dir="runs/demo")   # setup only: nothing compiled

@@ -79,7 +79,16 @@ class RoutingSetup:
                 if probe is None:
                     probe = first_batch(name, self.data[name])
                 forward = self._fields["forward"].select(tuple(probe))
-                self._eval_width = batch_size(probe, forward)
+                # The loss's fields too, where the split has them: an unbatched
+                # source (per-sample fields of unrelated lengths) is caught here,
+                # not at the first padded forward.
+                loss = self._fields["loss"]
+                labels = (
+                    ()
+                    if loss.takes_all
+                    else tuple(f for f in loss.required if f in probe)
+                )
+                self._eval_width = batch_size(probe, dict.fromkeys(forward + labels))
                 break
 
     def _route_training(self, keys: tuple[str, ...]) -> Any:

@@ -180,7 +180,8 @@ def batch_size(batch: Mapping[str, Any], fields: Any = None) -> int:
         shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
         raise ConfigError(
             f"Batch fields disagree on the batch size (axis 0): {shown}. The batch "
-            f"dimension must come first in every field."
+            f"dimension must come first in every field; a source of single samples "
+            f"must be batched first (a grain.MapDataset: `.batch(n)`)."
         )
     if not sizes:
         raise ConfigError("A batch has no fields; cannot infer its size.")
