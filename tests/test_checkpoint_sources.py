@@ -153,6 +153,12 @@ def test_sources_that_cannot_be_found_name_the_directory_and_its_runs(two_runs):
         "\\(3 checkpoints\\). See jaxnitro.runs",
     ):
         resolve_source(("zzz", "best"), str(two_runs), None, "weights")
+    with pytest.raises(
+        nx.CheckpointError,
+        match='The first element is a run id \\(or "latest"\\) in this handle\'s '
+        "run_dir",
+    ):  # a directory where the run id goes
+        resolve_source((str(two_runs), "best"), str(two_runs), None, "weights")
     with pytest.raises(nx.CheckpointError, match="holds the runs: new \\(3 checkpo"):
         resolve_source("gone.safetensors", str(two_runs), None, "weights")
     os.remove(two_runs / read_manifest(str(two_runs))[-1].file)

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import jaxnitro as nx
 from jaxnitro.cli import main
 
@@ -28,3 +30,10 @@ def test_module_entry_point_runs():
         [sys.executable, "-m", "jaxnitro.cli", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0 and "--version" in done.stdout
+
+
+def test_the_usage_line_names_the_program_it_was_called_by(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["/venv/bin/sexpgpu", "--help"])
+    with pytest.raises(SystemExit):
+        main()
+    assert capsys.readouterr().out.startswith("usage: sexpgpu")

@@ -379,14 +379,14 @@ def test_history_table_keeps_the_fixed_columns_however_narrow(h):
     assert "Showing" not in t["note"]
 
 
-def test_the_note_says_earlier_epochs_ran_in_another_process():
+def test_the_note_says_earlier_epochs_were_trained_before_the_resume():
     h = MetricHistory(make_rows()[6:], resumed_from_epoch=6)
     note = history_table(h, 40, 200)["note"]
     assert note.startswith(
-        "Epochs 1..6 ran in another process; this handle resumed after epoch 6, so "
-        "its history starts at epoch 7."
+        "Epochs 1..6 were trained before this handle resumed, so its history "
+        "starts at epoch 7."
     )
-    assert "resumed after epoch 6" in repr(h)
+    assert "trained before this handle resumed" in repr(h)
 
 
 def test_an_empty_history_renders():

@@ -21,10 +21,11 @@ from ._version import __version__
 from .errors import CheckpointError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; subcommands are added as their features land."""
+def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
+    """The argument parser; subcommands are added as their features land. `prog`:
+    the name it was called by (`nitro` or `sexpgpu`), for its usage lines."""
     parser = argparse.ArgumentParser(
-        prog="nitro",
+        prog=prog,
         description=(
             "jaxnitro: a training framework for JAX that compiles only when the "
             "graph changes. Subcommands: runs, ckpt; serve, check, run, explain "
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `nitro` and `sexpgpu` console scripts."""
-    parser = build_parser()
+    called = os.path.basename(sys.argv[0]) if argv is None and sys.argv else ""
+    parser = build_parser(called if called in ("nitro", "sexpgpu") else "nitro")
     args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
     if args.command is None:
         parser.print_help()

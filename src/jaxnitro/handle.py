@@ -81,7 +81,7 @@ class Nitro(HandleReports):
 
         nitro = Nitro(MyExp(), run_dir="runs/demo")   # setup only: nothing compiled
         nitro.train()                                 # the automatic loop
-        nitro.history[-1]["loss"]                     # the last validation loss
+        nitro.history[-1]["train_loss"]               # the last epoch's train loss
     """
 
     def __init__(

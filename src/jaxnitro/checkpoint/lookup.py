@@ -182,9 +182,17 @@ def run_pool(
 ) -> list[ManifestEntry]:
     """The entries of the run a source names; raises naming what the directory holds."""
     spelled = f"{what}=({run!r}, {which!r})"
+    # A directory given as the run: the pair reads this handle's run_dir.
+    hint = (
+        f' The first element is a run id (or "latest") in this handle\'s run_dir '
+        f"{directory!r}; to start from another directory pass run_dir={run!r}, or "
+        f"a record's path."
+        if isinstance(run, str) and (os.sep in run or os.path.isdir(run))
+        else ""
+    )
     if not entries:
         raise CheckpointError(
-            f"{spelled}: {directory!r} holds no checkpoints (runs: none)."
+            f"{spelled}: {directory!r} holds no checkpoints (runs: none).{hint}"
         )
     if run == "all":
         return list(entries)
@@ -194,7 +202,7 @@ def run_pool(
     if not mine:
         raise CheckpointError(
             f"{spelled}: {directory!r} holds no run {run!r}. Its runs: "
-            f"{runs_held(entries)}. See jaxnitro.runs({directory!r})."
+            f"{runs_held(entries)}. See jaxnitro.runs({directory!r}).{hint}"
         )
     return mine
 

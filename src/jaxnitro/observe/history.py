@@ -60,7 +60,7 @@ BAD_SELECTION = (
 )
 BAD_RESUMED = (
     "MetricHistory resumed_from_epoch must be a non-negative integer (the last epoch "
-    "another process trained) or None; got {value!r}."
+    "an earlier handle trained) or None; got {value!r}."
 )
 NO_EPOCH = (
     "MetricHistory has no epoch {epoch}: it holds {held}. Positive integers are epoch "
@@ -119,7 +119,7 @@ class MetricHistory:
         selection_metric: the checkpointer's `(name, mode)`, mode "min" or "max": its
             column comes right after `train_loss`, and its best value picks the best
             row. None when nothing ranks the epochs.
-        resumed_from_epoch: the last epoch another process trained before this handle
+        resumed_from_epoch: the last epoch an earlier handle trained before this one
             resumed, so the table notes that epochs up to it are not here. None for a
             fresh run.
 
@@ -260,7 +260,7 @@ class MetricHistory:
 
     @property
     def resumed_from_epoch(self) -> int | None:
-        """The last epoch another process trained before this handle resumed."""
+        """The last epoch an earlier handle trained before this one resumed."""
         return self._resumed_from_epoch
 
     @property

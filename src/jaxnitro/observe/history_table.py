@@ -241,8 +241,8 @@ def _note(h: MetricHistory, shown: int, dropped: list[str]) -> str:
     resumed = h.resumed_from_epoch
     if resumed:
         parts.append(
-            f"Epochs 1..{resumed} ran in another process; this handle resumed after "
-            f"epoch {resumed}, so its history starts at epoch {resumed + 1}."
+            f"Epochs 1..{resumed} were trained before this handle resumed, so its "
+            f"history starts at epoch {resumed + 1}."
         )
     if shown < len(h):
         parts.append(f"Showing {shown} of {len(h)} epochs; h[a:b] selects epochs a..b.")
