@@ -5,12 +5,13 @@ import dataclasses
 import importlib
 import sys
 import textwrap
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny, make_batches
+from experiments import QuietLogger, Tiny, make_batches, mlp
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import ProgramKey, program_cache, typed_key
@@ -343,3 +344,127 @@ def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatc
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
+
+
+# --- what a traced hook reads beyond its globals' names ------------------------------
+
+
+@dataclasses.dataclass
+class ScaleConfig:
+    scale: float
+
+
+class ReadsArray(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * SCALE_ARRAY, state
+
+
+class ReadsConfig(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * SCALE_CONFIG.scale, state
+
+
+class ReadsModule(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * scale_module.factor, state
+
+
+class ReadsClassAttribute(Tiny):
+    factor = 1.0
+
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * type(self).factor, state
+
+
+SCALE_ARRAY = jnp.asarray(1.0)
+SCALE_CONFIG = ScaleConfig(1.0)
+scale_module = types.ModuleType("scale_module")  # made in memory, as in a notebook
+scale_module.factor = 1.0
+
+
+def _set_scale(cls, value):
+    """Change what each class's forward reads, the way a user would."""
+    global SCALE_ARRAY, SCALE_CONFIG
+    if cls is ReadsArray:
+        SCALE_ARRAY = jnp.asarray(value)
+    elif cls is ReadsConfig:
+        SCALE_CONFIG = ScaleConfig(value)
+    elif cls is ReadsModule:
+        scale_module.factor = value
+    else:
+        cls.factor = value
+
+
+@pytest.mark.parametrize(
+    "cls", [ReadsArray, ReadsConfig, ReadsModule, ReadsClassAttribute]
+)
+def test_a_value_a_hook_reads_is_in_the_key(cls):
+    """A JAX array, a user object's field, a module's attribute and a class
+    attribute, read in traced code, bake in: changing one must not hit the program
+    traced with the old value."""
+    batch = make_batches(4, 4)[0]
+    try:
+        before = nx.Nitro(cls(), **quiet()).predict(batch)
+        _set_scale(cls, 5.0)
+        after = nx.Nitro(cls(), **quiet()).predict(batch)
+    finally:
+        _set_scale(cls, 1.0)
+    np.testing.assert_allclose(after, 5.0 * before, rtol=1e-6)
+
+
+def test_a_level_two_optimizer_reading_self_is_keyed_by_what_it_reads():
+    import optax
+
+    class Momentum(Tiny):
+        def momentum(self):
+            return 0.5
+
+        def optimizer(self, group, hp):
+            # the state's structure is the same for any momentum: only the key
+            # can tell the two programs apart
+            return optax.sgd(hp["learning_rate"], momentum=self.momentum())
+
+    def trained(cls):
+        nitro = nx.Nitro(cls(max_epochs=2), **quiet())
+        nitro.train()
+        return jax.tree.leaves(nitro.parameters)
+
+    plain = trained(Momentum)
+    Momentum.momentum = lambda self: 0.9
+    heavy = trained(Momentum)
+    nx.cache_reset()
+    fresh = trained(Momentum)
+    for b, c in zip(heavy, fresh, strict=True):
+        np.testing.assert_array_equal(b, c)  # the edited method took effect
+    assert any(not np.array_equal(a, b) for a, b in zip(plain, heavy, strict=True))
+
+
+def test_a_function_model_is_keyed_by_its_code_and_globals():
+    class FunctionModel(Tiny):
+        def build_model(self, rng):
+            _, params, state = Tiny.build_model(self, rng)
+            return scaled_mlp, params, state
+
+        def forward(self, model, params, state, *, x):
+            return model(params, x), state
+
+    batch = make_batches(4, 4)[0]
+    global MODEL_SCALE
+    before = nx.Nitro(FunctionModel(), **quiet()).predict(batch)
+    MODEL_SCALE = 5.0
+    try:
+        after = nx.Nitro(FunctionModel(), **quiet()).predict(batch)
+    finally:
+        MODEL_SCALE = 1.0
+    np.testing.assert_allclose(after, 5.0 * before, rtol=1e-6)
+
+
+MODEL_SCALE = 1.0
+
+
+def scaled_mlp(params, x):
+    return mlp(params, x) * MODEL_SCALE

@@ -2,15 +2,17 @@
 
 A compiled program is only reusable while the code it traced is unchanged, so every
 cache key holds the fingerprints of the hooks a program traces and, transitively, of
-the user functions and classes they reach: globals they read, methods they call on
-`self`, closures, defaults. Functions from installed libraries (and from jaxnitro) are
-named, not walked: they change only with a new process. Simple global constants are
-fingerprinted by value, and global NumPy arrays by content, since a traced function
-bakes them in as constants.
+the user functions and classes they reach: globals they read (and the attributes they
+read of user modules), what they read on `self`'s class, closures, defaults, and the
+fields of user objects they reach. Functions from installed libraries (and from
+jaxnitro) are named, not walked: they change only with a new process. Constants are
+fingerprinted by value, and NumPy and JAX arrays by content, since a traced function
+bakes them in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -19,6 +21,7 @@ import sysconfig
 import types
 from typing import Any
 
+import jax
 import numpy as np
 
 _LIBRARY_ROOTS = tuple(
@@ -28,6 +31,15 @@ _LIBRARY_ROOTS = tuple(
 )
 _OWN_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
 _ARRAY_CONTENT_LIMIT = 64 * 2**20  # bytes; bigger global arrays key by identity
+
+
+def _is_user_module(module: types.ModuleType) -> bool:
+    """A module of the user's: not installed, not built in (one made in memory, or
+    a notebook's `__main__`, has no file and counts as the user's)."""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return module.__name__ not in sys.builtin_module_names
+    return not _is_library_file(path)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -93,18 +105,27 @@ class _Fingerprinter:
                 parts.append(f"cell:{self.value(cell.cell_contents)}")
             except ValueError:  # an empty cell
                 parts.append("cell:<empty>")
-        # co_names holds both global names and attribute names (`self.helper`), so
-        # each name is looked up in the globals and on the owning class.
-        for name in sorted(_names(fn.__code__)):
+        # co_names holds both global names and attribute names (`self.helper`,
+        # `mod.CONST`), so each name is looked up in the globals, on the user modules
+        # the function reads, and on the owning class (code and values alike: a
+        # traced `type(self).K` bakes K in).
+        names = sorted(_names(fn.__code__))
+        modules = [
+            (name, module)
+            for name in names
+            if isinstance(module := fn.__globals__.get(name), types.ModuleType)
+            and _is_user_module(module)
+        ]
+        for name in names:
             if name in fn.__globals__:
                 parts.append(f"global {name}:{self.value(fn.__globals__[name])}")
-            if owner is not None:
-                attr = next(
-                    (b.__dict__[name] for b in owner.__mro__ if name in b.__dict__),
-                    None,
-                )
-                if _is_code_like(attr):
-                    parts.append(f"self.{name}:{self.value(attr, owner)}")
+            for alias, module in modules:
+                if name in vars(module):
+                    parts.append(f"{alias}.{name}:{self.value(vars(module)[name])}")
+            if owner is not None and not name.startswith("__"):
+                found = [b.__dict__[name] for b in owner.__mro__ if name in b.__dict__]
+                if found:
+                    parts.append(f"self.{name}:{self.value(found[0], owner)}")
         return "\n".join(parts)
 
     def _class(self, cls: type) -> str:
@@ -152,7 +173,11 @@ class _Fingerprinter:
         if isinstance(value, dict):
             items = sorted(f"{self.value(k)}:{self.value(v)}" for k, v in value.items())
             return f"dict({','.join(items)})"
-        if isinstance(value, np.ndarray | np.generic):
+        if isinstance(value, jax.Array) and not self._contents:
+            return f"array:{value.dtype}{value.shape}"
+        if isinstance(value, np.ndarray | np.generic | jax.Array):
+            if isinstance(value, jax.Array) and value.is_deleted():
+                return f"deleted array@{id(value)}"
             array = np.asarray(value)
             if array.nbytes > _ARRAY_CONTENT_LIMIT:
                 return f"array:{array.dtype}{array.shape}@{id(value)}"
@@ -164,8 +189,33 @@ class _Fingerprinter:
             return self.of(value, owner)
         kind = type(value)
         if is_user_code(kind):
-            return f"instance of {self.of(kind)}"
+            if not self._contents:  # the stale check: code, not state
+                return f"instance of {self.of(kind)}"
+            return f"instance of {self.of(kind)} {{{self._state(value)}}}"
         return f"object:{kind.__module__}.{kind.__qualname__}"
+
+    def _state(self, obj: Any) -> str:
+        """A user object's fields (a dataclass's, or its `__dict__` and slots): a
+        traced function that reads `config.scale` bakes the value in."""
+        key = id(obj)
+        if key in self._active:
+            return f"<recursive {type(obj).__qualname__}>"
+        self._active.add(key)
+        try:
+            if dataclasses.is_dataclass(obj):
+                names = [f.name for f in dataclasses.fields(obj)]
+            else:
+                names = sorted(getattr(obj, "__dict__", {}))
+                for klass in type(obj).__mro__:
+                    slots = klass.__dict__.get("__slots__", ())
+                    names += [slots] if isinstance(slots, str) else list(slots)
+            return ",".join(
+                f"{name}={self.value(getattr(obj, name))}"
+                for name in names
+                if hasattr(obj, name)
+            )
+        finally:
+            self._active.discard(key)
 
 
 def _is_code_like(value: Any) -> bool:

@@ -49,13 +49,16 @@ class _Identity:
 
 
 def model_key(model: Any) -> Any:
-    """The model's static part as a key: its class code plus its value or identity."""
+    """The model's static part as a key: its code and state, plus its value or
+    identity. A function model (an apply function) keys by its code and what it
+    reads; an object by its class, its fields (also those its `==` ignores) and
+    its value, or its identity when it does not hash."""
     try:
         hash(model)
         value: Any = model
     except TypeError:
         value = _Identity(model)
-    return (fingerprint(type(model)), typed_key(value))
+    return (fingerprint(model), typed_key(value))
 
 
 @dataclass

@@ -42,13 +42,15 @@ class RuleSpec:
     build: Callable[..., Any]
     fields: tuple[str, ...]  # schedulable field names (level 0 and 1)
     refused: tuple[str, ...]  # fields that may not be scheduled
+    owner: type | None = None  # the experiment class, whose `self.x` the code reads
 
     def key(self) -> tuple[Any, ...]:
         """The rule's identity for the program key: its level and the fingerprint
         of the code that builds the chain (the level-2 `optimizer` method with what
-        it calls, or the rule the level-1 method returned), taken afresh, so an
-        edited rule never reuses a program traced from the old one."""
-        return (self.level, fingerprint(self.build))
+        it reads on `self`, or the rule the level-1 method returned with what it
+        closes over), taken afresh, so an edited rule never reuses a program traced
+        from the old one."""
+        return (self.level, fingerprint(self.build, owner=self.owner))
 
     def describe(self) -> str:
         """The rule as a message names it: its builder, level and code digest."""
@@ -119,7 +121,7 @@ def rule_for_group(
         )
     if level == 2:
         assert optimizer is not None
-        return RuleSpec(2, optimizer, (), ())
+        return RuleSpec(2, optimizer, (), (), owner=type(experiment))
     assert optimizer is not None
     positional = [
         p
@@ -151,7 +153,9 @@ def rule_for_group(
             f"weights would decay twice. Return the rule without decay (e.g. "
             f"optax.adam for optax.adamw) and set weight_decay() on the experiment."
         )
-    return RuleSpec(1, rule, _schedulable(rule), nonschedulable(rule))
+    return RuleSpec(
+        1, rule, _schedulable(rule), nonschedulable(rule), owner=type(experiment)
+    )
 
 
 def build_chain(
