@@ -283,6 +283,98 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(
     )  # the newest record continues its run
 
 
+class StopsAtStep(QuietLogger):
+    """Requests a stop at one train line (a user's Ctrl+C, or a monitor)."""
+
+    def __init__(self, step):
+        self.step, self.nitro = step, None
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and step == self.step:
+            self.nitro.request_stop()
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["same-handle", "resume"])
+def test_a_stop_partway_through_an_epoch_continues_that_epoch_bitwise(tmp_path, resume):
+    """The stopped epoch is validated and checkpointed; training again (the same
+    handle, or a resume) finishes the epoch from the next batch, and the run ends
+    equal to one never stopped (Plateau and early stopping count the epoch once)."""
+
+    class Plateaued(Tiny):
+        def schedules(self):
+            return {"learning_rate": nx.Plateau(0.1, patience=0)}
+
+    recipe = {"max_epochs": 3, "n_train": 128}  # 8 batches: 4 steps an epoch
+    straight = nx.Nitro(
+        Plateaued(**recipe), run_dir=str(tmp_path / "a"), accum=2, logger=None
+    )
+    straight.train()
+    # Step 5's line is read back after step 6 is dispatched: the stop comes at the
+    # boundary after step 6, halfway through epoch 2.
+    stopper = StopsAtStep(5)
+    first = nx.Nitro(
+        Plateaued(**recipe),
+        run_dir=str(tmp_path / "b"),
+        accum=2,
+        logger=stopper,
+    )
+    stopper.nitro = first
+    first.train()
+    assert (first.stop_reason, first.current_epoch, first.current_step) == (
+        "requested",
+        2,
+        6,
+    )
+    again = first
+    if resume:
+        again = nx.Nitro(
+            Plateaued(**recipe),
+            run_dir=str(tmp_path / "b"),
+            accum=2,
+            logger=None,
+            resume="auto",
+        )
+    again.train()
+    assert again.stop_reason == "completed"
+    assert again.current_step == straight.current_step == 12
+    for a, b in zip(leaves(again.parameters), leaves(straight.parameters), strict=True):
+        np.testing.assert_array_equal(a, b)
+    if not resume:  # one row an epoch, the stopped epoch's replaced when it ended
+        assert [r["epoch"] for r in again.history] == [1, 2, 3]
+        assert again.history[-1]["loss"] == straight.history[-1]["loss"]
+
+
+def test_a_stop_asked_for_during_validation_ends_the_run_after_that_epoch():
+    nitro = nx.Nitro(Tiny(max_epochs=3), logger=None, checkpointer=None)
+
+    def stop_in_validation(phase, step, epoch, info):
+        if isinstance(phase, nx.EvalStepping):
+            nitro.request_stop()
+
+    nx.register_phase_monitor(stop_in_validation, nitro=nitro)
+    nitro.train()
+    assert (nitro.stop_reason, nitro.current_epoch, nitro.current_step) == (
+        "requested",
+        1,
+        4,
+    )
+
+
+def test_a_run_with_a_stateless_optimizer_resumes(tmp_path):
+    import optax
+
+    class PlainSGD(Tiny):
+        def optimizer(self):
+            return optax.sgd
+
+    nx.Nitro(PlainSGD(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+    resumed = nx.Nitro(
+        PlainSGD(max_epochs=2), run_dir=str(tmp_path), logger=None, resume="auto"
+    )
+    resumed.train()
+    assert resumed.current_step == 8
+
+
 def test_resume_restores_the_recorded_seed_with_a_warning(tmp_path):
     nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, seed=5).train()
     with pytest.warns(

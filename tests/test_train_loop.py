@@ -306,9 +306,13 @@ def test_resumed_handle_at_max_epochs_warns_nothing_to_train(tmp_path):
         Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, resume="auto"
     )
     with pytest.warns(
-        nx.NitroWarning, match="Nothing to train: the handle is at epoch 1"
+        nx.NitroWarning,
+        match='Nothing to train: the handle is at epoch 1.*Nitro\\(e, resume="auto", '
+        "max_epochs=N\\)",
     ):
         done.train()
+    with pytest.raises(nx.ConfigError, match="train\\(\\) takes no keywords"):
+        done.train(max_epochs=3)
 
 
 def test_n_devs_above_one_is_not_silently_ignored():

@@ -218,10 +218,20 @@ class Nitro(HandleReports):
         return self._run_id if self._checkpointer is not None else None
 
     # ------------------------------------------------------------------ verbs -------
-    def train(self) -> Nitro:
-        """Run the training loop until max_epochs or a requested stop; return self."""
+    def train(self, **kwargs: Any) -> Nitro:
+        """Run the training loop until max_epochs or a requested stop; return self.
+
+        It takes no keywords: every run setting was fixed when the handle was built.
+        """
         from .loop.train import run_training
 
+        if kwargs:
+            raise ConfigError(
+                f"train() takes no keywords (got {', '.join(sorted(kwargs))}): every "
+                f"run setting belongs to the Nitro constructor and is fixed there. "
+                f"To train further, build a new handle that continues this run: "
+                f'Nitro(e, resume="auto", max_epochs=N).'
+            )
         self._check_stale("train")
         restore.refuse_after_restore_best(self)
         self._refuse_released("train()", ("train", "val"))

@@ -185,14 +185,20 @@ def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
     )
     if record is None or not restoring:
         return jax.tree.map(jnp.array, fresh)
+    plan = nitro._plan
+    assert plan is not None
+    recorded = record.meta.get("optimizer_layout")
+    if not jax.tree.leaves(fresh):
+        # A stateless rule (plain SGD): its state has no arrays, so no record holds
+        # any, and the fresh state is the restored one.
+        if recorded is not None:
+            _check_optimizer_layout(record.path, recorded, plan.state_layout())
+        return fresh
     if not record.has_tree("opt_state"):
         raise CheckpointError(
             f"{record.path} holds no optimizer state (it was written by a run that "
             f"never trained, or by average_checkpoints)."
         )
-    plan = nitro._plan
-    assert plan is not None
-    recorded = record.meta.get("optimizer_layout")
     if recorded is not None:  # a record from before it was stored: leaf for leaf only
         _check_optimizer_layout(record.path, recorded, plan.state_layout())
     return record.restore("opt_state", fresh, "optimizer state")

@@ -245,8 +245,12 @@ def _device_inputs(
     return {**device, **scheduled_devices(current, scheduled)}
 
 
-def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
-    """One epoch of micro-batches from the train split's feed; closed on every exit."""
+def run_epoch(nitro: Nitro, epoch: int, *, skip: int = 0) -> EpochLog:
+    """One epoch of micro-batches from the train split's feed; closed on every exit.
+
+    `skip`: batches a stopped run already trained this epoch; they are read (so the
+    epoch's order and the source's state stay as they were) and passed over.
+    """
     log = EpochLog(nitro, epoch)
     source = nitro.data["train"]
     bar = nitro.progress()
@@ -256,7 +260,7 @@ def run_epoch(nitro: Nitro, epoch: int) -> EpochLog:
     feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
     log.feed = feed
     try:
-        delivered = _steps(nitro, epoch, feed, log, bar)
+        delivered = _steps(nitro, epoch, feed, log, bar, skip)
     finally:
         feed.close()
     if delivered is not None:
@@ -278,7 +282,9 @@ def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
         )
 
 
-def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> int | None:
+def _steps(
+    nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any, skip: int = 0
+) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
     the per-step work is the dispatch plus one read-back.
 
@@ -304,6 +310,12 @@ def _steps(nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any) -> int 
     delivered: int | None = 0
     for index, (full, routed) in enumerate(feed):
         _check_batch(routed, names, expected, index, epoch)
+        if index < skip:  # trained before a stop: this epoch continues after it
+            feed.release(routed)
+            if bar is not None:
+                bar.step()
+            delivered = index + 1
+            continue
         if index % accum == 0:  # a new optimizer step: its schedules, evaluated once
             step = nitro._step
             step_values = plan.schedule_values(step)

@@ -162,10 +162,13 @@ def run_training(nitro: Nitro) -> None:
             f"{', '.join(nitro.data) or 'no splits'}."
         )
     max_epochs = int(nitro._config["max_epochs"].value)
-    if nitro.current_epoch >= max_epochs:
+    skip = _trained_this_epoch(nitro)
+    if nitro.current_epoch >= max_epochs and not skip:
         warnings.warn(
             f"Nothing to train: the handle is at epoch {nitro.current_epoch} and "
-            f"max_epochs is {max_epochs}. Pass a larger max_epochs to train longer.",
+            f"max_epochs is {max_epochs}. To train longer, continue the run with a new "
+            f'handle: Nitro(e, resume="auto", max_epochs=N) (max_epochs is fixed '
+            f"when a handle is built).",
             NitroWarning,
             stacklevel=3,
         )
@@ -174,11 +177,13 @@ def run_training(nitro: Nitro) -> None:
     _ensure_optimizer_state(nitro)
     reason = "error"
     try:
-        for epoch in range(nitro.current_epoch + 1, max_epochs + 1):
+        # A stop partway through an epoch left it unfinished: it continues first.
+        first = nitro.current_epoch if skip else nitro.current_epoch + 1
+        for epoch in range(first, max_epochs + 1):
             nitro._epoch = epoch
             nitro.set_phase(phases.TrainStepping())
             started = time.perf_counter()
-            log = run_epoch(nitro, epoch)
+            log = run_epoch(nitro, epoch, skip=skip if epoch == first else 0)
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro._sync_scheduled_devices()
@@ -188,8 +193,18 @@ def run_training(nitro: Nitro) -> None:
                 if "val" in nitro.data
                 else {}
             )
-            early, scales = _after_validation(nitro, epoch, metrics)
+            # A stop asked for during validation ends the run after this epoch too.
+            requested = requested or nitro._stop_requested
+            # An epoch a stop cut short is validated and checkpointed, but Plateau
+            # and early stopping decide on whole epochs: it counts once, when the
+            # continued epoch ends, as in a run never stopped.
+            partial = _trained_this_epoch(nitro) > 0
+            early, scales = (
+                (False, {}) if partial else _after_validation(nitro, epoch, metrics)
+            )
             flat = flatten(metrics)
+            if nitro._history and nitro._history[-1]["epoch"] == epoch:
+                nitro._history.pop()  # the row of this epoch's part before a stop
             nitro._history.append(
                 _history_row(
                     epoch,
@@ -237,6 +252,16 @@ def run_training(nitro: Nitro) -> None:
         raise
     _finish_logger(nitro, reason)
     nitro.set_phase(phases.Done())
+
+
+def _trained_this_epoch(nitro: Nitro) -> int:
+    """How many batches of the current epoch a stop left trained (0 when it ended)."""
+    if nitro.current_epoch < 1 or "train" not in nitro.data:
+        return 0
+    accum = int(nitro._config["accum"].value)
+    per_epoch = len(nitro.data["train"]) // accum
+    done = nitro.current_step - (nitro.current_epoch - 1) * per_epoch
+    return done * accum if 0 < done < per_epoch else 0
 
 
 def _fail(nitro: Nitro, error: BaseException, *, finalize: bool) -> None:
