@@ -35,6 +35,7 @@ import optax
 from _common import apply, cross_entropy, init_params, make_experiment, paired_ratio
 
 from jaxnitro.data.prefetch import NoPrefetch, PrefetchIterator, batch_stream
+from jaxnitro.logging.protocol import Logger
 
 BATCH, BATCHES, WIDTHS = 100, 60, (784, 128, 10)
 
@@ -214,8 +215,9 @@ def compare_producers(step, state, source, epochs: int) -> None:
         )
 
 
-class DataWait:
-    """A logger keeping the loop's once-per-epoch data_wait_frac."""
+class DataWait(Logger):
+    """A logger keeping the loop's once-per-epoch data_wait_frac; its other verbs are
+    the protocol's, which do nothing."""
 
     def __init__(self) -> None:
         self.fracs: list[float] = []
@@ -223,15 +225,6 @@ class DataWait:
     def log_metrics(self, metrics, *, step, epoch, context, **kw):
         if context == "data":
             self.fracs.append(metrics["data_wait_frac"])
-
-    def log_params(self, params):
-        pass
-
-    def log_other(self, key, value):
-        pass
-
-    def finish(self, status):
-        pass
 
 
 def compare_in_the_loop(source, epochs: int) -> None:

@@ -134,15 +134,6 @@ def _after_validation(
     """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
     plan = nitro._plan
     assert plan is not None
-    monitor = nitro._monitor
-    if metrics and monitor is not None and monitor[0] not in flatten(metrics):
-        # Checked whether or not anything follows it: with custom metrics a
-        # misspelled monitor cannot be caught before validation runs (the spec).
-        raise ConfigError(
-            f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
-            f"{', '.join(flatten(metrics))}. Return that key from metrics or "
-            f"finalize_metrics, or fix monitor()."
-        )
     scales = (
         check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
         if metrics
@@ -152,6 +143,19 @@ def _after_validation(
     if nitro._stopper is not None:
         stop = bool(nitro._stopper.should_stop(epoch, metrics))
     return stop, scales
+
+
+def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
+    """Refuse a monitor that names no metric validation returned, whether or not
+    anything follows it: with custom metrics a misspelled monitor cannot be caught
+    before validation runs (the spec)."""
+    monitor = nitro._monitor
+    if flat and monitor is not None and monitor[0] not in flat:
+        raise ConfigError(
+            f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
+            f"{', '.join(flat)}. Return that key from metrics or finalize_metrics, "
+            f"or fix monitor()."
+        )
 
 
 def run_training(nitro: Nitro) -> None:
@@ -198,11 +202,12 @@ def run_training(nitro: Nitro) -> None:
             # An epoch a stop cut short is validated and checkpointed, but Plateau
             # and early stopping decide on whole epochs: it counts once, when the
             # continued epoch ends, as in a run never stopped.
+            flat = flatten(metrics)
+            _check_monitor(nitro, flat)
             partial = _trained_this_epoch(nitro) > 0
             early, scales = (
                 (False, {}) if partial else _after_validation(nitro, epoch, metrics)
             )
-            flat = flatten(metrics)
             if nitro._history and nitro._history[-1]["epoch"] == epoch:
                 nitro._history.pop()  # the row of this epoch's part before a stop
             nitro._history.append(
