@@ -2,8 +2,9 @@
 
 (a) data_wait_frac with a loader that decodes and augments 28x28 images in NumPy,
     calibrated to cost about one training step per batch: inline, one producer
-    thread and the fan-out at 2 workers, in the framework's own training loop (the
-    real XLA CPU step, whose compute shares the two cores with the loader), and in
+    thread and the fan-out (2, 3 and the default workers), in the framework's own
+    training loop (the real XLA CPU step, whose compute shares the cores with the
+    loader), and in
     a stream under a simulated accelerator step of the same length (device time
     that leaves the host's cores free; batches staged as on an accelerator).
 (b) the framework's training loop on the tutorial-sized MLP fed by the prefetch
@@ -34,10 +35,16 @@ import numpy as np
 import optax
 from _common import apply, cross_entropy, init_params, make_experiment, paired_ratio
 
-from jaxnitro.data.prefetch import NoPrefetch, PrefetchIterator, batch_stream
+from jaxnitro.data.prefetch import (
+    NoPrefetch,
+    PrefetchIterator,
+    batch_stream,
+    default_prefetch_workers,
+)
 from jaxnitro.logging.protocol import Logger
 
 BATCH, BATCHES, WIDTHS = 100, 60, (784, 128, 10)
+DEFAULT = default_prefetch_workers()
 
 
 def make_step(optimizer: optax.GradientTransformation):
@@ -201,6 +208,7 @@ def compare_producers(step, state, source, epochs: int) -> None:
             source, workers=2, host_batches=8
         ),
         "fan-out, workers=3": PrefetchIterator(source, workers=3),
+        f"fan-out, default workers={DEFAULT}": PrefetchIterator(source),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in splits}
     run_epoch(step, state, splits["fan-out, workers=2"], 0)  # warm-up
@@ -238,6 +246,7 @@ def compare_in_the_loop(source, epochs: int) -> None:
             source, workers=2, host_batches=8
         ),
         "fan-out, workers=3": nx.PrefetchIterator(source, workers=3),
+        f"fan-out, default workers={DEFAULT}": nx.PrefetchIterator(source),
     }
     for name, split in splits.items():
         waits = DataWait()
@@ -336,6 +345,9 @@ def part_b(epochs: int) -> None:
         "list of host batches (inline)": loop(host),
         "one producer": loop(nx.PrefetchIterator(Prebuilt(host), workers=1)),
         "fan-out, 2 workers": loop(nx.PrefetchIterator(Prebuilt(host), workers=2)),
+        f"fan-out, default {DEFAULT} workers": loop(
+            nx.PrefetchIterator(Prebuilt(host))
+        ),
         "one producer, staged": loop(
             nx.PrefetchIterator(Prebuilt(host), workers=1), stage=True
         ),

@@ -1,6 +1,7 @@
 """The prefetch pipeline: settings, paths, ordering, errors, teardown, memory."""
 
 import gc
+import os
 import threading
 import time
 import traceback
@@ -151,10 +152,19 @@ def test_a_split_is_wrapped_once():
         NoPrefetch(PrefetchIterator([]))
 
 
+@pytest.mark.parametrize(("cores", "workers"), [(1, 3), (2, 4), (6, 8), (64, 8)])
+def test_default_workers_are_the_cores_plus_two_at_most_eight(
+    monkeypatch, cores, workers
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert default_prefetch_workers() == workers
+    assert PrefetchIterator([]).workers == workers
+
+
 def test_defaults_and_pass_through():
     split = PrefetchIterator(Sequential(3))
     workers = default_prefetch_workers()
-    assert 1 <= workers <= 8
+    assert 3 <= workers <= 8
     assert (split.workers, split.device_batches, split.host_batches) == (
         workers,
         1,
@@ -228,12 +238,8 @@ def test_train_split_without_the_trait_warns_naming_both_methods():
 def test_lists_and_capable_sources_never_warn():
     data = auto_prefetch({"train": [{"x": np.zeros((2, 1))}], "val": Indexed()})
     configs = check_prefetch(data)  # warnings are errors in this suite
-    assert [c.path for c in configs.values()] == ["materialized", default_path()]
+    assert [c.path for c in configs.values()] == ["materialized", "fanout"]
     assert prefetch_report(configs["val"])["prefetch_workers"] == configs["val"].workers
-
-
-def default_path():
-    return "fanout" if default_prefetch_workers() > 1 else "single"
 
 
 # --- ordering ---------------------------------------------------------------------
