@@ -183,6 +183,8 @@ def test_compile_view_strips_host_fields_only():
         (lambda s: jnp.sum(s), "conversion to a JAX array"),
         (lambda s: jnp.where(s, 1.0, 0.0), "conversion to a JAX array"),
         (lambda s: jnp.exp(s), "conversion to a JAX array"),
+        (lambda s: jax.lax.exp(s), "an operand of a jax.lax operation"),
+        (lambda s: jax.lax.add(1.0, s), "an operand of a jax.lax operation"),
         (lambda s: bool(s), "conversion to bool"),
         (lambda s: len(s), "len()"),
     ],
@@ -206,6 +208,13 @@ def test_stripped_host_inside_jit_raises():
 
     with pytest.raises(nx.StrippedHostError, match="`max_epochs`"):
         traced(jnp.ones(3))
+
+    @jax.jit
+    def primitive(x):
+        return jax.lax.mul(x, view.max_epochs)
+
+    with pytest.raises(nx.StrippedHostError, match="`max_epochs`"):
+        primitive(jnp.ones(3))
 
 
 def test_stripped_host_in_a_jnp_function_in_a_hook_names_the_field():

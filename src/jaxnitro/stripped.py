@@ -178,3 +178,25 @@ for _name, _symbol in {
 def is_stripped(value: object) -> bool:
     """Whether `value` is a `StrippedHost` sentinel."""
     return type(value) is StrippedHost
+
+
+def _refuse_as_operand(value: StrippedHost) -> NoReturn:
+    value._raise("an operand of a jax.lax operation")
+
+
+def _register_with_jax() -> None:
+    # jax.lax primitives convert their operands through JAX's own value handlers,
+    # with none of NumPy's or jnp's probes, and wrap a failure in a TypeError naming
+    # only the type. A handler for the sentinel raises its own error instead, which
+    # passes through (it is not a TypeError). The hook is JAX-internal: without it,
+    # JAX's TypeError stands.
+    try:
+        from jax._src import dtypes
+
+        register = dtypes.register_canonicalize_value_handler
+    except (ImportError, AttributeError):
+        return
+    register(StrippedHost, _refuse_as_operand)
+
+
+_register_with_jax()
