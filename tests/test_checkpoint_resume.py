@@ -126,10 +126,30 @@ def test_weights_restores_derived_graphconst_and_host_values(tmp_path):
     assert (e.n_out, e.n_seen, e.variant) == (3, 64, "b")
 
 
+class DerivedTables(DerivedShape):
+    counts: np.ndarray | None = None
+
+    def derive(self, data):
+        labels = np.concatenate([b["y"] for b in data["train"]]).argmax(-1)
+        counts = np.bincount(labels, minlength=3).astype(np.int64)
+        return {"n_out": 3, "names": ["a", "b", "c"], "counts": counts}
+
+
+def test_weights_restores_derived_host_arrays_and_json_values(tmp_path):
+    path = trained_record(DerivedTables, tmp_path)
+    e = DerivedTables()
+    derived = e.derive(e.build_data(None))
+    loaded = nx.Nitro(DerivedTables(), weights=path, logger=None, checkpointer=None)
+    e = loaded.experiment
+    assert e.names == ["a", "b", "c"] and e.n_out == 3
+    assert e.counts.dtype == np.int64
+    np.testing.assert_array_equal(e.counts, derived["counts"])
+
+
 def test_weights_warns_for_a_derived_host_value_no_record_holds(tmp_path):
     class DerivedNames(DerivedShape):
         def derive(self, data):
-            return {"n_out": 3, "names": ["a", "b", "c"]}
+            return {"n_out": 3, "names": ("a", "b", "c")}  # JSON returns a list
 
     path = trained_record(DerivedNames, tmp_path)
     with pytest.warns(

@@ -28,6 +28,7 @@ from .accessors import (
     resolve,
 )
 from .checkpoint.checkpointer import Checkpointer, new_run_id
+from .checkpoint.derived import HOST_PREFIX
 from .checkpoint.lookup import run_label
 from .checkpoint.manifest import read_manifest
 from .checkpoint.record import Record
@@ -344,14 +345,20 @@ class SetupSequence(RoutingSetup):
         """The values derive produced for the run that wrote `record`, read back.
 
         A Device value is a stored array, a GraphConst value is in the record's
-        GraphConst table, and a scalar Host value in its logged config. Other Host
-        values (lists, arrays) are in no record: such a field keeps this experiment's
-        value, with a warning, since derive does not run to recompute it.
+        GraphConst table, a scalar Host value in its logged config, and a numeric
+        Host array or a JSON Host value where `derived_host_record` put it. Other
+        Host values are in no record: such a field keeps this experiment's value,
+        with a warning, since derive does not run to recompute it.
         """
+        host = {
+            **record.meta.get("config", {}),
+            **record.meta.get("derived_host", {}),
+            **record.field_arrays(HOST_PREFIX),
+        }
         tables = {
             **dict.fromkeys(device_fields(cls), record.device_values()),
             **dict.fromkeys(graphconst_fields(cls), record.meta.get("graphconst", {})),
-            **dict.fromkeys(host_fields(cls), record.meta.get("config", {})),
+            **dict.fromkeys(host_fields(cls), host),
         }
         derived = {}
         missing = []

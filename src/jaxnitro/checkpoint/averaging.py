@@ -218,7 +218,7 @@ def average_records(
             kept = {
                 k: v
                 for k, v in record.arrays.items()
-                if k.startswith(("state/", "device/"))
+                if k.startswith(("state/", "device/", "host/"))
             }
             meta = dict(record.meta)
     arrays = dict(kept)

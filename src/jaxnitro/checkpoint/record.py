@@ -373,11 +373,16 @@ class Record:
 
     def device_values(self) -> dict[str, np.ndarray]:
         """The Device field values stored in the record, by field name."""
-        found = {}
-        for key, value in self.arrays.items():
-            if key.startswith("device/['") and key.endswith("']"):
-                found[key[len("device/['") : -2]] = value
-        return found
+        return self.field_arrays("device")
+
+    def field_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        """The arrays of a tree stored as a dict of fields, by field name."""
+        start = f"{prefix}/['"
+        return {
+            key[len(start) : -2]: value
+            for key, value in self.arrays.items()
+            if key.startswith(start) and key.endswith("']")
+        }
 
 
 def _load_arrays(path: str) -> dict[str, np.ndarray]:

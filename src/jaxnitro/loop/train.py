@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._version import __version__
+from ..checkpoint.derived import HOST_PREFIX, derived_host_record
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
@@ -57,6 +58,7 @@ def _checkpoint(
     plan = nitro._plan
     assert plan is not None
     stopper = nitro._stopper
+    host_arrays, host_values = derived_host_record(e, nitro._derived_keys)
     meta = {
         "framework_version": __version__,
         "experiment": _qualified(e),
@@ -67,6 +69,7 @@ def _checkpoint(
         "graphconst": graphconst_record(e),
         "config": nitro.params_to_log(),
         "derived": list(nitro._derived_keys),
+        "derived_host": host_values,
         "logger_type": _qualified(nitro.logger),
         "logger_state": logproto.logger_state(nitro.logger),
         "run_id": logproto.run_id(nitro.logger),
@@ -85,6 +88,7 @@ def _checkpoint(
         "state": nitro._state,
         "opt_state": nitro._opt_state,
         "device": nitro.device_values(),
+        HOST_PREFIX: host_arrays,
     }
     if nitro.averaged_from is not None:  # the run started from these averaged weights
         meta["averaged_from"] = nitro.averaged_from
