@@ -1,9 +1,10 @@
 """Reading an experiment's hooks: which exist, and freezing them at construction.
 
-A `Nitro` freezes the hook code it will run: each hook function is copied, so an
-in-place reload (IPython's autoreload patches `__code__`) cannot change what an
-existing handle runs. The fingerprints taken at the same moment let the handle report a
-redefinition later.
+A `Nitro` freezes the hook code it will run: each hook function is copied, and so is
+every user function it calls, so an in-place reload (IPython's autoreload patches
+`__code__`) cannot change what an existing handle runs. The fingerprints taken at the
+same moment let the handle report a redefinition later, and refuse to compile a new
+program from code that changed in a way no copy covers (a method rebound on the class).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import inspect
 import sys
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
-from .compile.fingerprint import fingerprint
+from .compile.fingerprint import code_names, fingerprint, is_user_code
 from .errors import HookError
 from .experiment import Experiment
 
@@ -95,24 +96,112 @@ def check_required_hooks(cls: type, *, has_data: bool) -> None:
             )
 
 
-def freeze(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A copy of `fn` that keeps today's code even if the original is patched or
-    a global it reads is rebound."""
-    if not isinstance(fn, types.FunctionType):
-        return fn
-    # The module's globals are copied as they are now: a helper the hook calls,
-    # rebound in its module later (a reload re-executes the module into the same
-    # dict), would otherwise change what this handle traces for a program it has not
-    # compiled yet, while the programs it compiled keep the old helper.
-    copy = types.FunctionType(
-        fn.__code__, dict(fn.__globals__), fn.__name__, fn.__defaults__, fn.__closure__
-    )
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__qualname__ = fn.__qualname__
-    copy.__module__ = fn.__module__
-    copy.__dict__.update(fn.__dict__)
-    copy.__wrapped_original__ = fn  # type: ignore[attr-defined]
-    return copy
+class Frozen(NamedTuple):
+    """What a handle traces, as it was at construction."""
+
+    hooks: dict[str, Callable[..., Any]]
+    """Copies of the runtime hooks, called as `hook(view, ...)`."""
+    cls: type
+    """A subclass of the experiment class holding copies of its methods and values:
+    the class of the view traced code sees as `self`, so `self.helper(...)` reaches
+    the method as it was even if the class is patched later. The experiment class
+    itself where it is not an `Experiment` subclass."""
+
+
+def freeze_hooks(cls: type, names: Iterable[str]) -> Frozen:
+    """Copies of hooks `names` of `cls` and of every user function they reach.
+
+    Each copy reads a copy of its module's globals (one per module, shared by the
+    copies from that module), in which the user functions it names are copies too,
+    and so on down; closure cells holding user functions get copies as well, and so
+    do the methods and values of the experiment's own classes (see `Frozen.cls`). So
+    an in-place edit of a helper (IPython's autoreload patches `__code__`), a reload
+    rebinding it, or a method rebound on the class cannot change what the handle
+    traces for a program it compiles later, while the programs it compiled keep the
+    old code: one handle, one version. Library functions are not copied.
+    """
+    freezer = _Freezer()
+    hooks = {name: freezer.copy(hook_function(cls, name)) for name in names}
+    return Frozen(hooks, _frozen_class(cls, freezer))
+
+
+def _frozen_class(cls: type, freezer: _Freezer) -> type:
+    if not issubclass(cls, Experiment):
+        return cls
+    namespace: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's attribute wins
+        if klass is object or klass is Experiment or not is_user_code(klass):
+            continue
+        for name, attr in klass.__dict__.items():
+            if not (name.startswith("__") and name.endswith("__")):
+                namespace[name] = freezer.attribute(attr)
+    namespace["__module__"] = cls.__module__
+    namespace["__qualname__"] = cls.__qualname__
+    namespace["__doc__"] = cls.__doc__
+    metaclass: Any = type(cls)
+    return metaclass(cls.__name__, (cls,), namespace, _jaxnitro_snapshot=True)  # type: ignore[no-any-return]
+
+
+class _Freezer:
+    def __init__(self) -> None:
+        self._functions: dict[int, types.FunctionType] = {}
+        self._globals: dict[int, dict[str, Any]] = {}
+
+    def copy(self, fn: Any) -> Any:
+        if not isinstance(fn, types.FunctionType):
+            return fn
+        done = self._functions.get(id(fn))
+        if done is not None:
+            return done
+        scope = self._globals.get(id(fn.__globals__))
+        if scope is None:
+            scope = self._globals[id(fn.__globals__)] = dict(fn.__globals__)
+        copy = types.FunctionType(
+            fn.__code__, scope, fn.__name__, fn.__defaults__, self._cells(fn)
+        )
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__qualname__ = fn.__qualname__
+        copy.__module__ = fn.__module__
+        copy.__dict__.update(fn.__dict__)
+        copy.__wrapped_original__ = fn  # type: ignore[attr-defined]
+        self._functions[id(fn)] = copy  # before the callees: recursion ends here
+        for name in code_names(fn.__code__):
+            value = scope.get(name)
+            if self._follows(value):
+                scope[name] = self.copy(value)
+        return copy
+
+    def attribute(self, attr: Any) -> Any:
+        """A class attribute with the functions behind it copied."""
+        if isinstance(attr, staticmethod):
+            return staticmethod(self.copy(attr.__func__))
+        if isinstance(attr, classmethod):
+            return classmethod(self.copy(attr.__func__))
+        if isinstance(attr, property):
+            fget, fset, fdel = (self.copy(f) for f in (attr.fget, attr.fset, attr.fdel))
+            return property(fget, fset, fdel, attr.__doc__)
+        return self.copy(attr) if self._follows(attr) else attr
+
+    def _cells(self, fn: types.FunctionType) -> tuple[types.CellType, ...] | None:
+        if fn.__closure__ is None:
+            return None
+        cells = []
+        for cell in fn.__closure__:
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell (a name assigned later)
+                cells.append(cell)
+                continue
+            # A wrapper's closure (a staticmethod hook's, a decorator's) holds the
+            # user function it calls.
+            cells.append(
+                types.CellType(self.copy(value)) if self._follows(value) else cell
+            )
+        return tuple(cells)
+
+    @staticmethod
+    def _follows(value: Any) -> bool:
+        return isinstance(value, types.FunctionType) and is_user_code(value)
 
 
 def current_class(cls: type) -> type:

@@ -35,6 +35,7 @@ from .checkpoint.record import Record
 from .checkpoint.retention_checks import check_keep, setup_warnings
 from .checkpoint.sources import ResolvedSource
 from .compile.cache import configure_persistent_cache
+from .compile.fingerprint import fingerprint
 from .compile.programs import TraceContext
 from .data.prefetch import auto_prefetch, check_prefetch
 from .data.sources import (
@@ -49,7 +50,7 @@ from .errors import (
 from .hooks import (
     RUNTIME_HOOKS,
     check_required_hooks,
-    freeze,
+    freeze_hooks,
     has_hook,
     hook_fingerprints,
     hook_function,
@@ -155,12 +156,15 @@ class SetupSequence(RoutingSetup):
         self._compile_options = check_compile_options(kw.get("compile_options"))
 
         # Freeze the hooks: this handle keeps running today's code.
-        self._hooks = {
-            name: freeze(hook_function(cls, name))
-            for name in RUNTIME_HOOKS
-            if has_hook(cls, name)
-        }
+        frozen = freeze_hooks(
+            cls, [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
+        )
+        self._hooks, self._frozen_cls = frozen
         self._hook_prints = hook_fingerprints(cls)
+        self._frozen_prints = {
+            name: fingerprint(hook, owner=frozen.cls, contents=False)
+            for name, hook in self._hooks.items()
+        }
 
         # Locate what to resume or load before anything expensive runs.
         self._resume: ResolvedSource | None = None
@@ -268,14 +272,19 @@ class SetupSequence(RoutingSetup):
             else:
                 self._record.keep_only("opt_state")  # restored when train() starts
 
+        view = compile_view(self._experiment)
+        # Traced code reads methods on `self`: they come from the frozen copies.
+        object.__setattr__(view, "__class__", self._frozen_cls)
         self._ctx = TraceContext(
             cls=cls,
-            view=compile_view(self._experiment),
+            owner=self._frozen_cls,
+            view=view,
             device_names=device_fields(cls),
             hooks=self._hooks,
             model=self._model,
             graphconst=graphconst_values(self._experiment),
             compile_options=self._compile_options,
+            frozen_prints=self._frozen_prints,
         )
         self._bind_run(run_dir)
         configure_persistent_cache()

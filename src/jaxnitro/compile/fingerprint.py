@@ -109,7 +109,7 @@ class _Fingerprinter:
         # `mod.CONST`), so each name is looked up in the globals, on the user modules
         # the function reads, and on the owning class (code and values alike: a
         # traced `type(self).K` bakes K in).
-        names = sorted(_names(fn.__code__))
+        names = sorted(code_names(fn.__code__))
         modules = [
             (name, module)
             for name in names
@@ -230,12 +230,12 @@ def _is_code_like(value: Any) -> bool:
     )
 
 
-def _names(code: types.CodeType) -> set[str]:
+def code_names(code: types.CodeType) -> set[str]:
     """Every global and attribute name the code (and its nested code) loads."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names(const)
+            names |= code_names(const)
     return names
 
 
