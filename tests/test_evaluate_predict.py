@@ -1,5 +1,6 @@
 """Metrics and their modes, padding, residency, validate/evaluate/predict."""
 
+import collections
 import types
 
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ from experiments import N_CLASSES, Tiny, TinyMetrics, make_batches, mlp
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import program_cache
+from jaxnitro.logging.values import flatten
 from jaxnitro.metrics import MetricAccumulator
 
 
@@ -42,6 +44,70 @@ def test_accumulator_modes():
     np.testing.assert_array_equal(result["s"], [1.0, 2.0, 3.0])
     assert result["group"] == {"a": 2.0, "b": 4.0}
     assert result["whole"] == {"p": 2.0, "q": 4.0}
+
+
+def test_sums_keep_integer_dtypes():
+    acc = MetricAccumulator()
+    for _ in range(2):
+        acc.add(
+            {
+                "cm": (np.eye(2, dtype=np.int32), "sum"),
+                "n": (3, None),
+                "hits": (np.array([True, False, True]), "sum"),
+                "acc": (2, 3),
+            }
+        )
+    result = acc.result()
+    assert result["cm"].dtype == np.int64
+    np.testing.assert_array_equal(result["cm"], 2 * np.eye(2))
+    assert type(result["n"]) is int and result["n"] == 6
+    np.testing.assert_array_equal(result["hits"], [2, 0, 2])
+    assert result["hits"].dtype == np.int64
+    assert result["acc"] == pytest.approx(2 / 3)  # a count divides: a float
+
+
+Counts = collections.namedtuple("Counts", "hits n")
+
+
+def test_namedtuple_and_tuple_groups_keep_their_shape():
+    acc = MetricAccumulator()
+    for hits in (3, 1):
+        acc.add(
+            {
+                "nt": Counts(hits=(hits, 4), n=(4, "sum")),
+                "whole": (Counts(hits=hits, n=4.0), "sum"),
+                "tup": ((hits, 4), (4, "sum"), {"a": (1, None)}),
+            }
+        )
+    result = acc.result()
+    assert result["nt"] == Counts(hits=0.5, n=8) and type(result["nt"]) is Counts
+    assert result["whole"] == Counts(hits=4, n=8.0)
+    assert result["tup"] == (0.5, 8, {"a": 2})
+    assert flatten(result)["nt/hits"] == 0.5  # the history's and the log's keys
+    with pytest.raises(
+        nx.HookError,
+        match="or a group of them: a dict, a namedtuple or a tuple of pairs; got list",
+    ):
+        acc.add({"g": [(1, 2), (3, "sum")]})
+    with pytest.raises(nx.HookError, match="A mode on a group takes a dict or a "):
+        acc.add({"g": ((1, 2.0), "sum")})
+
+
+class Grouped(Tiny):
+    def metrics(self, logits, *, y):
+        hits = (jnp.argmax(logits, -1) == jnp.argmax(y, -1)).sum()
+        n = y.shape[0]
+        return {"nt": Counts(hits=(hits, n), n=(n, "sum")), "tup": ((hits, "sum"),)}
+
+    def metrics_residency(self, hook):
+        return "device"
+
+
+def test_groups_and_integer_sums_come_back_from_a_device_program():
+    result = nx.Nitro(Grouped(), **quiet()).evaluate("test")
+    assert type(result["nt"]) is Counts and result["nt"].n == 40
+    assert isinstance(result["tup"], tuple) and type(result["tup"][0]) is int
+    assert result["nt"].hits == pytest.approx(result["tup"][0] / 40)
 
 
 def test_a_leaf_covered_by_two_modes_is_refused():

@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import pytest
 from experiments import Tiny
 
 import jaxnitro as nx
+from jaxnitro.view import graphconst_record
 
 
 class Marked(nx.Experiment):
@@ -267,6 +269,74 @@ def test_graphconst_unhashable_is_refused():
         nx.assert_graphconst_hashable(Nested(cfg=Mutable([1])))
     with pytest.raises(nx.ConfigError, match="does not hash"):
         nx.assert_graphconst_hashable(Nested(cfg=np.ones(3)))
+
+
+def test_a_graphconst_nan_equals_itself_as_in_the_cache_key():
+    class Threshold(nx.Experiment):
+        cut: nx.GraphConst[float] = 0.5
+        pair: nx.GraphConst[tuple] = (1.0, 2.0)
+
+    nan = Threshold(cut=float("nan"), pair=(1.0, float("nan")))
+    nx.assert_graphconst_hashable(nan)
+    # a resume compares the record's values, read back from JSON, with today's
+    again = Threshold(cut=float("nan"), pair=(1.0, float("nan")))
+    stored = json.loads(json.dumps(graphconst_record(nan), allow_nan=False))
+    assert stored == graphconst_record(again) == {"cut": "nan", "pair": [1.0, "nan"]}
+
+
+def test_graphconst_that_differs_from_its_copy_is_refused_with_that_reason():
+    class Never:
+        def __eq__(self, other):
+            return False
+
+        def __hash__(self):
+            return 0
+
+    class Nested(nx.Experiment):
+        cfg: nx.GraphConst[object] = None
+
+    with pytest.raises(
+        nx.ConfigError, match="It does not compare equal to a copy of itself"
+    ):
+        nx.assert_graphconst_hashable(Nested(cfg=Never()))
+
+
+def test_the_class_docstring_gains_a_marker_table():
+    lines = Marked.__doc__.splitlines()
+    assert lines[0] == "Fields of Marked:"  # no docstring: the table alone
+    assert lines[2].split() == ["field", "kind", "type", "default", "doc"]
+    rows = {line.split()[0]: line.split(None, 4) for line in lines[4:]}
+    assert rows["width"] == [
+        "width",
+        "GraphConst",
+        "int",
+        "128",
+        "Hidden width. Structural.",
+    ]
+    assert rows["smoothing"][4] == "Label smoothing. Swept without recompiling."
+    assert rows["images"][:4] == ["images", "Host", "ndarray", "<factory>"]
+    assert rows["max_epochs"] == ["max_epochs", "Host", "int", "20"]
+
+    class Documented(Marked):
+        """A documented experiment.
+
+        Its second paragraph.
+        """
+
+        extra: nx.Device[float] = 0.1
+        """An extra weight."""
+
+    doc = Documented.__doc__
+    assert doc.startswith(
+        "A documented experiment.\n\nIts second paragraph.\n\nFields of Documented:"
+    )
+    assert doc.splitlines()[-1].split(None, 4) == [
+        "extra",
+        "Device",
+        "float",
+        "0.1",
+        "An extra weight.",
+    ]
 
 
 @pytest.mark.parametrize("name", ["seed", "max_epochs"])

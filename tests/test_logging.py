@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from experiments import Tiny
+from experiments import QuietLogger, Tiny
 
 import jaxnitro as nx
 
@@ -156,3 +156,74 @@ def test_json_logger_writes_strict_json_for_non_finite_array_elements(tmp_path):
     text = path.read_text().splitlines()[0]
     line = json.loads(text, parse_constant=lambda token: pytest.fail(token))
     assert line["per_class"] == [0.5, None, None]
+
+
+class Keyed(Tiny):
+    type: str = "mlp"  # a config field named like the line's own key
+
+
+def test_json_logger_refuses_a_metric_or_param_named_like_a_line_key(tmp_path):
+    logger = nx.JSONLogger(tmp_path / "m.jsonl")
+    for key in ("type", "context", "epoch", "step"):
+        with pytest.raises(
+            nx.ConfigError,
+            match=f'context "train" is named `{key}`, a key JSONLogger\'s metrics '
+            f"lines keep for themselves \\(type, context, epoch, step\\).* Rename the "
+            f"metric",
+        ):
+            logger.log_metrics({key: 0.5}, step=1, epoch=1, context="train")
+    with pytest.raises(
+        nx.ConfigError, match="parameter `type` \\('mlp'\\) has the name of the key"
+    ):
+        logger.log_params({"type": "mlp"})
+    assert not (tmp_path / "m.jsonl").exists()  # nothing half-written
+    with pytest.raises(nx.ConfigError, match="Rename the experiment field"):
+        nx.Nitro(Keyed(), run_dir=str(tmp_path), checkpointer=None)  # at setup
+    nx.Nitro(Keyed(), logger=None, checkpointer=None)  # only the JSON line clashes
+
+
+class Logged(Tiny):
+    widths: nx.GraphConst[tuple] = ((8, 4), 2)
+    weights: nx.Device[np.ndarray] = nx.field(
+        default_factory=lambda: np.ones(3, np.float32)
+    )
+    images: np.ndarray = nx.field(
+        default_factory=lambda: np.zeros((100, 8), np.float32)
+    )
+    names: list = nx.field(default_factory=lambda: ["a", "b"])
+    scale: np.float32 = nx.field(default_factory=lambda: np.float32(0.5))
+
+
+def params_line(tmp_path):
+    nx.Nitro(Logged(), run_dir=str(tmp_path), checkpointer=None)
+    return read_lines(tmp_path / "metrics.jsonl")[0]
+
+
+def test_params_line_logs_non_scalar_graphconst_and_device_fields_by_type(tmp_path):
+    params = params_line(tmp_path)
+    assert params["widths"] == "tuple"  # the spec's rule: a non-scalar logs its type
+    assert params["weights"] == "float32[3] on device"  # Device: type and size
+
+
+def test_params_line_leaves_out_non_scalar_host_values(tmp_path):
+    params = params_line(tmp_path)
+    assert "images" not in params and "names" not in params
+    assert params["scale"] == 0.5 and params["n_train"] == 64  # scalars are logged
+
+
+def test_finish_and_reattach_are_exported():
+    class Recording(QuietLogger):
+        def __init__(self):
+            self.calls = []
+
+        def finish(self, status):
+            self.calls.append(("finish", status))
+
+        def reattach(self, state):
+            self.calls.append(("reattach", state))
+
+    logger = Recording()
+    nx.reattach(logger, {"run": 1})
+    nx.finish(logger, "completed")
+    nx.finish(None, "completed")  # logging off: nothing to call
+    assert logger.calls == [("reattach", {"run": 1}), ("finish", "completed")]

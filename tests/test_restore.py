@@ -5,6 +5,7 @@ import numpy as np
 import optax
 import pytest
 from experiments import QuietLogger, Tiny, init_mlp
+from rich.console import Console
 
 import jaxnitro as nx
 from jaxnitro.checkpoint.sources import AverageSource
@@ -204,6 +205,11 @@ def test_restore_best_ends_training_holding_the_best_checkpoint(tmp_path):
     best_epoch = min(nitro.history, key=lambda row: row["loss"])["epoch"]
     best = [e for e in nx.read_manifest(str(tmp_path)) if e.epoch == best_epoch][0]
     assert nitro.checkpoint_source == str(tmp_path / best.file)
+    # show says the handle holds it: repr, and the rich table on a terminal
+    assert f"holding the best checkpoint {best.file} in run_dir" in repr(nitro)
+    console = Console(width=100, record=True, color_system=None)
+    console.print(nitro)
+    assert "holding the best checkpoint" in " ".join(console.export_text().split())
     assert nitro.validate()["loss"] == pytest.approx(
         nitro.history[best_epoch]["loss"], rel=1e-6
     )
@@ -283,6 +289,7 @@ def test_restore_best_average_holds_the_average_or_warns_when_the_run_is_short(
     full.train()
     assert full.averaged_from["epochs"] == [1, 2, 3]
     assert full.checkpoint_source is None
+    assert "holding the average of epochs 1, 2, 3 (restore_best)" in repr(full)
     short = run(tmp_path / "short", 2)
     with pytest.warns(nx.NitroWarning, match="wants 3 checkpoints but the run holds 2"):
         short.train()

@@ -73,6 +73,7 @@ from .logging.jsonl import JSONLogger as JSONLogger
 from .logging.mlflow import MLflowLogger as MLflowLogger
 from .logging.protocol import Logger as Logger
 from .logging.protocol import backend as backend
+from .logging.protocol import finish as finish
 from .logging.protocol import log_confusion as log_confusion
 from .logging.protocol import log_metrics as log_metrics
 from .logging.protocol import log_other as log_other
@@ -80,6 +81,7 @@ from .logging.protocol import log_params as log_params
 from .logging.protocol import log_tags as log_tags
 from .logging.protocol import logger_info as logger_info
 from .logging.protocol import logger_state as logger_state
+from .logging.protocol import reattach as reattach
 from .logging.protocol import run_id as run_id
 from .logging.protocol import run_url as run_url
 from .logging.tensorboard import TensorBoardLogger as TensorBoardLogger

@@ -4,7 +4,8 @@ A subclass becomes a frozen, keyword-only dataclass registered as a JAX pytree (
 Device fields are the children). It records its fields' markers as the three traits
 `device_fields`, `host_fields` and `config_metadata`, and it carries the run accessors
 (`seed`, `accum`, `max_epochs`, ...) with their defaults, which a subclass overrides
-with a method or with a field of the same name.
+with a method or with a field of the same name. Its docstring gains a marker table
+(field, kind, type, default, doc), so `help(MyExp)` shows every field at a glance.
 
     class MnistMLP(Experiment):
         width: GraphConst[int] = 128
@@ -21,6 +22,7 @@ with a method or with a field of the same name.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
 import typing
@@ -102,6 +104,7 @@ class Experiment:
             # A handle's frozen copy of an experiment class (hooks.freeze_hooks): it
             # adds copies of methods only, and is never constructed or flattened.
             return
+        own_doc = cls.__dict__.get("__doc__")  # before dataclass writes a signature
         annotations = _resolve_annotations(cls)
         kinds = {name: field_kind(a) for name, a in annotations.items()}
         for name, kind in kinds.items():
@@ -141,6 +144,8 @@ class Experiment:
                 line=source.line if source else 0,
             )
         cls._jaxnitro_meta = meta
+        table = _marker_table(cls)
+        cls.__doc__ = f"{inspect.cleandoc(own_doc)}\n\n{table}" if own_doc else table
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_with_keys, _unflattener(cls), _flatten
         )
@@ -278,6 +283,49 @@ def summarize(value: Any) -> str:
         return f"{value.dtype}[{'x'.join(map(str, value.shape))}]"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_KIND_NAMES = {"graphconst": "GraphConst", "device": "Device", "host": "Host"}
+
+
+def _marker_table(cls: type) -> str:
+    """The fields as an aligned text table (field, kind, type, default, doc)."""
+    rows: list[tuple[str, ...]] = [("field", "kind", "type", "default", "doc")]
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        meta = cls._jaxnitro_meta[f.name]  # type: ignore[attr-defined]
+        if f.default_factory is not dataclasses.MISSING:
+            default = "<factory>"
+        elif meta.default is NO_DEFAULT:
+            default = "required"
+        else:
+            default = summarize(meta.default)
+        rows.append(
+            (
+                f.name,
+                _KIND_NAMES.get(meta.kind, meta.kind),
+                _type_name(meta.type),
+                default if len(default) <= 24 else default[:21] + "...",
+                " ".join((meta.doc or "").split()),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rows.insert(1, tuple("-" * w for w in widths) + ("-" * 3,))
+    lines = [
+        "    "
+        + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+        + "  "
+        + row[4]
+        for row in rows
+    ]
+    return f"Fields of {cls.__name__}:\n\n" + "\n".join(line.rstrip() for line in lines)
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is None or annotation is typing.Any:
+        return "Any"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
 
 
 def _flatten_with_keys(e: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:

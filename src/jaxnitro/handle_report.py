@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -52,35 +53,60 @@ class HandleReports(SetupSequence):
         values["run_dir"] = self._run_dir
         return values
 
+    def _holding(self) -> str | None:
+        """What weights the handle holds when not the ones it trained to: after
+        restore_best, the best checkpoint's file (or what the average averaged)."""
+        if not self._restored_best:
+            return None
+        path = self.checkpoint_source
+        if path is not None:
+            if os.path.dirname(os.path.abspath(path)) == os.path.abspath(self._run_dir):
+                path = f"{os.path.basename(path)} in run_dir"
+            return f"holding the best checkpoint {path} (restore_best)"
+        epochs = (self.averaged_from or {}).get("epochs", [])
+        return (
+            f"holding the average of epochs {', '.join(map(str, epochs))} "
+            f"(restore_best)"
+        )
+
     def __rich__(self) -> Any:
         """The frozen values as a rich table (a terminal); `repr` is the plain text."""
+        holding = self._holding()
         return frozen_table(
             f"Nitro({self._cls.__name__}) values fixed at construction",
             self.frozen(),
             f"step {self._step}   epoch {self._epoch}   phase "
             f"{type(self.phase_recorder.phase).__name__}   "
-            f"(rebuild the Nitro to change them)",
+            f"(rebuild the Nitro to change them)" + (f"\n{holding}" if holding else ""),
         )
 
     def __repr__(self) -> str:
+        holding = self._holding()
         return (
             f"Nitro({self._cls.__name__}) values fixed at construction (rebuild the "
             f"`Nitro` to change them)\n  {frozen_values(self.frozen())}\n"
             f"  step {self._step}   epoch {self._epoch}   phase "
             f"{type(self.phase_recorder.phase).__name__}"
+            + (f"\n  {holding}" if holding else "")
         )
 
     def params_to_log(self) -> dict[str, Any]:
-        """The flat hyperparameters log_params receives."""
+        """The flat hyperparameters log_params receives.
+
+        A scalar field logs its value. A non-scalar GraphConst or Device field logs
+        as its type name (an array as its type and size), and a non-scalar Host
+        field (dataset-sized state, say) is not logged: the spec's per-field rule,
+        which is why a config of knobs is better flattened into fields.
+        """
         params: dict[str, Any] = {}
         meta = config_metadata(self._cls)
         for name in field_names(self._cls):
             value = getattr(self._experiment, name, None)
-            kind = meta[name].kind if name in meta else "graphconst"
+            kind = meta[name].kind if name in meta else Kind.GRAPHCONST.value
             if isinstance(value, jax.Array | np.ndarray | np.generic):
                 if np.ndim(value) == 0:
                     params[name] = to_host_value(value)
-                else:
+                elif kind != Kind.HOST.value:
                     params[name] = summarize(value)
             elif value is None or isinstance(value, bool | int | float | str):
                 params[name] = value

@@ -8,6 +8,8 @@ any experiment, derived from `Experiment` or written by hand with the three trai
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from typing import Any
 
 from .errors import ConfigError
@@ -63,15 +65,42 @@ def graphconst_record(e: Any) -> dict[str, Any]:
 def _as_json(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_as_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(float(value))  # "nan", "inf": equal to itself, strict JSON
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return repr(value)
 
 
+def isequal(a: Any, b: Any) -> bool:
+    """`a == b`, except that a NaN equals a NaN (Julia's `isequal`), also inside
+    tuples and lists.
+
+    Example:
+        >>> nan = float("nan")
+        >>> isequal(nan, float("nan")), isequal((1, nan), (1, nan)), nan == nan
+        (True, True, False)
+    """
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(isequal(x, y) for x, y in zip(a, b, strict=True))
+        )
+    if bool(a == b):
+        return True
+    return _is_nan(a) and _is_nan(b)
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and bool(value != value)
+
+
 def assert_graphconst_hashable(e: Any) -> None:
     """Refuse a GraphConst value that does not hash and compare by content.
 
-    The check: the value and a deep copy of it must hash equal and compare equal.
+    The check: the value and a deep copy of it must hash equal and compare equal,
+    where a NaN equals a NaN (as the cache key, `typed_key`, already has it).
     """
     for name, value in graphconst_values(e):
         kind = type(value).__name__
@@ -91,12 +120,16 @@ def assert_graphconst_hashable(e: Any) -> None:
                 )
             ) from None
         try:
-            same_value = bool(value == twin)
+            same_value = isequal(value, twin)
         except Exception as error:  # an array inside: ambiguous truth value
             same_value = False
             reason = f"Comparing it with a copy raised: {error}."
         else:
-            reason = "Its hash falls back to object identity."
+            reason = (
+                "It does not compare equal to a copy of itself."
+                if same_hash
+                else "Its hash falls back to object identity."
+            )
         if not (same_hash and same_value):
             raise ConfigError(
                 GRAPHCONST_UNHASHABLE.format(

@@ -7,7 +7,10 @@
     {"type": "finish", "status": "completed"}
 
 The file is opened in append mode and flushed after every line, so a resumed run
-extends the same file and a crash loses at most the line being written.
+extends the same file and a crash loses at most the line being written. The keys a line
+keeps for itself (`type`; on a metrics line also `context`, `epoch`, `step`) are never
+a metric's or a parameter's name: a clash is refused, naming the key, rather than one
+value silently replacing the other.
 """
 
 from __future__ import annotations
@@ -18,6 +21,21 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError
 from .values import jsonable
+
+METRIC_LINE_KEYS = ("type", "context", "epoch", "step")
+"""The keys a metrics line keeps for itself."""
+
+RESERVED_METRIC = """\
+A metric logged under context "{context}" is named `{key}`, a key JSONLogger's metrics \
+lines keep for themselves ({keys}): one of the two values would be lost and the line \
+would no longer say what it is. Rename the metric (`{key}_value`, say) where it is \
+returned: train_metrics or the loss terms for a train line, metrics or \
+finalize_metrics for a validate line."""
+
+RESERVED_PARAM = """\
+The logged parameter `{key}` ({value!r}) has the name of the key JSONLogger's lines \
+keep for the line's kind (`type`): the params line would lose one of the two. Rename \
+the experiment field (`model_{key}`, say), or the parameter passed to log_params."""
 
 
 class JSONLogger:
@@ -65,6 +83,13 @@ class JSONLogger:
         **kwargs: Any,
     ) -> None:
         """One metrics line under `context` ("train", "validate", "data", ...)."""
+        for key in METRIC_LINE_KEYS:
+            if key in metrics:
+                raise ConfigError(
+                    RESERVED_METRIC.format(
+                        context=context, key=key, keys=", ".join(METRIC_LINE_KEYS)
+                    )
+                )
         self._write(
             {"type": "metrics", "context": context, "epoch": epoch, "step": step}
             | dict(metrics)
@@ -72,6 +97,8 @@ class JSONLogger:
 
     def log_params(self, params: dict[str, Any]) -> None:
         """The run's hyperparameters, one line."""
+        if "type" in params:
+            raise ConfigError(RESERVED_PARAM.format(key="type", value=params["type"]))
         self._write({"type": "params"} | dict(params))
 
     def log_other(self, key: str, value: Any) -> None:

@@ -43,14 +43,18 @@ def as_scalar(value: Any) -> tuple[bool, Any]:
 
 
 def flatten(params: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
-    """Nested mappings joined into one level with `sep`.
+    """Nested mappings and namedtuples (a metric group's result, say) joined into one
+    level with `sep`; a plain tuple is a value and stays one.
 
     Example:
-        >>> flatten({"lr": 0.1, "adam": {"b1": 0.9}})
-        {'lr': 0.1, 'adam/b1': 0.9}
+        >>> flatten({"lr": 0.1, "adam": {"b1": 0.9}, "shape": (2, 3)})
+        {'lr': 0.1, 'adam/b1': 0.9, 'shape': (2, 3)}
     """
     flat: dict[str, Any] = {}
     for key, value in params.items():
+        fields = getattr(type(value), "_fields", None)
+        if isinstance(value, tuple) and fields is not None:  # a namedtuple
+            value = dict(zip(fields, value, strict=True))
         if isinstance(value, Mapping):
             for inner, leaf in flatten(value, sep).items():
                 flat[f"{key}{sep}{inner}"] = leaf
