@@ -369,10 +369,17 @@ class Nitro(HandleReports):
             if any(target.name == name for target, _ in self._device_schedules):
                 raise ConfigError(
                     f"set_device: `{name}` is scheduled: the schedule writes it every "
-                    f"step and would overwrite this value. Remove it from schedules."
+                    f"step and would overwrite this value. Build a new Nitro without "
+                    f"`{name}` in its schedules to set it by hand."
                 )
             current = getattr(self._experiment, name)
-            host = to_host_array(name, np.dtype(current.dtype), value)
+            try:
+                host = to_host_array(name, np.dtype(current.dtype), value)
+            except ConfigError as error:
+                raise ConfigError(
+                    f"set_device: {error} The field's dtype is fixed by the compiled "
+                    f"programs: build a new Nitro for another dtype."
+                ) from None
             if host.shape != current.shape:
                 raise ConfigError(
                     f"set_device: `{name}` has shape {tuple(current.shape)}; the new "
