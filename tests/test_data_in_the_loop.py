@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 
 import grain
 import jax
@@ -36,6 +37,19 @@ def leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+def prefetch_threads():
+    return [t for t in threading.enumerate() if "prefetch" in t.name]
+
+
+def prefetch_threads_exit(timeout=10.0):
+    """The prefetch threads still alive after `timeout` seconds to exit: a closed
+    stream joins only its device-memory holder, and the workers leave on their own."""
+    deadline = time.monotonic() + timeout
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return prefetch_threads()
+
+
 def test_ordered_fanout_reproduces_a_run_bitwise_at_any_worker_count():
     runs = {}
     for workers in (1, 2, 4):
@@ -48,7 +62,7 @@ def test_ordered_fanout_reproduces_a_run_bitwise_at_any_worker_count():
     for workers in (2, 4):
         for a, b in zip(runs[1], runs[workers], strict=True):
             np.testing.assert_array_equal(a, b)
-    assert not [t for t in threading.enumerate() if "prefetch" in t.name]
+    assert prefetch_threads_exit() == []
 
 
 def test_the_fanout_path_and_the_inline_path_train_the_same(tmp_path):
@@ -369,7 +383,7 @@ def test_setup_draws_one_plan_so_n_epochs_see_n_plus_one(wrap):
     nitro = nx.Nitro(
         Tiny(max_epochs=2), data={"train": wrap(source)}, logger=None, checkpointer=None
     )
-    assert source.epoch_token == 1  # the first and last batch probes share it
+    assert source.epoch_token == 1  # the probe's one plan, drawn by its __iter__
     nitro.train()
     assert source.epoch_token == 3
 
@@ -440,3 +454,202 @@ def test_a_source_with_batch_at_and_no_iter_is_read_by_index_on_one_producer():
     assert nitro._prefetch["train"].path == "single_no_trait"
     nitro.train()
     assert nitro.current_step == 4
+
+
+class CountsCalls(CountsPlans):
+    """`CountsPlans` counting its `__iter__` calls; each calls `begin_epoch` once."""
+
+    def __init__(self):
+        super().__init__()
+        self.iters = 0
+
+    def __iter__(self):
+        self.iters += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize(
+    ("wrap", "iters"),
+    [
+        (lambda s: nx.PrefetchIterator(s, workers=2), 1),
+        (lambda s: nx.PrefetchIterator(s, workers=1), 3),
+        (nx.NoPrefetch, 3),
+    ],
+    ids=["fanout", "single", "inline"],
+)
+def test_only_the_fanout_calls_begin_epoch_and_the_other_paths_iterate(wrap, iters):
+    """The spec: the fan-out never iterates and the other paths never call
+    begin_epoch; setup's probe goes through iteration."""
+    source = CountsCalls()
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2), data={"train": wrap(source)}, logger=None, checkpointer=None
+    )
+    assert (source.iters, source.epoch_token) == (1, 1)  # the probe iterated
+    nitro.train()
+    assert source.iters == iters  # the fan-out's 2 plans came from begin_epoch
+    assert source.epoch_token == 3
+
+
+class Replanned:
+    """The whole trait, the batch count set by each plan: `counts[k]` for the k-th
+    plan (the probe's is the first)."""
+
+    def __init__(self, counts):
+        self.batches = make_batches(16 * max(counts), 16)
+        self.counts = counts
+        self.count = counts[0]
+        self.epoch_token = 0
+
+    def __len__(self):
+        return self.count
+
+    def begin_epoch(self):
+        self.count = self.counts[min(self.epoch_token, len(self.counts) - 1)]
+        self.epoch_token += 1
+
+    def batch_at(self, i):
+        return self.batches[i]
+
+    def __iter__(self):
+        self.begin_epoch()
+        return (self.batch_at(i) for i in range(len(self)))
+
+
+def accumulated(nitro):
+    return [np.asarray(x) for x in jax.tree.leaves(nitro._accumulator)]
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda s: nx.PrefetchIterator(s, workers=2),
+        lambda s: nx.PrefetchIterator(s, workers=1),
+        nx.NoPrefetch,
+    ],
+    ids=["fanout", "single", "inline"],
+)
+def test_an_epoch_whose_plan_breaks_accum_is_refused_before_it_trains(wrap):
+    source = Replanned([4, 4, 5])  # the probe, epoch 1, epoch 2
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2),
+        data={"train": wrap(source)},
+        accum=2,
+        logger=None,
+        checkpointer=None,
+    )
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"The train split has 5 batches in epoch 2 \(len\(\) read after the "
+        r"epoch's plan was drawn\), which does not divide by accum=2 \(5 % 2 = 1\).*"
+        r"Keep each epoch's batch count a multiple of accum",
+    ):
+        nitro.train()
+    assert nitro.current_step == 2  # epoch 1's steps; epoch 2 trained nothing
+    assert not any(a.any() for a in accumulated(nitro))
+
+
+def test_an_epoch_that_runs_short_mid_step_leaves_no_gradient_behind():
+    class Short(Replanned):
+        def __iter__(self):  # says 4 batches, yields 3: the last step is unfinished
+            return (self.batch_at(i) for i in range(3))
+
+    nitro = nx.Nitro(
+        Tiny(max_epochs=1),
+        data={"train": nx.NoPrefetch(Short([4]))},
+        accum=2,
+        logger=None,
+        checkpointer=None,
+    )
+    with pytest.raises(nx.ConfigError, match="delivered 3 batches in epoch 1"):
+        nitro.train()
+    assert nitro.current_step == 1
+    assert not any(a.any() for a in accumulated(nitro))
+
+
+class Stalling(FannedOut):
+    """Batches from index 2 on wait for `release` (a slow fetch)."""
+
+    def __init__(self, batches, release):
+        super().__init__(batches)
+        self.release = release
+
+    def batch_at(self, i):
+        if i >= 2:
+            self.release.wait(10.0)
+        return super().batch_at(i)
+
+
+@pytest.mark.parametrize("phase", ["train", "validate"])
+def test_an_early_exit_does_not_wait_for_workers_inside_a_slow_batch_at(phase):
+    """A stop request (training) or an error (evaluation) closes the stream without
+    joining the workers, which exit on their own once their batch is built."""
+    release = threading.Event()
+    holder = []
+
+    class Stopper(QuietLogger):
+        def log_metrics(self, metrics, *, step, epoch, context, **kw):
+            if context == "train" and step == 1:
+                holder[0].request_stop()
+
+    class Failing(TinyMetrics):
+        def metrics(self, logits, *, y):
+            raise ValueError("the metric failed")
+
+    stalled = nx.PrefetchIterator(Stalling(make_batches(128, 16), release), workers=3)
+    if phase == "train":
+        nitro = nx.Nitro(
+            Tiny(max_epochs=1),
+            data={"train": stalled},
+            logger=Stopper(),
+            checkpointer=None,
+            run_ref=holder,
+        )
+        nitro.train()
+        assert nitro.stop_reason == "requested"
+    else:
+        data = {"train": make_batches(64, 16), "val": stalled}
+        nitro = nx.Nitro(Failing(), data=data, logger=None, checkpointer=None)
+        with pytest.raises(ValueError, match="the metric failed"):
+            nitro.validate()
+    assert prefetch_threads()  # returned while the workers wait inside batch_at
+    release.set()
+    assert prefetch_threads_exit() == []
+
+
+def test_a_sources_own_check_source_options_runs_at_setup_for_every_split():
+    calls = []
+
+    class Checked(list):
+        def check_source_options(self, name, cfg):
+            calls.append((name, cfg.path))
+
+    class Buffered(list):
+        def check_source_options(self, name, cfg):
+            raise nx.ConfigError(f"split `{name}`: buffer=True reuses one array")
+
+    data = Tiny().build_data(None)
+    split = {
+        "train": Checked(data["train"]),
+        "val": nx.NoPrefetch(Checked(data["val"])),
+    }
+    nx.Nitro(Tiny(), data=split, logger=None, checkpointer=None)
+    assert calls == [("train", "materialized"), ("val", "inline")]
+    with pytest.raises(nx.ConfigError, match="split `train`: buffer=True reuses"):
+        nx.Nitro(
+            Tiny(),
+            data={"train": Buffered(data["train"])},
+            logger=None,
+            checkpointer=None,
+        )
+    nx.check_source_options(Checked(), "test", nx.prefetch_config(Checked()))
+    assert calls[-1] == ("test", "materialized")
+
+
+def test_the_data_api_the_spec_lists_is_public():
+    from jaxnitro.data import prefetch, protocol, sources, stream
+
+    assert nx.check_source_options is sources.check_source_options
+    assert nx.epoch_token is protocol.epoch_token
+    assert nx.PrefetchStream is stream.PrefetchStream
+    assert nx.batch_stream is prefetch.batch_stream
+    assert nx.eval_stream is prefetch.eval_stream

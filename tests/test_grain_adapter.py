@@ -4,12 +4,13 @@ import grain
 import numpy as np
 import pytest
 
-from jaxnitro.data.grain_adapter import GrainPlan, GrainSource, check_source_options
+from jaxnitro.data.grain_adapter import GrainPlan, GrainSource
 from jaxnitro.data.prefetch import (
     PrefetchIterator,
     batch_stream,
     check_batch_at,
     check_prefetch,
+    check_source_options,
     prefetch_config,
 )
 from jaxnitro.data.protocol import fanout_capable
@@ -112,7 +113,7 @@ def test_the_sources_helpers_look_through_the_wrapper():
             lambda: grain.MapDataset.range(8).batch(2).filter(lambda b: b[0] > 0),
             "with `.filter()`, which leaves holes (None)",
         ),
-        (lambda: _dataset().repeat(), "with `.repeat()` and no epoch count"),
+        (lambda: _dataset().repeat(), "built on `.repeat()` with no epoch count"),
     ],
 )
 def test_check_source_options_refuses_what_the_pipeline_cannot_honour(make, message):
@@ -120,6 +121,30 @@ def test_check_source_options_refuses_what_the_pipeline_cannot_honour(make, mess
     with pytest.raises(ConfigError) as info:
         check_source_options(source, "train", None)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda ds: ds.repeat().batch(4, drop_remainder=True),
+        lambda ds: ds.shuffle(seed=1).repeat().batch(5),  # a partial last batch too
+        lambda ds: ds.batch(4).repeat().map(lambda b: b),
+        lambda ds: ds.repeat().batch(4).filter(lambda b: True),
+    ],
+    ids=["under-batch", "under-batch-partial", "under-map", "under-filter"],
+)
+def test_an_endless_repeat_anywhere_in_the_lineage_is_refused_first(build):
+    samples = [{"x": np.full(2, i, np.float32)} for i in range(24)]
+    ds = build(grain.MapDataset.source(samples))
+    message = (
+        r"Split `train` is a grain.MapDataset built on `.repeat\(\)` with no epoch "
+        r"count \(RepeatMapDataset\(num_epochs=None\) in its lineage\), so len\(\) "
+        rf"is {len(ds)} and an epoch never ends.*drop the `.repeat\(\)`"
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_split("train", ds)  # setup's first check, before any batch is read
+    with pytest.raises(ConfigError, match=message):
+        check_source_options(ds, "train", None)
 
 
 def test_check_split_names_the_grain_fix():

@@ -31,6 +31,7 @@ from jaxnitro.data.prefetch import (
 from jaxnitro.data.protocol import (
     BatchSource,
     IndexedSource,
+    epoch_token,
     fanout_capable,
     release_splits,
 )
@@ -90,6 +91,16 @@ def _threads():
     return [t for t in threading.enumerate() if t.name.startswith("jaxnitro-prefetch")]
 
 
+def _exited(timeout=WAIT):
+    """The prefetch threads still alive after `timeout` seconds to exit on their own:
+    a closed stream joins only the thread holding device memory, and its workers
+    leave after their current batch."""
+    deadline = time.monotonic() + timeout
+    while _threads() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return _threads()
+
+
 def _live():
     return len(jax.live_arrays())
 
@@ -108,8 +119,8 @@ def clean():
     gc.collect()  # arrays earlier tests dropped would otherwise vanish mid-test
     live = _live()
     yield
+    assert _exited() == []
     gc.collect()
-    assert _threads() == []
     assert _live() == live
 
 
@@ -501,7 +512,7 @@ def test_random_fanout_passes_deliver_everything_or_fail_cleanly(clean):
         elif stop_at is None:
             assert raised is None
             assert seen == list(range(n)) if ordered else sorted(seen) == list(range(n))
-        assert _threads() == []
+        assert _exited() == []
 
 
 # --- errors travel to the consumer ------------------------------------------------
@@ -602,6 +613,28 @@ def test_a_begin_epoch_that_does_not_advance_the_token_is_refused(clean):
         batch_stream(PrefetchIterator(Stale(), workers=2), ("x",))
 
 
+def test_a_numpy_integer_epoch_token_is_checked_and_a_bool_is_no_token(clean):
+    class NumpyStale(Indexed):
+        def __init__(self):
+            super().__init__()
+            self.epoch_token = np.int64(0)
+
+        def begin_epoch(self):
+            plan = super().begin_epoch()
+            self.epoch_token -= 1  # still an np.int64, which never advances
+            return plan
+
+    with pytest.raises(ConfigError, match="moved epoch_token from 0 to 0"):
+        batch_stream(PrefetchIterator(NumpyStale(), workers=2), ("x",))
+    advancing = Indexed()
+    advancing.epoch_token = np.int32(4)
+    assert len(_drain(batch_stream(PrefetchIterator(advancing, workers=2), ("x",))))
+    assert epoch_token(advancing) == 5 and type(epoch_token(advancing)) is int
+    for flag in (True, np.True_):
+        advancing.epoch_token = flag
+        assert epoch_token(advancing) is None
+
+
 # --- teardown on every exit path --------------------------------------------------
 
 
@@ -658,6 +691,40 @@ def test_close_without_waiting_joins_only_the_device_holding_thread(clean):
     assert _threads() == []
 
 
+@pytest.mark.parametrize("stage", [True, False], ids=["staged", "unstaged"])
+def test_close_does_not_wait_for_workers_inside_a_slow_batch_at(clean, stage):
+    """The spec's close_stream!: an early exit closes every channel and joins only
+    the thread that holds device memory; a worker in a slow batch_at exits on its
+    own once its batch is built."""
+    release = threading.Event()
+    started = threading.Event()
+
+    class Slow(Indexed):
+        def batch_at(self, i, plan=None):
+            if i > 0:
+                started.set()
+                release.wait(WAIT)
+            return super().batch_at(i, plan)
+
+    def staged(host):
+        return [Staged(host, transfer({"x": host["x"]}))]
+
+    stream = prepared_stream(
+        PrefetchIterator(Slow(n_batches=8), workers=3),
+        staged if stage else _named_prepare,
+        stage=stage,
+        join_timeout=0.5,  # had close() waited for them, it would warn: an error
+    )
+    next(stream)
+    assert started.wait(WAIT)
+    stream.close()  # as the loop closes it on a stop request or an error
+    workers = [t for t in stream.threads if "worker" in t.name]
+    assert any(t.is_alive() for t in workers)  # still inside batch_at
+    assert not [t for t in stream.threads if t not in workers and t.is_alive()]
+    release.set()
+    assert _exited() == []
+
+
 def test_close_warns_about_a_thread_that_does_not_stop(clean):
     release = threading.Event()
     started = threading.Event()
@@ -675,7 +742,7 @@ def test_close_warns_about_a_thread_that_does_not_stop(clean):
     )
     assert started.wait(WAIT)
     with pytest.warns(NitroWarning, match=r"did not stop within 0\.01 s"):
-        stream.close()
+        stream.close(wait=True)  # joins the workers too
     release.set()
     for thread in stream.threads:
         thread.join(WAIT)

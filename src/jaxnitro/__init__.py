@@ -48,11 +48,16 @@ from .data.prefetch import NoPrefetch as NoPrefetch
 from .data.prefetch import PrefetchConfig as PrefetchConfig
 from .data.prefetch import PrefetchIterator as PrefetchIterator
 from .data.prefetch import auto_prefetch as auto_prefetch
+from .data.prefetch import batch_stream as batch_stream
 from .data.prefetch import default_prefetch_workers as default_prefetch_workers
+from .data.prefetch import eval_stream as eval_stream
 from .data.prefetch import prefetch_config as prefetch_config
 from .data.protocol import BatchSource as BatchSource
 from .data.protocol import IndexedSource as IndexedSource
+from .data.protocol import epoch_token as epoch_token
 from .data.protocol import fanout_capable as fanout_capable
+from .data.sources import check_source_options as check_source_options
+from .data.stream import PrefetchStream as PrefetchStream
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import DivergenceError as DivergenceError
@@ -131,6 +136,7 @@ from .optim.grad_rules import GradRule as GradRule
 from .optim.grad_rules import PerturbRule as PerturbRule
 from .optim.grad_rules import SingleGrad as SingleGrad
 from .optim.groups import default_no_decay as default_no_decay
+from .optim.rules import declare_nonschedulable as declare_nonschedulable
 from .optim.rules import nonschedulable as nonschedulable
 from .optim.schedules import Plateau as Plateau
 from .optim.stopping import EarlyStopping as EarlyStopping

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
-from .protocol import is_grain_map_dataset, is_materialized
+from .protocol import is_grain_map_dataset
 
 
 class GrainPlan(NamedTuple):
@@ -160,9 +160,10 @@ _FILTER = (
     "the samples before building the MapDataset, or drop the filter."
 )
 _REPEAT = (
-    "Split `{name}` is a grain.MapDataset with `.repeat()` and no epoch count, so "
-    "len() is {length}. The framework runs max_epochs passes itself and plans each "
-    "from (seed, epoch): drop the `.repeat()`."
+    "Split `{name}` is a grain.MapDataset built on `.repeat()` with no epoch count "
+    "({node} in its lineage), so len() is {length} and an epoch never ends. The "
+    "framework runs max_epochs passes itself and plans each from (seed, epoch): "
+    "drop the `.repeat()`."
 )
 
 
@@ -182,33 +183,44 @@ def grain_type_refusal(source: Any, name: str) -> str | None:
     return None
 
 
-def grain_refusal(source: Any, name: str) -> str | None:
-    """The reason a Grain object cannot be a split, or None (also for non-Grain)."""
-    reason = grain_type_refusal(source, name)
-    if reason is not None or _grain_kind(source) != "map":
-        return reason
-    if "FilterMapDataset" in _class_names(source):
-        return _FILTER.format(name=name)
-    length = len(source)
-    if length >= sys.maxsize:
-        return _REPEAT.format(name=name, length=length)
+def _is_endless(dataset: Any) -> bool:
+    try:
+        return len(dataset) >= sys.maxsize
+    except TypeError:
+        return False
+
+
+def _endless(dataset: Any) -> Any:
+    """The dataset in `dataset`'s lineage that made it endless (an epoch-less
+    `.repeat()`: endless, its parents not), or None. A batch above it divides the
+    length, so it is looked for where it was made, whatever follows it."""
+    for node in _lineage(dataset):
+        parents = getattr(node, "parents", ()) or ()
+        if _is_endless(node) and not any(_is_endless(p) for p in parents):
+            return node
     return None
 
 
-def check_source_options(source: Any, name: str, cfg: Any) -> None:
-    """Refuse source settings the resolved pipeline cannot honour, naming the fix.
+def grain_refusal(source: Any, name: str) -> str | None:
+    """The reason a Grain object cannot be a split, or None (also for non-Grain).
 
-    Called at setup for every split (the `inline` ones included) with the unwrapped
-    source and the split's resolved `prefetch_config`. A list of prebuilt batches is
-    always fine. Grain: an `IterDataset` (after `.to_iter_dataset()` or
-    `.mp_prefetch()`), a Grain iterator, a `grain.DataLoader`, a `MapDataset` with a
-    `filter` or an endless `repeat()` are refused.
+    An endless `.repeat()` anywhere in a `MapDataset`'s lineage is named first: a
+    batch above it gives the split a finite-looking len(), and the partial-batch or
+    filter refusals would point at the wrong fix.
 
-    >>> check_source_options([{"x": [1.0]}], "train", None)
+    >>> import grain
+    >>> ds = grain.MapDataset.range(8).repeat().batch(2)
+    >>> grain_refusal(ds, "train").split(" (")[0]
+    'Split `train` is a grain.MapDataset built on `.repeat()` with no epoch count'
+    >>> grain_refusal([{"x": [1.0]}], "train") is None
+    True
     """
-    del cfg  # every Grain refusal holds on every path
-    if is_materialized(source):
-        return
-    reason = grain_refusal(source, name)
-    if reason is not None:
-        raise ConfigError(reason)
+    reason = grain_type_refusal(source, name)
+    if reason is not None or _grain_kind(source) != "map":
+        return reason
+    endless = _endless(source)
+    if endless is not None:
+        return _REPEAT.format(name=name, node=endless, length=len(source))
+    if "FilterMapDataset" in _class_names(source):
+        return _FILTER.format(name=name)
+    return None

@@ -29,6 +29,11 @@ Device memory: every device batch the stream creates is recorded in a ledger unt
 of them, handed out or still queued. At most `device_batches` sit in the channel, one
 in the transfer thread's hand and one in the consumer's: `device_batches + 2`, if the
 consumer releases each batch before asking for the next.
+
+Teardown closes every channel, which stops every stage, and joins only the thread
+that holds device memory (the transfer thread, or the one producer): a worker in
+the middle of a slow `batch_at` would delay it, and exits on its own once its
+batch is built, since every later hand-off raises `ChannelClosed`.
 """
 
 from __future__ import annotations
@@ -122,10 +127,12 @@ class Pipeline:
         """What the consumer reads: the device channel, or the fan-out's own items."""
         self.channels: list[Channel[Any] | Coordinator] = [self.device]
         self.threads: list[threading.Thread] = []
+        self.holder: threading.Thread | None = None
+        """The thread that holds device memory (transfer or producer), if any."""
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def spawn(self, role: str, target: Callable[[], None]) -> None:
+    def spawn(self, role: str, target: Callable[[], None]) -> threading.Thread:
         thread = threading.Thread(
             target=self._run,
             args=(target,),
@@ -133,6 +140,7 @@ class Pipeline:
             daemon=True,
         )
         self.threads.append(thread)
+        return thread
 
     def start(self) -> None:
         for thread in self.threads:
@@ -173,13 +181,17 @@ class Pipeline:
                     self.ledger.free_item(item)
 
     def shutdown(self, timeout: float, wait: bool) -> None:
-        """Close the channels and join the threads; `shutdown_pass` frees the ledger."""
+        """Close the channels and join the device-memory holder (every thread with
+        `wait`); `shutdown_pass` frees the ledger."""
         self.abort()
         me = threading.current_thread()
         deadline = time.monotonic() + timeout
         # The transfer thread (or the single producer) holds device memory: always
         # wait for it. Workers stop after their current batch; wait when asked.
-        waited = self.threads[-1:] if not wait else self.threads[::-1]
+        if wait:
+            waited = self.threads[::-1]
+        else:
+            waited = [self.holder] if self.holder is not None else []
         for thread in waited:
             if thread is not me and thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -321,11 +333,18 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
                     f"({type(source).__name__}) returned None; it must return a "
                     f"batch for every i in range(len(source)) = range({count})."
                 )
-            if not plan.stage:
-                batch = prepare(as_batch(batch, BATCH_HINT))
-                for item in batch:
-                    pipeline.ledger.add(item)
-            coordinator.put(index, batch)
+            if plan.stage:
+                coordinator.put(index, batch)
+                continue
+            items = prepare(as_batch(batch, BATCH_HINT))
+            for item in items:
+                pipeline.ledger.add(item)
+            try:
+                coordinator.put(index, items)
+            except ChannelClosed:  # closed while preparing: nobody will take them
+                for item in items:
+                    pipeline.ledger.free_item(item)
+                raise
 
     def transfer() -> None:
         while (batch := coordinator.take()) is not END:
@@ -335,7 +354,7 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
     for k in range(plan.workers):
         pipeline.spawn(f"worker-{k}", worker)
     if plan.stage:
-        pipeline.spawn("transfer", transfer)
+        pipeline.holder = pipeline.spawn("transfer", transfer)
     else:
         pipeline.output = _Prepared(coordinator)
 
@@ -356,7 +375,7 @@ def build_single(
                 close()
         pipeline.device.put(END)
 
-    pipeline.spawn("producer", producer)
+    pipeline.holder = pipeline.spawn("producer", producer)
 
 
 def shutdown_pass(

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError, NitroWarning, RoutingError
 from .batch_at_check import check_batch_at
-from .grain_adapter import as_indexed, check_source_options
+from .grain_adapter import as_indexed
 from .padding import pad_batch
 from .pipeline import Prepare
 from .protocol import (
@@ -39,7 +39,7 @@ from .protocol import (
     missing_trait_methods,
     unwrap_source,
 )
-from .sources import batch_size
+from .sources import batch_size, check_source_options
 from .stream import EvalStaged, PrefetchStream, Staged
 from .transfer import is_numeric_dtype, transfer
 

@@ -10,12 +10,21 @@ Optional methods, each detected by name:
 
 - `begin_epoch() -> plan` and `batch_at(i, plan=None) -> batch` (the fan-out trait):
   with both, several worker threads build batches of one epoch concurrently. The
-  pipeline calls `begin_epoch()` once per pass, before requesting any batch, then
+  fan-out calls `begin_epoch()` once per pass, before requesting any batch, then
   `batch_at(i, plan)` for each BATCH index `i` in `range(len(source))` (not a sample
-  offset). A source that stores its own plan returns None and is called as
-  `batch_at(i)`. `batch_at` must be thread-safe and depend only on `i` and the plan.
+  offset); `len()` is read after `begin_epoch()` returns, so a plan may change the
+  batch count (with `accum`, it must stay a multiple of it). A source that stores
+  its own plan returns None and is called as `batch_at(i)`. `batch_at` must be
+  thread-safe and depend only on `i` and the plan. The fan-out never calls
+  `__iter__`, and the other paths (one producer, `NoPrefetch`, setup's probe) never
+  call `begin_epoch()`: they iterate, so `__iter__` should call `begin_epoch()`.
 - `epoch_token`: an int the source increments on each `begin_epoch()`; the fan-out
   checks that one call advanced it by exactly one.
+- `check_source_options(split_name, config) -> None`: refuse (raise) or warn about
+  the source's own settings that the split's resolved pipeline cannot honour.
+  Setup calls it once per split, `NoPrefetch` ones included, after the built-in
+  checks, with the split's name and its resolved `PrefetchConfig` (`config.path`
+  says whether `__iter__` runs at all: the fan-out never calls it).
 - `set_epoch(epoch)`: position the next `begin_epoch()` at a 0-based epoch, so a
   resumed run reproduces the data order (the Grain adapter implements it).
 - `release()`: close what the source holds open (a file, a client); it must tolerate
@@ -30,6 +39,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from ..errors import ConfigError, NitroWarning
 
@@ -161,13 +172,20 @@ def fanout_capable(source: Any) -> bool:
 
 
 def epoch_token(source: Any) -> int | None:
-    """The source's epoch counter (an int attribute or method), or None."""
+    """The source's epoch counter (an int attribute or method), or None to skip the
+    fan-out's check. A NumPy integer counts; a bool does not.
+
+    >>> class Counted:
+    ...     epoch_token = np.int64(3)
+    >>> epoch_token(Counted()), epoch_token([])
+    (3, None)
+    """
     token = getattr(unwrap_source(source), "epoch_token", None)
     if callable(token):
         token = token()
-    if token is None or isinstance(token, bool) or not isinstance(token, int):
+    if isinstance(token, bool) or not isinstance(token, int | np.integer):
         return None
-    return token
+    return int(token)
 
 
 _TOKEN_MESSAGE = (

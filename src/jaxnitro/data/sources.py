@@ -5,12 +5,14 @@ arrays with the batch dimension first. A source must be restartable: setup draws
 batch to learn the fields, and every epoch iterates it from the start, so a one-shot
 iterator is refused (and an epoch that runs short, at its end: loop/steps.py). Two
 optional methods make a source index-addressable: `begin_epoch() -> plan` and
-`batch_at(i, plan)`. With both, the fan-out, the inline path and setup's probe read
-`batch_at` over one plan per epoch; with `batch_at` alone, the source is iterated,
-since it may re-plan in `__iter__` (see `reads_by_index`). One producer thread
-iterates any source that has `__iter__`. A `grain.MapDataset` is indexed directly,
-epoch `e` reading `ds[e * len(ds) + i]`, which gives a shuffled dataset a fresh
-permutation each epoch that a resume reproduces.
+`batch_at(i, plan)`. With both, the fan-out reads `batch_at` over one plan per epoch
+and never calls `__iter__`; every other reader (one producer, `NoPrefetch`, setup's
+probe) iterates the source, which re-plans in its own `__iter__`, and never calls
+`begin_epoch` (see `reads_by_index`): a source that counts its plans sees N + 1 over
+N epochs. Only a source without `__iter__` is read by `batch_at` off the fan-out. A
+`grain.MapDataset` is indexed directly, epoch `e` reading `ds[e * len(ds) + i]`,
+which gives a shuffled dataset a fresh permutation each epoch that a resume
+reproduces.
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ def has_iter(source: Any) -> bool:
 def reads_by_index(source: Any) -> bool:
     """Whether a pass off the fan-out reads `source` by `batch_at`, not `__iter__`.
 
-    A source with the whole trait is read over one `begin_epoch()` plan, in the order
-    the fan-out reads it. One with `batch_at` alone may re-plan in `__iter__`, which
-    reading `batch_at` would skip, so it is iterated; without an `__iter__` nothing
-    could re-plan it, and `batch_at` is read.
+    Only a source with `batch_at` and no `__iter__`, which nothing else could read:
+    it is read over one plan (its `begin_epoch()`'s, where it has one). Any source
+    with `__iter__` is iterated, trait or not, so it plans its epoch itself.
     """
-    return fanout_capable(source) or (has_batch_at(source) and not has_iter(source))
+    return has_batch_at(source) and not has_iter(source)
 
 
 def check_split(name: str, source: Any) -> int:
@@ -82,9 +83,9 @@ def check_split(name: str, source: Any) -> int:
             f"Split `{name}` ({type(source).__name__}) has no len(). A source must "
             f"count its batches: len() fixes the schedule horizon and the epoch length."
         ) from None
-    # A source read by batch_at is not iterated here: a trait source's __iter__
-    # may draw a plan, and setup draws one at most.
-    if not (_is_grain_map_dataset(source) or reads_by_index(source)):
+    # A source that defines __iter__ (or batch_at) is not iterated here: its
+    # __iter__ may draw a plan, and setup draws one at most, in the probe.
+    if not (_is_grain_map_dataset(source) or has_iter(source) or has_batch_at(source)):
         try:
             iter(source)
         except TypeError:
@@ -95,16 +96,42 @@ def check_split(name: str, source: Any) -> int:
     return int(count)
 
 
+def check_source_options(source: Any, name: str, cfg: Any) -> None:
+    """Refuse source settings the resolved pipeline cannot honour, naming the fix.
+
+    Called at setup for every split (the `inline` ones included) with the unwrapped
+    source and the split's resolved `prefetch_config`. The built-in checks refuse a
+    Grain `IterDataset` (after `.to_iter_dataset()` or `.mp_prefetch()`), a Grain
+    iterator, a `grain.DataLoader`, and a `MapDataset` with an endless `repeat()` or
+    a `filter`. Then a source that defines its own `check_source_options(name, cfg)`
+    method (detected by name, as `release()` is) is asked too: it raises or warns
+    about its own settings, e.g. an option its `__iter__` implements, which the
+    fan-out never calls.
+
+    >>> check_source_options([{"x": [1.0]}], "train", None)
+    """
+    source = unwrap_source(source)
+    if not is_materialized(source):
+        reason = grain_refusal(source, name)
+        if reason is not None:
+            raise ConfigError(reason)
+    own = getattr(source, "check_source_options", None)
+    if callable(own):
+        own(name, cfg)
+
+
 def probe_split(
     name: str, source: Any, *, last: bool = False
 ) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
     """Setup's read of a split: its first batch, and with `last` its last one.
 
-    At most one plan is drawn, as an epoch draws it: a list or a Grain dataset is
-    indexed (Grain's epoch 0), a source read by `batch_at` (`reads_by_index`) is
-    read over one `begin_epoch()` plan, and any other source goes through
-    `__iter__`. The last batch is None when the split has one batch, or when the
-    source is only iterable (reading it would take a whole pass).
+    As an epoch off the fan-out reads it, drawing at most one plan: a list or a
+    Grain dataset is indexed (Grain's epoch 0), a source with `__iter__` is
+    iterated (its `__iter__` plans; `begin_epoch` is never called directly), and
+    only a source without `__iter__` is read by `batch_at` (`reads_by_index`). The
+    last batch is None when the split has one batch, or when reading it would take
+    another plan or a whole pass: an iterated source is read by `batch_at` only
+    when it lacks `begin_epoch`, so it keeps the plan its `__iter__` just drew.
     """
     source = unwrap_source(source)
     read: Callable[[int], Any] | None = None
@@ -116,8 +143,8 @@ def probe_split(
         first = as_batch(read(0), BATCH_HINT)
     else:
         first = _iterated_first(name, source)
-        if has_batch_at(source):  # it keeps its own plan, which iterating just drew
-            read = source.batch_at
+        if has_batch_at(source) and not fanout_capable(source):
+            read = source.batch_at  # it keeps the plan iterating just drew
     count = len(source)  # read after the plan, which may change the batch count
     if not last or count < 2 or read is None:
         return first, None
@@ -125,15 +152,22 @@ def probe_split(
 
 
 def _iterated_first(name: str, source: Any) -> Mapping[str, Any]:
-    for batch in source:
-        return as_batch(batch, BATCH_HINT)
+    iterator = iter(source)
+    try:
+        for batch in iterator:
+            return as_batch(batch, BATCH_HINT)
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):  # a generator's cleanup runs now, not when collected
+            close()
     raise ConfigError(
         f"Split `{name}` yielded no batch although len() is {len(source)}."
     )
 
 
 def _plan(source: Any) -> Any:
-    """The source's plan for its next epoch, or None when it keeps its own."""
+    """The plan of the next epoch of a source read by `batch_at` (no `__iter__`),
+    or None when it keeps its own (it has no `begin_epoch`)."""
     begin = getattr(source, "begin_epoch", None)
     return begin() if callable(begin) else None
 
@@ -152,9 +186,9 @@ def epoch_batches(source: Any, epoch: int) -> Iterator[Mapping[str, Any]]:
 
 
 def pass_batches(source: Any) -> Iterator[Mapping[str, Any]]:
-    """One pass off the fan-out: `batch_at` over the plan of the source's next epoch
-    where `reads_by_index` says so (the order the fan-out reads), else the source's
-    own iteration, which re-plans the epoch itself."""
+    """One pass off the fan-out: the source's own iteration, which plans the epoch
+    itself; `batch_at` over one plan only for a source without `__iter__`
+    (`reads_by_index`)."""
     if reads_by_index(source):
         plan = _plan(source)
         for index in range(len(source)):

@@ -82,9 +82,10 @@ class PrefetchStream(Generic[T]):
     `EvalStaged(host, device, n_real)` (evaluation). The consumer frees each device
     batch with `release(item.device)` once the step that used it has been
     dispatched or read back; `close()` frees everything still alive, stops every
-    thread and is idempotent. Also a context manager; a stream dropped without
-    `close()` is closed when garbage-collected. With `stage=False` the items hold
-    host arrays only, and the fan-out's workers prepare them (no transfer thread).
+    thread (waiting only for the one that holds device memory) and is idempotent.
+    Also a context manager; a stream dropped without `close()` is closed when
+    garbage-collected. With `stage=False` the items hold host arrays only, and the
+    fan-out's workers prepare them (no transfer thread).
     """
 
     def __init__(
@@ -129,7 +130,7 @@ class PrefetchStream(Generic[T]):
                 build_single(pipeline, source, prepare, set_epoch)
             self._pipeline = pipeline
         self._finalizer = weakref.finalize(
-            self, shutdown_pass, self._pipeline, self._ledger, join_timeout, True
+            self, shutdown_pass, self._pipeline, self._ledger, join_timeout, False
         )
         self._finalizer.atexit = False  # daemon threads; the process frees memory
         if self._pipeline is not None:
@@ -183,11 +184,14 @@ class PrefetchStream(Generic[T]):
         """Free one device batch this stream yielded (its `.device`); idempotent."""
         self._ledger.free(device)
 
-    def close(self, *, wait: bool = True) -> None:
+    def close(self, *, wait: bool = False) -> None:
         """Stop every thread and free every device batch still alive; idempotent.
 
-        With `wait=False`, only the thread that holds device memory is joined; the
-        workers exit on their own after their current batch.
+        Only the thread that holds device memory (the transfer thread, or the one
+        producer) is joined: a worker in the middle of a slow `batch_at` would
+        delay an early exit (a stop request, an error) for as long as it takes,
+        and it exits on its own after its current batch. `wait=True` joins every
+        thread (each for at most the stream's `join_timeout`).
         """
         if self._stopped is None:
             self._stopped = time.perf_counter()

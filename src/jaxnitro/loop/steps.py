@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..compile.cache import program_cache
@@ -259,13 +260,52 @@ def run_epoch(nitro: Nitro, epoch: int, *, skip: int = 0) -> EpochLog:
         bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
     feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
     log.feed = feed
+    accum = int(nitro._config["accum"].value)
     try:
         delivered = _steps(nitro, epoch, feed, log, bar, skip)
+    except BaseException:
+        if accum > 1:  # it may have raised partway through an optimizer step
+            _zero_accumulator(nitro)
+        raise
     finally:
         feed.close()
     if delivered is not None:
+        if delivered % accum:  # a source that ran short or long ended mid-step
+            _zero_accumulator(nitro)
         _check_epoch_length(source, delivered, epoch)
     return log
+
+
+EPOCH_ACCUM = (
+    "The train split has {count} batches in epoch {epoch} (len() read after the "
+    "epoch's plan was drawn), which does not divide by accum={accum} ({count} % "
+    "{accum} = {rest}): every optimizer step takes {accum} micro-batches, and the "
+    "last {rest} would carry their gradient into the next epoch. Keep each epoch's "
+    "batch count a multiple of accum (have begin_epoch drop the extra batches), or "
+    "change accum or the batch size so it divides."
+)
+
+
+def _check_epoch_count(source: Any, accum: int, epoch: int) -> None:
+    """Refuse an epoch whose batch count does not divide by accum, before it trains.
+
+    Called once the feed has delivered the epoch's first batch, so the plan that
+    may change the count is drawn on every path (the fan-out's `begin_epoch`, the
+    source's own `__iter__`)."""
+    count = len(source)
+    if count % accum:
+        raise ConfigError(
+            EPOCH_ACCUM.format(
+                count=count, epoch=epoch, accum=accum, rest=count % accum
+            )
+        )
+
+
+def _zero_accumulator(nitro: Nitro) -> None:
+    """Drop the gradient of an optimizer step an epoch left unfinished, so that no
+    gradient carries into another epoch."""
+    if nitro._accumulator is not None:
+        nitro._accumulator = jax.tree.map(jnp.zeros_like, nitro._params)
 
 
 def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
@@ -324,7 +364,9 @@ def _steps(
         if nitro._device_values is not device:  # set_device may replace it
             device = nitro._device_values
             values = _device_inputs(nitro, device, step_values)
-        if gradient is None:
+        if gradient is None:  # the epoch's first trained batch: its plan is drawn
+            if accum > 1:
+                _check_epoch_count(nitro.data["train"], accum, epoch)
             gradient, optimizer = training_programs(nitro, routed, values, hp)
         if accum == 1:
             (
