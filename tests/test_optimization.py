@@ -250,6 +250,63 @@ def test_schedule_binding_errors(schedules, message):
         nx.Nitro(OneBatch(), schedules=schedules, **quiet())
 
 
+@pytest.mark.parametrize("key", ["anchor", "no_decay_mask"])
+@pytest.mark.parametrize("level", [0, 2])
+def test_scheduling_a_decay_field_is_refused_at_binding(level, key):
+    experiment, schedules = (Level2(), {"momentum": 0.5}) if level else (OneBatch(), {})
+    hook = "decay_anchor\\(group\\)" if key == "anchor" else "no_decay\\(keypath"
+    with pytest.raises(
+        nx.ConfigError,
+        match=f"Schedule `{key}` = 3.0: `{key}` is a non-schedulable Decay field "
+        f".*Set it with {hook}.*remove this schedule",
+    ):
+        nx.Nitro(experiment, schedules={**schedules, key: 3.0}, **quiet())
+
+
+def test_a_declared_nonschedulable_field_is_refused():
+    def clipped_sgd(learning_rate, max_norm=1.0):
+        parts = [optax.clip_by_global_norm(max_norm)] if max_norm > 0 else []
+        return optax.chain(*parts, optax.sgd(learning_rate))
+
+    class Clipped(OneBatch):
+        def optimizer(self):
+            return clipped_sgd
+
+    assert nx.nonschedulable(clipped_sgd) == ()
+    assert nx.declare_nonschedulable(clipped_sgd, "max_norm") is clipped_sgd
+    assert nx.nonschedulable(clipped_sgd) == ("max_norm",)
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"Schedule `max_norm` = 0.5: `max_norm` of group 'default''s rule is "
+        r"not schedulable: .*clipped_sgd declares it non-schedulable .*"
+        r"functools.partial\(.*clipped_sgd, max_norm=...\)",
+    ):
+        nx.Nitro(Clipped(), schedules={"max_norm": 0.5}, **quiet())
+    nx.declare_nonschedulable(clipped_sgd)  # a declaration replaces the last one
+    assert nx.nonschedulable(clipped_sgd) == ()
+    with pytest.raises(
+        nx.ConfigError, match=r"clipped_sgd has no parameter `max_nrom`.*max_norm\."
+    ):
+        nx.declare_nonschedulable(clipped_sgd, "max_nrom")
+    with pytest.raises(nx.ConfigError, match="name each field by a string"):
+        nx.declare_nonschedulable(clipped_sgd, 3)
+    with pytest.raises(nx.ConfigError, match="the first argument is the rule"):
+        nx.declare_nonschedulable(optax.sgd(0.1), "momentum")
+
+
+def test_level2_that_returns_no_chain_is_refused_at_setup():
+    class Named(OneBatch):  # no decay, no schedule: nothing else probes the hook
+        def optimizer(self, group, hp):
+            return "sgd"
+
+    with pytest.raises(
+        nx.HookError,
+        match=r"optimizer\(self, 'default', hp\) returned str \('sgd'\); it must "
+        r"return an Optax GradientTransformation",
+    ):
+        nx.Nitro(Named(), **quiet())
+
+
 def test_an_ambiguous_key_names_both_places():
     class Ambiguous(OneBatch):
         momentum: nx.Device[float] = 0.0
@@ -863,3 +920,53 @@ def test_grad_rule_with_hp_reads_bind_values():
         nx.ConfigError, match="the rule's type and its unscheduled fields"
     ):
         nx.Nitro(Changes(max_epochs=3), schedules=flip, **quiet()).train()
+
+
+def test_grad_rule_with_hp_places_the_scheduled_values():
+    class Doubled(OneBatch):
+        def grad_rule(self, hp):
+            return nx.SAM(2.0 * hp.get("rho", 0.05))
+
+    class Direct(OneBatch):
+        def grad_rule(self):
+            return nx.SAM(0.1)
+
+    placed = nx.Nitro(Doubled(max_epochs=2), schedules={"rho": 0.05}, **quiet())
+    placed.train()
+    direct = nx.Nitro(Direct(max_epochs=2), **quiet())
+    direct.train()
+    assert_trees_close(placed.parameters, direct.parameters, rtol=0, atol=0)
+
+
+def test_grad_rule_with_hp_gets_step_zero_values_at_setup():
+    class Placed(OneBatch):
+        def grad_rule(self, hp):
+            return nx.SAM(hp["rho"] * hp["bind"]["warm"])
+
+    schedules = {
+        "rho": lambda total: lambda t: 0.05 * (1 + t),
+        "bind": {"warm": lambda total: lambda t: 0.5 + t},
+    }
+    nitro = nx.Nitro(Placed(max_epochs=1), schedules=schedules, **quiet())
+    assert nitro._plan.grad_rule == nx.SAM(0.05 * 0.5)
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"read hp\['rho'\], but no schedule sets the rule field `rho`.*"
+        r"hp.get\('rho', default\)",
+    ):
+        nx.Nitro(Placed(), **quiet())
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"read hp\['bind'\]\['warm'\], but no schedule binds `warm` "
+        r"\(bound: none\)",
+    ):
+        nx.Nitro(Placed(), schedules={"rho": 0.05}, **quiet())
+
+    class Switches(OneBatch):
+        def grad_rule(self, hp):
+            return nx.SAM(hp["rho"]) if hp["bind"]["on"] > 0.5 else nx.SingleGrad()
+
+    with pytest.raises(
+        nx.ConfigError, match="which has no schedulable field for schedule `rho`"
+    ):
+        nx.Nitro(Switches(), schedules={"rho": 0.05, "bind": {"on": 0.0}}, **quiet())

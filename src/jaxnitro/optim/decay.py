@@ -23,6 +23,14 @@ from ..errors import ConfigError
 
 ANCHOR_KINDS = ("zero", "w0")
 
+# Decay's fields that no schedule may set (the spec's nonschedulable(Decay)), each with
+# the hook that sets it: parameter-sized trees, which a group's hp carries under these
+# names at every level.
+DECAY_NONSCHEDULABLE = {
+    "anchor": 'decay_anchor(group) ("zero", "w0" or a parameter tree)',
+    "no_decay_mask": "no_decay(keypath, leaf)",
+}
+
 
 def Decay(  # noqa: N802 - named like the spec's rule, a constructor
     weight_decay: Any, anchor: Any = None, mask: Any = None

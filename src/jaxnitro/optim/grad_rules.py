@@ -139,6 +139,45 @@ class ASAM(PerturbRule):
         return jax.tree.map(lambda a, g: (scale * a * a * g).astype(g.dtype), t, gated)
 
 
+class RuleHp(dict[str, Any]):
+    """What `grad_rule(self, hp)` receives for one optimizer step: each scheduled
+    field of the rule by name and each `bind` schedule under `hp["bind"]`, all host
+    numbers (floats). Reading a name no schedule sets raises a ConfigError naming it
+    and the fix, not a bare KeyError; `hp.get(name, default)` reads it optionally.
+
+    Example:
+        >>> hp = RuleHp({"rho": 0.05}, {"sam_warm": 0.5})
+        >>> hp["rho"] * hp["bind"]["sam_warm"], hp.get("eta", 0.01)
+        (0.025, 0.01)
+    """
+
+    def __init__(self, fields: dict[str, float], bind: dict[str, float]) -> None:
+        super().__init__(fields)
+        self["bind"] = _BindHp(bind)
+
+    def __missing__(self, key: Any) -> Any:
+        held = ", ".join(k for k in self if k != "bind") or "no rule field"
+        raise ConfigError(
+            f"grad_rule(self, hp) read hp[{key!r}], but no schedule sets the rule "
+            f"field `{key}` (hp holds {held}, and bind). Schedule it if it is a "
+            f"schedulable field of the rule, e.g. schedules={{'grad': {{{key!r}: "
+            f"...}}}}; put a value of your own under schedules={{'bind': {{...}}}} "
+            f"and read hp['bind'][name]; or read it with hp.get({key!r}, default)."
+        )
+
+
+class _BindHp(dict[str, Any]):
+    """`hp["bind"]`: the bind schedules' values by name."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise ConfigError(
+            f"grad_rule(self, hp) read hp['bind'][{key!r}], but no schedule binds "
+            f"`{key}` (bound: {', '.join(self) or 'none'}). Schedule it, e.g. "
+            f"schedules={{'bind': {{{key!r}: lambda total: lambda t: ...}}}}, or "
+            f"read it with hp['bind'].get({key!r}, default)."
+        )
+
+
 def check_grad_rule(rule: Any) -> GradRule:
     """Refuse what is not a GradRule, naming the ones there are, and a rule whose
     baked fields cannot enter a cache key."""

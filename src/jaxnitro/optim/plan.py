@@ -24,7 +24,7 @@ import optax
 from ..errors import ConfigError
 from .decay import Decay
 from .ema import EMA, ema_update
-from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule
+from .grad_rules import GradRule, PerturbRule, RuleHp, SingleGrad, check_grad_rule
 from .groups import GroupLayout
 from .rules import RuleSpec, build_chain
 from .schedules import BoundSchedule, Target
@@ -193,15 +193,17 @@ class OptimizerPlan:
 
     def grad_inputs(self, step: int, values: dict[Target, float]) -> Any:
         """The gradient rule's per-step inputs (empty for SingleGrad), from
-        `schedule_values(step)`."""
+        `schedule_values(step)`.
+
+        `grad_rule(self)`: the rule's fields, each scheduled one filled in by name.
+        `grad_rule(self, hp)`: the fields of the rule the hook returns for this step's
+        hp, which places the scheduled values itself.
+        """
         if not self.perturbs and self.grad_rule_fn is None:
             return {}
-        rule = self.grad_rule
-        fields = {t.name: v for t, v in values.items() if t.namespace == "grad"}
         if self.grad_rule_fn is not None:
-            bind = {t.name: v for t, v in values.items() if t.namespace == "bind"}
             rule = check_grad_rule(
-                self.grad_rule_fn(self.experiment, {**fields, "bind": bind})
+                self.grad_rule_fn(self.experiment, grad_rule_hp(values))
             )
             # The same class object has the same code, so only the fields can
             # differ: comparing them spares fingerprinting the class every step.
@@ -215,8 +217,16 @@ class OptimizerPlan:
                     f"unscheduled fields bake into the gradient program and must not "
                     f"change. Vary only its schedulable fields."
                 )
-        own = rule.values()
-        own.update({k: v for k, v in fields.items() if k in own})
+            own = rule.values()
+        else:
+            own = self.grad_rule.values()
+            own.update(
+                {
+                    t.name: v
+                    for t, v in values.items()
+                    if t.namespace == "grad" and t.name in own
+                }
+            )
         return {
             "values": {k: np.float32(v) for k, v in own.items()},
             "masks": self.perturb_masks,
@@ -323,6 +333,15 @@ def _log_keys(
             if reaches and t.group in (None, g.name):
                 keys[t.log_key(g.name)] = (g, t)
     return keys
+
+
+def grad_rule_hp(values: Mapping[Target, float]) -> RuleHp:
+    """The `hp` of `grad_rule(self, hp)` for one step, from its `schedule_values`:
+    each scheduled rule field by name, each bind schedule under "bind"."""
+    return RuleHp(
+        {t.name: v for t, v in values.items() if t.namespace == "grad"},
+        {t.name: v for t, v in values.items() if t.namespace == "bind"},
+    )
 
 
 def scheduled_devices(

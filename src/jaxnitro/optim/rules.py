@@ -8,7 +8,9 @@ the framework appends `Decay` to a group with weight decay. Level 2: `optimizer(
 group, hp)` builds the whole chain from this step's traced `hp` (learning_rate,
 weight_decay pre-multiplied by it, anchor, no_decay_mask, and each scheduled field);
 the chain must end with `Decay` when the group decays, and setup verifies on the host
-that every scheduled field changes what the chain computes.
+that every scheduled field changes what the chain computes. A schedule may never set
+Decay's `anchor` or `no_decay_mask`, nor a rule's structural fields; a custom rule
+constructor declares its own with `declare_nonschedulable`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import optax
 
 from ..compile.fingerprint import fingerprint
 from ..errors import ConfigError, HookError
-from .decay import Decay
+from .decay import DECAY_NONSCHEDULABLE, Decay
 
-# Fields of Optax rules that cannot be traced or scheduled, beyond what the signature
-# shows (booleans, dtypes, strings and callables are never schedulable).
+# The declared non-schedulable fields of each rule constructor, beyond what the
+# signature shows (booleans, dtypes, strings and callables are never schedulable).
+# `declare_nonschedulable` adds a custom rule's; a declaration replaces the last one.
 NONSCHEDULABLE: dict[Any, tuple[str, ...]] = {
     optax.radam: ("threshold",),
+    Decay: tuple(DECAY_NONSCHEDULABLE),
 }
 
 
@@ -62,12 +66,22 @@ class RuleSpec:
 
 
 def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
-    """The fields of an Optax rule constructor that may not be scheduled."""
+    """The fields of an Optax rule constructor that may not be scheduled: those
+    `declare_nonschedulable` declared, and those its signature shows are structural
+    (a required argument other than the rates, a bool, string, callable or dtype).
+
+    Example:
+        >>> import optax
+        >>> nonschedulable(optax.sgd)
+        ('nesterov', 'accumulator_dtype')
+        >>> nonschedulable(Decay)
+        ('anchor', 'no_decay_mask')
+    """
     refused = list(NONSCHEDULABLE.get(rule, ()))
     for name, p in _parameters(rule).items():
         default = p.default
         if default is p.empty:
-            structural = name != "learning_rate"
+            structural = name not in ("learning_rate", "weight_decay")
         else:
             structural = (
                 isinstance(default, bool | str)
@@ -77,6 +91,90 @@ def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
         if structural:
             refused.append(name)
     return tuple(dict.fromkeys(refused))
+
+
+DECLARE_UNKNOWN_FIELD = """\
+declare_nonschedulable({rule}, {field!r}): {rule} has no parameter `{field}`, so no \
+schedule could reach it. Its parameters are: {known}. Declare the name it takes."""
+
+
+def declare_nonschedulable(
+    rule: Callable[..., Any], *fields: str
+) -> Callable[..., Any]:
+    """Declare the fields of a custom rule constructor that no schedule may set.
+
+    A schedule's value reaches the rule as a traced array every step, so a field the
+    rule branches on in Python (a structural one) cannot take it. After this, setup
+    refuses a schedule on any of `fields` with a ConfigError naming it, at levels 0
+    and 1, where the framework calls the rule; a level-2 `optimizer(self, group, hp)`
+    places hp's values itself. The declaration replaces an earlier one for `rule`
+    (declare no fields to withdraw it), and applies to this function object: declare
+    it again where the rule is redefined. Returns `rule`, so it can wrap the
+    definition.
+
+    Example:
+        >>> import optax
+        >>> def clipped_sgd(learning_rate, max_norm=1.0):
+        ...     parts = [optax.clip_by_global_norm(max_norm)] if max_norm > 0 else []
+        ...     return optax.chain(*parts, optax.sgd(learning_rate))
+        >>> clipped_sgd = declare_nonschedulable(clipped_sgd, "max_norm")
+        >>> nonschedulable(clipped_sgd)
+        ('max_norm',)
+    """
+    if not callable(rule):
+        raise ConfigError(
+            f"declare_nonschedulable({rule!r}, ...): the first argument is the rule "
+            f"constructor the optimizer hook returns (a function such as "
+            f"optax.sgd), not {type(rule).__name__}."
+        )
+    known = _parameters(rule)
+    for name in fields:
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"declare_nonschedulable({_rule_name(rule)}, {name!r}): name each "
+                f"field by a string, e.g. declare_nonschedulable({_rule_name(rule)}, "
+                f"'max_norm')."
+            )
+        if known and name not in known:
+            raise ConfigError(
+                DECLARE_UNKNOWN_FIELD.format(
+                    rule=_rule_name(rule), field=name, known=", ".join(known)
+                )
+            )
+    NONSCHEDULABLE[rule] = tuple(dict.fromkeys(fields))
+    return rule
+
+
+def _rule_name(rule: Callable[..., Any]) -> str:
+    return str(getattr(rule, "__qualname__", None) or type(rule).__qualname__)
+
+
+def refusals(spec: RuleSpec, group: str) -> dict[str, str]:
+    """Each field a schedule may not set in `group`'s chain, with why and the fix, as
+    the binder's refusal words them after the field's name: the rule's own
+    non-schedulable fields (levels 0 and 1) and Decay's, at every level."""
+    rule = _rule_name(spec.build)
+    declared = NONSCHEDULABLE.get(spec.build, ())
+    why: dict[str, str] = {}
+    for name in spec.refused:
+        reason = (
+            f"{rule} declares it non-schedulable (declare_nonschedulable)"
+            if name in declared
+            else f"it is structural in {rule} (a required argument, a bool, string, "
+            f"callable or dtype), or not a number"
+        )
+        why[name] = (
+            f"of group {group!r}'s rule is not schedulable: {reason}. Fix its value "
+            f"in the rule instead (e.g. return functools.partial({rule}, "
+            f"{name}=...) from optimizer()) and remove this schedule."
+        )
+    for name, where in DECAY_NONSCHEDULABLE.items():
+        why[name] = (
+            f"is a non-schedulable Decay field (nonschedulable(Decay) = "
+            f"{', '.join(DECAY_NONSCHEDULABLE)}): a parameter-sized tree, not a "
+            f"number. Set it with {where} instead, and remove this schedule."
+        )
+    return why
 
 
 def _parameters(rule: Callable[..., Any]) -> dict[str, inspect.Parameter]:
@@ -168,19 +266,33 @@ def build_chain(
 ) -> optax.GradientTransformation:
     """One group's chain for this step, from its (traced) hyperparameters."""
     if spec.level == 2:
-        chain = spec.build(experiment, group, dict(hp))
-        if not isinstance(chain, optax.GradientTransformation):
-            raise HookError(
-                f"optimizer(self, {group!r}, hp) returned {type(chain).__name__}; it "
-                f"must return an Optax GradientTransformation (e.g. optax.chain(...))."
-            )
-        return chain
+        return level2_chain(spec, experiment, group, hp)
     kwargs = {"learning_rate": hp["learning_rate"]}
     kwargs.update({name: hp[name] for name in scheduled})
     base = spec.build(**kwargs)
     if decoupled is None:
         return base
     return optax.chain(base, decoupled(hp))
+
+
+def level2_chain(
+    spec: RuleSpec, experiment: Any, group: str, hp: Mapping[str, Any]
+) -> optax.GradientTransformation:
+    """Call a level-2 `optimizer(self, group, hp)`, refusing what is not a chain."""
+    chain = spec.build(experiment, group, dict(hp))
+    if not isinstance(chain, optax.GradientTransformation):
+        raise HookError(
+            f"optimizer(self, {group!r}, hp) returned {type(chain).__name__} "
+            f"({_short(chain)}); it must return an Optax GradientTransformation "
+            f"built from hp on each call, e.g. "
+            f"optax.chain(optax.sgd(hp['learning_rate']))."
+        )
+    return chain
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def probe_level2(
@@ -192,17 +304,19 @@ def probe_level2(
     scheduled: tuple[str, ...],
     decays: bool,
 ) -> None:
-    """Host checks of a level-2 chain: Decay last, and every scheduled field used."""
+    """Host checks of a level-2 chain: a chain at all, Decay last, and every
+    scheduled field used."""
+    level2_chain(spec, experiment, group, hp)  # even where nothing else is checked
 
     def update(values: dict[str, Any], grads: Any) -> Any:
-        chain = spec.build(experiment, group, values)
+        chain = level2_chain(spec, experiment, group, values)
         updates, _ = chain.update(grads, chain.init(params), params)
         return [np.asarray(u) for u in jax.tree.leaves(updates)]
 
     def three_steps(values: dict[str, Any]) -> list[Any]:
         # Several steps, so a field that only acts from the second step on (a
         # momentum, a first-moment decay) still shows.
-        chain = spec.build(experiment, group, values)
+        chain = level2_chain(spec, experiment, group, values)
         state = chain.init(params)
         seen = []
         for scale in (1.0, 0.5, 2.0):

@@ -233,7 +233,8 @@ class Bindable:
     device_fields: tuple[str, ...]
     groups: tuple[str, ...]
     rule_fields: dict[str, tuple[str, ...]]  # group -> schedulable rule fields
-    nonschedulable: dict[str, tuple[str, ...]]  # group -> refused fields
+    # group -> each refused field, with why and the fix (rules.refusals)
+    nonschedulable: dict[str, Mapping[str, str]]
     open_groups: tuple[str, ...] = ()  # level-2 groups: any opt field may bind
     grad_fields: tuple[str, ...] = ()
     per_group_weight_decay: bool = False
@@ -241,7 +242,7 @@ class Bindable:
 
     def bare(self, key: str) -> list[Target]:
         found: list[Target] = []
-        rule_names = {*self.rule_fields.values(), *self.nonschedulable.values()}
+        rule_names = [*self.rule_fields.values(), *self.nonschedulable.values()]
         if any(key in names for names in rule_names):  # refused later, with reason
             found.append(Target("opt", key))
         if key in self.device_fields:
@@ -268,15 +269,12 @@ def _flatten_table(table: Mapping[str, Any]) -> list[tuple[tuple[str, ...], Any]
     return items
 
 
-def _check_opt_field(bindable: Bindable, target: Target, key: str) -> None:
+def _check_opt_field(bindable: Bindable, target: Target, key: str, entry: Any) -> None:
     groups = [target.group] if target.group is not None else list(bindable.groups)
     for group in groups:
-        if target.name in bindable.nonschedulable.get(group, ()):
-            raise ConfigError(
-                f"Schedule `{key}`: `{target.name}` of group {group!r}'s rule is not "
-                f"schedulable (it is structural, or not a number). Fix it in the rule "
-                f"instead."
-            )
+        why = bindable.nonschedulable.get(group, {}).get(target.name)
+        if why is not None:
+            raise ConfigError(f"{_shown(key, entry)}: `{target.name}` {why}")
     has = [
         g
         for g in groups
@@ -341,7 +339,7 @@ def bind_schedules(
                 )
             target = found[0]
         if target.namespace == "opt":
-            _check_opt_field(bindable, target, key)
+            _check_opt_field(bindable, target, key, entry)
         if target in seen:
             raise ConfigError(
                 f"Schedules `{seen[target]}` and `{key}` bind to the same place."
@@ -356,6 +354,14 @@ def bind_schedules(
             BoundSchedule(key, target, fn, constant and plateau is None, plateau)
         )
     return bound
+
+
+def _shown(key: str, entry: Any) -> str:
+    """A schedule as a message names it: with its value when it is a number or a
+    Plateau."""
+    if isinstance(entry, numbers.Real | Plateau):
+        return f"Schedule `{key}` = {entry!r}"
+    return f"Schedule `{key}`"
 
 
 def _namespaced(path: tuple[str, ...], key: str, bindable: Bindable) -> Target:

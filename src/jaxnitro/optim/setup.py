@@ -33,8 +33,8 @@ from .groups import (
     group_layout,
     leaf_mask,
 )
-from .plan import GroupPlan, OptimizerPlan
-from .rules import optimizer_level, probe_level2, rule_for_group
+from .plan import GroupPlan, OptimizerPlan, grad_rule_hp
+from .rules import optimizer_level, probe_level2, refusals, rule_for_group
 from .schedules import Bindable, BoundSchedule, bind_schedules
 
 
@@ -162,7 +162,7 @@ def build_plan(
             g: tuple(dict.fromkeys((*spec.fields, "learning_rate", "weight_decay")))
             for g, spec in specs.items()
         },
-        nonschedulable={g: spec.refused for g, spec in specs.items()},
+        nonschedulable={g: refusals(spec, g) for g, spec in specs.items()},
         open_groups=tuple(g for g, spec in specs.items() if spec.level == 2),
         grad_fields=(),
         per_group_weight_decay=wd_method is not None and _takes_group(wd_method),
@@ -175,6 +175,8 @@ def build_plan(
         bindable=bindable,
         monitor=inputs.monitor,
     )
+    if rule_fn is not None:
+        rule = _placed_grad_rule(e, rule_fn, rule, bound)
     decay_scheduled = _scheduled_groups(bound, "weight_decay", layout.names)
 
     groups = []
@@ -272,19 +274,53 @@ def _scheduled_groups(
 
 
 def _grad_rule(e: Any) -> tuple[GradRule, Callable[..., Any] | None]:
+    """The gradient rule and, for the `grad_rule(self, hp)` form, the hook.
+
+    The two-argument form is called here with a probe `hp` in which every name reads
+    1.0, only to learn the rule's schedulable fields, which the schedules bind to;
+    `_placed_grad_rule` then calls it with the step-0 values.
+    """
     fn = _method(e, "grad_rule")
     if fn is None:
         return SingleGrad(), None
     if _takes_group(fn):  # grad_rule(self, hp): called every optimizer step
-        return check_grad_rule(fn(e, {"bind": _BindProbe()})), fn
+        return check_grad_rule(fn(e, _Probe(bind=_Probe()))), fn
     return check_grad_rule(fn(e)), None
 
 
-class _BindProbe(dict):
-    """hp["bind"] at setup: any name reads as 1.0, to learn the rule's type."""
+class _Probe(dict[str, Any]):
+    """A probe `hp` (and its "bind"): any name reads as 1.0, to learn the rule's
+    type before the schedules are bound."""
 
     def __missing__(self, key: Hashable) -> float:
         return 1.0
+
+
+def _placed_grad_rule(
+    e: Any, fn: Callable[..., Any], probed: GradRule, bound: list[BoundSchedule]
+) -> GradRule:
+    """The setup call of `grad_rule(self, hp)`, with step 0's scheduled fields and
+    bind values as the optimizer step passes them (the level-2 optimizer's setup
+    probe is called the same way): the rule it returns is the one the gradient
+    program bakes in, and later steps must keep its type and unscheduled fields."""
+    values = {
+        s.target: s.value(0) for s in bound if s.target.namespace in ("grad", "bind")
+    }
+    rule = check_grad_rule(fn(e, grad_rule_hp(values)))
+    lost = [
+        s.key
+        for s in bound
+        if s.target.namespace == "grad" and s.target.name not in rule.schedulable
+    ]
+    if lost:
+        raise ConfigError(
+            f"grad_rule(self, hp) returned {probed!r} when probed (every hp value "
+            f"1.0) and {rule!r} with step 0's values, which has no schedulable "
+            f"field for schedule `{lost[0]}`. Return a rule of one type for every "
+            f"hp, or bind the value under schedules={{'bind': {{...}}}} and place it "
+            f"yourself."
+        )
+    return rule
 
 
 def anchor_checksums(plan: OptimizerPlan) -> dict[str, str]:
