@@ -174,6 +174,26 @@ def test_a_helper_rebound_in_its_module_after_construction_does_not_reach_the_ha
     assert got == pytest.approx(expected)
 
 
+def _make_repeat():
+    def repeat(x, n):  # a recursive closure: its own cell holds it
+        return x if n == 0 else repeat(x, n - 1)
+
+    return repeat
+
+
+_repeat = _make_repeat()
+
+
+def test_a_hook_calling_a_recursive_closure_is_frozen_and_runs():
+    class Repeats(Tiny):
+        def loss(self, logits, *, y):
+            return _repeat(Tiny.loss(self, logits, y=y), 3)
+
+    Repeats.__module__ = __name__
+    expected = nx.Nitro(Tiny(), **quiet()).validate()["loss"]
+    assert nx.Nitro(Repeats(), **quiet()).validate()["loss"] == pytest.approx(expected)
+
+
 def _head(x):
     return x
 

@@ -156,8 +156,9 @@ class _Freezer:
         scope = self._globals.get(id(fn.__globals__))
         if scope is None:
             scope = self._globals[id(fn.__globals__)] = dict(fn.__globals__)
+        cells, pending = self._cells(fn)
         copy = types.FunctionType(
-            fn.__code__, scope, fn.__name__, fn.__defaults__, self._cells(fn)
+            fn.__code__, scope, fn.__name__, fn.__defaults__, cells
         )
         copy.__kwdefaults__ = fn.__kwdefaults__
         copy.__qualname__ = fn.__qualname__
@@ -165,6 +166,8 @@ class _Freezer:
         copy.__dict__.update(fn.__dict__)
         copy.__wrapped_original__ = fn  # type: ignore[attr-defined]
         self._functions[id(fn)] = copy  # before the callees: recursion ends here
+        for cell, value in pending:
+            cell.cell_contents = self.copy(value)
         for name in code_names(fn.__code__):
             value = scope.get(name)
             if self._follows(value):
@@ -182,22 +185,29 @@ class _Freezer:
             return property(fget, fset, fdel, attr.__doc__)
         return self.copy(attr) if self._follows(attr) else attr
 
-    def _cells(self, fn: types.FunctionType) -> tuple[types.CellType, ...] | None:
+    def _cells(
+        self, fn: types.FunctionType
+    ) -> tuple[tuple[types.CellType, ...] | None, list[tuple[types.CellType, Any]]]:
+        """The closure for `fn`'s copy: a new, still empty cell where a user function
+        sits (a wrapper's closure holds the function it calls: a staticmethod hook's,
+        a decorator's), filled once the copy is memoized, since the function may be
+        `fn` itself (a recursive closure); the other cells as they are."""
         if fn.__closure__ is None:
-            return None
-        cells = []
+            return None, []
+        cells: list[types.CellType] = []
+        pending: list[tuple[types.CellType, Any]] = []
         for cell in fn.__closure__:
             try:
                 value = cell.cell_contents
             except ValueError:  # an empty cell (a name assigned later)
                 cells.append(cell)
                 continue
-            # A wrapper's closure (a staticmethod hook's, a decorator's) holds the
-            # user function it calls.
-            cells.append(
-                types.CellType(self.copy(value)) if self._follows(value) else cell
-            )
-        return tuple(cells)
+            if self._follows(value):
+                cells.append(types.CellType())
+                pending.append((cells[-1], value))
+            else:
+                cells.append(cell)
+        return tuple(cells), pending
 
     @staticmethod
     def _follows(value: Any) -> bool:
