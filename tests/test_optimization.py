@@ -562,6 +562,27 @@ def test_early_stopping_counters_resume(tmp_path):
     assert resumed.current_epoch == 3  # epochs 2 and 3 fail to improve
 
 
+@pytest.mark.parametrize("value", ["0.93", b"0.5", np.str_("0.5"), 0.5 + 1j])
+def test_a_control_readback_refuses_what_is_not_a_real_number(value):
+    message = rf"`acc` is {re.escape(repr(value))}, not a real number \(it is a "
+    with pytest.raises(nx.CheckpointError, match=message):
+        nx.check_control_readback(value, "checkpoint metric", "acc")
+    stopper = nx.EarlyStopping(metric="acc", mode="max", patience=1)
+    with pytest.raises(nx.CheckpointError, match=message):
+        stopper.should_stop(1, {"acc": value})
+    for real in (True, 2, np.float32(0.5), jnp.asarray(0.5, jnp.bfloat16)):
+        assert nx.check_control_readback(real, "checkpoint metric", "acc") == real
+
+
+def test_the_handle_holds_its_own_copy_of_the_stopping_policy():
+    policy = nx.EarlyStopping(patience=3)
+    nitro = nx.Nitro(Tiny(), early_stop=policy, **quiet())
+    held = nitro.early_stop
+    assert held is not policy and policy.metric is None  # the instance is untouched
+    assert (held.metric, held.mode, held.patience) == ("loss", "min", 3)
+    assert nx.Nitro(Tiny(), **quiet()).early_stop is None
+
+
 def test_a_custom_stopping_policy():
     class AfterTwo:
         def should_stop(self, epoch, metrics):
@@ -852,6 +873,36 @@ def test_resume_refuses_a_different_decay_anchor(tmp_path):
     zeros = jax.tree.map(jnp.zeros_like, initial_params())
     with pytest.raises(nx.ConfigError, match="decays toward an anchor that differs"):
         nx.Nitro(Anchored(max_epochs=3), resume="auto", w0=zeros, **kw)
+
+
+def test_resuming_an_l2_sp_run_names_the_w0_tree_it_needs(tmp_path):
+    class Anchored(Tiny):
+        def weight_decay(self, group=None):
+            return 0.1
+
+        def decay_anchor(self, group=None):
+            return "w0"
+
+    source = str(tmp_path / "source")
+    nx.Nitro(Tiny(max_epochs=1, n_train=16), run_dir=source, logger=None).train()
+    weights = str(tmp_path / "source" / nx.read_manifest(source)[-1].file)
+    kw = {"run_dir": str(tmp_path / "tuned"), "logger": None}
+    nx.Nitro(Anchored(max_epochs=1), weights=weights, w0="weights", **kw).train()
+    with pytest.raises(
+        nx.ConfigError,
+        match=r'w0="weights" .* a resume takes no weights=.* pass the transferred '
+        r"tree itself as w0=<tree>, e\.g\. w0=Nitro\(e, weights=",
+    ):
+        nx.Nitro(Anchored(max_epochs=2), resume="auto", w0="weights", **kw)
+    with pytest.raises(
+        nx.ConfigError,
+        match=r'checksum mismatch.* a run trained with w0="weights" \(L2-SP\) or '
+        r"w0=<tree> resumes with that tree passed as w0=<tree>",
+    ):
+        nx.Nitro(Anchored(max_epochs=2), resume="auto", **kw)
+    tree = nx.Nitro(Tiny(), weights=weights, **quiet()).parameters
+    resumed = nx.Nitro(Anchored(max_epochs=2), resume="auto", w0=tree, **kw)
+    assert resumed.current_epoch == 1
 
 
 def test_w0_refusals():

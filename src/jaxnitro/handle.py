@@ -208,6 +208,16 @@ class Nitro(HandleReports):
         return self._checkpointer
 
     @property
+    def early_stop(self) -> Any:
+        """This handle's early-stopping policy (None: it never stops early).
+
+        An EarlyStopping passed in is copied at setup with the monitor filled in and
+        fresh counters (`best`, `wait`), so this is that copy, never the instance
+        passed; a custom policy (an object with `should_stop`) is held as given.
+        """
+        return self._stopper
+
+    @property
     def stop_reason(self) -> str | None:
         """How the last train() ended: completed, requested or error."""
         return self._stop_reason

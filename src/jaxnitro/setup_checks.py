@@ -102,13 +102,25 @@ shaped like what build_model returns (the same structure, each leaf the paramete
 shape), or w0="build_model" / w0="weights"."""
 
 
+W0_WEIGHTS_ON_RESUME = """\
+w0="weights" anchors to the parameters a weights= source loads, but a resume takes no \
+weights=: it restores the run's own parameters and continues exactly. To resume an \
+L2-SP run trained with w0="weights", pass the transferred tree itself as w0=<tree>, \
+e.g. w0=Nitro(e, weights=<the source it was fine-tuned from>, logger=None, \
+checkpointer=None).parameters; setup checks it against the anchor checksum the record \
+stores. Leaving w0 at "build_model" anchors to fresh build_model parameters instead, \
+which the record refuses."""
+
+
 def w0_provider(
-    option: Any, fresh: Any, params: Any, has_weights: bool
+    option: Any, fresh: Any, params: Any, has_weights: bool, *, resuming: bool = False
 ) -> Callable[[], Any]:
     """What decay_anchor="w0" anchors to, copied only if some group asks for it."""
     if option is None or (isinstance(option, str) and option == "build_model"):
         source = fresh
     elif isinstance(option, str) and option == "weights":
+        if resuming:
+            raise ConfigError(W0_WEIGHTS_ON_RESUME)
         if not has_weights:
             raise ConfigError(
                 'w0="weights" anchors to the parameters a weights= source loads, but '

@@ -447,7 +447,13 @@ class SetupSequence(RoutingSetup):
         self._plan = build_plan(
             self._experiment,
             self._params,
-            w0_provider(w0_option, fresh, self._params, self._weights is not None),
+            w0_provider(
+                w0_option,
+                fresh,
+                self._params,
+                self._weights is not None,
+                resuming=self._resume is not None,
+            ),
             PlanInputs(
                 schedules=c["schedules"].value,
                 clip_norm=float(c["gradient_clip_norm"].value),
@@ -494,7 +500,13 @@ class SetupSequence(RoutingSetup):
                     f"Cannot resume from {self._record.path if self._record else ''}: "
                     f"group {group!r} decays toward an anchor that differs from the "
                     f"one the record trained toward (checksum mismatch). An anchored "
-                    f"run resumes only when its anchor is rebuilt identically."
+                    f"run resumes only when its anchor is rebuilt identically: the "
+                    f'same decay_anchor, and for an anchor of "w0" the same w0. The '
+                    f"default w0 is what build_model returns for the recorded seed; "
+                    f'a run trained with w0="weights" (L2-SP) or w0=<tree> resumes '
+                    f"with that tree passed as w0=<tree>, e.g. w0=Nitro(e, "
+                    f"weights=<its source>, logger=None, checkpointer=None)"
+                    f".parameters."
                 )
         if self._stopper is not None and meta.get("early_stop"):
             restore = getattr(self._stopper, "restore", None)

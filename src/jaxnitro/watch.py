@@ -10,14 +10,38 @@ epoch's results, refusing a missing or non-finite value.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
 
 from .errors import CheckpointError, ConfigError
 
 
 def check_control_readback(value: Any, what: str, name: str) -> float:
-    """A scalar the framework branches on, validated: finite and real, or raise."""
+    """A scalar the framework branches on, validated: finite and real, or raise.
+
+    Real means a Python or NumPy real number, a bool among them (as in the spec's
+    Julia, where Bool <: Real), or a 0-d array of a bool, integer or floating dtype (a
+    device scalar). Text is refused even when it would parse ("0.93", b"0.5"), and so
+    is a complex number, whose imaginary part float() would drop.
+
+    Example:
+        >>> check_control_readback(0.5, "checkpoint metric", "acc")
+        0.5
+        >>> check_control_readback("0.93", "checkpoint metric", "acc")
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.CheckpointError: The checkpoint metric `acc` is '0.93', not ...
+    """
+    if not _is_real(value):
+        raise CheckpointError(
+            f"The {what} `{name}` is {value!r}, not a real number (it is a "
+            f"{type(value).__name__}). Return it from metrics/finalize_metrics as a "
+            f"number (a float, or a 0-d array), not text or a complex value."
+        )
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -30,6 +54,20 @@ def check_control_readback(value: Any, what: str, name: str) -> float:
             f"a non-finite value."
         )
     return number
+
+
+def _is_real(value: Any) -> bool:
+    """A real number: no text, no complex, no array but a 0-d one."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:
+            return False
+        # jnp.issubdtype also knows bfloat16 and the other ml_dtypes floats.
+        real = kind in "biu" or jnp.issubdtype(dtype, jnp.floating)
+        return real and np.ndim(value) == 0
+    return isinstance(value, numbers.Real)
 
 
 def read_watched(
