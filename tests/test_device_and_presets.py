@@ -272,3 +272,26 @@ def test_data_keyword_skips_build_data():
 
     nitro = nx.Nitro(NoBuildData(), data={"val": make_batches(16, 8)}, **quiet())
     assert set(nitro.validate()) == {"loss"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (2**40, "out of that range"),
+        (2.5, "is not integral and would be truncated"),
+    ],
+)
+def test_a_scheduled_integer_device_value_that_does_not_fit_is_refused(value, message):
+    schedules = {"steps": lambda total: lambda t: value}
+    nitro = nx.Nitro(WithArrays(max_epochs=1), schedules=schedules, **quiet())
+    with pytest.raises(nx.ConfigError) as info:
+        nitro.train()
+    assert "The schedule for `steps` gave it" in str(info.value)
+    assert message in str(info.value)
+
+
+def test_a_scheduled_integer_device_value_reaches_the_field():
+    schedules = {"steps": lambda total: lambda t: 7}
+    nitro = nx.Nitro(WithArrays(max_epochs=1), schedules=schedules, **quiet())
+    nitro.train()
+    assert nitro.device_value("steps") == 7

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from ..errors import ConfigError
+from ..values import to_host_array
 from .decay import Decay
 from .ema import EMA, ema_update
 from .grad_rules import GradRule, PerturbRule, RuleHp, SingleGrad, check_grad_rule
@@ -350,8 +351,35 @@ def scheduled_devices(
     asarray: Callable[..., Any] = np.asarray,
 ) -> dict[str, Any]:
     """The scheduled Device fields as `{name: asarray(value, dtype)}`, from a step's
-    `schedule_values` and each field's `(target, dtype)`."""
-    return {target.name: asarray(values[target], dtype) for target, dtype in fields}
+    `schedule_values` and each field's `(target, dtype)`.
+
+    A value for an integer or bool field is checked first, as `set_device` checks
+    one: a conversion would truncate 2.5 to 2 and wrap 2**40 around to 0, silently.
+    """
+    return {
+        target.name: asarray(
+            _checked(target, values[target], dtype)
+            if _exact(dtype)
+            else values[target],
+            dtype,
+        )
+        for target, dtype in fields
+    }
+
+
+def _exact(dtype: Any) -> bool:
+    return np.dtype(dtype).kind in "biu"
+
+
+def _checked(target: Target, value: Any, dtype: Any) -> Any:
+    try:
+        return to_host_array(target.name, np.dtype(dtype), value)
+    except ConfigError as error:
+        raise ConfigError(
+            f"The schedule for `{target.name}` gave it {value!r} at this step: "
+            f"{error} Make the schedule return values the field's dtype holds (round "
+            f"it, or clip it to the range), or make the field a float."
+        ) from None
 
 
 def _decoupled(values: Mapping[str, Any]) -> Any:
