@@ -67,7 +67,6 @@ from .errors import NitroError as NitroError
 from .errors import NitroWarning as NitroWarning
 from .errors import NotYetSupportedError as NotYetSupportedError
 from .errors import RoutingError as RoutingError
-from .errors import StaleHandleError as StaleHandleError
 from .errors import StaleHandleWarning as StaleHandleWarning
 from .errors import StrippedHostError as StrippedHostError
 from .experiment import Experiment as Experiment

@@ -37,17 +37,6 @@ class DivergenceError(NitroError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
-class StaleHandleError(NitroError):
-    """A handle would have to compile a program from code changed since it was built.
-
-    A handle runs the code it froze at construction. Helpers and methods its hooks
-    call are frozen with them; a change no copy covers (a user module's attribute
-    reassigned, a class the code names patched) cannot be traced as it was, so a
-    program the handle has not compiled yet is refused rather than built from the
-    new code beside programs built from the old.
-    """
-
-
 class CheckpointError(NitroError):
     """A checkpoint cannot be found, read, or matched to this experiment."""
 

@@ -98,12 +98,8 @@ class Experiment:
 
     _jaxnitro_meta: ClassVar[dict[str, FieldMeta]] = {}
 
-    def __init_subclass__(cls, _jaxnitro_snapshot: bool = False, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if _jaxnitro_snapshot:
-            # A handle's frozen copy of an experiment class (hooks.freeze_hooks): it
-            # adds copies of methods only, and is never constructed or flattened.
-            return
         own_doc = cls.__dict__.get("__doc__")  # before dataclass writes a signature
         annotations = _resolve_annotations(cls)
         kinds = {name: field_kind(a) for name, a in annotations.items()}

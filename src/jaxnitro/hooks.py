@@ -3,8 +3,7 @@
 A `Nitro` freezes the hook code it will run: each hook function is copied, and so is
 every user function it calls, so an in-place reload (IPython's autoreload patches
 `__code__`) cannot change what an existing handle runs. The fingerprints taken at the
-same moment let the handle report a redefinition later, and refuse to compile a new
-program from code that changed in a way no copy covers (a method rebound on the class).
+same moment let the handle report a redefinition later.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .compile.fingerprint import code_names, fingerprint, is_user_code
 from .errors import HookError
@@ -96,50 +95,21 @@ def check_required_hooks(cls: type, *, has_data: bool) -> None:
             )
 
 
-class Frozen(NamedTuple):
-    """What a handle traces, as it was at construction."""
-
-    hooks: dict[str, Callable[..., Any]]
-    """Copies of the runtime hooks, called as `hook(view, ...)`."""
-    cls: type
-    """A subclass of the experiment class holding copies of its methods and values:
-    the class of the view traced code sees as `self`, so `self.helper(...)` reaches
-    the method as it was even if the class is patched later. The experiment class
-    itself where it is not an `Experiment` subclass."""
-
-
-def freeze_hooks(cls: type, names: Iterable[str]) -> Frozen:
+def freeze_hooks(cls: type, names: Iterable[str]) -> dict[str, Callable[..., Any]]:
     """Copies of hooks `names` of `cls` and of every user function they reach.
 
     Each copy reads a copy of its module's globals (one per module, shared by the
     copies from that module), in which the user functions it names are copies too,
-    and so on down; closure cells holding user functions get copies as well, and so
-    do the methods and values of the experiment's own classes (see `Frozen.cls`). So
-    an in-place edit of a helper (IPython's autoreload patches `__code__`), a reload
-    rebinding it, or a method rebound on the class cannot change what the handle
-    traces for a program it compiles later, while the programs it compiled keep the
-    old code: one handle, one version. Library functions are not copied.
+    and so on down; closure cells holding user functions get copies as well. So an
+    in-place edit of a helper (IPython's autoreload patches `__code__`) or a reload
+    rebinding it cannot change what the handle traces for a program it compiles
+    later. What the hooks read through `self` (methods, class attributes) stays the
+    class's own: a program compiled later reads it as it is then, and the cache key
+    sees it, so no program is ever served for other code. Library functions are not
+    copied.
     """
     freezer = _Freezer()
-    hooks = {name: freezer.copy(hook_function(cls, name)) for name in names}
-    return Frozen(hooks, _frozen_class(cls, freezer))
-
-
-def _frozen_class(cls: type, freezer: _Freezer) -> type:
-    if not issubclass(cls, Experiment):
-        return cls
-    namespace: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):  # a subclass's attribute wins
-        if klass is object or klass is Experiment or not is_user_code(klass):
-            continue
-        for name, attr in klass.__dict__.items():
-            if not (name.startswith("__") and name.endswith("__")):
-                namespace[name] = freezer.attribute(attr)
-    namespace["__module__"] = cls.__module__
-    namespace["__qualname__"] = cls.__qualname__
-    namespace["__doc__"] = cls.__doc__
-    metaclass: Any = type(cls)
-    return metaclass(cls.__name__, (cls,), namespace, _jaxnitro_snapshot=True)  # type: ignore[no-any-return]
+    return {name: freezer.copy(hook_function(cls, name)) for name in names}
 
 
 class _Freezer:
@@ -173,17 +143,6 @@ class _Freezer:
             if self._follows(value):
                 scope[name] = self.copy(value)
         return copy
-
-    def attribute(self, attr: Any) -> Any:
-        """A class attribute with the functions behind it copied."""
-        if isinstance(attr, staticmethod):
-            return staticmethod(self.copy(attr.__func__))
-        if isinstance(attr, classmethod):
-            return classmethod(self.copy(attr.__func__))
-        if isinstance(attr, property):
-            fget, fset, fdel = (self.copy(f) for f in (attr.fget, attr.fset, attr.fdel))
-            return property(fget, fset, fdel, attr.__doc__)
-        return self.copy(attr) if self._follows(attr) else attr
 
     def _cells(
         self, fn: types.FunctionType

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..errors import HookError, StaleHandleError
+from ..errors import HookError
 from ..metrics import flatten_metrics
 from ..modes import training_mode
 from ..optim.plan import OptimizerPlan
@@ -61,25 +61,12 @@ def model_key(model: Any) -> Any:
     return (fingerprint(model), typed_key(value))
 
 
-STALE_PROGRAM = """\
-This {cls} handle cannot compile its {kind} program: code its {hooks} hook reaches \
-changed after the handle was built (a user module's attribute reassigned, or a class \
-it names patched). A handle runs the code it was built with, and the helpers and \
-methods its hooks call are frozen with it, but this change is not, \
-so tracing now would build this program from the new code beside programs built from \
-the old. Build a new Nitro to run the new code; this handle's compiled programs keep \
-working."""
-
-
 @dataclass
 class TraceContext:
     """What one handle's programs close over: the view, the hooks, the model.
 
     Attributes:
         cls: the experiment class.
-        owner: the class traced code sees as `type(self)`: the handle's frozen
-            subclass of `cls` (`hooks.Frozen.cls`), whose methods code reads on
-            `self` and the fingerprint follows.
         view: `compile_view` of the experiment; its Device fields are replaced by the
             traced values inside each program.
         device_names: the Device fields, passed to every program as a dict.
@@ -87,47 +74,26 @@ class TraceContext:
         model: the static model object `build_model` returned.
         graphconst: the GraphConst values, for the cache key.
         compile_options: XLA compiler options for every program, for the key too.
-        frozen_prints: each hook's fingerprint when the handle froze it.
     """
 
     cls: type
-    owner: type
     view: Any
     device_names: tuple[str, ...]
     hooks: dict[str, Callable[..., Any]]
     model: Any
     graphconst: tuple[tuple[str, Any], ...]
     compile_options: dict[str, Any] = field(default_factory=dict)
-    frozen_prints: dict[str, str] = field(default_factory=dict)
 
     def make_view(self, device_values: Mapping[str, Any]) -> Any:
         return replace_fields(self.view, **device_values)
 
-    def code_fingerprint(self, kind: str, traced: tuple[str, ...]) -> str:
+    def code_fingerprint(self, traced: tuple[str, ...]) -> str:
         """The fingerprint of the hooks in `traced` and of everything they call.
 
         Taken afresh for every key, right before a trace would read the same code: a
-        memo could key a program traced from a helper redefined since. A hook whose
-        code fingerprint moved since construction (`frozen_prints`: code only, not
-        the contents of containers a trace may fill) raises `StaleHandleError`, as
-        the trace would read the new code.
+        memo could key a program traced from a helper redefined since.
         """
-        changed = [
-            hook
-            for hook in traced
-            if hook in self.frozen_prints
-            and fingerprint(self.hooks[hook], owner=self.owner, contents=False)
-            != self.frozen_prints[hook]
-        ]
-        if changed:
-            raise StaleHandleError(
-                STALE_PROGRAM.format(
-                    hooks=", ".join(f"`{h}`" for h in changed),
-                    kind=kind,
-                    cls=self.cls.__name__,
-                )
-            )
-        return fingerprint(*(self.hooks[hook] for hook in traced), owner=self.owner)
+        return fingerprint(*(self.hooks[hook] for hook in traced), owner=self.cls)
 
     def key(
         self, kind: str, traced: tuple[str, ...], args: Any, baked: dict[str, Any]
@@ -136,7 +102,7 @@ class TraceContext:
             kind=kind,
             experiment=(self.cls.__module__, self.cls.__qualname__),
             graphconst=self.graphconst,
-            code=self.code_fingerprint(kind, traced),
+            code=self.code_fingerprint(traced),
             model=model_key(self.model),
             signature=abstract_signature(args),
             baked=tuple(sorted(baked.items())),
