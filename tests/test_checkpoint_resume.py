@@ -1,8 +1,10 @@
 """Checkpoints the core writes, weights=, and resume="auto" with exact continuation."""
 
+import enum
 import json
 import logging
 import os
+import struct
 
 import jax
 import numpy as np
@@ -502,3 +504,65 @@ def test_resume_after_a_crash_with_ema_plateau_and_schedules_is_bitwise(
 
     for context in ("train", "validate"):
         assert logged(tmp_path / "b", context) == logged(tmp_path / "a", context)
+
+
+class Act(enum.Enum):
+    RELU = "relu"
+    TANH = "tanh"
+
+
+class DerivedConstants(Tiny):
+    pair: nx.GraphConst[tuple] = (0.0, 0.0)
+    act: nx.GraphConst[Act] = Act.RELU
+
+    def derive(self, data):
+        return {"pair": (0.5, float("nan")), "act": Act.TANH}
+
+
+def test_weights_restores_derived_graphconst_values_exactly_or_warns(tmp_path):
+    path = trained_record(DerivedConstants, tmp_path)
+    with pytest.warns(nx.NitroWarning) as warned:
+        loaded = nx.Nitro(
+            DerivedConstants(), weights=path, logger=None, checkpointer=None
+        )
+    pair = loaded.experiment.pair
+    assert pair[0] == 0.5 and np.isnan(pair[1])  # NaN read back as a float
+    # An enum's text would come back a string: it is left out, and said so.
+    assert loaded.experiment.act is Act.RELU
+    (message,) = [str(w.message) for w in warned if "derive produced" in str(w.message)]
+    assert "`act`" in message and "`pair`" not in message
+
+
+def _drop_from_header(path, *keys):
+    """Rewrite a record's header without `keys`: a record an older version wrote."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        tensors = f.read()
+    meta = json.loads(header["__metadata__"]["jaxnitro"])
+    for key in keys:
+        meta.pop(key, None)
+    header["__metadata__"]["jaxnitro"] = json.dumps(meta)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + tensors)
+
+
+def test_an_older_record_runs_derive_and_its_device_values_override(tmp_path):
+    class DerivedWeights(Tiny):
+        class_weights: nx.Device[np.ndarray] = nx.field(
+            default_factory=lambda: np.ones(3, np.float32)
+        )
+
+        def derive(self, data):
+            return {"class_weights": np.array([9.0, 9.0, 9.0], np.float32)}
+
+    class Trained(DerivedWeights):
+        def derive(self, data):
+            return {"class_weights": np.array([0.1, 0.2, 0.7], np.float32)}
+
+    path = trained_record(Trained, tmp_path)
+    _drop_from_header(path, "derived", "derived_host", "derived_graphconst")
+    loaded = nx.Nitro(DerivedWeights(), weights=path, logger=None, checkpointer=None)
+    np.testing.assert_allclose(loaded.device_value("class_weights"), [0.1, 0.2, 0.7])

@@ -328,6 +328,36 @@ def test_the_eval_loss_averages_batches_whatever_their_order():
         assert loss == pytest.approx(np.mean(per_batch), rel=1e-5)
 
 
+class PerBatch(Tiny):
+    """Metrics of one eval batch: a count of batches, a per-batch max, sizes."""
+
+    residency: str = "host"
+
+    def metrics(self, logits, *, y):
+        n = y.shape[0]
+        return {
+            "batches": (1, "sum"),
+            "top": (jnp.max(logits), 1),  # the mean over batches of each one's max
+            "sizes": (jnp.full(n, n), "concat"),
+        }
+
+    def finalize_metrics(self, acc, split):
+        return {**acc, "sizes": tuple(np.unique(acc["sizes"]).tolist())}
+
+    def metrics_residency(self, hook):
+        return self.residency if hook == "metrics" else "device"
+
+
+@pytest.mark.parametrize("residency", ["host", "device"])
+def test_metrics_see_each_batch_whole_when_it_runs_in_chunks(residency):
+    val = make_batches(37, 16, seed=1)[::-1]  # 5 first sets the width: 16 runs as 5s
+    nitro = nx.Nitro(PerBatch(residency=residency), data={"val": val}, **quiet())
+    result = nitro.validate()
+    tops = [float(jnp.max(mlp(nitro.parameters, jnp.asarray(b["x"])))) for b in val]
+    assert result["batches"] == 3 and result["sizes"] == (5, 16)
+    assert result["top"] == pytest.approx(np.mean(tops), rel=1e-5)
+
+
 def test_custom_metrics_without_monitor_refuse_a_best_checkpointer():
     class NoMonitor(TinyMetrics):
         def monitor(self):

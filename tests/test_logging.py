@@ -61,6 +61,32 @@ def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
     assert len([x for x in lines if x.get("context") == "validate"]) == 2
 
 
+class HostTrainMetrics(Tiny):
+    calls: list = nx.field(default_factory=list)  # Host: one entry per call
+
+    def train_metrics(self, logits, *, y):
+        self.calls.append(len(y))
+        return {"call": len(self.calls)}
+
+    def metrics_residency(self, hook):
+        return "host"
+
+
+def test_host_train_metrics_run_every_micro_batch_when_lines_are_thinned(tmp_path):
+    nitro = nx.Nitro(
+        HostTrainMetrics(max_epochs=1),
+        run_dir=str(tmp_path),
+        accum=2,
+        log_every_n_steps=2,
+        checkpointer=None,
+    )
+    nitro.train()
+    assert nitro.experiment.calls == [16] * 4  # 4 micro-batches, 2 steps
+    train = [x for x in read_lines(tmp_path / "metrics.jsonl") if "call" in x]
+    # The one line written carries its step's last micro-batch's values.
+    assert [(x["step"], x["call"]) for x in train] == [(2, 4)]
+
+
 def test_logger_none_writes_nothing(tmp_path):
     nx.Nitro(
         Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None, checkpointer=None

@@ -154,6 +154,37 @@ def test_a_failure_after_the_last_epoch_still_finishes_the_logger_and_fails(
     assert isinstance(nitro.phase, nx.Failed) and nitro.stop_reason == "error"
 
 
+class FinishRaises(Finished):
+    def finish(self, status):
+        super().finish(status)
+        raise OSError("tracker unreachable")
+
+
+class Releases(list):
+    released = 0
+
+    def release(self):
+        self.released += 1
+
+
+def test_a_logger_whose_finish_raises_fails_the_run_and_releases_the_sources():
+    train, logger, terminal = Releases(make_batches(64, 16)), FinishRaises(), []
+    nitro = nx.Nitro(
+        Tiny(max_epochs=1), data={"train": train}, logger=logger, checkpointer=None
+    )
+
+    def watch(phase, step, epoch, info):
+        if isinstance(phase, nx.Terminal):
+            terminal.append(type(phase).__name__)
+
+    nx.register_phase_monitor(watch, nitro=nitro)
+    with pytest.raises(OSError, match="tracker unreachable"):
+        nitro.train()
+    assert logger.statuses == ["completed"]  # it raised: not called again
+    assert isinstance(nitro.phase, nx.Failed) and nitro.stop_reason == "error"
+    assert terminal == ["Failed"] and train.released == 1
+
+
 class LineRecorder(QuietLogger):
     def __init__(self):
         self.lines = []
@@ -263,6 +294,43 @@ def test_request_stop_leaves_at_the_step_boundary_and_checkpoints(tmp_path):
         "type": "finish",
         "status": "requested",
     }
+
+
+class StopsAtLine(QuietLogger):
+    """Requests a stop at one train line."""
+
+    def __init__(self, step):
+        self.step, self.nitro = step, None
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and step == self.step:
+            self.nitro.request_stop()
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["same-handle", "resume"])
+def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
+    tmp_path, resume
+):
+    recipe = {"max_epochs": 2, "n_train": 128}  # 8 batches: 4 steps an epoch
+    straight = nx.Nitro(Tiny(**recipe), accum=2, **quiet())
+    straight.train()
+    stopper = StopsAtLine(5)  # read back after step 6: the stop ends step 6
+    first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=stopper)
+    stopper.nitro = first
+    first.train()
+    assert (first.current_epoch, first.current_step) == (2, 6)
+    again = first
+    if resume:
+        again = nx.Nitro(
+            Tiny(**recipe),
+            run_dir=str(tmp_path),
+            accum=2,
+            logger=None,
+            resume="auto",
+        )
+    again.train()
+    assert again.current_step == 8 and again.history[-1]["epoch"] == 2
+    assert again.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
 
 
 def test_run_ref_accepts_a_callable():

@@ -28,14 +28,13 @@ from .accessors import (
     resolve,
 )
 from .checkpoint.checkpointer import Checkpointer, new_run_id
-from .checkpoint.derived import HOST_PREFIX
+from .checkpoint.derived import HOST_PREFIX, graphconst_from_json
 from .checkpoint.lookup import run_label
 from .checkpoint.manifest import read_manifest
 from .checkpoint.record import Record
 from .checkpoint.retention_checks import check_keep, setup_warnings
 from .checkpoint.sources import ResolvedSource
 from .compile.cache import configure_persistent_cache
-from .compile.fingerprint import fingerprint
 from .compile.programs import TraceContext
 from .data.prefetch import auto_prefetch, check_prefetch
 from .data.sources import (
@@ -156,15 +155,10 @@ class SetupSequence(RoutingSetup):
         self._compile_options = check_compile_options(kw.get("compile_options"))
 
         # Freeze the hooks: this handle keeps running today's code.
-        frozen = freeze_hooks(
+        self._hooks = freeze_hooks(
             cls, [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
         )
-        self._hooks, self._frozen_cls = frozen
         self._hook_prints = hook_fingerprints(cls)
-        self._frozen_prints = {
-            name: fingerprint(hook, owner=frozen.cls, contents=False)
-            for name, hook in self._hooks.items()
-        }
 
         # Locate what to resume or load before anything expensive runs.
         self._resume: ResolvedSource | None = None
@@ -178,11 +172,14 @@ class SetupSequence(RoutingSetup):
         self._step = 0
         self._epoch = 0
         self._resumed_from_epoch: int | None = None
+        # The running train loss of an epoch a stop cut (loop.train keeps it).
+        self._epoch_loss: dict[str, Any] | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
             self._step = int(self._record.meta["step"])
             self._epoch = int(self._record.meta["epoch"])
             self._resumed_from_epoch = self._epoch
+            self._epoch_loss = self._record.meta.get("epoch_loss")
             if self._preset is None:
                 self._preset = self._record.meta.get("preset")
 
@@ -221,6 +218,16 @@ class SetupSequence(RoutingSetup):
             check_field_names(
                 cls, derived, "derive returned", "Every key must name a field."
             )
+            if self._weights is not None and self._record is not None:
+                # An older record holds no list of derived keys: derive runs, and
+                # the record's Device values override what it returns.
+                stored = self._record.device_values()
+                derived = {
+                    name: stored.get(name, value)
+                    if name in device_fields(cls)
+                    else value
+                    for name, value in derived.items()
+                }
         derived = convert_derived(cls, derived, from_record=derived_from_record)
         self._derived_keys = tuple(derived)
         e = replace_fields(e, **{name: derived[name] for name in derived})
@@ -272,19 +279,14 @@ class SetupSequence(RoutingSetup):
             else:
                 self._record.keep_only("opt_state")  # restored when train() starts
 
-        view = compile_view(self._experiment)
-        # Traced code reads methods on `self`: they come from the frozen copies.
-        object.__setattr__(view, "__class__", self._frozen_cls)
         self._ctx = TraceContext(
             cls=cls,
-            owner=self._frozen_cls,
-            view=view,
+            view=compile_view(self._experiment),
             device_names=device_fields(cls),
             hooks=self._hooks,
             model=self._model,
             graphconst=graphconst_values(self._experiment),
             compile_options=self._compile_options,
-            frozen_prints=self._frozen_prints,
         )
         self._bind_run(run_dir)
         configure_persistent_cache()
@@ -364,9 +366,13 @@ class SetupSequence(RoutingSetup):
             **record.meta.get("derived_host", {}),
             **record.field_arrays(HOST_PREFIX),
         }
+        graphconst = record.meta.get("derived_graphconst")
+        if graphconst is None:  # a record from before derived values were exact
+            graphconst = record.meta.get("graphconst", {})
+        graphconst = {k: graphconst_from_json(v) for k, v in graphconst.items()}
         tables = {
             **dict.fromkeys(device_fields(cls), record.device_values()),
-            **dict.fromkeys(graphconst_fields(cls), record.meta.get("graphconst", {})),
+            **dict.fromkeys(graphconst_fields(cls), graphconst),
             **dict.fromkeys(host_fields(cls), host),
         }
         derived = {}

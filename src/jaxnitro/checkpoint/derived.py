@@ -1,11 +1,13 @@
-"""The Host values derive produced, in the forms a record can hold them.
+"""The values derive produced, in the forms a record can hold them exactly.
 
-A record keeps Device arrays and GraphConst values, and scalar Host values in its
-logged config. derive may also produce a Host array (class frequencies, a lookup
-table) or a JSON value (a list of class names); `weights=` does not run derive, so a
-loaded experiment needs them from the record. Numeric arrays are stored as tensors
-under `host/`, values that survive a JSON round trip unchanged in the header under
-`derived_host`. Anything else is left out, and a `weights=` load warns naming it.
+`weights=` does not run derive, so a loaded experiment takes derive's values from the
+record. Device values are stored arrays already. A derived GraphConst value is stored
+in the header under `derived_graphconst` when JSON reads it back as the same value of
+the same type (tuples as lists; not an enum, a set or another object, whose text
+would come back as a string). A derived Host value beyond the scalars of the logged
+config is stored as a tensor under `host/` (a numeric array: class frequencies, a
+lookup table) or in the header under `derived_host` (a JSON value: a list of class
+names). Anything else is left out, and a `weights=` load warns naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..traits import host_fields
+from ..traits import graphconst_fields, host_fields
+from ..view import isequal
 
 HOST_PREFIX = "host"
 """The record's tree of derived Host arrays, keyed by field name."""
@@ -70,3 +73,53 @@ def _survives_json(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return bool(json.loads(text) == value)
+
+
+def derived_graphconst_record(e: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The derived GraphConst fields of `e` among `names` that JSON keeps exactly.
+
+    >>> import jaxnitro as nx
+    >>> class E(nx.Experiment):
+    ...     shape: nx.GraphConst[tuple] = ()
+    ...     kind: nx.GraphConst[frozenset] = frozenset()
+    >>> derived_graphconst_record(E(shape=(2, (3, 4)), kind=frozenset({1})),
+    ...                           ["shape", "kind"])
+    {'shape': [2, [3, 4]]}
+    """
+    graphconst = set(graphconst_fields(type(e)))
+    stored: dict[str, Any] = {}
+    for name in names:
+        if name not in graphconst:
+            continue
+        value = getattr(e, name)
+        encoded = _lists(value)
+        try:  # NaN and infinity pass: the header is read back by Python's json
+            text = json.dumps(encoded)
+        except (TypeError, ValueError):
+            continue
+        if _same(graphconst_from_json(json.loads(text)), value):
+            stored[name] = encoded
+    return stored
+
+
+def graphconst_from_json(value: Any) -> Any:
+    """A GraphConst value as `derived_graphconst_record` stored it: lists as tuples."""
+    if isinstance(value, list):
+        return tuple(graphconst_from_json(v) for v in value)
+    return value
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, tuple) and not hasattr(type(value), "_fields"):
+        return [_lists(v) for v in value]
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same types throughout (a str enum equals its text, and a
+    bool equals 1, but neither reads back as what it was)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return isequal(a, b)

@@ -3,12 +3,13 @@
 All three share one compiled eval forward program per handle (compiled for the eval
 batch width), so moving between them compiles nothing. A short batch is padded to the
 width, run, and every output leaf is sliced back to the real count before any hook sees
-it; a batch wider than the width runs in chunks. A split's pass comes through its eval
-feed (`feed.open_eval_feed`): on the prefetch paths a producer thread pads (and on an
+it; a batch wider than the width runs in chunks, joined again so that `metrics` sees
+each batch once, whole. A split's pass comes through its eval feed
+(`feed.open_eval_feed`): on the prefetch paths a producer thread pads (and on an
 accelerator transfers) the next chunk while the current one runs; predict pads on the
-calling thread. Metrics run on the host by default
-(`metrics_residency`), or in their own small program on the device; the loss, when
-reported, runs on the device as in training.
+calling thread. Metrics run on the host by default (`metrics_residency`), or in their
+own small program on the device; the loss, when reported, runs on the device as in
+training.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..compile.cache import program_cache
@@ -228,38 +230,38 @@ def _evaluate_split(
         width=nitro._eval_width,
         name=split,
     )
+    batch = _BatchParts()  # the metrics' inputs of the source batch being run
+    inside = False  # whether the last chunk left its source batch unfinished
     try:
         for item in feed:
-            if stoppable and nitro._stop_requested:
+            # A stop ends the pass between source batches, never inside one, so
+            # the metrics and the loss both count whole batches.
+            if stoppable and not inside and nitro._stop_requested:
                 break
             chunk, keys = item.host, tuple(item.host)
             outputs = forward_padded(nitro, item.device, item.n_real)
             feed.release(item.device)  # dispatched: the runtime frees it after use
             if has_metrics:
                 names = fields["metrics"].select(keys)
-                if device_metrics:
-                    leaves = run_on_outputs(
-                        nitro, "eval_metrics", outputs, chunk, names
-                    )
-                else:
-                    host_outputs = jax.device_get(outputs)
-                    host_fields = {k: np.asarray(chunk[k]) for k in names}
-                    leaves = flatten_metrics(
-                        nitro._hooks["metrics"](
-                            nitro.experiment, host_outputs, **host_fields
-                        )
-                    )
-                metrics.add_leaves(leaves, n_real=item.n_real)
+                batch.add(
+                    outputs if device_metrics else jax.device_get(outputs),
+                    {k: np.asarray(chunk[k]) for k in names},
+                    item.n_real,
+                )
             if want_loss:
                 want_loss = _add_loss(nitro, losses, outputs, item, has_metrics)
-            _delete(outputs)
+            if not device_metrics:  # else: deleted once its batch's metrics ran
+                _delete(outputs)
             if item.ends_batch:
+                if has_metrics:
+                    leaves, n_real = batch.run(nitro, device_metrics)
+                    metrics.add_leaves(leaves, n_real=n_real)
                 advance_progress_counter()
                 if bar is not None:
                     bar.step()
+            inside = not item.ends_batch
     finally:
         feed.close()
-    losses.end_batch()  # a stop between the chunks of a batch
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
     if has_metrics:
@@ -279,6 +281,52 @@ def _evaluate_split(
     refuse_unreduced(combined, metrics.concatenated)
     combined = {**dict(combined), **loss_part}
     return {k: _plain_tree(v) for k, v in dict(combined).items()}
+
+
+class _BatchParts:
+    """The metrics' inputs from the chunks of one source batch, until its last.
+
+    A batch wider than the eval width runs in chunks; `metrics` sees the batch once,
+    whole: the chunks' sliced outputs (host arrays, or device arrays for device
+    residency) and their routed fields are joined along the batch axis.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[Any] = []
+        self.fields: list[dict[str, Any]] = []
+        self.n_real = 0
+
+    def add(self, outputs: Any, fields: dict[str, Any], n_real: int) -> None:
+        self.pieces.append(outputs)
+        self.fields.append(fields)
+        self.n_real += n_real
+
+    def run(self, nitro: Nitro, device: bool) -> tuple[list[Any], int]:
+        """`metrics` on the whole batch as `MetricLeaf`s, and its real count;
+        the parts are cleared (and, on the device, deleted)."""
+        pieces, n_real = self.pieces, self.n_real
+        fields = _joined(self.fields, np.concatenate)
+        self.pieces, self.fields, self.n_real = [], [], 0
+        if not device:
+            outputs = _joined(pieces, np.concatenate)
+            result = nitro._hooks["metrics"](nitro.experiment, outputs, **fields)
+            return flatten_metrics(result), n_real
+        outputs = _joined(pieces, jnp.concatenate)
+        try:
+            leaves = run_on_outputs(
+                nitro, "eval_metrics", outputs, fields, tuple(fields)
+            )
+        finally:
+            _delete(pieces)
+            _delete(outputs)
+        return leaves, n_real
+
+
+def _joined(pieces: list[Any], concatenate: Callable[..., Any]) -> Any:
+    """The pieces' trees joined leaf by leaf along the batch axis (one: as it is)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return jax.tree.map(lambda *leaves: concatenate(leaves, axis=0), *pieces)
 
 
 def _refuse_collisions(

@@ -50,12 +50,19 @@ class _InFlight:
 
 
 class EpochLog:
-    """The host side of one epoch: read-backs, the divergence check, train lines."""
+    """The host side of one epoch: read-backs, the divergence check, train lines.
 
-    def __init__(self, nitro: Nitro, epoch: int) -> None:
+    The epoch's mean loss is a running sum over its micro-batches, in order; a stop
+    partway through hands it on (`carried`), so the continued epoch's mean is the
+    whole epoch's, bitwise the same as a run never stopped.
+    """
+
+    def __init__(
+        self, nitro: Nitro, epoch: int, carried: tuple[float, int] = (0.0, 0)
+    ) -> None:
         self.nitro = nitro
         self.epoch = epoch
-        self.losses: list[float] = []
+        self.loss_sum, self.loss_count = carried
         self.step_losses: list[float] = []
         self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
         self.check = bool(nitro._config["check_divergence"].value)
@@ -72,10 +79,14 @@ class EpochLog:
                 f"with a lower learning rate, or pass check_divergence=False to "
                 f"continue from the diverged state."
             )
-        self.losses.append(loss)
+        self.loss_sum += loss
+        self.loss_count += 1
         self.step_losses.append(loss)
         if item.terms:
             self.step_terms.append(item.terms)
+        if item.outputs is not None:  # train_metrics on the host: every micro-batch
+            item.stats = self._host_train_metrics(item)
+            item.outputs = None
         if not item.ends_step:
             return
         if self.logging and item.step % self.every == 0:
@@ -89,16 +100,8 @@ class EpochLog:
         terms = jax.device_get(self.step_terms)
         for name in terms[0] if terms else ():
             line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
-        stats = item.stats
-        if item.outputs is not None:  # train_metrics on the host
-            nitro = self.nitro
-            names = nitro._fields["train_metrics"].select(tuple(item.host_batch))
-            stats = nitro._hooks["train_metrics"](
-                nitro.experiment,
-                jax.device_get(item.outputs),
-                **{k: item.host_batch[k] for k in names},
-            )
-        for name, value in dict(jax.device_get(stats) or {}).items():
+        # The step's last micro-batch's train_metrics (the spec's train line).
+        for name, value in dict(jax.device_get(item.stats) or {}).items():
             line[str(name)] = _scalar(value)
         if item.schedule_line:
             line.update(item.schedule_line)
@@ -106,8 +109,22 @@ class EpochLog:
             self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
         )
 
+    def _host_train_metrics(self, item: _InFlight) -> Any:
+        nitro = self.nitro
+        names = nitro._fields["train_metrics"].select(tuple(item.host_batch))
+        return nitro._hooks["train_metrics"](
+            nitro.experiment,
+            jax.device_get(item.outputs),
+            **{k: item.host_batch[k] for k in names},
+        )
+
     def mean_loss(self) -> float:
-        return sum(self.losses) / len(self.losses) if self.losses else math.nan
+        """The epoch's mean train loss (NaN if it ran no micro-batch)."""
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
+
+    def carried(self) -> tuple[float, int]:
+        """The running loss sum and count, for the rest of an epoch a stop cut."""
+        return self.loss_sum, self.loss_count
 
 
 def _scalar(value: Any) -> Any:
@@ -246,13 +263,16 @@ def _device_inputs(
     return {**device, **scheduled_devices(current, scheduled)}
 
 
-def run_epoch(nitro: Nitro, epoch: int, *, skip: int = 0) -> EpochLog:
+def run_epoch(
+    nitro: Nitro, epoch: int, *, skip: int = 0, carried: tuple[float, int] = (0.0, 0)
+) -> EpochLog:
     """One epoch of micro-batches from the train split's feed; closed on every exit.
 
     `skip`: batches a stopped run already trained this epoch; they are read (so the
     epoch's order and the source's state stay as they were) and passed over.
+    `carried`: their running loss sum and count, which the epoch's mean continues.
     """
-    log = EpochLog(nitro, epoch)
+    log = EpochLog(nitro, epoch, carried)
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:

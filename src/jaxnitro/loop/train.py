@@ -18,7 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._version import __version__
-from ..checkpoint.derived import HOST_PREFIX, derived_host_record
+from ..checkpoint.derived import (
+    HOST_PREFIX,
+    derived_graphconst_record,
+    derived_host_record,
+)
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
@@ -27,7 +31,7 @@ from ..optim.schedules import check_plateau_metrics
 from ..restore import finish_restore_best, optimizer_state
 from ..view import graphconst_record
 from .evaluate import evaluate_split
-from .steps import run_epoch
+from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
     from ..handle import Nitro
@@ -70,6 +74,7 @@ def _checkpoint(
         "config": nitro.params_to_log(),
         "derived": list(nitro._derived_keys),
         "derived_host": host_values,
+        "derived_graphconst": derived_graphconst_record(e, nitro._derived_keys),
         "logger_type": _qualified(nitro.logger),
         "logger_state": logproto.logger_state(nitro.logger),
         "run_id": logproto.run_id(nitro.logger),
@@ -82,6 +87,9 @@ def _checkpoint(
         "plateau": {
             s.key: s.plateau.state() for s in plan.schedules if s.plateau is not None
         },
+        # The running train loss of an epoch a stop cut (None when it ended), so
+        # a resume that continues the epoch reports the whole epoch's mean.
+        "epoch_loss": nitro._epoch_loss,
     }
     trees = {
         "params": nitro._params,
@@ -187,11 +195,17 @@ def run_training(nitro: Nitro) -> None:
     try:
         # A stop partway through an epoch left it unfinished: it continues first.
         first = nitro.current_epoch if skip else nitro.current_epoch + 1
+        carried = _carried_loss(nitro, skip)
         for epoch in range(first, max_epochs + 1):
             nitro._epoch = epoch
             nitro.set_phase(phases.TrainStepping())
             started = time.perf_counter()
-            log = run_epoch(nitro, epoch, skip=skip if epoch == first else 0)
+            log = run_epoch(
+                nitro,
+                epoch,
+                skip=skip if epoch == first else 0,
+                carried=carried if epoch == first else (0.0, 0),
+            )
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro._sync_scheduled_devices()
@@ -209,6 +223,7 @@ def run_training(nitro: Nitro) -> None:
             flat = flatten(metrics)
             _check_monitor(nitro, flat)
             partial = _trained_this_epoch(nitro) > 0
+            nitro._epoch_loss = _loss_so_far(nitro, log) if partial else None
             early, scales = (
                 (False, {}) if partial else _after_validation(nitro, epoch, metrics)
             )
@@ -259,7 +274,12 @@ def run_training(nitro: Nitro) -> None:
         # train() raises: the logger still finishes and the handle ends Failed.
         _fail(nitro, error, finalize=False)
         raise
-    _finish_logger(nitro, reason)
+    try:
+        _finish_logger(nitro, reason)
+    except BaseException as error:
+        # Its finish ran and raised: the run ends Failed without a second call.
+        _fail(nitro, error, finalize=False, finish_logger=False)
+        raise
     nitro.set_phase(phases.Done())
 
 
@@ -273,11 +293,43 @@ def _trained_this_epoch(nitro: Nitro) -> int:
     return done * accum if 0 < done < per_epoch else 0
 
 
-def _fail(nitro: Nitro, error: BaseException, *, finalize: bool) -> None:
+def _loss_so_far(nitro: Nitro, log: EpochLog) -> dict[str, Any]:
+    """The running train loss of an epoch a stop cut, for the rest of it (kept on
+    the handle and in the record written at the stop)."""
+    total, count = log.carried()
+    return {
+        "epoch": nitro.current_epoch,
+        "step": nitro.current_step,
+        "sum": total,
+        "count": count,
+    }
+
+
+def _carried_loss(nitro: Nitro, skip: int) -> tuple[float, int]:
+    """The running loss sum and count of the `skip` batches a stop left trained
+    this epoch, from the handle or the resumed record; (0.0, 0) when none matches
+    (a record written before it was kept: the row then covers the rest only)."""
+    held = nitro._epoch_loss
+    if (
+        skip
+        and isinstance(held, dict)
+        and held.get("epoch") == nitro.current_epoch
+        and held.get("step") == nitro.current_step
+        and held.get("count") == skip
+    ):
+        return float(held["sum"]), skip
+    return 0.0, 0
+
+
+def _fail(
+    nitro: Nitro, error: BaseException, *, finalize: bool, finish_logger: bool = True
+) -> None:
     """End a train() that raises `error`: stop reason "error", the logger finished
-    (and, when `finalize`, the last record marked), then the Failed phase."""
+    (unless `finish_logger` is False: its finish raised `error`) and, when
+    `finalize`, the last record marked, then the Failed phase (which releases the
+    sources)."""
     nitro._stop_reason = "error"
-    finishers = [("logger's finish", _finish_logger)]
+    finishers = [("logger's finish", _finish_logger)] if finish_logger else []
     if finalize:
         finishers.insert(0, ("checkpointer's finalize", _finalize_checkpoints))
     for what, finish in finishers:
