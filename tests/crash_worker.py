@@ -13,8 +13,10 @@ point, `<when>:<operation>:<n>`: the child SIGKILLs itself before (`before`) or 
 (`after`) the n-th call, made by jaxnitro's checkpoint code, of `os.replace`,
 `os.fsync`, `os.remove`, `tempfile.mkstemp` or safetensors' `save_file`; `torn`
 (save_file only) truncates the temporary record to half before the kill, as a crash
-in the middle of the write would. With `finalize`, the child calls
-`checkpointer.finalize(...)` after training and counts only the calls it makes.
+in the middle of the write would. With `finalize`, train()'s own closing call to
+`checkpointer.finalize` passes that stop reason instead (a rewrite of the last
+record's stop_reason, which "completed" would not need), and only the calls made
+from there on count, so the kill lands inside the rewrite.
 `delay` kills the child from the server after that many seconds instead. The server
 answers each request with one JSON line: {"signal": n} or {"exit": code}.
 """
@@ -83,10 +85,16 @@ def _child(request: dict) -> None:
     )
     with open(status, "w") as f:
         json.dump({"start": nitro.current_epoch, "run": nitro.checkpoint_run}, f)
-    nitro.train()
     if request.get("finalize"):
-        armed[0] = True
-        nitro.checkpointer.finalize(request["finalize"])
+        checkpointer = nitro.checkpointer
+        finalize = checkpointer.finalize
+
+        def armed_finalize(reason: str) -> bool:
+            armed[0] = True  # from here on, the injection point counts calls
+            return finalize(request["finalize"])
+
+        checkpointer.finalize = armed_finalize
+    nitro.train()
     with open(status + ".done", "w") as f:
         json.dump({"epoch": nitro.current_epoch, "stop": nitro.stop_reason}, f)
 
