@@ -15,6 +15,7 @@ from experiments import QuietLogger, Tiny, make_batches, mlp
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import ProgramKey, program_cache, typed_key
+from jaxnitro.compile.fingerprint import fingerprint
 from jaxnitro.optim.plan import single_group_plan
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
@@ -380,19 +381,63 @@ class ReadsClassAttribute(Tiny):
         return out * type(self).factor, state
 
 
+def _scaled_by_class(self, out):
+    return out * self.factor  # a helper handed self reads the class attribute
+
+
+class ReadsThroughHelper(Tiny):
+    factor = 1.0
+
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return _scaled_by_class(self, out), state
+
+
+class ReadsInClassmethodHook(Tiny):
+    factor = 1.0
+
+    @classmethod
+    def forward(cls, model, params, state, *, x):
+        return mlp(params, x) * cls.factor, state
+
+
+class ReadsJittedHelper(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return _jitted_scale(out), state
+
+
+class ReadsNamespace(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * SCALE_NAMESPACE.factor, state
+
+
 SCALE_ARRAY = jnp.asarray(1.0)
 SCALE_CONFIG = ScaleConfig(1.0)
+SCALE_NAMESPACE = types.SimpleNamespace(factor=1.0)
+JIT_FACTOR = 1.0
 scale_module = types.ModuleType("scale_module")  # made in memory, as in a notebook
 scale_module.factor = 1.0
 
 
+@jax.jit
+def _jitted_scale(out):
+    return out * JIT_FACTOR
+
+
 def _set_scale(cls, value):
     """Change what each class's forward reads, the way a user would."""
-    global SCALE_ARRAY, SCALE_CONFIG
+    global SCALE_ARRAY, SCALE_CONFIG, JIT_FACTOR
     if cls is ReadsArray:
         SCALE_ARRAY = jnp.asarray(value)
     elif cls is ReadsConfig:
         SCALE_CONFIG = ScaleConfig(value)
+    elif cls is ReadsNamespace:
+        SCALE_NAMESPACE.factor = value
+    elif cls is ReadsJittedHelper:
+        JIT_FACTOR = value
+        _jitted_scale.clear_cache()  # jax.jit's own cache would serve the old trace
     elif cls is ReadsModule:
         scale_module.factor = value
     else:
@@ -400,7 +445,17 @@ def _set_scale(cls, value):
 
 
 @pytest.mark.parametrize(
-    "cls", [ReadsArray, ReadsConfig, ReadsModule, ReadsClassAttribute]
+    "cls",
+    [
+        ReadsArray,
+        ReadsConfig,
+        ReadsModule,
+        ReadsClassAttribute,
+        ReadsThroughHelper,
+        ReadsInClassmethodHook,
+        ReadsJittedHelper,
+        ReadsNamespace,
+    ],
 )
 def test_a_value_a_hook_reads_is_in_the_key(cls):
     """A JAX array, a user object's field, a module's attribute and a class
@@ -468,3 +523,16 @@ MODEL_SCALE = 1.0
 
 def scaled_mlp(params, x):
     return mlp(params, x) * MODEL_SCALE
+
+
+def test_argument_names_are_in_the_code_fingerprint():
+    def shift(value, offset):
+        return value - offset
+
+    original = shift
+
+    def shift(offset, value):  # redefined: the same bytecode, a keyword call differs
+        return offset - value
+
+    assert original.__qualname__ == shift.__qualname__
+    assert fingerprint(original) != fingerprint(shift)

@@ -30,7 +30,6 @@ _LIBRARY_ROOTS = tuple(
     if (p := sysconfig.get_paths().get(key))
 )
 _OWN_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
-_ARRAY_CONTENT_LIMIT = 64 * 2**20  # bytes; bigger global arrays key by identity
 
 
 def _is_user_module(module: types.ModuleType) -> bool:
@@ -83,7 +82,9 @@ class _Fingerprinter:
 
     def _describe(self, obj: Any, owner: type | None) -> str:
         if isinstance(obj, types.MethodType):
-            return "method:" + self.of(obj.__func__, type(obj.__self__))
+            bound = obj.__self__  # a classmethod is bound to the class itself
+            cls = bound if isinstance(bound, type) else type(bound)
+            return "method:" + self.of(obj.__func__, cls)
         if isinstance(obj, functools.partial):
             parts = [self.value(a) for a in obj.args]
             parts += [f"{k}={self.value(v)}" for k, v in sorted(obj.keywords.items())]
@@ -118,7 +119,9 @@ class _Fingerprinter:
         ]
         for name in names:
             if name in fn.__globals__:
-                parts.append(f"global {name}:{self.value(fn.__globals__[name])}")
+                # With the owner: a helper handed `self` reads its attributes too.
+                described = self.value(fn.__globals__[name], owner)
+                parts.append(f"global {name}:{described}")
             for alias, module in modules:
                 if name in vars(module):
                     parts.append(f"{alias}.{name}:{self.value(vars(module)[name])}")
@@ -147,7 +150,18 @@ class _Fingerprinter:
             self._code(c) if isinstance(c, types.CodeType) else repr(c)
             for c in code.co_consts
         ]
-        return "|".join([code.co_code.hex(), ",".join(consts), ",".join(code.co_names)])
+        # The argument names too: swapping two parameters' names (and the body's
+        # uses with them) leaves the bytecode as it was, but not a keyword call.
+        arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        return "|".join(
+            [
+                code.co_code.hex(),
+                ",".join(consts),
+                ",".join(code.co_names),
+                ",".join(arguments),
+                str(code.co_flags),
+            ]
+        )
 
     def value(self, value: Any, owner: type | None = None) -> str:
         """A stable description of a value a traced function may depend on."""
@@ -178,16 +192,23 @@ class _Fingerprinter:
         if isinstance(value, np.ndarray | np.generic | jax.Array):
             if isinstance(value, jax.Array) and value.is_deleted():
                 return f"deleted array@{id(value)}"
-            array = np.asarray(value)
-            if array.nbytes > _ARRAY_CONTENT_LIMIT:
-                return f"array:{array.dtype}{array.shape}@{id(value)}"
-            digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-            return f"array:{array.dtype}{array.shape}:{digest}"
+            # By content, whatever the size: an address can be reused by another
+            # array once the first is freed.
+            array = np.ascontiguousarray(np.asarray(value))
+            data = array.reshape(-1).view(np.uint8).data
+            digest = hashlib.blake2b(data, digest_size=16)
+            return f"array:{array.dtype}{array.shape}:{digest.hexdigest()}"
         if isinstance(value, types.ModuleType):
             return f"module:{value.__name__}"
         if _is_code_like(value) or isinstance(value, type):
             return self.of(value, owner)
         kind = type(value)
+        wrapped = _wrapped_code(value)
+        if wrapped:  # jax.jit, custom_jvp/vjp, functools.wraps: the code inside
+            inner = ",".join(self.value(f, owner) for f in wrapped)
+            return f"wrapper {kind.__module__}.{kind.__qualname__}({inner})"
+        if isinstance(value, types.SimpleNamespace):
+            return f"namespace {{{self._state(value)}}}"
         if is_user_code(kind):
             if not self._contents:  # the stale check: code, not state
                 return f"instance of {self.of(kind)}"
@@ -216,6 +237,15 @@ class _Fingerprinter:
             )
         finally:
             self._active.discard(key)
+
+
+def _wrapped_code(value: Any) -> list[Any]:
+    """The functions a library wrapper calls: `__wrapped__` (jax.jit, jax.checkpoint,
+    functools.wraps), and a custom_jvp's or custom_vjp's function and rules."""
+    found = [getattr(value, "__wrapped__", None)]
+    if callable(value):
+        found += [getattr(value, name, None) for name in ("fun", "jvp", "fwd", "bwd")]
+    return [f for f in found if callable(f)]
 
 
 def _is_code_like(value: Any) -> bool:
