@@ -333,6 +333,39 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
     assert again.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
 
 
+def _stopped_midway(tmp_path, *, accum, at_line, n_train=128):
+    recipe = {"max_epochs": 2, "n_train": n_train}
+    stopper = StopsAtLine(at_line)
+    first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=accum, logger=stopper)
+    stopper.nitro = first
+    first.train()
+    return recipe, first
+
+
+def test_a_resume_with_another_accum_trains_the_rest_of_the_stopped_epoch(tmp_path):
+    # accum 1, 8 batches an epoch: stopped after step 12, 4 batches into epoch 2.
+    recipe, first = _stopped_midway(tmp_path, accum=1, at_line=11)
+    assert (first.current_epoch, first.current_step) == (2, 12)
+    again = nx.Nitro(
+        Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=None, resume="auto"
+    )
+    again.train()
+    # The other 4 batches of epoch 2, as 2 steps of 2: nothing skipped.
+    assert again.current_step == 14 and again.history[-1]["epoch"] == 2
+
+
+def test_a_resume_whose_accum_does_not_divide_the_stopped_position_is_refused(
+    tmp_path,
+):
+    recipe, first = _stopped_midway(tmp_path, accum=1, at_line=10)  # 3 into epoch 2
+    assert first.current_step == 11
+    again = nx.Nitro(
+        Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=None, resume="auto"
+    )
+    with pytest.raises(nx.ConfigError, match="stopped 3 batches into epoch 2"):
+        again.train()
+
+
 def test_run_ref_accepts_a_callable():
     seen = []
     nitro = nx.Nitro(Tiny(), run_ref=seen.append, **quiet())

@@ -58,11 +58,17 @@ class EpochLog:
     """
 
     def __init__(
-        self, nitro: Nitro, epoch: int, carried: tuple[float, int] = (0.0, 0)
+        self,
+        nitro: Nitro,
+        epoch: int,
+        carried: tuple[float, int] = (0.0, 0),
+        skip: int = 0,
     ) -> None:
         self.nitro = nitro
         self.epoch = epoch
         self.loss_sum, self.loss_count = carried
+        self.trained = skip
+        """Batches of the epoch trained so far, those a stopped run trained included."""
         self.step_losses: list[float] = []
         self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
         self.check = bool(nitro._config["check_divergence"].value)
@@ -81,6 +87,7 @@ class EpochLog:
             )
         self.loss_sum += loss
         self.loss_count += 1
+        self.trained += 1
         self.step_losses.append(loss)
         if item.terms:
             self.step_terms.append(item.terms)
@@ -272,7 +279,7 @@ def run_epoch(
     epoch's order and the source's state stay as they were) and passed over.
     `carried`: their running loss sum and count, which the epoch's mean continues.
     """
-    log = EpochLog(nitro, epoch, carried)
+    log = EpochLog(nitro, epoch, carried, skip)
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:

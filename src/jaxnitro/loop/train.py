@@ -222,7 +222,7 @@ def run_training(nitro: Nitro) -> None:
             # continued epoch ends, as in a run never stopped.
             flat = flatten(metrics)
             _check_monitor(nitro, flat)
-            partial = _trained_this_epoch(nitro) > 0
+            partial = 0 < log.trained < len(nitro.data["train"])
             nitro._epoch_loss = _loss_so_far(nitro, log) if partial else None
             early, scales = (
                 (False, {}) if partial else _after_validation(nitro, epoch, metrics)
@@ -284,22 +284,45 @@ def run_training(nitro: Nitro) -> None:
 
 
 def _trained_this_epoch(nitro: Nitro) -> int:
-    """How many batches of the current epoch a stop left trained (0 when it ended)."""
+    """How many batches of the current epoch a stop left trained (0 when it ended).
+
+    The stop recorded it (`_epoch_loss["batches"]`, on the handle and in the record
+    written at the stop); without that record, as of a record written before it was
+    kept, it follows from the step count, the batch count and accum, which holds
+    while neither changes."""
     if nitro.current_epoch < 1 or "train" not in nitro.data:
         return 0
     accum = int(nitro._config["accum"].value)
+    held = nitro._epoch_loss
+    if (
+        isinstance(held, dict)
+        and "batches" in held
+        and held.get("epoch") == nitro.current_epoch
+        and held.get("step") == nitro.current_step
+    ):
+        done = int(held["batches"])
+        if done % accum:
+            raise ConfigError(
+                f"The run stopped {done} batches into epoch {nitro.current_epoch}, "
+                f"which accum={accum} does not divide: the rest of the epoch cannot "
+                f"be cut into optimizer steps of {accum} micro-batches the way the "
+                f"stopped run was. Continue it with an accum that divides {done}, "
+                f"or with the accum it was trained with."
+            )
+        return done
     per_epoch = len(nitro.data["train"]) // accum
     done = nitro.current_step - (nitro.current_epoch - 1) * per_epoch
     return done * accum if 0 < done < per_epoch else 0
 
 
 def _loss_so_far(nitro: Nitro, log: EpochLog) -> dict[str, Any]:
-    """The running train loss of an epoch a stop cut, for the rest of it (kept on
-    the handle and in the record written at the stop)."""
+    """Where a stop cut an epoch, for the rest of it (kept on the handle and in the
+    record written at the stop): the batches trained and the running train loss."""
     total, count = log.carried()
     return {
         "epoch": nitro.current_epoch,
         "step": nitro.current_step,
+        "batches": log.trained,
         "sum": total,
         "count": count,
     }
