@@ -106,7 +106,8 @@ def freeze_hooks(cls: type, names: Iterable[str]) -> dict[str, Callable[..., Any
     later. What the hooks read through `self` (methods, class attributes) stays the
     class's own: a program compiled later reads it as it is then, and the cache key
     sees it, so no program is ever served for other code. Library functions are not
-    copied.
+    copied. One consequence: a `global` statement in a hook or a helper assigns in
+    the handle's copy of the module's globals, not in the module.
     """
     freezer = _Freezer()
     return {name: freezer.copy(hook_function(cls, name)) for name in names}
