@@ -93,3 +93,15 @@ class TinyMetrics(Tiny):
 class QuietLogger(nx.Logger):
     """A logger whose verbs do nothing (the protocol's bodies, inherited by naming it
     as a base): subclass it and override what a test reads."""
+
+
+class StopsAtStep(QuietLogger):
+    """Requests a stop at one train line (a user's Ctrl+C, or a monitor); set
+    `.nitro` to the handle once it is built."""
+
+    def __init__(self, step):
+        self.step, self.nitro = step, None
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and step == self.step:
+            self.nitro.request_stop()

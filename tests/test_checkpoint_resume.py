@@ -9,7 +9,7 @@ import struct
 import jax
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny, make_batches
+from experiments import QuietLogger, StopsAtStep, Tiny, make_batches
 
 import jaxnitro as nx
 from jaxnitro.checkpoint.record import Record
@@ -303,17 +303,6 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(
     assert (
         resumed.checkpoint_run == first.checkpoint_run
     )  # the newest record continues its run
-
-
-class StopsAtStep(QuietLogger):
-    """Requests a stop at one train line (a user's Ctrl+C, or a monitor)."""
-
-    def __init__(self, step):
-        self.step, self.nitro = step, None
-
-    def log_metrics(self, metrics, *, step, epoch, context, **kw):
-        if context == "train" and step == self.step:
-            self.nitro.request_stop()
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["same-handle", "resume"])

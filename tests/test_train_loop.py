@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny, make_batches
+from experiments import QuietLogger, StopsAtStep, Tiny, make_batches
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -296,17 +296,6 @@ def test_request_stop_leaves_at_the_step_boundary_and_checkpoints(tmp_path):
     }
 
 
-class StopsAtLine(QuietLogger):
-    """Requests a stop at one train line."""
-
-    def __init__(self, step):
-        self.step, self.nitro = step, None
-
-    def log_metrics(self, metrics, *, step, epoch, context, **kw):
-        if context == "train" and step == self.step:
-            self.nitro.request_stop()
-
-
 @pytest.mark.parametrize("resume", [False, True], ids=["same-handle", "resume"])
 def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
     tmp_path, resume
@@ -314,7 +303,7 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
     recipe = {"max_epochs": 2, "n_train": 128}  # 8 batches: 4 steps an epoch
     straight = nx.Nitro(Tiny(**recipe), accum=2, **quiet())
     straight.train()
-    stopper = StopsAtLine(5)  # read back after step 6: the stop ends step 6
+    stopper = StopsAtStep(5)  # read back after step 6: the stop ends step 6
     first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=stopper)
     stopper.nitro = first
     first.train()
@@ -335,7 +324,7 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
 
 def _stopped_midway(tmp_path, *, accum, at_line, n_train=128):
     recipe = {"max_epochs": 2, "n_train": n_train}
-    stopper = StopsAtLine(at_line)
+    stopper = StopsAtStep(at_line)
     first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=accum, logger=stopper)
     stopper.nitro = first
     first.train()
