@@ -8,7 +8,7 @@ import grain
 import jax
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny, TinyMetrics, make_batches
+from experiments import QuietLogger, StopsAtStep, Tiny, TinyMetrics, make_batches
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -614,6 +614,44 @@ def test_an_early_exit_does_not_wait_for_workers_inside_a_slow_batch_at(phase):
     assert prefetch_threads()  # returned while the workers wait inside batch_at
     release.set()
     assert prefetch_threads_exit() == []
+
+
+def test_a_source_is_released_only_after_the_workers_reading_it_finish():
+    """A stream closes without waiting for its workers; the source's release() (a
+    file or a client closed) waits for them, so no batch_at runs on a released
+    source."""
+    events = []
+    stopping = threading.Event()
+
+    class Held(FannedOut):
+        def batch_at(self, i):
+            if i >= 2:  # a slow fetch, under way when training stops
+                stopping.wait(10.0)
+                time.sleep(0.3)
+            events.append(("read", i))
+            return super().batch_at(i)
+
+        def release(self):
+            events.append(("release",))
+
+    class Stopper(StopsAtStep):
+        def log_metrics(self, metrics, *, step, **kw):
+            super().log_metrics(metrics, step=step, **kw)
+            if self.nitro._stop_requested:
+                stopping.set()
+
+    nitro = nx.Nitro(
+        Tiny(max_epochs=1),
+        data={"train": nx.PrefetchIterator(Held(make_batches(128, 16)), workers=3)},
+        logger=Stopper(1),
+        checkpointer=None,
+    )
+    nitro.logger.nitro = nitro
+    nitro.train()
+    assert nitro.stop_reason == "requested"
+    assert prefetch_threads_exit() == []  # the workers' reads have all ended
+    assert events[-1] == ("release",)  # and every one came before the release
+    assert ("read", 2) in events
 
 
 def test_a_sources_own_check_source_options_runs_at_setup_for_every_split():

@@ -48,6 +48,7 @@ import jax
 
 from ..errors import ConfigError, NitroWarning
 from ..routing import as_batch
+from . import stragglers
 from .channel import Channel, ChannelClosed
 from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at
 from .sources import has_iter, pass_batches
@@ -128,6 +129,8 @@ class Pipeline:
         self.channels: list[Channel[Any] | Coordinator] = [self.device]
         self.threads: list[threading.Thread] = []
         self.holder: threading.Thread | None = None
+        self.source: Any = None
+        """The source the threads read, once known: released only after they end."""
         """The thread that holds device memory (transfer or producer), if any."""
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -195,6 +198,8 @@ class Pipeline:
         for thread in waited:
             if thread is not me and thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if not wait and self.source is not None:  # its release waits for them
+            stragglers.register(self.source, (t for t in self.threads if t is not me))
         stuck = [t.name for t in waited if t is not me and t.is_alive()]
         if stuck:
             warnings.warn(
@@ -318,7 +323,7 @@ class _Prepared:
 
 
 def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None:
-    source = plan.source
+    source = pipeline.source = plan.source
     epoch_plan = begin_epoch_checked(source, pipeline.name)
     count = len(source)  # read after begin_epoch: a plan may change it
     coordinator = Coordinator(count, plan.host_batches, plan.ordered)
@@ -362,6 +367,8 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
 def build_single(
     pipeline: Pipeline, source: Any, prepare: Prepare, epoch: Callable[[], None]
 ) -> None:
+    pipeline.source = source
+
     def producer() -> None:
         epoch()
         # A source without __iter__ is read as the inline path reads it (batch_at).

@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import ConfigError, NitroWarning
+from . import stragglers
 
 Batch = Mapping[str, Any]
 """A batch: field name -> host array with the batch dimension first, shape (B, ...)."""
@@ -231,10 +232,27 @@ def has_release(source: Any) -> bool:
     return callable(getattr(unwrap_source(source), "release", None))
 
 
+RELEASE_WAIT_SECONDS = 30.0
+"""How long a release waits for prefetch workers still reading the source."""
+
+
 def release_source(source: Any) -> None:
-    """Call the source's `release()` if it defines one (a wrapper is looked through)."""
-    if has_release(source):
-        unwrap_source(source).release()
+    """Call the source's `release()` if it defines one (a wrapper is looked through),
+    once the prefetch workers a closed stream left reading it have finished."""
+    if not has_release(source):
+        return
+    raw = unwrap_source(source)
+    stuck = stragglers.join(raw, RELEASE_WAIT_SECONDS)
+    if stuck:
+        warnings.warn(
+            f"Releasing {type(raw).__name__} while prefetch thread(s) "
+            f"{', '.join(stuck)} still read it, {RELEASE_WAIT_SECONDS:g} s after "
+            f"their stream closed: a batch_at that blocks this long may see its "
+            f"source closed under it.",
+            NitroWarning,
+            stacklevel=3,
+        )
+    raw.release()
 
 
 def release_splits(collection: Mapping[str, Any]) -> None:
