@@ -448,3 +448,19 @@ def test_a_never_trained_handle_allocates_no_optimizer_state():
     nitro.predict({"x": np.ones((3, 8), np.float32)})
     assert nitro._opt_state is None
     assert nitro.current_step == 0 and nitro.current_epoch == 0
+
+
+@pytest.mark.parametrize("container", [dict, list])
+def test_a_forward_returning_a_dict_or_list_validates_with_the_default_loss(container):
+    class Wrapped(Tiny):
+        def forward(self, model, params, state, *, x):
+            logits, state = Tiny.forward(self, model, params, state, x=x)
+            return ({"logits": logits} if container is dict else [logits]), state
+
+        def loss(self, outputs, *, y):
+            logits = outputs["logits"] if container is dict else outputs[0]
+            return Tiny.loss(self, logits, y=y)
+
+    expected = nx.Nitro(Tiny(), logger=None, checkpointer=None).validate()["loss"]
+    nitro = nx.Nitro(Wrapped(), logger=None, checkpointer=None)
+    assert nitro.validate()["loss"] == pytest.approx(expected)

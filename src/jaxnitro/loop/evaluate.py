@@ -154,7 +154,7 @@ def run_on_outputs(
     executable = compiled(
         nitro,
         kind,
-        (_shapes(fields), jax.tree.map(np.shape, outputs)),
+        (_shapes(fields), _tree_shapes(outputs)),
         lambda: ctx.compile(
             program_cache(),
             kind,
@@ -166,6 +166,13 @@ def run_on_outputs(
         ),
     )
     return jax.device_get(executable(*args))
+
+
+def _tree_shapes(tree: Any) -> tuple[Any, ...]:
+    """A hashable description of a tree's structure and leaf shapes (a dict of
+    outputs is no memo key itself)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, tuple(np.shape(leaf) for leaf in leaves))
 
 
 def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any:
