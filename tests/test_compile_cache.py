@@ -413,8 +413,47 @@ class ReadsNamespace(Tiny):
         return out * SCALE_NAMESPACE.factor, state
 
 
+class ReadsVmappedHelper(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return _vmapped_scale(out), state
+
+
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, out):
+        return out * self.k
+
+
+class ReadsBoundMethod(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return SCALER(out), state
+
+
+def _make_closure_helper():
+    def scaled(self, out):
+        return out * self.factor
+
+    return lambda self, out: scaled(self, out)
+
+
+_closure_helper = _make_closure_helper()
+
+
+class ReadsThroughClosure(Tiny):
+    factor = 1.0
+
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return _closure_helper(self, out), state
+
+
 SCALE_ARRAY = jnp.asarray(1.0)
 SCALE_CONFIG = ScaleConfig(1.0)
+SCALER = Scaler(1.0).apply
 SCALE_NAMESPACE = types.SimpleNamespace(factor=1.0)
 JIT_FACTOR = 1.0
 scale_module = types.ModuleType("scale_module")  # made in memory, as in a notebook
@@ -426,10 +465,22 @@ def _jitted_scale(out):
     return out * JIT_FACTOR
 
 
+@jax.vmap
+def _vmapped_scale(row):
+    return row * VMAP_FACTOR
+
+
+VMAP_FACTOR = 1.0
+
+
 def _set_scale(cls, value):
     """Change what each class's forward reads, the way a user would."""
-    global SCALE_ARRAY, SCALE_CONFIG, JIT_FACTOR
-    if cls is ReadsArray:
+    global SCALE_ARRAY, SCALE_CONFIG, JIT_FACTOR, VMAP_FACTOR, SCALER
+    if cls is ReadsVmappedHelper:
+        VMAP_FACTOR = value
+    elif cls is ReadsBoundMethod:
+        SCALER = Scaler(value).apply
+    elif cls is ReadsArray:
         SCALE_ARRAY = jnp.asarray(value)
     elif cls is ReadsConfig:
         SCALE_CONFIG = ScaleConfig(value)
@@ -455,6 +506,9 @@ def _set_scale(cls, value):
         ReadsInClassmethodHook,
         ReadsJittedHelper,
         ReadsNamespace,
+        ReadsVmappedHelper,
+        ReadsBoundMethod,
+        ReadsThroughClosure,
     ],
 )
 def test_a_value_a_hook_reads_is_in_the_key(cls):

@@ -19,6 +19,7 @@ import os
 import sys
 import sysconfig
 import types
+import weakref
 from typing import Any
 
 import jax
@@ -83,8 +84,10 @@ class _Fingerprinter:
     def _describe(self, obj: Any, owner: type | None) -> str:
         if isinstance(obj, types.MethodType):
             bound = obj.__self__  # a classmethod is bound to the class itself
-            cls = bound if isinstance(bound, type) else type(bound)
-            return "method:" + self.of(obj.__func__, cls)
+            if isinstance(bound, type):
+                return "method:" + self.of(obj.__func__, bound)
+            # A method of an object reads its fields: `Scaler(2.0).apply`.
+            return f"method:{self.of(obj.__func__, type(bound))} on {self.value(bound)}"
         if isinstance(obj, functools.partial):
             parts = [self.value(a) for a in obj.args]
             parts += [f"{k}={self.value(v)}" for k, v in sorted(obj.keywords.items())]
@@ -97,13 +100,20 @@ class _Fingerprinter:
 
     def _function(self, fn: types.FunctionType, owner: type | None) -> str:
         if not is_user_code(fn):
-            return f"library:{fn.__module__}.{fn.__qualname__}"
+            # jax.grad, jax.vmap, jax.checkpoint: library code around the user's.
+            inner = ",".join(self.value(f, owner) for f in _wrapped_code(fn))
+            return f"library:{fn.__module__}.{fn.__qualname__}({inner})"
         parts = [f"fn:{fn.__module__}.{fn.__qualname__}", self._code(fn.__code__)]
+        # A wrapper that copied the user's name and module (jax.vmap's, a
+        # decorator's) reaches the user's function through `__wrapped__`.
+        wrapped = getattr(fn, "__wrapped__", None)
+        if callable(wrapped):
+            parts.append(f"wraps:{self.value(wrapped, owner)}")
         parts.append(f"defaults:{self.value(fn.__defaults__)}")
         parts.append(f"kwdefaults:{self.value(fn.__kwdefaults__)}")
         for cell in fn.__closure__ or ():
             try:
-                parts.append(f"cell:{self.value(cell.cell_contents)}")
+                parts.append(f"cell:{self.value(cell.cell_contents, owner)}")
             except ValueError:  # an empty cell
                 parts.append("cell:<empty>")
         # co_names holds both global names and attribute names (`self.helper`,
@@ -193,11 +203,11 @@ class _Fingerprinter:
             if isinstance(value, jax.Array) and value.is_deleted():
                 return f"deleted array@{id(value)}"
             # By content, whatever the size: an address can be reused by another
-            # array once the first is freed.
-            array = np.ascontiguousarray(np.asarray(value))
-            data = array.reshape(-1).view(np.uint8).data
-            digest = hashlib.blake2b(data, digest_size=16)
-            return f"array:{array.dtype}{array.shape}:{digest.hexdigest()}"
+            # array once the first is freed. A JAX array cannot change, so its
+            # digest is kept; a NumPy array may be written in place, so it is not.
+            if isinstance(value, jax.Array):
+                return _jax_array_digest(value)
+            return _array_digest(np.asarray(value))
         if isinstance(value, types.ModuleType):
             return f"module:{value.__name__}"
         if _is_code_like(value) or isinstance(value, type):
@@ -237,6 +247,38 @@ class _Fingerprinter:
             )
         finally:
             self._active.discard(key)
+
+
+def _array_digest(array: np.ndarray) -> str:
+    array = np.ascontiguousarray(array)
+    data = array.reshape(-1).view(np.uint8).data
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    return f"array:{array.dtype}{array.shape}:{digest}"
+
+
+_JAX_DIGESTS: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+
+def _jax_array_digest(array: jax.Array) -> str:
+    """An immutable array's digest, computed once while it lives (a global read by
+    traced code is keyed again for every program of every handle)."""
+    held = _JAX_DIGESTS.get(id(array))
+    if held is not None and held[0]() is array:
+        return held[1]
+    digest = _array_digest(np.asarray(array))
+    key = id(array)
+    try:
+        ref = weakref.ref(array, lambda _: _forget(key))
+    except TypeError:  # not weakly referenceable: no memo
+        return digest
+    _JAX_DIGESTS[key] = (ref, digest)
+    return digest
+
+
+def _forget(key: int) -> None:
+    held = _JAX_DIGESTS.get(key)
+    if held is not None and held[0]() is None:  # not a newer array at that address
+        _JAX_DIGESTS.pop(key, None)
 
 
 def _wrapped_code(value: Any) -> list[Any]:
