@@ -555,3 +555,8 @@ def test_an_older_record_runs_derive_and_its_device_values_override(tmp_path):
     _drop_from_header(path, "derived", "derived_host", "derived_graphconst")
     loaded = nx.Nitro(DerivedWeights(), weights=path, logger=None, checkpointer=None)
     np.testing.assert_allclose(loaded.device_value("class_weights"), [0.1, 0.2, 0.7])
+
+
+def test_a_misspelled_resume_names_auto(tmp_path):
+    with pytest.raises(nx.CheckpointError, match='pass resume="auto"'):
+        nx.Nitro(Tiny(), run_dir=str(tmp_path), resume="atuo", logger=None)

@@ -383,3 +383,11 @@ def test_handwritten_experiment_with_traits_trains():
     assert nitro.current_step == 2
     assert np.isfinite(nitro.history[-1]["loss"])
     assert nx.compile_view(Handwritten()).max_epochs == nx.StrippedHost("max_epochs")
+
+
+def test_an_unknown_field_keyword_is_refused_naming_the_fields():
+    with pytest.raises(nx.ConfigError) as info:
+        Marked(widht=3)
+    message = str(info.value)
+    assert "Marked has no field `widht` (got widht=3). Did you mean `width`?" in message
+    assert "Its fields: " in message

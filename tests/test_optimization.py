@@ -236,6 +236,9 @@ def test_level2_scheduled_field_that_is_never_read_is_refused():
     "schedules, message",
     [
         ({"lr": 0.1}, "Schedule `lr` binds nowhere"),
+        ({"learnin_rate": 0.1}, "Did you mean `learning_rate`?"),
+        ({"width": 1.0}, "`width` names a GraphConst field of the experiment"),
+        ({"n_train": 1.0}, "`n_train` names a Host field.*Mark `n_train` Device"),
         (
             {"opt": {"nope": {"learning_rate": 1.0}}},
             "there is no parameter group 'nope'",

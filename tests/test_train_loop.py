@@ -442,7 +442,18 @@ def test_a_misspelled_monitor_raises_at_the_end_of_the_first_epoch():
 
     nitro = nx.Nitro(Typo(max_epochs=2), **quiet())  # nothing follows the monitor
     with pytest.raises(
-        nx.ConfigError, match=r"monitor\(\) names `accc` \(max\), but validation"
+        nx.ConfigError,
+        match=r"monitor\(\) names `accc` \(max\), but validation(.|\n)*"
+        r"Did you mean `acc`\?",
     ):
         nitro.train()
     assert nitro.current_epoch == 1
+
+
+def test_a_run_count_of_the_wrong_type_names_its_source_and_the_fix():
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"max_epochs must be an int, got '3' \(from the keyword\)\. Pass a "
+        r"whole number",
+    ):
+        nx.Nitro(Tiny(), max_epochs="3", **quiet())

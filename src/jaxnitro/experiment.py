@@ -22,6 +22,8 @@ with a method or with a field of the same name. Its docstring gains a marker tab
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import inspect
 import os
 import sys
@@ -31,6 +33,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
+from .errors import ConfigError
 from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
 from .traits import NO_DEFAULT, FieldMeta
@@ -112,6 +115,7 @@ class Experiment:
                 # dataclasses would take the inherited method as the field's default.
                 setattr(cls, name, dataclasses.field())
         dataclasses.dataclass(frozen=True, kw_only=True, repr=False)(cls)
+        cls.__init__ = _checked_init(cls, cls.__init__)  # type: ignore[method-assign]
 
         sources = read_field_sources(cls)
         inherited = {
@@ -279,6 +283,28 @@ def summarize(value: Any) -> str:
         return f"{value.dtype}[{'x'.join(map(str, value.shape))}]"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _checked_init(cls: type, init: Any) -> Any:
+    """The dataclass constructor, refusing an unknown keyword with the fields named
+    (Python's own error names neither the fields nor a near spelling)."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    known = set(names)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        unknown = [key for key in kwargs if key not in known]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            raise ConfigError(
+                f"{cls.__name__} has no field `{unknown[0]}` (got "
+                f"{unknown[0]}={kwargs[unknown[0]]!r})."
+                + (f" Did you mean `{close[0]}`?" if close else "")
+                + f" Its fields: {', '.join(names) or 'none'}."
+            )
+        init(self, *args, **kwargs)
+
+    return __init__
 
 
 _KIND_NAMES = {"graphconst": "GraphConst", "device": "Device", "host": "Host"}

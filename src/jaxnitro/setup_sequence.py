@@ -310,11 +310,17 @@ class SetupSequence(RoutingSetup):
         c = self._config
         for name in ("accum", "max_epochs", "log_every_n_steps"):
             value = c[name].value
+            source = c[name].source  # where the value came from, to fix it there
             if not isinstance(value, int | np.integer) or isinstance(value, bool):
-                raise ConfigError(f"{name} must be an int, got {value!r}.")
+                raise ConfigError(
+                    f"{name} must be an int, got {value!r} (from the {source}). "
+                    f"Pass a whole number, e.g. {name}=4."
+                )
             low = 0 if name == "max_epochs" else 1
             if value < low:
-                raise ConfigError(f"{name} must be >= {low}, got {value}.")
+                raise ConfigError(
+                    f"{name} must be >= {low}, got {value} (from the {source})."
+                )
         if int(c["n_devs"].value) != 1:
             raise NotYetSupportedError(
                 f"n_devs={c['n_devs'].value}: sharding a batch over several devices is "

@@ -177,6 +177,18 @@ def to_device(name: str, declared: Any, value: Any) -> jax.Array:
 
 
 def to_host_value(value: Any) -> Any:
-    """A device value read back: a Python scalar for a 0-d array, else a NumPy array."""
+    """A device value read back: a Python scalar for a 0-d array, else a NumPy array.
+
+    A float narrower than Python's comes back as the shortest decimal that reads
+    back as the same value of its dtype: float32 0.05 is 0.05, not
+    0.05000000074505806, in a log line or a report.
+
+    >>> to_host_value(np.float32(0.05)), to_host_value(np.int32(3))
+    (0.05, 3)
+    """
     array = np.asarray(value)
-    return array.item() if array.ndim == 0 else array
+    if array.ndim:
+        return array
+    if array.dtype.kind == "f" and array.dtype.itemsize < 8:
+        return float(str(array))
+    return array.item()

@@ -9,9 +9,10 @@ epoch's results, refusing a missing or non-finite value.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -87,9 +88,19 @@ def read_watched(
     if metric not in metrics:
         raise error(
             f"{watcher}, but validation returned {', '.join(metrics) or 'no metrics'}."
-            f"{hint}"
+            f"{did_you_mean(metric, metrics)}{hint}"
         )
     return check_control_readback(metrics[metric], what, metric)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """A message's suffix naming the known name closest to a misspelled one.
+
+    >>> did_you_mean("accc", ["acc", "loss"])
+    ' Did you mean `acc`?'
+    """
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" Did you mean `{close[0]}`?" if close else ""
 
 
 def check_mode(mode: str | None, owner: str) -> None:

@@ -136,9 +136,16 @@ def resolve_weights_source(
         path = os.fspath(source)
         if not os.path.isfile(path):
             directory = source_directory(checkpointer, run_dir)
+            hint = (
+                ' To continue the newest run in run_dir, pass resume="auto".'
+                if what == "resume"
+                else ""
+            )
             raise CheckpointError(
                 f"{what}={path!r}: no such checkpoint file. The run directory "
-                f"{directory!r} holds the runs: {_held(directory)}."
+                f"{directory!r} holds the runs: {_held(directory)}. A path names a "
+                f'record file; (run_id, "latest" or "best") names one of a '
+                f"run's checkpoints.{hint}"
             )
         entry, is_newest = _entry_for_path(path)
         return ResolvedSource(path, entry, is_newest)

@@ -30,6 +30,7 @@ from ..observe import phases
 from ..optim.schedules import check_plateau_metrics
 from ..restore import finish_restore_best, optimizer_state
 from ..view import graphconst_record
+from ..watch import did_you_mean
 from .evaluate import evaluate_split
 from .steps import EpochLog, run_epoch
 
@@ -165,8 +166,8 @@ def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
     if flat and monitor is not None and monitor[0] not in flat:
         raise ConfigError(
             f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
-            f"{', '.join(flat)}. Return that key from metrics or finalize_metrics, "
-            f"or fix monitor()."
+            f"{', '.join(flat)}.{did_you_mean(monitor[0], flat)} Return that key from "
+            f"metrics or finalize_metrics, or fix monitor()."
         )
 
 

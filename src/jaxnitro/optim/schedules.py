@@ -19,6 +19,7 @@ every step and reach the programs as inputs, so a changed schedule compiles noth
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import numbers
@@ -239,6 +240,8 @@ class Bindable:
     grad_fields: tuple[str, ...] = ()
     per_group_weight_decay: bool = False
     candidates: dict[str, list[Target]] = field(default_factory=dict)
+    other_fields: dict[str, str] = field(default_factory=dict)
+    """The experiment's fields no schedule binds to, by name: their marker."""
 
     def bare(self, key: str) -> list[Target]:
         found: list[Target] = []
@@ -319,16 +322,33 @@ def bind_schedules(
                     f"({', '.join(NAMESPACES)})."
                 )
             found = bindable.bare(path[0])
+            marker = bindable.other_fields.get(key)
+            if not found and marker is not None:
+                raise ConfigError(
+                    f"Schedule `{key}` names a {marker} field of the experiment, "
+                    f"which no schedule can set: a scheduled value reaches the "
+                    f"programs as an input each step, and only a Device field is "
+                    f"an input ({marker} is "
+                    + (
+                        "baked into the compiled graph"
+                        if marker == "GraphConst"
+                        else "never seen by traced code"
+                    )
+                    + f"). Mark `{key}` Device[...] to schedule it."
+                )
             if not found:
                 rule_fields = sorted(
                     {f for fs in bindable.rule_fields.values() for f in fs}
                 )
+                known = [*rule_fields, *bindable.device_fields, *bindable.grad_fields]
+                close = difflib.get_close_matches(key, known, n=1)
                 raise ConfigError(
                     f"Schedule `{key}` binds nowhere: it is no rule field "
                     f"({', '.join(rule_fields)}), "
                     f"no Device field ({', '.join(bindable.device_fields) or 'none'}) "
                     f"and no gradient-rule field "
                     f"({', '.join(bindable.grad_fields) or 'none'})."
+                    + (f" Did you mean `{close[0]}`?" if close else "")
                 )
             if len(found) > 1:
                 spelled = ", ".join(f"{t.namespace}.{t.name}" for t in found)

@@ -22,7 +22,7 @@ import optax
 from ..accessors import defines
 from ..errors import ConfigError, HookError
 from ..experiment import Experiment
-from ..traits import field_names
+from ..traits import field_names, graphconst_fields, host_fields
 from .decay import anchor_checksum, anchor_mismatch, check_anchor
 from .ema import EMA
 from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule
@@ -166,6 +166,10 @@ def build_plan(
         open_groups=tuple(g for g, spec in specs.items() if spec.level == 2),
         grad_fields=(),
         per_group_weight_decay=wd_method is not None and _takes_group(wd_method),
+        other_fields={
+            **dict.fromkeys(host_fields(type(e)), "Host"),
+            **dict.fromkeys(graphconst_fields(type(e)), "GraphConst"),
+        },
     )
     rule, rule_fn = _grad_rule(e)
     bindable.grad_fields = rule.schedulable
