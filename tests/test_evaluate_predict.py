@@ -464,3 +464,14 @@ def test_a_forward_returning_a_dict_or_list_validates_with_the_default_loss(cont
     expected = nx.Nitro(Tiny(), logger=None, checkpointer=None).validate()["loss"]
     nitro = nx.Nitro(Wrapped(), logger=None, checkpointer=None)
     assert nitro.validate()["loss"] == pytest.approx(expected)
+
+
+def test_predict_on_fields_of_another_sample_shape_says_which_differ():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    batch = make_batches(4, 4)[0]
+    width = batch["x"].shape[1]
+    with pytest.raises(Exception) as info:
+        nitro.predict({"x": batch["x"][:, :-1]})
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"`x` has samples of shape ({width - 1},), not ({width},)" in notes
+    assert "Pass batches shaped like the training data" in notes

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .data.sources import batch_size, first_batch, probe_split
 from .errors import ConfigError
 from .hooks import hook_function
@@ -36,6 +38,7 @@ class RoutingSetup:
         self._train_fields: tuple[str, ...] = ()
         self._train_batch: int | None = None
         self._eval_width: int | None = None
+        self._sample_shapes: dict[str, tuple[int, ...]] = {}
         probes: dict[str, Any] = {}  # first batches already read, reused below
         if "train" in self.data:
             source = self.data["train"]
@@ -89,7 +92,11 @@ class RoutingSetup:
                     else tuple(f for f in loss.required if f in probe)
                 )
                 self._eval_width = batch_size(probe, dict.fromkeys(forward + labels))
+                probes["eval"] = probe
                 break
+        first = probes.get("train", probes.get("eval"))
+        if first is not None:  # what a sample looked like, to explain a mismatch
+            self._sample_shapes = {k: tuple(np.shape(v))[1:] for k, v in first.items()}
 
     def _route_training(self, keys: tuple[str, ...]) -> Any:
         from .compile.programs import GradientFields

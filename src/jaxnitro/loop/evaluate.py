@@ -105,20 +105,25 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
     ctx = nitro._ctx
     names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro._state, padded)
-    executable = compiled(
-        nitro,
-        "eval_forward",
-        _shapes(padded),
-        lambda: ctx.compile(
-            program_cache(),
-            "eval_forward",
-            eval_forward_fn(ctx, names),
-            args,
-            traced=("forward",),
-            baked={"mode": "eval"},
-            on_compile=announcer(nitro),
-        ),
-    )
+
+    def build() -> Any:
+        try:
+            return ctx.compile(
+                program_cache(),
+                "eval_forward",
+                eval_forward_fn(ctx, names),
+                args,
+                traced=("forward",),
+                baked={"mode": "eval"},
+                on_compile=announcer(nitro),
+            )
+        except Exception as error:
+            note = _shape_note(nitro, padded)
+            if note:
+                error.add_note(note)
+            raise
+
+    executable = compiled(nitro, "eval_forward", _shapes(padded), build)
     outputs = executable(*args)
     if ("checked", width) not in nitro._executables:
         check_batch_first(outputs, width)
@@ -129,6 +134,24 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
         jax.block_until_ready(outputs)
         _delete(full)
     return outputs
+
+
+def _shape_note(nitro: Nitro, fields: Mapping[str, Any]) -> str | None:
+    """Which fields differ in per-sample shape from the batches the handle was set up
+    with, when tracing forward for a new shape failed; None when none does."""
+    known = nitro._sample_shapes
+    differ = [
+        f"`{name}` has samples of shape {tuple(np.shape(value))[1:]}, not {known[name]}"
+        for name, value in fields.items()
+        if name in known and tuple(np.shape(value))[1:] != known[name]
+    ]
+    if not differ:
+        return None
+    return (
+        f"Tracing forward for this batch failed, and its fields differ from the "
+        f"batches this handle was set up with: {'; '.join(differ)}. Pass batches "
+        f"shaped like the training data (the batch axis first)."
+    )
 
 
 _EVAL_PROGRAMS = {"eval_metrics": eval_metrics_fn, "eval_loss": eval_loss_fn}
