@@ -24,8 +24,13 @@ def register(source: Any, threads: Iterable[threading.Thread]) -> None:
     if not alive:
         return
     with _LOCK:
-        held = [t for t in _RUNNING.get(id(source), []) if t.is_alive()]
-        _RUNNING[id(source)] = held + alive
+        # Threads that have ended are dropped on the way, for every source: one
+        # without release() is never joined, and its entry must not grow.
+        for key in list(_RUNNING):
+            _RUNNING[key] = [t for t in _RUNNING[key] if t.is_alive()]
+            if not _RUNNING[key]:
+                del _RUNNING[key]
+        _RUNNING[id(source)] = _RUNNING.get(id(source), []) + alive
 
 
 def join(source: Any, timeout: float) -> list[str]:
