@@ -48,7 +48,7 @@ def derived_host_record(
         value = getattr(e, name)
         if _numeric_array(value):
             arrays[name] = np.asarray(value)
-        elif _survives_json(value):
+        elif _reads_back(value, value):
             values[name] = value
     return arrays, values
 
@@ -65,14 +65,16 @@ def _numeric_array(value: Any) -> bool:
     return kind in "biuf"
 
 
-def _survives_json(value: Any) -> bool:
-    # A tuple would come back a list and an int dict key a string: both compare
-    # unequal, so only values read back exactly as they were are stored.
+def _reads_back(value: Any, encoded: Any, decode: Any = lambda v: v) -> bool:
+    """Whether `encoded`, written to the JSON header and read back through `decode`,
+    is `value` again, of the same types (NaN and infinity pass: Python's json reads
+    its own). A tuple stored as itself would come back a list, an int dict key a
+    string, an enum's text a string: such values are not stored."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = json.dumps(encoded)
     except (TypeError, ValueError):
         return False
-    return bool(json.loads(text) == value)
+    return _same(decode(json.loads(text)), value)
 
 
 def derived_graphconst_record(e: Any, names: Iterable[str]) -> dict[str, Any]:
@@ -93,11 +95,7 @@ def derived_graphconst_record(e: Any, names: Iterable[str]) -> dict[str, Any]:
             continue
         value = getattr(e, name)
         encoded = _lists(value)
-        try:  # NaN and infinity pass: the header is read back by Python's json
-            text = json.dumps(encoded)
-        except (TypeError, ValueError):
-            continue
-        if _same(graphconst_from_json(json.loads(text)), value):
+        if _reads_back(value, encoded, graphconst_from_json):
             stored[name] = encoded
     return stored
 

@@ -140,10 +140,11 @@ def _shape_note(nitro: Nitro, fields: Mapping[str, Any]) -> str | None:
     """Which fields differ in per-sample shape from the batches the handle was set up
     with, when tracing forward for a new shape failed; None when none does."""
     known = nitro._sample_shapes
+    shapes = {name: tuple(np.shape(value))[1:] for name, value in fields.items()}
     differ = [
-        f"`{name}` has samples of shape {tuple(np.shape(value))[1:]}, not {known[name]}"
-        for name, value in fields.items()
-        if name in known and tuple(np.shape(value))[1:] != known[name]
+        f"`{name}` has samples of shape {shape}, not {known[name]}"
+        for name, shape in shapes.items()
+        if name in known and shape != known[name]
     ]
     if not differ:
         return None
@@ -452,6 +453,4 @@ def predict_batch(nitro: Nitro, batch: Any) -> Any:
         nitro.phase_recorder.restore(previous)
         raise
     _leave_eval(nitro, previous)
-    if len(pieces) == 1:
-        return pieces[0]
-    return jax.tree.map(lambda *leaves: np.concatenate(leaves, axis=0), *pieces)
+    return _joined(pieces, np.concatenate)

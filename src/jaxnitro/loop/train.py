@@ -294,13 +294,8 @@ def _trained_this_epoch(nitro: Nitro) -> int:
     if nitro.current_epoch < 1 or "train" not in nitro.data:
         return 0
     accum = int(nitro._config["accum"].value)
-    held = nitro._epoch_loss
-    if (
-        isinstance(held, dict)
-        and "batches" in held
-        and held.get("epoch") == nitro.current_epoch
-        and held.get("step") == nitro.current_step
-    ):
+    held = _held_stop(nitro)
+    if held is not None and "batches" in held:
         done = int(held["batches"])
         if done % accum:
             raise ConfigError(
@@ -329,18 +324,25 @@ def _loss_so_far(nitro: Nitro, log: EpochLog) -> dict[str, Any]:
     }
 
 
-def _carried_loss(nitro: Nitro, skip: int) -> tuple[float, int]:
-    """The running loss sum and count of the `skip` batches a stop left trained
-    this epoch, from the handle or the resumed record; (0.0, 0) when none matches
-    (a record written before it was kept: the row then covers the rest only)."""
+def _held_stop(nitro: Nitro) -> dict[str, Any] | None:
+    """What the stop that cut the current epoch recorded (`_loss_so_far`), on the
+    handle or read from the resumed record; None when no stop left the handle here."""
     held = nitro._epoch_loss
     if (
-        skip
-        and isinstance(held, dict)
+        isinstance(held, dict)
         and held.get("epoch") == nitro.current_epoch
         and held.get("step") == nitro.current_step
-        and held.get("count") == skip
     ):
+        return held
+    return None
+
+
+def _carried_loss(nitro: Nitro, skip: int) -> tuple[float, int]:
+    """The running loss sum and count of the `skip` batches a stop left trained
+    this epoch; (0.0, 0) when none matches (a record written before it was kept:
+    the row then covers the rest only)."""
+    held = _held_stop(nitro)
+    if skip and held is not None and held.get("count") == skip:
         return float(held["sum"]), skip
     return 0.0, 0
 
