@@ -53,12 +53,7 @@ def _is_library_file(path: str) -> bool:
 def is_user_code(obj: Any) -> bool:
     """Whether `obj` is defined in the user's code rather than an installed library."""
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
-    if module is None:
-        return True
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return module.__name__ not in sys.builtin_module_names
-    return not _is_library_file(path)
+    return module is None or _is_user_module(module)
 
 
 class _Fingerprinter:
@@ -106,9 +101,7 @@ class _Fingerprinter:
         parts = [f"fn:{fn.__module__}.{fn.__qualname__}", self._code(fn.__code__)]
         # A wrapper that copied the user's name and module (jax.vmap's, a
         # decorator's) reaches the user's function through `__wrapped__`.
-        wrapped = getattr(fn, "__wrapped__", None)
-        if callable(wrapped):
-            parts.append(f"wraps:{self.value(wrapped, owner)}")
+        parts += [f"wraps:{self.value(f, owner)}" for f in _wrapped_code(fn)]
         parts.append(f"defaults:{self.value(fn.__defaults__)}")
         parts.append(f"kwdefaults:{self.value(fn.__kwdefaults__)}")
         for cell in fn.__closure__ or ():
