@@ -359,7 +359,7 @@ def scheduled_devices(
     return {
         target.name: asarray(
             _checked(target, values[target], dtype)
-            if _exact(dtype)
+            if _integral_or_bool(dtype)
             else values[target],
             dtype,
         )
@@ -367,7 +367,7 @@ def scheduled_devices(
     }
 
 
-def _exact(dtype: Any) -> bool:
+def _integral_or_bool(dtype: Any) -> bool:
     return np.dtype(dtype).kind in "biu"
 
 
