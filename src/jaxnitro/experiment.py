@@ -22,7 +22,6 @@ with a method or with a field of the same name. Its docstring gains a marker tab
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import inspect
 import os
@@ -38,6 +37,7 @@ from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
+from .watch import did_you_mean
 
 
 def field(
@@ -295,12 +295,10 @@ def _checked_init(cls: type, init: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         unknown = [key for key in kwargs if key not in known]
         if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=1)
+            key = unknown[0]
             raise ConfigError(
-                f"{cls.__name__} has no field `{unknown[0]}` (got "
-                f"{unknown[0]}={kwargs[unknown[0]]!r})."
-                + (f" Did you mean `{close[0]}`?" if close else "")
-                + f" Its fields: {', '.join(names) or 'none'}."
+                f"{cls.__name__} has no field `{key}` (got {key}={kwargs[key]!r})."
+                f"{did_you_mean(key, names)} Its fields: {', '.join(names) or 'none'}."
             )
         init(self, *args, **kwargs)
 

@@ -19,7 +19,6 @@ every step and reach the programs as inputs, so a changed schedule compiles noth
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import numbers
@@ -30,7 +29,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..watch import check_mode, check_pair, follow_monitor, read_watched
+from ..watch import (
+    check_mode,
+    check_pair,
+    did_you_mean,
+    follow_monitor,
+    read_watched,
+)
 
 NAMESPACES = ("device", "opt", "grad", "bind")
 log = logging.getLogger("jaxnitro")
@@ -341,14 +346,13 @@ def bind_schedules(
                     {f for fs in bindable.rule_fields.values() for f in fs}
                 )
                 known = [*rule_fields, *bindable.device_fields, *bindable.grad_fields]
-                close = difflib.get_close_matches(key, known, n=1)
                 raise ConfigError(
                     f"Schedule `{key}` binds nowhere: it is no rule field "
                     f"({', '.join(rule_fields)}), "
                     f"no Device field ({', '.join(bindable.device_fields) or 'none'}) "
                     f"and no gradient-rule field "
                     f"({', '.join(bindable.grad_fields) or 'none'})."
-                    + (f" Did you mean `{close[0]}`?" if close else "")
+                    f"{did_you_mean(key, known)}"
                 )
             if len(found) > 1:
                 spelled = ", ".join(f"{t.namespace}.{t.name}" for t in found)
