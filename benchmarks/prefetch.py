@@ -13,8 +13,9 @@
     arrays); the staged rows show what staging would cost here.
 
 The stream consumer in (a) is the loop the framework runs: a jitted MLP 784-128-10
-step (RAdam), batch 100, the previous step's loss read back after the next step is
-dispatched, and each device batch released after its step's read-back.
+step (RAdam), batch 100, each device batch released once its step is dispatched
+(which also wakes the producers), and the previous step's loss read back after the
+next step is dispatched.
 data_wait_frac is time blocked in `next()` over the epoch's wall time, as the loop
 logs it.
 
@@ -118,12 +119,11 @@ def run_epoch(step, state, split, epoch: int) -> tuple[float, float]:
     previous = None
     for _host, device in stream:
         params, opt_state, loss = step(params, opt_state, device)
+        stream.release(device)  # dispatched: the runtime frees it after use
         if previous is not None:
-            float(previous[0])
-            stream.release(previous[1])
-        previous = (loss, device)
-    float(previous[0])
-    stream.release(previous[1])
+            float(previous)
+        previous = loss
+    float(previous)
     wall = time.perf_counter() - started
     stream.close()
     state[:] = [params, opt_state]

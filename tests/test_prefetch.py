@@ -400,6 +400,9 @@ def test_the_coordinator_hands_out_no_more_indices_than_its_credits():
     coordinator.put(1, "b1")
     coordinator.put(0, "b0")
     assert coordinator.take() == "b0"  # in index order; its credit goes back
+    waiting.join(0.05)
+    assert claimed == []  # ... but the workers hear of it only from wake()
+    coordinator.wake()
     waiting.join(WAIT)
     assert claimed == [2]
     assert coordinator.take() == "b1"
@@ -411,6 +414,55 @@ def test_the_coordinator_hands_out_no_more_indices_than_its_credits():
     coordinator.put(3, "b3")
     assert [coordinator.take(), coordinator.take()] == ["b3", "b4"]
     assert coordinator.take() is END
+
+
+def test_a_take_with_no_wake_after_the_last_wakes_one_worker_itself():
+    coordinator = Coordinator(count=6, host_batches=2, ordered=True)
+    for index in (coordinator.claim(), coordinator.claim()):
+        coordinator.put(index, f"b{index}")
+    claimed = []
+    waiting = [
+        threading.Thread(target=lambda: claimed.append(coordinator.claim()))
+        for _ in range(2)
+    ]
+    for thread in waiting:
+        thread.start()
+    assert coordinator.take() == "b0"  # a credit is free, nobody woken yet
+    time.sleep(0.05)
+    assert claimed == []
+    assert coordinator.take() == "b1"  # the consumer never called wake(): this take
+    deadline = time.monotonic() + WAIT  # woke ONE worker for the first credit
+    while not claimed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert claimed == [2]
+    coordinator.wake()  # the second take's credit
+    for thread in waiting:
+        thread.join(WAIT)
+    assert claimed == [2, 3]
+
+
+def test_a_taker_with_nothing_ready_wakes_every_worker():
+    coordinator = Coordinator(count=4, host_batches=2, ordered=True)
+    for index in (coordinator.claim(), coordinator.claim()):
+        coordinator.put(index, f"b{index}")
+    claimed = []
+    waiting = [
+        threading.Thread(target=lambda: claimed.append(coordinator.claim()))
+        for _ in range(2)
+    ]
+    for thread in waiting:
+        thread.start()
+    assert [coordinator.take(), coordinator.take()] == ["b0", "b1"]
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(coordinator.take()))
+    taker.start()  # batch 2 is not built: both workers are woken, no wake() needed
+    for thread in waiting:
+        thread.join(WAIT)
+    assert sorted(claimed) == [2, 3]
+    coordinator.put(2, "b2")
+    taker.join(WAIT)
+    assert taken == ["b2"]
 
 
 def test_closing_the_coordinator_wakes_its_waiters():
@@ -437,7 +489,7 @@ def test_closing_the_coordinator_wakes_its_waiters():
     assert sorted(errors) == ["claim", "take"]
 
 
-def test_a_channel_refills_in_bursts_and_delivers_everything_in_order():
+def test_a_channel_refills_in_bursts_when_woken_and_delivers_everything_in_order():
     channel = Channel(4)
     producer = threading.Thread(target=lambda: [channel.put(i) for i in range(50)])
     producer.start()
@@ -447,7 +499,10 @@ def test_a_channel_refills_in_bursts_and_delivers_everything_in_order():
     assert channel.get() == 0
     time.sleep(0.05)
     assert len(channel) == 3  # one slot free: the blocked producer sleeps on
-    assert channel.get() == 1  # half free: it wakes and refills
+    assert channel.get() == 1  # half free: the producer is due ...
+    time.sleep(0.05)
+    assert len(channel) == 2  # ... and woken only by wake(), or by the next get
+    channel.wake()
     while len(channel) < 4 and time.monotonic() < deadline:
         time.sleep(0.001)
     assert len(channel) == 4

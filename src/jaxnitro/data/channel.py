@@ -32,8 +32,12 @@ class ChannelClosed(Exception):
 class Channel(Generic[T]):
     """A bounded, closable FIFO; `capacity` items at most.
 
-    A producer blocked on a full channel is woken when half of it has drained (at
-    once for a capacity of 1), so a fast producer refills in bursts.
+    A producer blocked on a full channel is due to be woken once half of it has
+    drained (at once for a capacity of 1), so a fast producer refills in bursts.
+    The consumer wakes it with `wake()` at a moment of its choosing (the training
+    loop: once its step is dispatched, so the producer's Python runs while the
+    consumer waits on the device, not during its dispatch); a `get` that finds
+    the wake-up still due, or the channel empty, wakes it itself.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -42,6 +46,7 @@ class Channel(Generic[T]):
         self._capacity = capacity
         self._items: deque[T] = deque()
         self._closed = False
+        self._wake_due = False
         lock = threading.Lock()
         self._not_full = threading.Condition(lock)
         self._not_empty = threading.Condition(lock)
@@ -63,16 +68,28 @@ class Channel(Generic[T]):
         remaining items went back to the closer.
         """
         with self._not_empty:
+            if self._wake_due or not self._items:
+                self._wake_producer()
             while not self._items and not self._closed:
                 self._not_empty.wait()
             if self._closed:
                 raise ChannelClosed
             item = self._items.popleft()
-            # A producer blocked on a full channel is woken once half of it is
-            # free, not per item: each wake-up costs the consumer's core time.
+            # Due once half of it is free, not per item: each wake-up costs the
+            # consumer's core time.
             if len(self._items) <= self._capacity // 2:
-                self._not_full.notify()
+                self._wake_due = True
             return item
+
+    def wake(self) -> None:
+        """Wake a producer blocked on a full channel, if room came back for it."""
+        with self._not_full:
+            if self._wake_due:
+                self._wake_producer()
+
+    def _wake_producer(self) -> None:
+        self._wake_due = False
+        self._not_full.notify()
 
     def close(self) -> list[T]:
         """Close the channel and return the items it held (empty on a second call)."""

@@ -15,8 +15,14 @@ The fan-out (`fanout`, `fanout_unordered`):
 The coordinator is shared state under one lock, not a thread: a worker claims the
 next index only while fewer than `host_batches` claimed batches are still unemitted
 (in workers or in the reorder buffer), and emitting one returns its credit. Each
-hand-off between threads costs a wake-up (tens of microseconds on a 2-core host),
-so a pass uses as few as it can: with staging (an accelerator), the transfer thread
+hand-off between threads costs a wake-up (tens of microseconds of core time on a
+2-core host), so a pass uses as few as it can. Once half the credits (or half a
+channel) are free, ONE producer is due, and it refills them all in a burst; the
+consumer wakes it with `wake()` when it releases the batch whose step it has just
+dispatched, so the producer's Python runs while the consumer waits on the device
+instead of delaying its next dispatch (a consumer that never releases wakes it at
+its next take). A taker that finds nothing ready wakes every worker: they are
+behind. With staging (an accelerator), the transfer thread
 is the only one that allocates device memory; without it (the CPU backend, whose
 executables take host arrays), the workers also run the cheap `prepare` (routing
 checks, eval padding) and the consumer reads the reorder buffer directly. One
@@ -125,7 +131,8 @@ class Pipeline:
         self.device: Channel[Any] = Channel(capacity)
         """The prepared items on their way to the consumer, `capacity` at most."""
         self.output: Any = self.device
-        """What the consumer reads: the device channel, or the fan-out's own items."""
+        """What the consumer reads (`get()`, and `wake()` once its step is
+        dispatched): the device channel, or the fan-out's own items."""
         self.channels: list[Channel[Any] | Coordinator] = [self.device]
         self.threads: list[threading.Thread] = []
         self.holder: threading.Thread | None = None
@@ -245,6 +252,7 @@ class Coordinator:
         self._emitted = 0
         self._built: dict[int, Any] = {}
         self._closed = False
+        self._wake_due = False
 
     def claim(self) -> int | None:
         """The next index to build, waiting for a credit; None once all are claimed."""
@@ -272,10 +280,19 @@ class Coordinator:
                 self._ready.notify()
 
     def take(self) -> Any:
-        """The next batch (in index order when ordered), or END after the last."""
+        """The next batch (in index order when ordered), or END after the last.
+
+        Its credit goes back at once, but the workers hear of it only from `wake()`
+        (or from the next `take`): see `Pipeline.wake`.
+        """
         with self._ready:
             if self._emitted == self._count and not self._closed:
                 return END
+            if not self._has_next():  # the workers are behind: every one builds
+                self._wake_due = False
+                self._room.notify_all()
+            elif self._wake_due:  # freed by a take that no wake() followed
+                self._wake_one()
             while not self._closed and not self._has_next():
                 self._ready.wait()
             if self._closed:
@@ -285,11 +302,23 @@ class Coordinator:
             else:
                 built = self._built.pop(next(iter(self._built)))
             self._emitted += 1
-            # Its credit goes back. Workers are woken when half the credits are
-            # free, not per batch: each wake-up costs the consumer's core time.
+            # A worker is due once half the credits are free, not per batch: it
+            # refills them all in one burst, and each wake-up costs core time.
             if self._claimed - self._emitted <= self._credits // 2:
-                self._room.notify_all()
+                self._wake_due = True
             return built
+
+    def wake(self) -> None:
+        """Wake one worker if credits came back since the workers last ran."""
+        with self._room:
+            if self._wake_due:
+                self._wake_one()
+
+    def _wake_one(self) -> None:
+        # One worker, not all: it claims every free credit in turn. Should the
+        # workers fall behind, the taker that waits wakes all of them.
+        self._wake_due = False
+        self._room.notify()
 
     def _has_next(self) -> bool:
         return self._emitted in self._built if self._ordered else bool(self._built)
@@ -320,6 +349,9 @@ class _Prepared:
             return END
         self._items = iter(built)
         return next(self._items)
+
+    def wake(self) -> None:
+        self._coordinator.wake()
 
 
 def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None:
@@ -353,6 +385,7 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
 
     def transfer() -> None:
         while (batch := coordinator.take()) is not END:
+            coordinator.wake()  # the workers build while this thread transfers
             _stage(pipeline, prepare, batch)
         pipeline.device.put(END)
 

@@ -181,8 +181,15 @@ class PrefetchStream(Generic[T]):
         return error if error is not None else StopIteration()
 
     def release(self, device: Any) -> None:
-        """Free one device batch this stream yielded (its `.device`); idempotent."""
+        """Free one device batch this stream yielded (its `.device`); idempotent.
+
+        Call it once the step using the batch is dispatched: it also wakes the
+        producers if room came back for them, so their Python runs while the
+        consumer waits on the device rather than during its next dispatch.
+        """
         self._ledger.free(device)
+        if self._pipeline is not None:
+            self._pipeline.output.wake()
 
     def close(self, *, wait: bool = False) -> None:
         """Stop every thread and free every device batch still alive; idempotent.
