@@ -416,8 +416,10 @@ def test_the_coordinator_hands_out_no_more_indices_than_its_credits():
     assert coordinator.take() is END
 
 
-def test_a_take_with_no_wake_after_the_last_wakes_one_worker_itself():
-    coordinator = Coordinator(count=6, host_batches=2, ordered=True)
+def _two_workers_waiting(count):
+    """A coordinator with both of its 2 credits built, and two workers blocked in
+    claim(): returns it, the indices they claim (appended) and their threads."""
+    coordinator = Coordinator(count=count, host_batches=2, ordered=True)
     for index in (coordinator.claim(), coordinator.claim()):
         coordinator.put(index, f"b{index}")
     claimed = []
@@ -427,6 +429,14 @@ def test_a_take_with_no_wake_after_the_last_wakes_one_worker_itself():
     ]
     for thread in waiting:
         thread.start()
+    deadline = time.monotonic() + WAIT  # both blocked before any credit comes back
+    while len(coordinator._room._waiters) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return coordinator, claimed, waiting
+
+
+def test_a_take_with_no_wake_after_the_last_wakes_one_worker_itself():
+    coordinator, claimed, waiting = _two_workers_waiting(6)
     assert coordinator.take() == "b0"  # a credit is free, nobody woken yet
     time.sleep(0.05)
     assert claimed == []
@@ -443,16 +453,7 @@ def test_a_take_with_no_wake_after_the_last_wakes_one_worker_itself():
 
 
 def test_a_taker_with_nothing_ready_wakes_every_worker():
-    coordinator = Coordinator(count=4, host_batches=2, ordered=True)
-    for index in (coordinator.claim(), coordinator.claim()):
-        coordinator.put(index, f"b{index}")
-    claimed = []
-    waiting = [
-        threading.Thread(target=lambda: claimed.append(coordinator.claim()))
-        for _ in range(2)
-    ]
-    for thread in waiting:
-        thread.start()
+    coordinator, claimed, waiting = _two_workers_waiting(4)
     assert [coordinator.take(), coordinator.take()] == ["b0", "b1"]
     taken = []
     taker = threading.Thread(target=lambda: taken.append(coordinator.take()))
