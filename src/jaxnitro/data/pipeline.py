@@ -283,7 +283,7 @@ class Coordinator:
         """The next batch (in index order when ordered), or END after the last.
 
         Its credit goes back at once, but the workers hear of it only from `wake()`
-        (or from the next `take`): see `Pipeline.wake`.
+        (or from the next `take`): see the wake-up policy in the module docstring.
         """
         with self._ready:
             if self._emitted == self._count and not self._closed:
