@@ -31,11 +31,11 @@ from jaxnitro.checkpoint.manifest import read_manifest
 from jaxnitro.checkpoint.record import Record, save_record
 from jaxnitro.checkpoint.runs import checkpoint_run, runs
 from jaxnitro.checkpoint.selectors import Best, Epochs, Every, Last
+from jaxnitro.checkpoint.source_checks import check_source
 from jaxnitro.checkpoint.sources import (
     AverageSource,
     HandleSource,
     ResolvedSource,
-    check_source,
     resolve_source,
     resolve_weights_source,
     resume_source,

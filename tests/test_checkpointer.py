@@ -11,7 +11,8 @@ from checkpoint_fixtures import bound, manifest_files, record_files, write
 import jaxnitro as nx
 from jaxnitro.checkpoint import checkpointer as checkpointer_module
 from jaxnitro.checkpoint import topk as topk_module
-from jaxnitro.checkpoint.checkpointer import Checkpointer, checkpoint_filename
+from jaxnitro.checkpoint.checkpointer import Checkpointer
+from jaxnitro.checkpoint.filenames import checkpoint_filename
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.manifest import MANIFEST, load_manifest, read_manifest
 from jaxnitro.checkpoint.record import Record, save_record

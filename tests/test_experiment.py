@@ -11,7 +11,7 @@ import pytest
 from experiments import Tiny
 
 import jaxnitro as nx
-from jaxnitro.view import graphconst_record
+from jaxnitro.experiment.view import graphconst_record
 
 
 class Marked(nx.Experiment):

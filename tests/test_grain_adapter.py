@@ -4,17 +4,16 @@ import grain
 import numpy as np
 import pytest
 
+from jaxnitro.data.batch_at_check import check_batch_at
 from jaxnitro.data.grain_adapter import GrainPlan, GrainSource
 from jaxnitro.data.prefetch import (
     PrefetchIterator,
     batch_stream,
-    check_batch_at,
     check_prefetch,
-    check_source_options,
     prefetch_config,
 )
 from jaxnitro.data.protocol import fanout_capable
-from jaxnitro.data.sources import check_split, epoch_batches
+from jaxnitro.data.sources import check_source_options, check_split, epoch_batches
 from jaxnitro.errors import ConfigError
 
 

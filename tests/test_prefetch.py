@@ -10,23 +10,21 @@ import jax
 import numpy as np
 import pytest
 
+from jaxnitro.data.batch_at_check import check_batch_at
 from jaxnitro.data.channel import Channel, ChannelClosed
 from jaxnitro.data.pipeline import END, Coordinator
 from jaxnitro.data.prefetch import (
     NoPrefetch,
     PrefetchConfig,
     PrefetchIterator,
-    Staged,
     auto_prefetch,
     batch_stream,
-    check_batch_at,
     check_prefetch,
     default_prefetch_workers,
     eval_stream,
     prefetch_config,
     prefetch_report,
     prepared_stream,
-    transfer,
 )
 from jaxnitro.data.protocol import (
     BatchSource,
@@ -36,7 +34,8 @@ from jaxnitro.data.protocol import (
     release_splits,
 )
 from jaxnitro.data.sources import check_split
-from jaxnitro.data.stream import StreamStats
+from jaxnitro.data.stream import Staged, StreamStats
+from jaxnitro.data.transfer import transfer
 from jaxnitro.errors import ConfigError, NitroWarning, RoutingError
 
 WAIT = 10.0  # seconds an Event may take before a test calls the pipeline broken

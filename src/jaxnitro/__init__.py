@@ -17,27 +17,26 @@ An experiment is a class with marked fields plus hooks; `Nitro(e)` runs setup on
 
 from ._version import __version__ as __version__
 from .checkpoint.averaging import Average as Average
-from .checkpoint.checkpointer import Best as Best
 from .checkpoint.checkpointer import Checkpointer as Checkpointer
-from .checkpoint.checkpointer import Last as Last
-from .checkpoint.checkpointer import ManifestEntry as ManifestEntry
-from .checkpoint.checkpointer import Selector as Selector
-from .checkpoint.checkpointer import check_control_readback as check_control_readback
-from .checkpoint.checkpointer import checkpoint_filename as checkpoint_filename
-from .checkpoint.checkpointer import read_manifest as read_manifest
 from .checkpoint.compat import (
     check_record_tree_compatible as check_record_tree_compatible,
 )
+from .checkpoint.filenames import checkpoint_filename as checkpoint_filename
 from .checkpoint.info import checkpoint_info as checkpoint_info
 from .checkpoint.io_retry import with_io_retry as with_io_retry
 from .checkpoint.lookup import find_latest as find_latest
 from .checkpoint.lookup import selected_checkpoint as selected_checkpoint
+from .checkpoint.manifest import ManifestEntry as ManifestEntry
+from .checkpoint.manifest import read_manifest as read_manifest
 from .checkpoint.retention_checks import warn_mixed_metrics as warn_mixed_metrics
 from .checkpoint.runs import RunSummary as RunSummary
 from .checkpoint.runs import checkpoint_run as checkpoint_run
 from .checkpoint.runs import runs as runs
+from .checkpoint.selectors import Best as Best
 from .checkpoint.selectors import Epochs as Epochs
 from .checkpoint.selectors import Every as Every
+from .checkpoint.selectors import Last as Last
+from .checkpoint.selectors import Selector as Selector
 from .checkpoint.sources import average_checkpoints as average_checkpoints
 from .checkpoint.sources import resolve_weights_source as resolve_weights_source
 from .checkpoint.topk import TopKCheckpointer as TopKCheckpointer
@@ -69,10 +68,22 @@ from .errors import NotYetSupportedError as NotYetSupportedError
 from .errors import RoutingError as RoutingError
 from .errors import StaleHandleWarning as StaleHandleWarning
 from .errors import StrippedHostError as StrippedHostError
-from .experiment import Experiment as Experiment
-from .experiment import field as field
-from .handle import Nitro as Nitro
-from .handle import train as train
+from .experiment.base import Experiment as Experiment
+from .experiment.base import field as field
+from .experiment.markers import Device as Device
+from .experiment.markers import GraphConst as GraphConst
+from .experiment.markers import Host as Host
+from .experiment.modes import training as training
+from .experiment.presets import from_preset as from_preset
+from .experiment.presets import presets as presets
+from .experiment.stripped import StrippedHost as StrippedHost
+from .experiment.traits import NO_DEFAULT as NO_DEFAULT
+from .experiment.traits import FieldMeta as FieldMeta
+from .experiment.traits import config_metadata as config_metadata
+from .experiment.traits import device_fields as device_fields
+from .experiment.traits import host_fields as host_fields
+from .experiment.view import assert_graphconst_hashable as assert_graphconst_hashable
+from .experiment.view import compile_view as compile_view
 from .logging.jsonl import JSONLogger as JSONLogger
 from .logging.mlflow import MLflowLogger as MLflowLogger
 from .logging.protocol import Logger as Logger
@@ -89,10 +100,7 @@ from .logging.protocol import reattach as reattach
 from .logging.protocol import run_id as run_id
 from .logging.protocol import run_url as run_url
 from .logging.tensorboard import TensorBoardLogger as TensorBoardLogger
-from .markers import Device as Device
-from .markers import GraphConst as GraphConst
-from .markers import Host as Host
-from .modes import training as training
+from .loop.render import render as render
 from .observe.counter import progress_counter as progress_counter
 from .observe.entry import work_in_flight as work_in_flight
 from .observe.history import MetricHistory as MetricHistory
@@ -124,7 +132,6 @@ from .observe.progress import progress_log_reporter as progress_log_reporter
 from .observe.progress import progress_note as progress_note
 from .observe.progress import progress_reporter as progress_reporter
 from .observe.progress import with_progress_note as with_progress_note
-from .observe.render import render as render
 from .observe.report import set_config_report as set_config_report
 from .observe.transitions import publish_phase as publish_phase
 from .optim.decay import Decay as Decay
@@ -139,13 +146,6 @@ from .optim.rules import declare_nonschedulable as declare_nonschedulable
 from .optim.rules import nonschedulable as nonschedulable
 from .optim.schedules import Plateau as Plateau
 from .optim.stopping import EarlyStopping as EarlyStopping
-from .presets import from_preset as from_preset
-from .presets import presets as presets
-from .stripped import StrippedHost as StrippedHost
-from .traits import NO_DEFAULT as NO_DEFAULT
-from .traits import FieldMeta as FieldMeta
-from .traits import config_metadata as config_metadata
-from .traits import device_fields as device_fields
-from .traits import host_fields as host_fields
-from .view import assert_graphconst_hashable as assert_graphconst_hashable
-from .view import compile_view as compile_view
+from .run.handle import Nitro as Nitro
+from .run.handle import train as train
+from .watch import check_control_readback as check_control_readback

@@ -29,23 +29,27 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
-from ..watch import check_control_readback as check_control_readback
 from ..watch import read_watched
-from .filenames import RECORD_SUFFIX as RECORD_SUFFIX
-from .filenames import checkpoint_filename as checkpoint_filename
-from .filenames import new_run_id as new_run_id
-from .filenames import sanitize_metric_name as sanitize_metric_name
-from .manifest import MANIFEST as MANIFEST
-from .manifest import Manifest, load_manifest, remove_file, write_manifest
-from .manifest import ManifestEntry as ManifestEntry
-from .manifest import read_manifest as read_manifest
+from .filenames import (
+    RECORD_SUFFIX,
+    checkpoint_filename,
+)
+from .manifest import (
+    Manifest,
+    ManifestEntry,
+    load_manifest,
+    read_manifest,
+    remove_file,
+    write_manifest,
+)
 from .record import TMP_PREFIX, read_meta, rewrite_meta, save_record
-from .selectors import Best as Best
-from .selectors import Epochs as Epochs
-from .selectors import Every as Every
-from .selectors import Last as Last
-from .selectors import Selector as Selector
-from .selectors import is_scored_under, is_selector, selector_admits
+from .selectors import (
+    Best,
+    Last,
+    is_scored_under,
+    is_selector,
+    selector_admits,
+)
 
 SCOPES = ("run", "dir")
 STOP_REASONS = ("completed", "early_stop", "requested", "error")

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..traits import graphconst_fields, host_fields
-from ..view import isequal
+from ..experiment.traits import graphconst_fields, host_fields
+from ..experiment.view import isequal
 
 HOST_PREFIX = "host"
 """The record's tree of derived Host arrays, keyed by field name."""

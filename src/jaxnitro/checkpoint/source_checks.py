@@ -7,15 +7,14 @@ import os
 from typing import Any
 
 from ..errors import ConfigError, NotYetSupportedError
+from ..handle_type import RunHandle
 from .averaging import Average
 from .selectors import Best, Last, is_selector
 
 
 def is_nitro(value: Any) -> bool:
-    """Whether `value` is a `Nitro` handle (imported lazily: handle imports us)."""
-    from ..handle import Nitro
-
-    return isinstance(value, Nitro)
+    """Whether `value` is a live run handle (a `Nitro`)."""
+    return isinstance(value, RunHandle)
 
 
 def _spelled(what: str, source: Any) -> str:

@@ -40,8 +40,7 @@ from .manifest import ManifestEntry, read_manifest
 from .record import Record, write_arrays
 from .retention_checks import warn_mixed_metrics
 from .selectors import Last
-from .source_checks import check_source as check_source
-from .source_checks import is_nitro, normalize_which
+from .source_checks import check_source, is_nitro, normalize_which
 
 log = logging.getLogger("jaxnitro")
 

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import HookError
+from ..experiment.modes import training_mode
+from ..experiment.view import replace_fields
 from ..metrics import flatten_metrics
-from ..modes import training_mode
 from ..optim.plan import OptimizerPlan
-from ..view import replace_fields
 from .cache import CompileCache, ProgramKey, abstract_signature, typed_key
 from .fingerprint import fingerprint
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..routing import as_batch
+from ..experiment.routing import as_batch
 from .grain_adapter import as_indexed
 from .protocol import (
     begin_epoch_checked,

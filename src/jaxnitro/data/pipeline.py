@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 import jax
 
 from ..errors import ConfigError, NitroWarning
-from ..routing import as_batch
+from ..experiment.routing import as_batch
 from . import stragglers
 from .channel import Channel, ChannelClosed
 from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at

@@ -28,7 +28,6 @@ import jax
 import numpy as np
 
 from ..errors import ConfigError, NitroWarning, RoutingError
-from .batch_at_check import check_batch_at
 from .grain_adapter import as_indexed
 from .padding import pad_batch
 from .pipeline import Prepare
@@ -42,27 +41,6 @@ from .protocol import (
 from .sources import batch_size, check_source_options
 from .stream import EvalStaged, PrefetchStream, Staged
 from .transfer import is_numeric_dtype, transfer
-
-__all__ = [
-    "EvalStaged",
-    "NoPrefetch",
-    "PrefetchConfig",
-    "PrefetchIterator",
-    "PrefetchStream",
-    "Staged",
-    "auto_prefetch",
-    "batch_stream",
-    "check_batch_at",
-    "check_prefetch",
-    "check_source_options",
-    "default_prefetch_workers",
-    "eval_prepare",
-    "eval_stream",
-    "prefetch_config",
-    "prefetch_report",
-    "prepared_stream",
-    "transfer",
-]
 
 PrefetchPath = Literal[
     "fanout", "fanout_unordered", "single", "materialized", "single_no_trait", "inline"

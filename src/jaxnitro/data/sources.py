@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..routing import as_batch
+from ..experiment.routing import as_batch
 from .grain_adapter import GrainSource, grain_refusal
 from .protocol import (
     BATCH_HINT,

@@ -23,6 +23,7 @@ import numbers
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import HookError
+from ..handle_type import RunHandle
 
 
 @runtime_checkable
@@ -123,9 +124,7 @@ def logger_info(logger: Any) -> dict[str, Any]:
     Given a `Nitro`, the run's logger: `logger_info(nitro)` is
     `logger_info(nitro.logger)`.
     """
-    from ..handle import Nitro  # the handle imports this module
-
-    if isinstance(logger, Nitro):
+    if isinstance(logger, RunHandle):
         logger = logger.logger
     if logger is None:
         return {}

@@ -27,15 +27,15 @@ from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
 from ..errors import HookError, RoutingError
+from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
 from ..observe import phases
 from ..observe.counter import advance_progress_counter
-from ..routing import as_batch
 from .feed import open_eval_feed
 
 if TYPE_CHECKING:
     from ..data.stream import EvalStaged
-    from ..handle import Nitro
+    from ..run.handle import Nitro
 
 
 def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:

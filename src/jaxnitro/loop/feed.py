@@ -23,7 +23,6 @@ import jax
 
 from ..data.pipeline import Prepare
 from ..data.prefetch import (
-    Staged,
     eval_prepare,
     prefetch_config,
     prepared_stream,
@@ -31,6 +30,7 @@ from ..data.prefetch import (
 )
 from ..data.protocol import unwrap_source
 from ..data.sources import epoch_batches
+from ..data.stream import Staged
 from ..data.transfer import transfer
 
 INLINE_PATHS = ("materialized", "inline")

@@ -32,7 +32,7 @@ from .evaluate import announcer, compiled
 from .feed import open_feed
 
 if TYPE_CHECKING:
-    from ..handle import Nitro
+    from ..run.handle import Nitro
 
 
 @dataclass

@@ -24,18 +24,18 @@ from ..checkpoint.derived import (
     derived_host_record,
 )
 from ..errors import ConfigError, NitroWarning
+from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..observe import phases
 from ..optim.schedules import check_plateau_metrics
-from ..restore import finish_restore_best, optimizer_state
-from ..view import graphconst_record
+from ..run.restore import finish_restore_best, optimizer_state
 from ..watch import did_you_mean
 from .evaluate import evaluate_split
 from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
-    from ..handle import Nitro
+    from ..run.handle import Nitro
 
 
 def _ensure_optimizer_state(nitro: Nitro) -> None:

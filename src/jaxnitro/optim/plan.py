@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from ..errors import ConfigError
-from ..values import to_host_array
+from ..experiment.values import to_host_array
 from .decay import Decay
 from .ema import EMA, ema_update
 from .grad_rules import GradRule, PerturbRule, RuleHp, SingleGrad, check_grad_rule

@@ -19,10 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..accessors import defines
 from ..errors import ConfigError, HookError
-from ..experiment import Experiment
-from ..traits import field_names, graphconst_fields, host_fields
+from ..experiment.base import Experiment, defines
+from ..experiment.traits import field_names, graphconst_fields, host_fields
 from .decay import anchor_checksum, anchor_mismatch, check_anchor
 from .ema import EMA
 from .grad_rules import GradRule, PerturbRule, SingleGrad, check_grad_rule

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from .data.sources import batch_size, first_batch, probe_split
-from .errors import ConfigError
-from .hooks import hook_function
-from .routing import HookFields, hook_fields
+from ..data.sources import batch_size, first_batch, probe_split
+from ..errors import ConfigError
+from ..experiment.hooks import hook_function
+from ..experiment.routing import HookFields, hook_fields
 from .setup_checks import check_numeric_fields, partial_batch_message
 
 
@@ -99,7 +99,7 @@ class RoutingSetup:
             self._sample_shapes = {k: tuple(np.shape(v))[1:] for k, v in first.items()}
 
     def _route_training(self, keys: tuple[str, ...]) -> Any:
-        from .compile.programs import GradientFields
+        from ..compile.programs import GradientFields
 
         device_tm = (
             "train_metrics" in self._fields

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .view import check_field_names
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from .errors import StrippedHostError
+from ..errors import StrippedHostError
 
 STRIPPED_HOST_MESSAGE = """\
 Traced code used the Host field `{field}` of {owner} ({operation}).

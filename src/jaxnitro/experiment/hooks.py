@@ -14,9 +14,9 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .compile.fingerprint import code_names, fingerprint, is_user_code
-from .errors import HookError
-from .experiment import Experiment
+from ..compile.fingerprint import code_names, fingerprint, is_user_code
+from ..errors import HookError
+from .base import Experiment
 
 REQUIRED_HOOKS = ("build_model", "build_data", "forward", "loss")
 # Hooks a handle calls after construction; frozen with it.

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, NotYetSupportedError
-from .experiment import Experiment
-from .traits import field_names
+from ..errors import ConfigError, NotYetSupportedError
+from ..experiment.base import Experiment, defines
+from ..experiment.traits import field_names
 
 # Run keywords that default to the accessor of the same name.
 ACCESSOR_KEYWORDS = (
@@ -85,16 +85,6 @@ class Resolved:
 
     value: Any
     source: str  # "keyword", "method", "field" or "default"
-
-
-def defines(cls: type, name: str) -> bool:
-    """Whether `cls` defines `name` itself, above the `Experiment` defaults."""
-    for klass in cls.__mro__:
-        if klass is Experiment or klass is object:
-            return False
-        if name in klass.__dict__:
-            return True
-    return False
 
 
 # `schedules` reads no field of the experiment (the spec): its entries are functions

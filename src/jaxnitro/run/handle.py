@@ -23,31 +23,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..checkpoint.checkpointer import Checkpointer
+from ..data.protocol import has_release, release_splits, unwrap_source
+from ..errors import (
+    ConfigError,
+    RoutingError,
+)
+from ..experiment.markers import Kind
+from ..experiment.presets import from_preset, presets
+from ..experiment.traits import (
+    device_fields,
+    field_kind_of,
+    field_names,
+    graphconst_fields,
+)
+from ..experiment.values import to_host_array, to_host_value
+from ..experiment.view import (
+    replace_fields,
+)
+from ..handle_type import RunHandle
+from ..logging import protocol as logproto
+from ..observe import phases
+from ..observe.entry import entry_point
+from ..observe.history import MetricHistory
+from ..observe.interrupt import StopOnInterrupt
+from ..observe.progress import Progress
+from ..observe.transitions import PhaseRecorder
 from . import restore
 from .accessors import (
     RUN_KEYWORDS,
 )
-from .checkpoint.checkpointer import Checkpointer
-from .data.protocol import has_release, release_splits, unwrap_source
-from .errors import (
-    ConfigError,
-    RoutingError,
-)
-from .handle_report import HandleReports
-from .logging import protocol as logproto
-from .markers import Kind
-from .observe import phases
-from .observe.entry import entry_point
-from .observe.history import MetricHistory
-from .observe.interrupt import StopOnInterrupt
-from .observe.progress import Progress
-from .observe.transitions import PhaseRecorder
-from .presets import from_preset, presets
-from .traits import device_fields, field_kind_of, field_names, graphconst_fields
-from .values import to_host_array, to_host_value
-from .view import (
-    replace_fields,
-)
+from .reports import HandleReports
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -233,7 +239,7 @@ class Nitro(HandleReports):
 
         It takes no keywords: every run setting was fixed when the handle was built.
         """
-        from .loop.train import run_training
+        from ..loop.train import run_training
 
         if kwargs:
             raise ConfigError(
@@ -250,7 +256,7 @@ class Nitro(HandleReports):
 
     def validate(self) -> dict[str, Any]:
         """Run the val split and return its finalized metrics."""
-        from .loop.evaluate import evaluate_split
+        from ..loop.evaluate import evaluate_split
 
         self._check_stale("validate")
         if "val" not in self.data:
@@ -263,7 +269,7 @@ class Nitro(HandleReports):
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
         """Run any named split and return its finalized metrics."""
-        from .loop.evaluate import evaluate_split
+        from ..loop.evaluate import evaluate_split
 
         self._check_stale("evaluate")
         if split not in self.data:
@@ -280,7 +286,7 @@ class Nitro(HandleReports):
         A batch dict gives its outputs as host arrays sliced to the real sample
         count; an iterable gives a lazy iterator of them, one per batch.
         """
-        from .loop.evaluate import predict_batch
+        from ..loop.evaluate import predict_batch
 
         if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
             return self._run_entry(lambda: predict_batch(self, batch))
@@ -310,7 +316,7 @@ class Nitro(HandleReports):
         Without `batch`, the first `batches` batches of `split`; with it, that batch.
         `predictions=False` (the data gate) compiles and runs nothing on the device.
         """
-        from .observe.render import render
+        from ..loop.render import render
 
         if batch is None:
             self._refuse_released(f"render(split={split!r})", (split,))
@@ -327,7 +333,7 @@ class Nitro(HandleReports):
         )
 
     def _predict_many(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from .loop.evaluate import predict_batch
+        from ..loop.evaluate import predict_batch
 
         for batch in batches:
             yield self._run_entry(lambda b=batch: predict_batch(self, b))
@@ -430,7 +436,7 @@ class Nitro(HandleReports):
     def _sync_scheduled_devices(self) -> None:
         """Write the scheduled Device fields' current values into the experiment,
         so evaluation between epochs sees what training last used."""
-        from .optim.plan import scheduled_devices
+        from ..optim.plan import scheduled_devices
 
         if not self._device_schedules:
             return
@@ -547,6 +553,9 @@ def _fill_ref(ref: Any, nitro: Nitro) -> None:
             "run_ref must be a list (the handle is appended) or a callable (called "
             f"with the handle); got {type(ref).__name__}."
         )
+
+
+RunHandle.register(Nitro)
 
 
 def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro:

@@ -32,12 +32,12 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..watch import did_you_mean
 from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
-from .watch import did_you_mean
 
 
 def field(
@@ -231,13 +231,13 @@ class Experiment:
 
     def logger(self) -> Any:
         """The run's logger; the default writes metrics.jsonl in run_dir."""
-        from .logging.jsonl import JSONLogger
+        from ..logging.jsonl import JSONLogger
 
         return JSONLogger()
 
     def checkpointer(self) -> Any:
         """The run's checkpointer; the default keeps the best 3 and the latest."""
-        from .checkpoint.checkpointer import Checkpointer
+        from ..checkpoint.checkpointer import Checkpointer
 
         return Checkpointer()
 
@@ -370,3 +370,13 @@ def _unflattener(cls: type) -> Any:
         return instance
 
     return unflatten
+
+
+def defines(cls: type, name: str) -> bool:
+    """Whether `cls` defines `name` itself, above the `Experiment` defaults."""
+    for klass in cls.__mro__:
+        if klass is Experiment or klass is object:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False

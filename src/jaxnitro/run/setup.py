@@ -18,6 +18,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..checkpoint.checkpointer import Checkpointer
+from ..checkpoint.derived import HOST_PREFIX, graphconst_from_json
+from ..checkpoint.filenames import new_run_id
+from ..checkpoint.lookup import run_label
+from ..checkpoint.manifest import read_manifest
+from ..checkpoint.record import Record
+from ..checkpoint.retention_checks import check_keep, setup_warnings
+from ..checkpoint.sources import ResolvedSource
+from ..compile.cache import configure_persistent_cache
+from ..compile.programs import TraceContext
+from ..data.prefetch import auto_prefetch, check_prefetch
+from ..data.sources import (
+    check_split,
+)
+from ..errors import (
+    ConfigError,
+    HookError,
+    NitroWarning,
+    NotYetSupportedError,
+)
+from ..experiment.hooks import (
+    RUNTIME_HOOKS,
+    check_required_hooks,
+    freeze_hooks,
+    has_hook,
+    hook_fingerprints,
+    hook_function,
+)
+from ..experiment.traits import (
+    config_metadata,
+    device_fields,
+    field_names,
+    graphconst_fields,
+    host_fields,
+)
+from ..experiment.values import coerce_graphconst, to_device
+from ..experiment.view import (
+    assert_graphconst_hashable,
+    check_field_names,
+    compile_view,
+    graphconst_record,
+    graphconst_values,
+    replace_fields,
+)
+from ..logging import protocol as logproto
+from ..observe.progress import Progress
+from ..observe.transitions import PhaseRecorder
+from ..optim.plan import OptimizerPlan
+from ..optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
+from ..optim.stopping import bind_stopper
 from . import restore
 from .accessors import (
     ACCESSOR_KEYWORDS,
@@ -27,61 +77,12 @@ from .accessors import (
     refuse_later_features,
     resolve,
 )
-from .checkpoint.checkpointer import Checkpointer, new_run_id
-from .checkpoint.derived import HOST_PREFIX, graphconst_from_json
-from .checkpoint.lookup import run_label
-from .checkpoint.manifest import read_manifest
-from .checkpoint.record import Record
-from .checkpoint.retention_checks import check_keep, setup_warnings
-from .checkpoint.sources import ResolvedSource
-from .compile.cache import configure_persistent_cache
-from .compile.programs import TraceContext
-from .data.prefetch import auto_prefetch, check_prefetch
-from .data.sources import (
-    check_split,
-)
-from .errors import (
-    ConfigError,
-    HookError,
-    NitroWarning,
-    NotYetSupportedError,
-)
-from .hooks import (
-    RUNTIME_HOOKS,
-    check_required_hooks,
-    freeze_hooks,
-    has_hook,
-    hook_fingerprints,
-    hook_function,
-)
-from .logging import protocol as logproto
-from .observe.progress import Progress
-from .observe.transitions import PhaseRecorder
-from .optim.plan import OptimizerPlan
-from .optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
-from .optim.stopping import bind_stopper
 from .setup_checks import (
     check_compile_options,
     check_monitor,
     w0_provider,
 )
 from .setup_routing import RoutingSetup
-from .traits import (
-    config_metadata,
-    device_fields,
-    field_names,
-    graphconst_fields,
-    host_fields,
-)
-from .values import coerce_graphconst, to_device
-from .view import (
-    assert_graphconst_hashable,
-    check_field_names,
-    compile_view,
-    graphconst_record,
-    graphconst_values,
-    replace_fields,
-)
 
 NOT_PASSED: Any = object()
 

@@ -9,20 +9,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from .accessors import (
-    SCALAR_ACCESSORS,
-)
-from .data.prefetch import prefetch_report
-from .data.protocol import dropped_samples
-from .errors import ConfigError
-from .experiment import summarize
-from .hooks import (
+from ..data.prefetch import prefetch_report
+from ..data.protocol import dropped_samples
+from ..errors import ConfigError
+from ..experiment.base import summarize
+from ..experiment.hooks import (
     current_class,
     hook_fingerprints,
 )
-from .logging import protocol as logproto
-from .markers import Kind
-from .observe.report import (
+from ..experiment.markers import Kind
+from ..experiment.traits import config_metadata, field_names
+from ..experiment.values import to_host_value
+from ..logging import protocol as logproto
+from ..observe.report import (
     binding_report,
     emit_stale_report,
     frozen_table,
@@ -30,10 +29,11 @@ from .observe.report import (
     show_report,
     stale_report,
 )
+from .accessors import (
+    SCALAR_ACCESSORS,
+)
+from .setup import NOT_PASSED, SetupSequence, differs, safe_accessor
 from .setup_checks import check_monitor
-from .setup_sequence import NOT_PASSED, SetupSequence, differs, safe_accessor
-from .traits import config_metadata, field_names
-from .values import to_host_value
 
 
 class HandleReports(SetupSequence):

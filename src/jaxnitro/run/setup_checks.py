@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data.transfer import is_numeric_dtype
-from .errors import ConfigError
-from .optim.decay import anchor_mismatch
+from ..data.transfer import is_numeric_dtype
+from ..errors import ConfigError
+from ..optim.decay import anchor_mismatch
 
 
 def check_monitor(monitor: Any) -> tuple[str, str]:

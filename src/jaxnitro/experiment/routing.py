@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import HookError, RoutingError
+from ..errors import HookError, RoutingError
 
 # The positional parameters each hook takes before its batch fields, `self` included.
 HOOK_POSITIONALS: dict[str, tuple[str, ...]] = {

@@ -25,11 +25,11 @@ import numpy as np
 
 from ..data.sources import batch_size, epoch_batches
 from ..errors import HookError
-from ..hooks import has_hook
-from ..routing import as_batch, hook_fields
+from ..experiment.hooks import has_hook
+from ..experiment.routing import as_batch, hook_fields
 
 if TYPE_CHECKING:
-    from ..handle import Nitro
+    from ..run.handle import Nitro
 
 
 def _sample(value: Any, index: int) -> Any:

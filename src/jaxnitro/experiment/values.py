@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _PYTHON_DTYPES: dict[Any, Any] = {
     float: np.float32,

@@ -18,17 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checkpoint.averaging import Average, check_keep_holds, short_average_message
-from .checkpoint.lookup import selected_checkpoint
-from .checkpoint.record import Record
-from .checkpoint.sources import (
+from ..checkpoint.averaging import Average, check_keep_holds, short_average_message
+from ..checkpoint.lookup import selected_checkpoint
+from ..checkpoint.record import Record
+from ..checkpoint.sources import (
     AverageSource,
     HandleSource,
     ResolvedSource,
     resolve_weights_source,
     resume_source,
 )
-from .errors import CheckpointError, ConfigError, NitroWarning
+from ..errors import CheckpointError, ConfigError, NitroWarning
 
 if TYPE_CHECKING:
     from .handle import Nitro

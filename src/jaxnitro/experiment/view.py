@@ -12,7 +12,7 @@ import math
 import numbers
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .stripped import StrippedHost
 from .traits import field_names, graphconst_fields, host_fields
 

@@ -1,0 +1,1 @@
+"""One run: its configuration, setup, state, restore, the handle and its reports."""
