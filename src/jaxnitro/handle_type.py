@@ -8,6 +8,7 @@ test `isinstance(value, RunHandle)` instead, and `Nitro` registers itself here.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 
 class RunHandle(abc.ABC):  # noqa: B024 - a marker: Nitro registers, nothing overrides
@@ -16,3 +17,5 @@ class RunHandle(abc.ABC):  # noqa: B024 - a marker: Nitro registers, nothing ove
     What the layers below read of it: `parameters`, `states`, `experiment`,
     `checkpointer`, `run_dir`, `checkpoint_run`, `logger`.
     """
+
+    logger: Any
