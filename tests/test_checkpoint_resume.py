@@ -289,7 +289,9 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(
     ):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(
-        leaves(resumed._opt_state), leaves(straight._opt_state), strict=True
+        leaves(resumed.train_state.opt_state),
+        leaves(straight.train_state.opt_state),
+        strict=True,
     ):
         np.testing.assert_array_equal(a, b)
     tail = [
@@ -468,9 +470,11 @@ def test_resume_after_a_crash_with_ema_plateau_and_schedules_is_bitwise(
     resumed = train(tmp_path / "b", resume="auto", logger=CrashAt(crash_in=99))
     # It redid the lost epoch: its history starts there and runs to the end.
     assert [r["epoch"] for r in resumed.history] == list(range(crash_in, 5))
-    for name in ("_params", "_opt_state", "_ema"):
+    for name in ("params", "opt_state", "ema"):
         for a, b in zip(
-            leaves(getattr(resumed, name)), leaves(getattr(straight, name)), strict=True
+            leaves(getattr(resumed.train_state, name)),
+            leaves(getattr(straight.train_state, name)),
+            strict=True,
         ):
             np.testing.assert_array_equal(a, b)
     for p, q in zip(resumed._plan.schedules, straight._plan.schedules, strict=True):

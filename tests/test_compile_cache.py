@@ -14,6 +14,7 @@ import pytest
 from experiments import QuietLogger, Tiny, make_batches, mlp
 
 import jaxnitro as nx
+from jaxnitro.compile.boundary import Weights
 from jaxnitro.compile.cache import ProgramKey, program_cache, typed_key
 from jaxnitro.compile.fingerprint import fingerprint
 from jaxnitro.optim.plan import single_group_plan
@@ -202,7 +203,7 @@ def test_clipping_matches_optax():
     plan = single_group_plan(params, learning_rate=0.1, clip_norm=1.0)
 
     def step(p, state, g, hp):
-        return plan.apply(None, p, state, None, g, hp)[0]
+        return plan.apply(None, Weights(p, state, None), g, hp)[0]
 
     new = jax.jit(step)(params, plan.init_state(params), grads, plan.step_inputs(0))
     clipped, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
@@ -222,7 +223,7 @@ def test_clip_zero_emits_no_clipping_ops():
                 updates, state = optax.radam(lr).update(grads, state, p)
                 new = jax.tree.map(lambda a, u: (a + u).astype(a.dtype), p, updates)
                 return new, state
-            return plan.apply(None, p, state, None, grads, hp)[:2]
+            return plan.apply(None, Weights(p, state, None), grads, hp)[:2]
 
         args = (params, plan.init_state(params), params, plan.step_inputs(0))
         text = jax.jit(step).lower(*args).as_text()

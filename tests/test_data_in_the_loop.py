@@ -516,7 +516,7 @@ class Replanned:
 
 
 def accumulated(nitro):
-    return [np.asarray(x) for x in jax.tree.leaves(nitro._accumulator)]
+    return [np.asarray(x) for x in jax.tree.leaves(nitro.train_state.accumulator)]
 
 
 @pytest.mark.parametrize(

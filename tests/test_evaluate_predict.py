@@ -446,7 +446,7 @@ def test_a_never_trained_handle_allocates_no_optimizer_state():
     nitro.validate()
     nitro.evaluate(split="test")
     nitro.predict({"x": np.ones((3, 8), np.float32)})
-    assert nitro._opt_state is None
+    assert nitro.train_state.opt_state is None
     assert nitro.current_step == 0 and nitro.current_epoch == 0
 
 

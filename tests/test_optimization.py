@@ -18,6 +18,7 @@ import pytest
 from experiments import Tiny, make_batches, mlp
 
 import jaxnitro as nx
+from jaxnitro.compile.boundary import Weights
 from jaxnitro.compile.cache import program_cache
 
 
@@ -737,7 +738,7 @@ def test_ema_tracks_the_weights_and_is_what_evaluation_reads(tmp_path):
         expected = jax.tree.map(lambda a, p, d=d: d * a + (1 - d) * p, expected, params)
         history.append(d)
     nitro.train()
-    assert_trees_close(nitro._ema, expected)
+    assert_trees_close(nitro.train_state.ema, expected)
     assert_trees_close(nitro.parameters, params)
     out = nitro.predict({"x": BATCH["x"]})
     np.testing.assert_allclose(
@@ -755,7 +756,9 @@ def test_ema_is_checkpointed_resumed_and_loadable(tmp_path):
     resumed = nx.Nitro(Tiny(max_epochs=3), resume="auto", **kw_b)
     resumed.train()
     for a, b in zip(
-        jax.tree.leaves(resumed._ema), jax.tree.leaves(straight._ema), strict=True
+        jax.tree.leaves(resumed.train_state.ema),
+        jax.tree.leaves(straight.train_state.ema),
+        strict=True,
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     newest = max(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch)
@@ -765,7 +768,7 @@ def test_ema_is_checkpointed_resumed_and_loadable(tmp_path):
         load_ema=True,
         **{"logger": None, "checkpointer": None},
     )
-    assert_trees_close(loaded.parameters, straight._ema, rtol=0, atol=0)
+    assert_trees_close(loaded.parameters, straight.train_state.ema, rtol=0, atol=0)
     with pytest.raises(nx.ConfigError, match='eval_weights="ema" needs an EMA'):
         nx.Nitro(Tiny(), eval_weights="ema", **quiet())
 
@@ -801,7 +804,7 @@ def lowered_step(plan, params, by_hand=False):
 
     def step(p, state, grads, hp):
         if not by_hand:
-            return plan.apply(None, p, state, None, grads, hp)[:2]
+            return plan.apply(None, Weights(p, state, None), grads, hp)[:2]
         group = hp["groups"]["default"]
 
         def decay_update(updates, state, p):

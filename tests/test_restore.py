@@ -153,7 +153,7 @@ def test_restore_optimizer_takes_the_records_state_and_starts_fresh(tmp_path, kw
     tuned = restoring_optimizer(tmp_path, Tiny, **kw)
     tuned.train()
     assert tuned.current_step == 4  # a new run: step and epoch start fresh
-    counts = [int(x) for x in leaves(tuned._opt_state) if np.ndim(x) == 0]
+    counts = [int(x) for x in leaves(tuned.train_state.opt_state) if np.ndim(x) == 0]
     assert 8 in counts  # RAdam's count went on from the record's 4 steps
 
 

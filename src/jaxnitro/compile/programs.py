@@ -31,6 +31,7 @@ from ..experiment.modes import training_mode
 from ..experiment.view import replace_fields
 from ..metrics import flatten_metrics
 from ..optim.plan import OptimizerPlan
+from .boundary import StepOutputs
 from .cache import CompileCache, ProgramKey, abstract_signature, typed_key
 from .fingerprint import fingerprint
 
@@ -189,6 +190,9 @@ def gradient_fn(
 
     Under a perturbation rule (SAM, ASAM) the gradient is taken a second time at
     `params + eps`; the loss, state, terms and train_metrics are the first pass's.
+    At accum == 1 it returns `(grads, model_state, StepOutputs)` for the fused step
+    to trace; above, the gradient program `(accumulator, model_state, StepOutputs)`,
+    the gradient added into the donated accumulator.
     """
     scale = 1.0 / accum
 
@@ -222,29 +226,29 @@ def gradient_fn(
                     view, outputs, **{k: batch[k] for k in fields.train_metrics}
                 )
         extra = outputs if fields.host_outputs else None
-        return grads, loss, new_state, terms, stats, extra
+        return grads, new_state, StepOutputs(loss, terms, stats, extra)
 
     if accum == 1:
         return compute
 
     def accumulate(device_values, params, state, accumulator, batch, grad_hp):
-        grads, *rest = compute(device_values, params, state, batch, grad_hp)
+        grads, new_state, reported = compute(
+            device_values, params, state, batch, grad_hp
+        )
         accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
-        return (accumulator, *rest)
+        return accumulator, new_state, reported
 
     return accumulate
 
 
 def optimizer_fn(ctx: TraceContext, plan: OptimizerPlan) -> Callable:
     """The optimizer program (accum > 1): clip, the chains, EMA, a zeroed
-    accumulator."""
+    accumulator. `(values, Weights, accumulator, hp) -> (Weights, accumulator)`."""
 
-    def step(device_values, params, opt_state, ema, accumulator, hp):
+    def step(device_values, weights, accumulator, hp):
         view = ctx.make_view(device_values)
-        params, opt_state, ema = plan.apply(
-            view, params, opt_state, ema, accumulator, hp
-        )
-        return params, opt_state, ema, jax.tree.map(jnp.zeros_like, accumulator)
+        weights = plan.apply(view, weights, accumulator, hp)
+        return weights, jax.tree.map(jnp.zeros_like, accumulator)
 
     return step
 
@@ -253,19 +257,20 @@ def train_step_fn(
     ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
 ) -> Callable:
     """The fused step program (accum == 1): the gradient, then the optimizer step.
+    `(values, Weights, model_state, batch, hp) -> (Weights, model_state,
+    StepOutputs)`.
 
     One program rather than a gradient program feeding an optimizer program: on a
     dispatch-bound model the second launch per step cost 15-30% of the throughput.
     """
     gradient = gradient_fn(ctx, fields, 1, plan)
 
-    def step(device_values, params, opt_state, ema, state, batch, hp):
-        grads, loss, new_state, terms, stats, extra = gradient(
-            device_values, params, state, batch, hp["grad"]
+    def step(device_values, weights, state, batch, hp):
+        grads, new_state, reported = gradient(
+            device_values, weights.params, state, batch, hp["grad"]
         )
         view = ctx.make_view(device_values)
-        params, opt_state, ema = plan.apply(view, params, opt_state, ema, grads, hp)
-        return params, opt_state, ema, loss, new_state, terms, stats, extra
+        return plan.apply(view, weights, grads, hp), new_state, reported
 
     return step
 

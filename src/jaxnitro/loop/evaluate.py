@@ -104,7 +104,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
     assert width is not None
     ctx = nitro._ctx
     names = tuple(padded)
-    args = (nitro.device_values(), nitro.eval_params(), nitro._state, padded)
+    args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)
 
     def build() -> Any:
         try:

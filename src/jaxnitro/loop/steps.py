@@ -33,6 +33,7 @@ from .feed import open_feed
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
+    from ..run.state import TrainState
 
 
 @dataclass
@@ -140,7 +141,11 @@ def _scalar(value: Any) -> Any:
 
 
 def training_programs(
-    nitro: Nitro, batch: dict[str, Any], values: dict[str, Any], hp: dict[str, Any]
+    nitro: Nitro,
+    state: TrainState,
+    batch: dict[str, Any],
+    values: dict[str, Any],
+    hp: dict[str, Any],
 ) -> tuple[Any, Any]:
     """The training executables, from the handle or the cache.
 
@@ -160,15 +165,7 @@ def training_programs(
 
     announce = announcer(nitro)
     if accum == 1:
-        args = (
-            values,
-            nitro._params,
-            nitro._opt_state,
-            nitro._ema,
-            nitro._state,
-            batch,
-            hp,
-        )
+        args = (values, state.weights, state.model_state, batch, hp)
         step = compiled(
             nitro,
             "train_step",
@@ -180,7 +177,7 @@ def training_programs(
                 args,
                 traced=traced,
                 baked={"mode": "train", "fields": fields, **constants},
-                donate=(1, 2, 3),
+                donate=(1,),  # the Weights
                 on_compile=announce,
             ),
         )
@@ -188,9 +185,9 @@ def training_programs(
 
     grad_args = (
         values,
-        nitro._params,
-        nitro._state,
-        nitro._accumulator,
+        state.params,
+        state.model_state,
+        state.accumulator,
         batch,
         hp["grad"],
     )
@@ -210,18 +207,11 @@ def training_programs(
                 "fields": fields,
                 **plan.gradient_constants(),
             },
-            donate=(3,),
+            donate=(3,),  # the accumulator
             on_compile=announce,
         ),
     )
-    opt_args = (
-        values,
-        nitro._params,
-        nitro._opt_state,
-        nitro._ema,
-        nitro._accumulator,
-        hp,
-    )
+    opt_args = (values, state.weights, state.accumulator, hp)
     optimizer = compiled(
         nitro,
         "optimizer",
@@ -233,7 +223,7 @@ def training_programs(
             opt_args,
             traced=(),  # the rule's code is in its key: plan.constants()
             baked=plan.constants(),
-            donate=(1, 2, 3, 4),
+            donate=(1, 2),  # the Weights and the accumulator
             on_compile=announce,
         ),
     )
@@ -275,6 +265,8 @@ def run_epoch(
 ) -> EpochLog:
     """One epoch of micro-batches from the train split's feed; closed on every exit.
 
+    It trains from `nitro.train_state` and commits the new state to the handle on
+    every exit, a raising one included (the old one's buffers were donated).
     `skip`: batches a stopped run already trained this epoch; they are read (so the
     epoch's order and the source's state stay as they were) and passed over.
     `carried`: their running loss sum and count, which the epoch's mean continues.
@@ -292,13 +284,13 @@ def run_epoch(
         delivered = _steps(nitro, epoch, feed, log, bar, skip)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
-            _zero_accumulator(nitro)
+            nitro.commit_state(_zeroed_accumulator(nitro.train_state))
         raise
     finally:
         feed.close()
     if delivered is not None:
         if delivered % accum:  # a source that ran short or long ended mid-step
-            _zero_accumulator(nitro)
+            nitro.commit_state(_zeroed_accumulator(nitro.train_state))
         _check_epoch_length(source, delivered, epoch)
     return log
 
@@ -328,11 +320,12 @@ def _check_epoch_count(source: Any, accum: int, epoch: int) -> None:
         )
 
 
-def _zero_accumulator(nitro: Nitro) -> None:
-    """Drop the gradient of an optimizer step an epoch left unfinished, so that no
-    gradient carries into another epoch."""
-    if nitro._accumulator is not None:
-        nitro._accumulator = jax.tree.map(jnp.zeros_like, nitro._params)
+def _zeroed_accumulator(state: TrainState) -> TrainState:
+    """`state` without the gradient of an optimizer step an epoch left unfinished,
+    so that no gradient carries into another epoch."""
+    if state.accumulator is None:
+        return state
+    return state._replace(accumulator=jax.tree.map(jnp.zeros_like, state.params))
 
 
 def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
@@ -353,7 +346,9 @@ def _steps(
     nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any, skip: int = 0
 ) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
-    the per-step work is the dispatch plus one read-back.
+    the per-step work is the dispatch plus one read-back. The training state lives
+    in locals here (its parts are donated to each step) and is committed to the
+    handle on every exit.
 
     Returns how many batches the feed delivered, or None when a stop request ended
     the epoch early."""
@@ -369,99 +364,97 @@ def _steps(
     gradient: Any = None
     optimizer: Any = None
     in_flight: _InFlight | None = None
-    step = nitro._step
+    start = nitro.train_state
+    weights, model_state = start.weights, start.model_state
+    accumulator, step = start.accumulator, start.step
     step_values: dict[Target, float] = {}
     hp: dict[str, Any] = {}
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
     delivered: int | None = 0
-    for index, (full, routed) in enumerate(feed):
-        _check_batch(routed, names, expected, index, epoch)
-        if index < skip:  # trained before a stop: this epoch continues after it
-            feed.release(routed)
-            if bar is not None:
-                bar.step()
-            delivered = index + 1
-            continue
-        if index % accum == 0:  # a new optimizer step: its schedules, evaluated once
-            step = nitro._step
-            step_values = plan.schedule_values(step)
-            hp = plan.step_inputs(step, step_values)
-            device = None
-        if nitro._device_values is not device:  # set_device may replace it
-            device = nitro._device_values
-            values = _device_inputs(nitro, device, step_values)
-        if gradient is None:  # the epoch's first trained batch: its plan is drawn
-            if accum > 1:
-                _check_epoch_count(nitro.data["train"], accum, epoch)
-            gradient, optimizer = training_programs(nitro, routed, values, hp)
-        if accum == 1:
-            (
-                nitro._params,
-                nitro._opt_state,
-                nitro._ema,
-                loss,
-                nitro._state,
-                terms,
-                stats,
-                outputs,
-            ) = gradient(
-                values,
-                nitro._params,
-                nitro._opt_state,
-                nitro._ema,
-                nitro._state,
-                routed,
-                hp,
-            )
-            ends_step = True
-        else:
-            nitro._accumulator, loss, nitro._state, terms, stats, outputs = gradient(
-                values,
-                nitro._params,
-                nitro._state,
-                nitro._accumulator,
-                routed,
-                hp["grad"],
-            )
-            ends_step = (index + 1) % accum == 0
-            if ends_step:
-                (
-                    nitro._params,
-                    nitro._opt_state,
-                    nitro._ema,
-                    nitro._accumulator,
-                ) = optimizer(
+    try:
+        for index, (full, routed) in enumerate(feed):
+            _check_batch(routed, names, expected, index, epoch)
+            if index < skip:  # trained before a stop: this epoch continues after it
+                feed.release(routed)
+                if bar is not None:
+                    bar.step()
+                delivered = index + 1
+                continue
+            if (
+                index % accum == 0
+            ):  # a new optimizer step: its schedules, evaluated once
+                step_values = plan.schedule_values(step)
+                hp = plan.step_inputs(step, step_values)
+                device = None
+            if nitro._device_values is not device:  # set_device may replace it
+                device = nitro._device_values
+                values = _device_inputs(nitro, device, step_values)
+            if gradient is None:  # the epoch's first trained batch: its plan is drawn
+                if accum > 1:
+                    _check_epoch_count(nitro.data["train"], accum, epoch)
+                gradient, optimizer = training_programs(
+                    nitro,
+                    start._replace(
+                        weights=weights,
+                        model_state=model_state,
+                        accumulator=accumulator,
+                    ),
+                    routed,
                     values,
-                    nitro._params,
-                    nitro._opt_state,
-                    nitro._ema,
-                    nitro._accumulator,
                     hp,
                 )
-        # Built only for a step whose train line is logged (EpochLog.settle).
-        logged = autolog and ends_step and (step + 1) % every == 0
-        schedule_line = plan.scheduled_log(step_values) if logged else None
-        if ends_step:
-            nitro._step = step + 1
-            advance_progress_counter()
-        if bar is not None:
-            bar.step()
-        # The optimizer step this micro-batch belongs to, also when it is not the
-        # step's last (a divergence error names it).
-        current = _InFlight(
-            loss, terms, stats, outputs, full, step + 1, ends_step, schedule_line
-        )
-        # The step is dispatched: a staged device batch can go (the runtime frees
-        # it when the step has run), which bounds device memory per batch.
-        feed.release(routed)
+            if accum == 1:
+                weights, model_state, reported = gradient(
+                    values, weights, model_state, routed, hp
+                )
+                ends_step = True
+            else:
+                accumulator, model_state, reported = gradient(
+                    values, weights.params, model_state, accumulator, routed, hp["grad"]
+                )
+                ends_step = (index + 1) % accum == 0
+                if ends_step:
+                    weights, accumulator = optimizer(values, weights, accumulator, hp)
+            # Built only for a step whose train line is logged (EpochLog.settle).
+            logged = autolog and ends_step and (step + 1) % every == 0
+            schedule_line = plan.scheduled_log(step_values) if logged else None
+            # The optimizer step this micro-batch belongs to, also when it is not
+            # the step's last (a divergence error names it).
+            current = _InFlight(
+                reported.loss,
+                reported.terms,
+                reported.stats,
+                reported.outputs,
+                full,
+                step + 1,
+                ends_step,
+                schedule_line,
+            )
+            if ends_step:
+                step += 1
+                advance_progress_counter()
+            if bar is not None:
+                bar.step()
+            # The step is dispatched: a staged device batch can go (the runtime frees
+            # it when the step has run), which bounds device memory per batch.
+            feed.release(routed)
+            if in_flight is not None:
+                settle(in_flight)
+            in_flight = current
+            delivered = index + 1
+            if ends_step and nitro._stop_requested:
+                delivered = None
+                break
         if in_flight is not None:
             settle(in_flight)
-        in_flight = current
-        delivered = index + 1
-        if ends_step and nitro._stop_requested:
-            delivered = None
-            break
-    if in_flight is not None:
-        settle(in_flight)
+    finally:
+        nitro.commit_state(
+            start._replace(
+                weights=weights,
+                model_state=model_state,
+                accumulator=accumulator,
+                step=step,
+            )
+        )
     return delivered

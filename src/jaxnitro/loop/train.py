@@ -42,14 +42,18 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     """Allocate (or restore) the optimizer state, the EMA and the accumulator."""
     plan = nitro._plan
     assert plan is not None
-    if nitro._opt_state is None:
-        nitro._opt_state = optimizer_state(nitro, plan.init_state(nitro._params))
+    state = nitro.train_state
+    params = state.params
+    if state.opt_state is None:
+        opt_state = optimizer_state(nitro, plan.init_state(params))
+        state = state.with_weights(opt_state=opt_state)
         # The record's arrays are no longer needed: everything is placed.
         nitro._record = None
-    if plan.ema is not None and nitro._ema is None:
-        nitro._ema = jax.tree.map(jnp.array, nitro._params)  # starts at the weights
-    if int(nitro._config["accum"].value) > 1 and nitro._accumulator is None:
-        nitro._accumulator = jax.tree.map(jnp.zeros_like, nitro._params)
+    if plan.ema is not None and state.ema is None:
+        state = state.with_weights(ema=jax.tree.map(jnp.array, params))  # the weights
+    if int(nitro._config["accum"].value) > 1 and state.accumulator is None:
+        state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
+    nitro.commit_state(state)
 
 
 def _checkpoint(
@@ -92,17 +96,18 @@ def _checkpoint(
         # a resume that continues the epoch reports the whole epoch's mean.
         "epoch_loss": nitro._epoch_loss,
     }
+    state = nitro.train_state
     trees = {
-        "params": nitro._params,
-        "state": nitro._state,
-        "opt_state": nitro._opt_state,
+        "params": state.params,
+        "state": state.model_state,
+        "opt_state": state.opt_state,
         "device": nitro.device_values(),
         HOST_PREFIX: host_arrays,
     }
     if nitro.averaged_from is not None:  # the run started from these averaged weights
         meta["averaged_from"] = nitro.averaged_from
-    if nitro._ema is not None:
-        trees["ema"] = nitro._ema
+    if state.ema is not None:
+        trees["ema"] = state.ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
     ckpt.save(
         epoch=epoch,
@@ -198,7 +203,7 @@ def run_training(nitro: Nitro) -> None:
         first = nitro.current_epoch if skip else nitro.current_epoch + 1
         carried = _carried_loss(nitro, skip)
         for epoch in range(first, max_epochs + 1):
-            nitro._epoch = epoch
+            nitro.commit_state(nitro.train_state._replace(epoch=epoch))
             nitro.set_phase(phases.TrainStepping())
             started = time.perf_counter()
             log = run_epoch(

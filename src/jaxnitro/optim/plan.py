@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import optax
 
+from ..compile.boundary import Weights
 from ..errors import ConfigError
 from ..experiment.values import to_host_array
 from .decay import Decay
@@ -294,15 +295,10 @@ class OptimizerPlan:
         return self.transformation(self.experiment, self.step_inputs(0)).init(params)
 
     def apply(
-        self,
-        view: Any,
-        params: Any,
-        opt_state: Any,
-        ema: Any,
-        grads: Any,
-        hp: dict[str, Any],
-    ) -> tuple[Any, Any, Any]:
+        self, view: Any, weights: Weights, grads: Any, hp: dict[str, Any]
+    ) -> Weights:
         """One optimizer step (traced): clip, each group's chain, the EMA update."""
+        params, opt_state, ema = weights
         if self.clips:
             grads = clip_by_global_norm(grads, hp["gradient_clip_norm"])
         updates, opt_state = self.transformation(view, hp).update(
@@ -311,7 +307,7 @@ class OptimizerPlan:
         params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
         if self.ema is not None:
             ema = ema_update(ema, params, hp["ema"])
-        return params, opt_state, ema
+        return Weights(params, opt_state, ema)
 
 
 def _log_keys(

@@ -54,6 +54,7 @@ from .accessors import (
     RUN_KEYWORDS,
 )
 from .reports import HandleReports
+from .state import TrainState
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -120,8 +121,7 @@ class Nitro(HandleReports):
         self._stop_reason: str | None = None
         self._history: list[dict[str, Any]] = []
         self._executables: dict[Any, Any] = {}
-        self._step = 0
-        self._epoch = 0
+        self._train_state = None  # setup builds the first, with the model
         self._logger: Any = None
         self.phase_recorder = PhaseRecorder(self)
         self._progress: Progress | None = None
@@ -152,27 +152,35 @@ class Nitro(HandleReports):
         They are device arrays owned by the handle: the next optimizer step donates
         them, so copy them (e.g. `jax.device_get`) to keep a snapshot.
         """
-        return self._params
+        return self.train_state.params
 
     @property
     def states(self) -> Any:
         """The model state (running statistics and the like)."""
-        return self._state
+        return self.train_state.model_state
+
+    @property
+    def train_state(self) -> TrainState:
+        """The run's latest `TrainState`: weights, optimizer state, EMA, model state,
+        accumulator, step and epoch.
+
+        Its arrays are owned by the handle: the next optimizer step donates them, so
+        copy what you keep (e.g. `jax.device_get`)."""
+        if self._train_state is None:
+            raise ConfigError("The handle's setup did not finish: it holds no state.")
+        return self._train_state
+
+    def commit_state(self, state: TrainState) -> None:
+        """Hold `state` as the run's latest (the loop and restore hand it back).
+
+        The state it replaces may hold buffers a step donated: it is dropped.
+        """
+        self._train_state = state
 
     @property
     def run_dir(self) -> str:
         """The directory checkpoints, the manifest and the default log resolve to."""
         return self._run_dir
-
-    @property
-    def current_step(self) -> int:
-        """The number of optimizer steps taken."""
-        return self._step
-
-    @property
-    def current_epoch(self) -> int:
-        """The current epoch, 0 before the first one begins."""
-        return self._epoch
 
     @property
     def phase(self) -> phases.Phase:
@@ -429,9 +437,10 @@ class Nitro(HandleReports):
     def eval_params(self) -> Any:
         """The weights evaluation, checkpoint selection and predict read: the EMA
         under eval_weights="ema" once one exists, the raw weights otherwise."""
-        if self._eval_weights == "ema" and self._ema is not None:
-            return self._ema
-        return self._params
+        state = self.train_state
+        if self._eval_weights == "ema" and state.ema is not None:
+            return state.ema
+        return state.params
 
     def _sync_scheduled_devices(self) -> None:
         """Write the scheduled Device fields' current values into the experiment,
@@ -441,7 +450,7 @@ class Nitro(HandleReports):
         if not self._device_schedules:
             return
         assert self._plan is not None
-        current = self._plan.schedule_values(max(self._step - 1, 0))
+        current = self._plan.schedule_values(max(self.current_step - 1, 0))
         updates = scheduled_devices(current, self._device_schedules, jnp.asarray)
         self._experiment = replace_fields(self._experiment, **updates)
         self._device_values = {**self._device_values, **updates}

@@ -75,7 +75,7 @@ class HandleReports(SetupSequence):
         return frozen_table(
             f"Nitro({self._cls.__name__}) values fixed at construction",
             self.frozen(),
-            f"step {self._step}   epoch {self._epoch}   phase "
+            f"step {self.current_step}   epoch {self.current_epoch}   phase "
             f"{type(self.phase_recorder.phase).__name__}   "
             f"(rebuild the Nitro to change them)" + (f"\n{holding}" if holding else ""),
         )
@@ -85,7 +85,7 @@ class HandleReports(SetupSequence):
         return (
             f"Nitro({self._cls.__name__}) values fixed at construction (rebuild the "
             f"`Nitro` to change them)\n  {frozen_values(self.frozen())}\n"
-            f"  step {self._step}   epoch {self._epoch}   phase "
+            f"  step {self.current_step}   epoch {self.current_epoch}   phase "
             f"{type(self.phase_recorder.phase).__name__}"
             + (f"\n  {holding}" if holding else "")
         )

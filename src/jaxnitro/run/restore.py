@@ -29,6 +29,7 @@ from ..checkpoint.sources import (
     resume_source,
 )
 from ..errors import CheckpointError, ConfigError, NitroWarning
+from .state import TrainState
 
 if TYPE_CHECKING:
     from .handle import Nitro
@@ -93,19 +94,26 @@ def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
         nitro.averaged_from = nitro._record.meta["averaged_from"]
 
 
-def restore_weights(nitro: Any, fresh: Any, load_ema: bool) -> None:
-    """Parameters and state from the source; a resume's EMA too."""
-    if isinstance(nitro._weights, HandleSource):
-        _warm_start(nitro, nitro._weights.handle, fresh, load_ema)
-        return
-    record = nitro._record
+def restore_weights(
+    built: TrainState,
+    source: Any,
+    record: Record | None,
+    *,
+    resuming: bool,
+    load_ema: bool,
+) -> tuple[TrainState, dict[str, Any] | None]:
+    """The state a handle starts from: `built` (what build_model returned) with the
+    source's parameters and model state, and a resume's EMA too; and, for a live
+    handle as the source, what it was (`weights_from`)."""
+    if isinstance(source, HandleSource):
+        return _warm_start(built, source.handle, load_ema)
     if record is None:
         if load_ema:
             raise ConfigError(
                 "load_ema=True loads a weights source's EMA, but no weights= was given."
             )
-        return
-    if load_ema and nitro._resume is not None:
+        return built, None
+    if load_ema and resuming:
         raise ConfigError(
             "load_ema=True goes with weights=, not resume=: a resume restores the "
             "weights and their EMA exactly as they were."
@@ -115,27 +123,38 @@ def restore_weights(nitro: Any, fresh: Any, load_ema: bool) -> None:
             f"load_ema=True, but {record.path} holds no EMA of the weights (its run "
             f"had no ema). Drop load_ema, or load a record written with one."
         )
-    nitro._params = record.restore("ema" if load_ema else "params", fresh, "parameter")
-    nitro._state = record.restore("state", nitro._state, "state")
-    if nitro._resume is not None and record.has_tree("ema"):
-        nitro._ema = record.restore("ema", fresh, "EMA")
+    fresh = built.params
+    params = record.restore("ema" if load_ema else "params", fresh, "parameter")
+    model_state = record.restore("state", built.model_state, "state")
+    ema = None
+    if resuming and record.has_tree("ema"):
+        ema = record.restore("ema", fresh, "EMA")
+    return built._replace(
+        weights=built.weights._replace(params=params, ema=ema), model_state=model_state
+    ), None
 
 
-def _warm_start(nitro: Nitro, other: Any, fresh: Any, load_ema: bool) -> None:
+def _warm_start(
+    built: TrainState, other: Any, load_ema: bool
+) -> tuple[TrainState, dict[str, Any]]:
     """Take another live handle's weights through host memory, leaf for leaf."""
-    if load_ema and getattr(other, "_ema", None) is None:
+    theirs = other.train_state
+    if load_ema and theirs.ema is None:
         raise ConfigError(
             "load_ema=True, but the handle given as weights= has no EMA of the weights."
         )
-    source = other._ema if load_ema else other.parameters
-    nitro._params = _leaf_for_leaf(source, fresh, "parameter")
-    nitro._state = _leaf_for_leaf(other.states, nitro._state, "state")
-    nitro.weights_from = {
+    source = theirs.ema if load_ema else theirs.params
+    params = _leaf_for_leaf(source, built.params, "parameter")
+    model_state = _leaf_for_leaf(theirs.model_state, built.model_state, "state")
+    weights_from = {
         "experiment": type(other.experiment).__qualname__,
         "epoch": other.current_epoch,
         "step": other.current_step,
         "run_dir": other.run_dir,
     }
+    return built._replace(
+        weights=built.weights._replace(params=params), model_state=model_state
+    ), weights_from
 
 
 def _leaf_for_leaf(source: Any, template: Any, what: str) -> Any:
@@ -289,11 +308,19 @@ def finish_restore_best(nitro: Nitro) -> None:
     if found is None:
         return
     record, path = found
-    fresh = nitro._params
-    nitro._params = record.restore("params", fresh, "parameter")
-    nitro._state = record.restore("state", nitro._state, "state")
-    if nitro._ema is not None and record.has_tree("ema"):
-        nitro._ema = record.restore("ema", fresh, "EMA")
+    state = nitro.train_state
+    fresh = state.params
+    params = record.restore("params", fresh, "parameter")
+    model_state = record.restore("state", state.model_state, "state")
+    ema = state.ema
+    if ema is not None and record.has_tree("ema"):
+        ema = record.restore("ema", fresh, "EMA")
+    nitro.commit_state(
+        state._replace(
+            weights=state.weights._replace(params=params, ema=ema),
+            model_state=model_state,
+        )
+    )
     nitro.checkpoint_source = path
     if isinstance(choice, Average):
         nitro.averaged_from = record.meta["averaged_from"]

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
@@ -83,6 +82,7 @@ from .setup_checks import (
     w0_provider,
 )
 from .setup_routing import RoutingSetup
+from .state import TrainState
 
 NOT_PASSED: Any = object()
 
@@ -97,8 +97,6 @@ class SetupSequence(RoutingSetup):
 
     _keywords: dict[str, Any]
     _preset: str | None
-    _step: int
-    _epoch: int
     _logger: Any
     _history: list[dict[str, Any]]
     _executables: dict[Any, Any]
@@ -107,12 +105,23 @@ class SetupSequence(RoutingSetup):
     _released_by: str | None
     _progress: Progress | None
     phase_recorder: PhaseRecorder
+    _train_state: TrainState | None
 
     averaged_from: dict[str, Any] | None
     """What the handle's weights average, when they are an average: set by
     `weights=(run, Average(sel))` and by `restore_best=Average(sel)`, else None. The
     record header's `averaged_from` (spec, run, dir, files, epochs, weights,
     state_from); the records a run started from an average writes carry it too."""
+
+    @property
+    def current_step(self) -> int:
+        """The number of optimizer steps taken."""
+        return self._train_state.step if self._train_state is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0 before the first one begins."""
+        return self._train_state.epoch if self._train_state is not None else 0
 
     @property
     def total_steps(self) -> int:
@@ -170,16 +179,15 @@ class SetupSequence(RoutingSetup):
         self.averaged_from: dict[str, Any] | None = None
         self._restored_best = False
         restore.locate(self, run_dir, self._resolve_monitor())
-        self._step = 0
-        self._epoch = 0
+        step = epoch = 0  # where training starts: a resume continues its position
         self._resumed_from_epoch: int | None = None
         # The running train loss of an epoch a stop cut (loop.train keeps it).
         self._epoch_loss: dict[str, Any] | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
-            self._step = int(self._record.meta["step"])
-            self._epoch = int(self._record.meta["epoch"])
-            self._resumed_from_epoch = self._epoch
+            step = int(self._record.meta["step"])
+            epoch = int(self._record.meta["epoch"])
+            self._resumed_from_epoch = epoch
             self._epoch_loss = self._record.meta.get("epoch_loss")
             if self._preset is None:
                 self._preset = self._record.meta.get("preset")
@@ -263,14 +271,16 @@ class SetupSequence(RoutingSetup):
                 "stateless model."
             )
         self._model, params, state = built
-        # Own copies: the optimizer program donates (overwrites) the parameters.
-        self._params = jax.tree.map(jnp.array, params)
-        self._state = jax.tree.map(jnp.array, state)
-        self._opt_state: Any = None
-        self._accumulator: Any = None
-        self._ema: Any = None
-        fresh = self._params
-        restore.restore_weights(self, fresh, bool(kw.get("load_ema", False)))
+        built_state = TrainState.initial(params, state)
+        fresh = built_state.params
+        restored, self.weights_from = restore.restore_weights(
+            built_state,
+            self._weights,
+            self._record,
+            resuming=self._resume is not None,
+            load_ema=bool(kw.get("load_ema", False)),
+        )
+        self._train_state = restored._replace(step=step, epoch=epoch)
         self._setup_optimization(fresh, kw.get("w0"))
         self._restore_best = restore.check_restore_best(self)
         restore.check_restore_optimizer(self)
@@ -457,13 +467,15 @@ class SetupSequence(RoutingSetup):
         self._check_control_metric(
             getattr(self._stopper, "metric", None), "EarlyStopping"
         )
+        assert self._train_state is not None  # built with the model, just before
+        params = self._train_state.params
         self._plan = build_plan(
             self._experiment,
-            self._params,
+            params,
             w0_provider(
                 w0_option,
                 fresh,
-                self._params,
+                params,
                 self._weights is not None,
                 resuming=self._resume is not None,
             ),
