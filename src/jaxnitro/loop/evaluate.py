@@ -38,43 +38,6 @@ if TYPE_CHECKING:
     from ..run.handle import Nitro
 
 
-def compiled(nitro: Nitro, kind: str, memo: Any, build: Any) -> Any:
-    """The handle's executable for (kind, memo), built through the cache once.
-
-    A real compile announces its compile phase (see `announcer`); afterwards the
-    phase the run was in is restored, so a monitor sees compile -> stepping.
-    """
-    key = (kind, memo)
-    found = nitro._executables.get(key)
-    if found is None:
-        before = nitro.phase
-        try:
-            found = build()
-        except BaseException:
-            nitro.phase_recorder.restore(before)  # no compile stays announced
-            raise
-        nitro._executables[key] = found
-        if nitro.phase != before:
-            nitro.set_phase(before)
-            bar = nitro.progress()
-            if bar is not None:
-                bar.phase("")
-    return found
-
-
-def announcer(nitro: Nitro) -> Callable[[str], None]:
-    """The compile callback: publish the compile phase, show it on the progress line."""
-
-    def announce(kind: str) -> None:
-        phase = phases.compile_phase(kind)
-        bar = nitro.progress()
-        if bar is not None:  # the line first, so a monitor's view matches the screen
-            bar.phase(phase.label)
-        nitro.set_phase(phase)
-
-    return announce
-
-
 def _shapes(batch: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(
         (k, np.shape(v), str(getattr(v, "dtype", ""))) for k, v in batch.items()
@@ -115,7 +78,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
                 args,
                 traced=("forward",),
                 baked={"mode": "eval"},
-                on_compile=announcer(nitro),
+                on_compile=nitro.executables.announcer(),
             )
         except Exception as error:
             note = _shape_note(nitro, padded)
@@ -123,11 +86,11 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
                 error.add_note(note)
             raise
 
-    executable = compiled(nitro, "eval_forward", _shapes(padded), build)
+    executable = nitro.executables.get("eval_forward", _shapes(padded), build)
     outputs = executable(*args)
-    if ("checked", width) not in nitro._executables:
-        check_batch_first(outputs, width)
-        nitro._executables[("checked", width)] = True
+    nitro.executables.check_once(
+        ("batch first", width), lambda: check_batch_first(outputs, width)
+    )
     if count < width:
         full = outputs
         outputs = slice_outputs(full, count)
@@ -175,8 +138,7 @@ def run_on_outputs(
     ctx = nitro._ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
-    executable = compiled(
-        nitro,
+    executable = nitro.executables.get(
         kind,
         (_shapes(fields), _tree_shapes(outputs)),
         lambda: ctx.compile(
@@ -186,7 +148,7 @@ def run_on_outputs(
             args,
             traced=(_TRACES[kind],),
             baked={"mode": "eval"},
-            on_compile=announcer(nitro),
+            on_compile=nitro.executables.announcer(),
         ),
     )
     return jax.device_get(executable(*args))
@@ -222,7 +184,7 @@ def evaluate_split(
     try:
         result = _evaluate_split(nitro, split, previous, stoppable)
     except BaseException:
-        nitro.phase_recorder.restore(previous)
+        nitro.restore_phase(previous)
         raise
     _leave_eval(nitro, previous, metrics=result)
     return result
@@ -232,7 +194,7 @@ def _leave_eval(nitro: Nitro, previous: phases.Phase, **info: Any) -> None:
     if isinstance(previous, phases.TrainStepping):
         nitro.set_phase(previous, **info)
     else:
-        nitro.phase_recorder.restore(previous, **info)
+        nitro.restore_phase(previous, **info)
 
 
 def _evaluate_split(
@@ -450,7 +412,7 @@ def predict_batch(nitro: Nitro, batch: Any) -> Any:
             pieces.append(jax.device_get(outputs))
             _delete(outputs)
     except BaseException:
-        nitro.phase_recorder.restore(previous)
+        nitro.restore_phase(previous)
         raise
     _leave_eval(nitro, previous)
     return _joined(pieces, np.concatenate)

@@ -28,7 +28,6 @@ from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
 from ..optim.schedules import Target
-from .evaluate import announcer, compiled
 from .feed import open_feed
 
 if TYPE_CHECKING:
@@ -163,11 +162,10 @@ def training_programs(
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     constants = {**plan.constants(), **plan.gradient_constants()}
 
-    announce = announcer(nitro)
+    announce = nitro.executables.announcer()
     if accum == 1:
         args = (values, state.weights, state.model_state, batch, hp)
-        step = compiled(
-            nitro,
+        step = nitro.executables.get(
             "train_step",
             (shapes, fields, repr(constants)),
             lambda: ctx.compile(
@@ -191,8 +189,7 @@ def training_programs(
         batch,
         hp["grad"],
     )
-    gradient = compiled(
-        nitro,
+    gradient = nitro.executables.get(
         "gradient",
         (shapes, accum, fields, repr(plan.gradient_constants())),
         lambda: ctx.compile(
@@ -212,8 +209,7 @@ def training_programs(
         ),
     )
     opt_args = (values, state.weights, state.accumulator, hp)
-    optimizer = compiled(
-        nitro,
+    optimizer = nitro.executables.get(
         "optimizer",
         repr(plan.constants()),
         lambda: ctx.compile(

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
+from ..compile.executables import Executables
 from ..data.protocol import has_release, release_splits, unwrap_source
 from ..errors import (
     ConfigError,
@@ -120,7 +121,7 @@ class Nitro(HandleReports):
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._history: list[dict[str, Any]] = []
-        self._executables: dict[Any, Any] = {}
+        self.executables = Executables(self)
         self._train_state = None  # setup builds the first, with the model
         self._logger: Any = None
         self.phase_recorder = PhaseRecorder(self)
@@ -464,6 +465,11 @@ class Nitro(HandleReports):
             phase, phases.Terminal
         ):
             self._release(f"the end of train() (phase {type(phase).__name__})")
+
+    def restore_phase(self, phase: phases.Phase, **info: Any) -> None:
+        """Put the handle back in `phase`, the one it was in before a compile or an
+        evaluation that failed or ended (see `PhaseRecorder.restore`)."""
+        self.phase_recorder.restore(phase, **info)
 
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.

@@ -99,7 +99,6 @@ class SetupSequence(RoutingSetup):
     _preset: str | None
     _logger: Any
     _history: list[dict[str, Any]]
-    _executables: dict[Any, Any]
     _stop_requested: bool
     _stop_reason: str | None
     _released_by: str | None
