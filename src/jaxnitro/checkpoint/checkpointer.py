@@ -59,18 +59,61 @@ DEFAULT_KEEP = (Best(3), Last(1))
 class Checkpointer:
     """Writes a record after each epoch that some selector in `keep` retains.
 
+    A `Nitro` binds it at setup (`bind`: the run directory, the monitor, the run
+    id) and calls `save` after each epoch's validation: the record is written only
+    if some selector admits the epoch, then the union of what the selectors pick
+    is kept and this run's other entries are deleted (under scope "dir", other
+    runs' entries that `Best` ranks too; an entry scored under another metric or
+    mode is never ranked or deleted). When `train()` ends, `finalize` writes how
+    it ended into the last record, if that epoch was kept.
+
+    Without a `Last`, an epoch no selector admits is never written, so the state
+    training ended in is saved only if a selector keeps the last epoch; setup
+    warns about this for a handle that trains, and refuses a keep of only `Best`
+    selectors for a training run with no val split, whose epochs have no score.
+    Pass `checkpointer=None` to `Nitro` to write no checkpoints.
+
     Args:
         keep: a selector or a tuple of them; the union of what they pick is kept.
-        metric, mode: what to rank by; both None follows the run's `monitor`.
+            The default, `(Best(3), Last(1))`, keeps the best 3 by the metric
+            (lower is better under mode "min", higher under "max") plus the
+            latest, whatever it scored. A selector is a `Selector` or any object
+            with a `select(entries, checkpointer)` method.
+        metric: the validation metric to rank by, a key of what validation
+            returns; give it with `mode`, or neither to follow the run's `monitor`.
+        mode: "min" or "max": which way `metric` is better.
         dir: the directory; None is filled with the run directory at setup.
-        name: the filename function `name(epoch=, step=, metric=, score=) -> str`;
-            None uses `checkpoint_filename`.
+        name: the filename function `name(epoch=, step=, metric=, score=) -> str`,
+            returning a bare filename (the record suffix is appended when it is
+            missing); None uses `checkpoint_filename`.
         scope: "run" (default) applies retention to this run's files only; "dir"
             lets Best rank, and rotation delete, every run's files (see the module).
 
+    Attributes:
+        keep (tuple): the selectors, as a tuple.
+        metric (str | None): the metric ranked by, once bound; None ranks nothing.
+        mode (str | None): "min" or "max", once bound.
+        dir (str | None): the directory it reads and writes.
+        scope (str): "run" or "dir".
+        run (str | None): the id of the run it writes for, set by `bind`.
+        parent (str | None): for a run branched from an earlier record, that
+            record's path.
+
+    Raises:
+        ConfigError: `keep` is empty or holds something that is not a selector; a
+            `Best` with `among` (that is for loading); a `mode` other than "min" or
+            "max"; `metric` without `mode`, or the reverse; a `scope` other than
+            "run" or "dir"; a `name` that is not callable.
+
     Example:
-        >>> Checkpointer(keep=(Best(3), Last(10)))
+        >>> Checkpointer(keep=(Best(3), Last(10)))  # the best 3 and the latest 10
         Checkpointer(keep=(Best(k=3, among=None), Last(n=10)), metric=None, mode=None)
+        >>> Checkpointer(keep=Last(5)).keep  # a rolling window
+        (Last(n=5),)
+        >>> Checkpointer(metric="acc")
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.ConfigError: Checkpointer(metric='acc', mode=None): give ...
     """
 
     def __init__(
@@ -183,7 +226,19 @@ class Checkpointer:
         run: str | None,
         parent: str | None,
     ) -> None:
-        """Fill in what setup resolves: the directory, the metric and the run id."""
+        """Fill in what setup resolves: the directory, the metric and the run id.
+
+        A `Nitro` calls it at setup; a later `bind` (another handle reusing this
+        checkpointer) rebinds it and forgets the previous run's last save.
+
+        Args:
+            directory: the run directory; used unless `dir` was given.
+            monitor: the run's `(metric, mode)`, or None; used unless `metric` and
+                `mode` were given.
+            run: the id of the run the records are written for (None: the
+                unnamed run of a manifest from before run ids).
+            parent: for a run branched from an earlier record, that record's path.
+        """
         if self._follows_run_dir:
             self.dir = os.fspath(directory)
         if self._follows_monitor:
@@ -194,7 +249,16 @@ class Checkpointer:
         self._recovered = False
 
     def entries(self) -> list[ManifestEntry]:
-        """Every entry of the directory's manifest."""
+        """Every entry of the directory's manifest, every run's.
+
+        Returns:
+            list[ManifestEntry]: the retained checkpoints, as the manifest lists
+            them; empty for a directory no run has written to.
+
+        Raises:
+            CheckpointError: no directory yet (neither `dir` nor a `bind`), or the
+                manifest cannot be read.
+        """
         return read_manifest(self._directory())
 
     def _directory(self) -> str:
@@ -233,7 +297,34 @@ class Checkpointer:
     ) -> bool:
         """Write epoch `epoch`'s record if a selector admits it; rotate the rest.
 
-        Returns False when no selector admits the epoch (nothing is written).
+        The record goes to a temporary file renamed into place, then the manifest
+        is replaced, and only then are the rotated files deleted. A re-trained
+        epoch of this run replaces its old entry. The first save after `bind` also
+        finishes what a killed write left (`recover`).
+
+        Args:
+            epoch: the epoch just trained (from 1).
+            step: the optimizer step it ended on.
+            metrics: the epoch's scalar validation metrics; the score is
+                `metrics[self.metric]` (none without a metric, or with no
+                metrics: a run with no val split).
+            trees: the pytrees to store, by prefix ("params", "state",
+                "opt_state", ...); arrays are stored on the host.
+            meta: the record header's fields; `run`, `metrics` and `stop_reason`
+                are added.
+            stop_reason: how the run ended, when this is its last epoch; else None.
+
+        Returns:
+            bool: whether the record was written. False when no selector admits
+            the epoch, and nothing is written.
+
+        Raises:
+            CheckpointError: no directory yet; the metric is missing from
+                `metrics`, or is not a finite real number; no free filename (every
+                variant belongs to another run).
+            ConfigError: the `name` function returned something that is not a
+                bare filename.
+            OSError: writing failed (a transient error is retried first).
         """
         directory = self._directory()
         manifest = load_manifest(directory) if self._recovered else self._recover()
@@ -361,7 +452,11 @@ class Checkpointer:
 
     def recover(self) -> None:
         """Finish what a killed write left: rotation's pending deletions, and this
-        run's temporary files. The first `save` after `bind` calls it."""
+        run's temporary files. The first `save` after `bind` calls it.
+
+        Raises:
+            CheckpointError: no directory yet, or the manifest cannot be read.
+        """
         self._recover()
 
     def _recover(self) -> Manifest:
@@ -392,6 +487,16 @@ class Checkpointer:
         selector keeps the last epoch. Returns whether the record now holds
         `stop_reason`. Call it once, when train() ends, with "completed",
         "early_stop", "requested" or "error".
+
+        Args:
+            stop_reason: "completed", "early_stop", "requested" or "error".
+
+        Returns:
+            bool: whether the last record now holds `stop_reason`.
+
+        Raises:
+            ConfigError: another `stop_reason`.
+            CheckpointError: the manifest or the record cannot be read.
         """
         if stop_reason not in STOP_REASONS:
             raise ConfigError(

@@ -54,7 +54,42 @@ def is_scored_under(entry: ManifestEntry, metric: str | None, mode: str | None) 
 
 
 class Selector:
-    """A retention rule: which of the candidate entries to keep (see the module)."""
+    """A retention rule: which of the candidate entries to keep (see the module).
+
+    Subclass it and define `select`; `admits` and the class attributes have
+    defaults. The same selector serves retention (`Checkpointer(keep=...)`) and
+    loading (`Average(selector)`, `Best(among=...)`).
+
+    Attributes:
+        ranks (bool): True for a selector that ranks by score, so needs a metric.
+            Default False.
+        across_runs (bool): True for one that, under `Checkpointer(scope="dir")`,
+            decides over every run's entries instead of this run's. Default False.
+
+    Example:
+        Selectors pick from manifest entries; here a run's three epochs:
+
+        >>> from jaxnitro.checkpoint.checkpointer import Checkpointer
+        >>> from jaxnitro.checkpoint.manifest import ManifestEntry
+        >>> def entry(epoch, acc):
+        ...     return ManifestEntry(
+        ...         file=f"epoch-{epoch}", epoch=epoch, step=10 * epoch, score=acc,
+        ...         stop_reason=None, run="r1", metric="acc", mode="max",
+        ...         written=float(epoch), parent=None,
+        ...     )
+        >>> entries = [entry(1, 0.95), entry(2, 0.5), entry(3, 0.7)]
+        >>> ckpt = Checkpointer(metric="acc", mode="max")
+        >>> [e.epoch for e in Best(2).select(entries, ckpt)]
+        [1, 3]
+        >>> [e.epoch for e in Best(1, among=Last(2)).select(entries, ckpt)]
+        [3]
+        >>> [e.epoch for e in Last(2).select(entries, ckpt)]
+        [2, 3]
+        >>> [e.epoch for e in Every(2).select(entries, ckpt)]
+        [2]
+        >>> [e.epoch for e in Epochs([1, 3]).select(entries, ckpt)]
+        [1, 3]
+    """
 
     ranks = False
     across_runs = False
@@ -62,6 +97,23 @@ class Selector:
     def select(
         self, entries: Sequence[ManifestEntry], checkpointer: Checkpointer
     ) -> list[ManifestEntry]:
+        """The entries this rule keeps out of `entries`.
+
+        Args:
+            entries: the pool. Under retention: this run's entries scored under
+                the checkpointer's metric and mode or not scored at all, plus
+                other runs' scored entries under scope "dir" for an `across_runs`
+                selector, plus the new candidate. When loading: the entries of
+                the run a source names.
+            checkpointer: the checkpointer deciding, for its `metric`, `mode` and
+                `scope`.
+
+        Returns:
+            list[ManifestEntry]: the entries kept, a sub-list of `entries`.
+
+        Raises:
+            NotImplementedError: a subclass that does not define it.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must define select(entries, checkpointer)."
         )
@@ -72,6 +124,18 @@ class Selector:
         candidate: ManifestEntry,
         checkpointer: Checkpointer,
     ) -> bool:
+        """Whether a write of `candidate` would be retained, decided before the
+        record is written. An epoch no selector admits is not written at all.
+
+        Args:
+            entries: the pool, as `select` receives it, without the candidate.
+            candidate: the entry the write would add (its score already known).
+            checkpointer: the checkpointer deciding.
+
+        Returns:
+            bool: by default, whether `candidate` is among what `select` picks
+            from `[*entries, candidate]`.
+        """
         return candidate in self.select([*entries, candidate], checkpointer)
 
     def __repr__(self) -> str:
@@ -111,6 +175,25 @@ class Best(Selector):
     Only entries scored under that pair are ranked; ties go to the earlier epoch.
     `among`, a selector, ranks only what it picks: `Best(5, among=Last(20))` is the
     best 5 of the latest 20. `among` is for loading (as in `Average`); keep refuses it.
+    It ranks by score (`ranks`), and under `Checkpointer(scope="dir")` it ranks
+    every run's entries (`across_runs`). `Best(1)` is the source name "best".
+
+    Args:
+        k: how many to pick, an int >= 1 (default 1).
+        among: a selector whose picks are ranked instead of the whole pool, or
+            None.
+
+    Raises:
+        ConfigError: `k` is not an int >= 1 (a bool is refused), or `among` is not
+            a selector.
+
+    Example:
+        >>> Best(3)
+        Best(k=3, among=None)
+        >>> Best(0)
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.ConfigError: Best(k) needs an integer k >= 1, got 0.
     """
 
     k: int = 1
@@ -148,7 +231,18 @@ class Best(Selector):
 class Last(Selector):
     """This run's latest `n` entries.
 
-    Latest by epoch under scope "run", by write time under scope "dir".
+    Latest by epoch under scope "run", by write time under scope "dir". `Last(1)`
+    is the source name "latest". A `Last` in `keep` makes every epoch be written.
+
+    Args:
+        n: how many to pick, an int >= 1 (default 1).
+
+    Raises:
+        ConfigError: `n` is not an int >= 1 (a bool is refused).
+
+    Example:
+        >>> Last(10)
+        Last(n=10)
     """
 
     n: int = 1
@@ -169,6 +263,14 @@ class Last(Selector):
 @dataclass(frozen=True, init=False)
 class Epochs(Selector):
     """This run's entries whose epoch is in `epochs`, a range or a collection.
+
+    Args:
+        epochs: a `range` (kept as it is) or an iterable of epoch numbers, each an
+            int >= 1 (stored as a frozenset).
+
+    Raises:
+        ConfigError: `epochs` is not iterable; a number in a collection is not an
+            int >= 1; there is no epoch at all (an empty range included).
 
     Example:
         >>> Epochs(range(10, 101, 10))
@@ -211,7 +313,19 @@ class Epochs(Selector):
 
 @dataclass(frozen=True)
 class Every(Selector):
-    """This run's entries whose epoch is a multiple of `n`."""
+    """This run's entries whose epoch is a multiple of `n`.
+
+    Args:
+        n: the period, an int >= 1.
+
+    Raises:
+        ConfigError: `n` is not an int >= 1 (a bool is refused).
+
+    Example:
+        >>> from jaxnitro.checkpoint.checkpointer import Checkpointer
+        >>> Checkpointer(keep=(Best(3), Every(10)))  # the best 3 and every 10th
+        Checkpointer(keep=(Best(k=3, among=None), Every(n=10)), metric=None, mode=None)
+    """
 
     n: int
 

@@ -90,26 +90,53 @@ _HOST_BATCHES = (
 class PrefetchIterator(SplitWrapper):
     """Prefetch settings for a split: worker threads, one transfer thread, buffers.
 
+    Setup wraps every split in one of these at the defaults (`auto_prefetch`), so
+    construct one only to change them: return it from `build_data` in place of
+    the source, e.g. `{"train": PrefetchIterator(loader, workers=4)}`. `NoPrefetch`
+    opts a split out. The wrapper holds only the source and its settings; each
+    phase builds its own stream from it and closes it when the phase ends, so the
+    training and validation prefetch memory never coexist. The settings a split
+    actually gets may differ from those asked for: see `prefetch_config`.
+
     Args:
-        source: the split (a sized, restartable iterable of batch dicts).
-        workers: threads building host batches (default `default_prefetch_workers()`).
+        source: the split: a sized, restartable iterable of batch dicts, each field
+            an array of shape (batch, ...). Not itself a `PrefetchIterator` or
+            `NoPrefetch`.
+        workers: threads building host batches, an int >= 1 (default
+            `default_prefetch_workers()`: the usable cores plus two, at most 8).
             More than one needs the fan-out trait (`begin_epoch` and `batch_at`, or
-            a `grain.MapDataset`); without it the split gets one producer.
-        device_batches: batches staged on the device ahead of the consumer. Device
-            residency is at most `device_batches + 2` batches.
+            a `grain.MapDataset`); without it the split gets one producer, and a
+            list of built batches always gets one.
+        device_batches: batches staged on the device ahead of the consumer, an int
+            >= 1 (default 1). Device residency is at most `device_batches + 2`
+            batches.
         host_batches: host batches alive at once between the workers and the
-            transfer (default `2 * workers`); at least `workers`.
+            transfer (default `2 * workers`); an int, at least `workers`.
         ordered: deliver in the source's order through a reorder buffer, so a run
             reproduces bitwise at any `workers`. False delivers batches as they
             finish; each is still delivered exactly once per epoch.
 
     `len()` and `iter()` pass through to the source: iterating the wrapper by hand
-    starts no thread.
+    starts no thread. Indexing and the source's other attributes pass through too.
 
-    >>> PrefetchIterator([], workers=2, device_batches=0)
-    Traceback (most recent call last):
-    ...
-    jaxnitro.errors.ConfigError: `device_batches` must be >= 1, got 0. To run ...
+    Raises:
+        ConfigError: `workers`, `device_batches` or `host_batches` is not an int or
+            is below its minimum (`device_batches=0` names `NoPrefetch`, the way
+            to opt out); `host_batches` is below `workers`; `ordered` is not a
+            bool; `source` is already wrapped.
+
+    Example:
+        >>> batches = [{"x": np.zeros((4, 2), np.float32)}] * 3
+        >>> split = PrefetchIterator(batches, workers=2)
+        >>> split
+        PrefetchIterator(list, workers=2, device_batches=1, host_batches=4,
+                         ordered=True)
+        >>> len(split), prefetch_config(split).path  # a list: one producer
+        (3, 'materialized')
+        >>> PrefetchIterator([], workers=2, device_batches=0)
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.ConfigError: `device_batches` must be >= 1, got 0. To run ...
     """
 
     __slots__ = ("device_batches", "host_batches", "ordered", "workers")

@@ -46,7 +46,25 @@ def field(
     default_factory: Any = dataclasses.MISSING,
     doc: str | None = None,
 ) -> Any:
-    """Declare a field with a default factory or a docstring.
+    """Declare a field with a default, a default factory, or a docstring.
+
+    Use it where a plain default will not do: a mutable or array default needs a
+    factory, and `doc` documents a field where an attribute docstring cannot sit.
+
+    Args:
+        default: the field's default value; omit both it and `default_factory` for
+            a required field.
+        default_factory: a zero-argument callable that makes the default, called
+            once per instance (e.g. `lambda: np.zeros(3, np.float32)`).
+        doc: the field's docstring; it wins over a string literal under the field,
+            and shows in `config_metadata()` and in the class's marker table.
+
+    Returns:
+        A `dataclasses.field` carrying `doc` in its metadata, for the class body.
+
+    Raises:
+        ValueError: both `default` and `default_factory` were given (raised by
+            `dataclasses.field`).
 
     Example:
         >>> import numpy as np
@@ -93,10 +111,71 @@ def _resolve_annotations(cls: type) -> dict[str, Any]:
 class Experiment:
     """Base class of experiments: marked fields plus hooks, with accessor defaults.
 
-    Subclasses are frozen keyword-only dataclasses. Mark each field `GraphConst[T]`,
-    `Device[T]` or `Host[T]`; an unmarked field is Host. Define the four required hooks
-    `build_model`, `build_data`, `forward` and `loss`; every other hook and accessor
-    has a default here, overridden by a method or by a field of the same name.
+    Subclasses are frozen keyword-only dataclasses, registered as JAX pytrees whose
+    children are the Device fields. Mark each field `GraphConst[T]` (structural: a
+    trace-time constant in the compile cache key), `Device[T]` (a traced input,
+    placed on the device at setup and changeable without recompiling) or `Host[T]`
+    (driver-only, never traced); an unmarked field is Host. A GraphConst list
+    becomes a tuple, and a GraphConst value converts to its declared type when that
+    keeps its value (3.0 to a declared int). A subclass's docstring gains a table of
+    its fields (field, kind, type, default, doc), the doc being the string literal
+    under the field or `field(doc=...)`.
+
+    Define the four required hooks `build_model`, `build_data`, `forward` and
+    `loss`. The run accessors (`seed`, `accum`, `max_epochs`, ...) and the hooks
+    `derive`, `finalize_metrics`, `learning_rate` and `metrics_residency` have
+    defaults here, overridden by a method of the same name or, for a run accessor
+    and `learning_rate`, by a field (for a run accessor, a `Nitro` keyword of that
+    name beats both).
+    `schedules` reads no field: a field of that name is refused at setup.
+
+    The required hooks, each called with the experiment as `self`:
+
+    * `build_data(self, dist) -> {split: source}`: the named data collection,
+      such as `{"train": ..., "val": ...}`. A source is a sized, restartable
+      iterable of batch dicts, each field an array of shape (batch, ...), batch
+      axis first; the train split drops its partial last batch. `dist` is None
+      today. It sees the experiment before device conversion, and does not run
+      when `Nitro(e, data=...)` supplies the collection.
+    * `build_model(self, rng) -> (model, params, state)`: `rng` is
+      `jax.random.key(seed)`; params and state are pytrees of arrays (`{}` for a
+      stateless model); model is passed back to `forward` as it is.
+    * `forward(self, model, params, state, *, <fields>) -> (outputs, new_state)`:
+      declares the batch fields it reads as keyword arguments (a default makes
+      one optional). Every output leaf has the batch axis first, shape
+      (batch, ...); return `state` unchanged for a stateless model.
+    * `loss(self, outputs, *, <fields>) -> scalar or (scalar, {term: scalar})`:
+      the scalar differentiated; each term is logged as `loss/<term>`.
+
+    Optional hooks with no default here: `metrics`, `train_metrics`,
+    `param_group`, `optimizer`, `weight_decay`, `decay_anchor`, `no_decay`,
+    `grad_rule`, `no_perturb`, `adaptive_perturb`, `visualize`, `save_figure`.
+
+    Args:
+        **fields: the field values, by keyword; a field without a default must be
+            given.
+
+    Raises:
+        ConfigError: a keyword that names no field (the message suggests the near
+            spelling); a GraphConst value that does not convert to its declared
+            type without loss.
+        TypeError: a field without a default is missing (the dataclass
+            constructor's error).
+
+    Example:
+        >>> import jaxnitro as nx
+        >>> class Sketch(nx.Experiment):
+        ...     width: nx.GraphConst[int] = 128
+        ...     smoothing: nx.Device[float] = 0.05
+        ...     max_epochs: int = 5  # unmarked, so Host; overrides the accessor
+        >>> Sketch.device_fields(), Sketch.host_fields()
+        (('smoothing',), ('max_epochs',))
+        >>> Sketch(width=64.0)  # converted to the declared int
+        Sketch(width=64, smoothing=0.05, max_epochs=5)
+        >>> Sketch(widht=64)
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.ConfigError: Sketch has no field `widht` (got widht=64). ...
     """
 
     _jaxnitro_meta: ClassVar[dict[str, FieldMeta]] = {}
@@ -159,22 +238,42 @@ class Experiment:
     # --- traits ----------------------------------------------------------------------
     @classmethod
     def device_fields(cls) -> tuple[str, ...]:
-        """The Device fields, in declaration order."""
+        """The Device fields, in declaration order.
+
+        Returns:
+            tuple[str, ...]: their names; inherited fields come first.
+        """
         return tuple(n for n, m in cls._jaxnitro_meta.items() if m.kind == "device")
 
     @classmethod
     def host_fields(cls) -> tuple[str, ...]:
-        """The Host fields (unmarked ones included), in declaration order."""
+        """The Host fields (unmarked ones included), in declaration order.
+
+        Returns:
+            tuple[str, ...]: their names; inherited fields come first.
+        """
         return tuple(n for n, m in cls._jaxnitro_meta.items() if m.kind == "host")
 
     @classmethod
     def config_metadata(cls) -> dict[str, FieldMeta]:
-        """One `FieldMeta` (type, default, kind, doc, line) per field."""
+        """One `FieldMeta` (type, default, kind, doc, line) per field.
+
+        Returns:
+            dict[str, FieldMeta]: field name to its entry, in declaration order (a
+            copy: changing it changes nothing).
+        """
         return dict(cls._jaxnitro_meta)
 
     @classmethod
     def presets(cls) -> dict[str, dict[str, Any]]:
-        """Named configurations: preset name -> partial field values. Default none."""
+        """Named configurations: preset name -> partial field values. Default none.
+
+        Override it as a classmethod. `from_preset(E, name, **overrides)` and
+        `Nitro(E, name, ...)` build from an entry; every key must name a field.
+
+        Returns:
+            dict[str, dict[str, Any]]: preset name to the field values it sets.
+        """
         return {}
 
     def __repr__(self) -> str:
@@ -186,87 +285,271 @@ class Experiment:
 
     # --- run accessors: a keyword beats a subclass method or field, which beats these
     def seed(self) -> int:
-        """The global RNG seed, set before build_data."""
+        """The global RNG seed, set before build_data.
+
+        Setup seeds Python's `random` and NumPy's global RNG with it (NumPy's modulo
+        2**32) before `build_data`, and passes `jax.random.key(seed)` to
+        `build_model`. A resume takes the record's seed instead. A `seed` field
+        must not be GraphConst (setup refuses it), so a seed sweep shares one
+        compiled program.
+
+        Returns:
+            int: 42.
+        """
         return 42
 
     def run_dir(self) -> str:
-        """The run's output directory: runs/<experiment class name>."""
+        """The run's output directory: runs/<experiment class name>.
+
+        Relative to the working directory. Checkpoints, the manifest, the default
+        log file and `resume="auto"` resolve against it.
+
+        Returns:
+            str: `os.path.join("runs", type(self).__name__)`.
+        """
         return os.path.join("runs", type(self).__name__)
 
     def n_devs(self) -> int:
-        """Local devices to shard the batch over."""
+        """Local devices to shard the batch over.
+
+        Only 1 is supported today: setup raises `NotYetSupportedError` for any
+        other value.
+
+        Returns:
+            int: 1.
+        """
         return 1
 
     def accum(self) -> int:
-        """Micro-batches per optimizer step; baked into the gradient program."""
+        """Micro-batches per optimizer step; baked into the gradient program.
+
+        Setup refuses a value that is not an int >= 1, and a train split whose
+        batch count does not divide by it (`ConfigError`). With accum = N each
+        optimizer step accumulates the gradients of N micro-batches.
+
+        Returns:
+            int: 1.
+        """
         return 1
 
     def max_epochs(self) -> int:
-        """Epochs to train for."""
+        """Epochs to train for: the epoch `train()` ends at.
+
+        Setup refuses a value that is not an int >= 0, and a `max_epochs` field
+        marked GraphConst (`ConfigError`).
+
+        Returns:
+            int: 1.
+        """
         return 1
 
     def gradient_clip_norm(self) -> float:
-        """Global-norm clip threshold of the accumulated gradient; 0 is off."""
+        """Global-norm clip threshold of the accumulated gradient; 0 is off.
+
+        Applied to the fully accumulated gradient at the start of the optimizer
+        step. It must be finite and >= 0.
+
+        Returns:
+            float: 0.0.
+        """
         return 0.0
 
     def check_divergence(self) -> bool:
-        """Whether a non-finite training loss stops the run."""
+        """Whether a non-finite training loss stops the run.
+
+        When True, a NaN or infinite loss raises `DivergenceError` naming its step
+        and epoch; when False, training continues from the diverged state.
+
+        Returns:
+            bool: True.
+        """
         return True
 
     def log_every_n_steps(self) -> int:
-        """Write the train line only on optimizer steps that are a multiple of this."""
+        """Write the train line only on optimizer steps that are a multiple of this.
+
+        Only the writing is thinned: the loss is still read back every micro-batch
+        for the divergence check and the history. Setup refuses a value that is not
+        an int >= 1.
+
+        Returns:
+            int: 1.
+        """
         return 1
 
     def autolog_schedules(self) -> bool:
-        """Whether varying schedule values are logged on the train line."""
+        """Whether varying schedule values are logged on the train line.
+
+        Returns:
+            bool: True.
+        """
         return True
 
     def eval_loss(self) -> bool:
-        """Whether evaluation also reports the loss when custom metrics are defined."""
+        """Whether evaluation also reports the loss when custom metrics are defined.
+
+        When True, each eval batch also runs `loss` in its own compiled program, and
+        `loss` and each `loss/<term>` join what `finalize_metrics` returns, averaged
+        over batches; a split whose batches lack the fields `loss` declares is
+        skipped. Without `metrics` the loss is reported anyway.
+
+        Returns:
+            bool: False.
+        """
         return False
 
     def monitor(self) -> tuple[str, str] | None:
-        """The validation metric the run is judged by, as (name, "min" | "max")."""
+        """The validation metric the run is judged by, as (name, "min" | "max").
+
+        The checkpointer, early stopping and every Plateau follow it unless given
+        their own metric and mode. The name is a key of the validation metrics
+        (the validation loss is "loss"); "val_loss" is read as "loss" with a
+        `DeprecationWarning`. None becomes ("loss", "min") at setup when the
+        experiment defines no `metrics` or `eval_loss` is on. Otherwise there is no
+        monitor, and setup refuses what would follow it: a checkpointer without a
+        metric of its own that keeps Best checkpoints (on a handle with a val
+        split), an EarlyStopping or a Plateau without their own metric.
+
+        Returns:
+            tuple[str, str] | None: None.
+        """
         return None
 
     def logger(self) -> Any:
-        """The run's logger; the default writes metrics.jsonl in run_dir."""
+        """The run's logger; the default writes metrics.jsonl in run_dir.
+
+        Called once per construction (not at all when the `logger` keyword is
+        given), so a side effect in an override happens once per `Nitro`. Return
+        None to log nothing.
+
+        Returns:
+            JSONLogger: a new logger without a path, which setup points at
+            `<run_dir>/metrics.jsonl`.
+        """
         from ..logging.jsonl import JSONLogger
 
         return JSONLogger()
 
     def checkpointer(self) -> Any:
-        """The run's checkpointer; the default keeps the best 3 and the latest."""
+        """The run's checkpointer; the default keeps the best 3 and the latest.
+
+        Called once per construction (not at all when the `checkpointer` keyword
+        is given). Return None to write no checkpoints.
+
+        Returns:
+            Checkpointer: a new `Checkpointer()`, `keep=(Best(3), Last(1))`,
+            ranking by the monitor.
+        """
         from ..checkpoint.checkpointer import Checkpointer
 
         return Checkpointer()
 
     def early_stop(self) -> Any:
-        """The early-stopping rule; default none."""
+        """The early-stopping rule; default none.
+
+        An `EarlyStopping`, or any object with `should_stop(epoch, metrics) ->
+        bool`, checked once per epoch after validation; setup refuses one on a
+        handle that has a train split and no val split.
+
+        Returns:
+            None: the run never stops early.
+        """
         return None
 
     def ema(self) -> Any:
-        """The exponential moving average of the weights; default none."""
+        """The exponential moving average of the weights; default none.
+
+        Return an `EMA(beta)` to keep one; validation, checkpoint selection and
+        `predict` then read it (see the `eval_weights` keyword).
+
+        Returns:
+            None: no EMA.
+        """
         return None
 
     def schedules(self) -> dict[str, Any]:
-        """Values that vary with the optimizer step; default none."""
+        """Values that vary with the optimizer step; default none.
+
+        Each entry maps a key (an optimizer rule field such as "learning_rate", a
+        Device field, a gradient rule field) to a factory of the horizon (called
+        once with `total = max_epochs * (len(train) // accum)`, returning `step ->
+        value`), a schedule, a bare number or a `Plateau`. It reads no field of the
+        experiment: a field named `schedules` is refused.
+
+        Returns:
+            dict[str, Any]: an empty dict.
+        """
         return {}
 
     def learning_rate(self, group: str | None = None) -> float:
-        """The base learning rate of the default optimizer."""
+        """The base learning rate of the default optimizer.
+
+        A subclass's method (or a `learning_rate` field, one value for every group)
+        replaces it. Called without a group, or with "default", it is the base
+        rate; with another group it gives that group's rate, applied as a ratio
+        against the base so that a learning-rate schedule scales every group. The
+        base must be finite and > 0.
+
+        Args:
+            group: the parameter group's name (see `param_group`), or None.
+
+        Returns:
+            float: 1e-3, for every group.
+        """
         return 1e-3
 
     def metrics_residency(self, hook: str) -> str:
-        """Where a metric hook runs: "host" for metrics, "device" for train_metrics."""
+        """Where a metric hook runs: "host" for metrics, "device" for train_metrics.
+
+        "host" calls the hook on NumPy arrays outside any program; "device" traces
+        it into a compiled program, on device arrays. Read once per hook and frozen
+        with the handle; any other value raises `ConfigError`.
+
+        Args:
+            hook: "metrics" or "train_metrics".
+
+        Returns:
+            str: "device" for "train_metrics", "host" otherwise.
+        """
         return "device" if hook == "train_metrics" else "host"
 
     def derive(self, data: Any) -> dict[str, Any]:
-        """Field values computed from the data, merged before device conversion."""
+        """Field values computed from the data, merged before device conversion.
+
+        Runs once at setup, after `build_data` and before the Device fields are
+        placed, on the experiment as constructed (Device fields hold host values).
+        A `weights=` load from a record that lists its derived keys skips it and
+        restores those values from the record instead.
+
+        Args:
+            data: the split collection, `{name: source}`, as `build_data` returned
+                it (or as `data=` passed it).
+
+        Returns:
+            dict[str, Any]: field name to value; every key must name a field. The
+            default derives nothing.
+        """
         return {}
 
     def finalize_metrics(self, acc: dict[str, Any], split: str) -> dict[str, Any]:
-        """Turn one split's combined metrics into the reported values; the identity."""
+        """Turn one split's combined metrics into the reported values; the identity.
+
+        Runs on the host once per split per evaluation, after every batch. Use it
+        for a metric that is not a mean of per-batch values (a macro recall from a
+        summed confusion matrix), and to branch on the split.
+
+        Args:
+            acc: the split's metrics, in the shape `metrics` returns them, each
+                combined across batches as its mode says: a `(value, count)` pair
+                summed on both sides then divided (a float64), "sum" summed (an
+                integer sum stays int64), "concat" concatenated along the batch
+                axis. Without a `metrics` hook, `{"loss": ...}` and the loss terms.
+            split: the split's name, such as "val" or "test".
+
+        Returns:
+            dict[str, Any]: the reported metrics, name to a number or an array; a
+            "concat" leaf must not come back unreduced. The default returns `acc`.
+        """
         return acc
 
 

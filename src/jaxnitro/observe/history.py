@@ -130,7 +130,15 @@ class MetricHistory:
     NUMBER, except that negative integers count rows from the end; slices select
     epoch numbers with BOTH ENDS INCLUDED. A metric whose name is not an identifier,
     or is one of this class's own names (`columns`, `best`, `select`, `plot`...),
-    reads with `h.column(name)`.
+    reads with `h.column(name)`. Values are host values: a 0-d array becomes a
+    Python number, a non-scalar metric stays a NumPy array. The table is
+    immutable: setting an attribute raises `AttributeError`.
+
+    Raises:
+        ConfigError: a row that is not a mapping or lacks an integer `epoch` or
+            `step`; epochs that do not strictly increase; a `selection_metric`
+            other than a `(name, "min" | "max")` pair or None; a
+            `resumed_from_epoch` other than an int >= 0 or None.
 
     Example:
         >>> h = MetricHistory(
@@ -274,7 +282,20 @@ class MetricHistory:
         return None if self._best_epoch is None else self[self._best_epoch]
 
     def column(self, name: str) -> list[Any]:
-        """One column (or non-scalar metric) as a list, None where a row lacks it."""
+        """One column (or non-scalar metric) as a list, None where a row lacks it.
+
+        `h.acc` is `h.column("acc")`; `column` also reads a name that is not an
+        identifier ("loss/ce") or that clashes with this class's own names.
+
+        Args:
+            name: a scalar column or a non-scalar metric.
+
+        Returns:
+            list[Any]: one value per row, in epoch order.
+
+        Raises:
+            KeyError: no such column or metric (the message lists them).
+        """
         if name not in self._columns and name not in self._non_scalar:
             raise KeyError(self._no_metric("column", name))
         return [row.get(name) for row in self._rows]
@@ -322,6 +343,26 @@ class MetricHistory:
         return sorted(set(super().__dir__()) | set(names))
 
     def __getitem__(self, key: Any) -> Any:
+        """Select rows by epoch number and columns by metric name.
+
+        Args:
+            key: an int (a positive one is an EPOCH NUMBER, a negative one counts
+                rows from the end), a slice of epoch numbers with both ends
+                included and no step, a metric name, or a tuple: metric names,
+                or an int or a slice followed by metric names.
+
+        Returns:
+            An int alone (or with names) gives the row as a dict (only `epoch`,
+            `step` and the names, with names); anything else gives a
+            `MetricHistory` holding the selected epochs and, with names, only
+            `epoch`, `step` and those columns.
+
+        Raises:
+            KeyError: an epoch the table does not hold, or an unknown metric.
+            IndexError: a negative int past the first row; a slice with a step, or
+                a bound that is not a non-negative int.
+            TypeError: a key of another type, or a tuple without names.
+        """
         if isinstance(key, tuple):
             if key and isinstance(key[0], numbers.Integral | slice):
                 epochs, names = key[0], key[1:]
@@ -389,8 +430,18 @@ class MetricHistory:
 
         Args:
             metrics: metric names to keep (with epoch and step); none keeps all.
-            epoch: a container of epoch numbers, such as `range(1, 31, 5)`.
-            step: a container of closing steps, such as `range(5000, 20001)`.
+            epoch: a container of epoch numbers, such as `range(1, 31, 5)`; None
+                keeps every epoch.
+            step: a container of closing steps, such as `range(5000, 20001)`; None
+                keeps every step.
+
+        Returns:
+            MetricHistory: the selected rows, with this table's selection metric
+            and resume note (the best epoch only while it is among them).
+
+        Raises:
+            TypeError: `epoch` or `step` is not a container.
+            KeyError: an unknown metric name.
         """
         for axis, wanted in (("epoch", epoch), ("step", step)):
             if wanted is not None and not isinstance(wanted, Container):
@@ -406,14 +457,26 @@ class MetricHistory:
 
     # ------------------------------------------------------------ export -----------
     def to_pandas(self) -> Any:
-        """A `pandas.DataFrame` of the scalar columns (needs the `pandas` extra)."""
+        """A `pandas.DataFrame` of the scalar columns (needs the `pandas` extra).
+
+        Returns:
+            pandas.DataFrame: one row per epoch, one column per scalar column, in
+            `columns` order.
+
+        Raises:
+            MissingExtraError: pandas is not installed.
+        """
         pd = require("pandas", extra="pandas", feature="MetricHistory.to_pandas()")
         return pd.DataFrame(
             {c: self.column(c) for c in self._columns}, columns=list(self._columns)
         )
 
     def to_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write the scalar columns to `path` as CSV; a missing value is empty."""
+        """Write the scalar columns to `path` as CSV; a missing value is empty.
+
+        Args:
+            path: the file to write (overwritten); the header row is `columns`.
+        """
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(self._columns)
@@ -423,7 +486,24 @@ class MetricHistory:
                 )
 
     def plot(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
-        """`plot(h, path, ...)`: a matplotlib Figure (needs the `plot` extra)."""
+        """`plot(h, path, ...)`: a matplotlib Figure (needs the `plot` extra).
+
+        One panel per metric, stacked on a shared x axis, the best epoch starred.
+
+        Args:
+            path: where to save the figure (the format follows the suffix), or
+                None to save nothing.
+            **kwargs: `x` ("epoch" or "step"), `metrics` (None, "all", a name or a
+                list of names) and `dpi`, as `jaxnitro.plot` takes them.
+
+        Returns:
+            matplotlib.figure.Figure: the figure.
+
+        Raises:
+            ConfigError: `x` is neither "epoch" nor "step"; a metric named that is
+                not a scalar column; nothing to plot (no scalar metric at all).
+            MissingExtraError: matplotlib is not installed.
+        """
         from .history_plot import plot
 
         return plot(self, path, **kwargs)

@@ -68,28 +68,188 @@ RELEASED_REFUSAL = (
 class Nitro(HandleReports):
     """The state of one run: model, weights, optimizer, data and counters.
 
-    `Nitro(e, **kw)` runs setup only; `train`, `validate`, `evaluate` and `predict`
-    work on it, trained or not. `Nitro(E, "preset", **kw)` builds the experiment from
-    a named preset: run keywords go to the handle, field names to the recipe.
+    `Nitro(e, **kw)` runs the setup sequence and nothing else: it resolves the run
+    keywords and accessors, locates a checkpoint to resume or load, seeds, builds the
+    data (or takes `data=`), derives, places the Device fields on the device, probes
+    one batch for routing and the split checks, builds the model and restores
+    weights. Nothing is compiled and no optimizer state is allocated until a verb needs
+    it, so `train`, `validate`, `evaluate`, `predict` and `render` all work on the
+    handle, trained or not. `Nitro(E, "preset", **kw)` builds the experiment from a
+    named preset of class `E`: run keywords go to the handle, field names to the
+    recipe, a name that is both is the run keyword, and the preset name is logged and
+    stored in the checkpoints.
 
     Args:
-        experiment: an experiment instance, or an experiment class with a preset name.
-        preset: the preset name, in the class form.
-        **kwargs: run keywords (seed, run_dir, accum, max_epochs, gradient_clip_norm,
-            check_divergence, log_every_n_steps, logger, checkpointer, monitor,
-            eval_loss, data, weights, resume, compile_options, run_ref, ...).
+        experiment: an `Experiment` instance; in the preset form, an `Experiment`
+            subclass.
+        preset: the preset name (positional), in the class form only.
+        **kwargs: the run keywords below; any other name raises `ConfigError`.
+            Those marked "accessor" default to the experiment's accessor of the
+            same name (its method or field, else the `Experiment` default); passing
+            one replaces that value for this run.
+
+    Keyword Args:
+        seed (int): the global seed (accessor `seed`, default 42). Python's `random`
+            and NumPy's global RNG are seeded with it before `build_data`, and
+            `build_model` receives `jax.random.key(seed)`. A resume takes the
+            record's seed instead, and warns when this one differs.
+        run_dir (str): where checkpoints, the manifest and the default log file go
+            (accessor, default `runs/<experiment class name>`).
+        n_devs (int): devices to shard the batch over (accessor, default 1); only 1
+            is supported today.
+        accum (int): micro-batches per optimizer step, >= 1 (accessor, default 1).
+            The train split's batch count must divide by it.
+        max_epochs (int): the epoch training ends at, >= 0 (accessor, default 1). A
+            resumed handle continues from its recorded epoch up to it.
+        schedules (dict[str, Any]): step-varying values, `{key: factory}`; replaces
+            the accessor's table whole (accessor, default none).
+        gradient_clip_norm (float): the global-norm clip of the accumulated
+            gradient; 0 is off (accessor, default 0.0).
+        check_divergence (bool): whether a non-finite training loss raises
+            `DivergenceError` (accessor, default True).
+        autolog_schedules (bool): whether varying schedule values go on the train
+            line (accessor, default True).
+        log_every_n_steps (int): write the train line only on optimizer steps that
+            are a multiple of this, >= 1 (accessor, default 1).
+        logger: a logger object, or None to log nothing (accessor, default a
+            `JSONLogger` writing `metrics.jsonl` in run_dir).
+        checkpointer (Checkpointer | None): the checkpointer, or None to write no
+            checkpoints (accessor, default `Checkpointer()`: the best 3 and the
+            latest).
+        early_stop: an `EarlyStopping`, an object with `should_stop(epoch,
+            metrics)`, or None (accessor, default None). Needs a val split.
+        monitor (tuple[str, str] | None): the validation metric the run is judged
+            by, `(name, "min" | "max")` (accessor, default None, which becomes
+            `("loss", "min")` when the experiment defines no `metrics` or
+            `eval_loss` is on). The checkpointer, early stopping and every Plateau
+            follow it unless given their own.
+        eval_loss (bool): with custom `metrics`, also report the loss and its terms
+            (accessor, default False).
+        ema (EMA | None): an exponential moving average of the weights (accessor,
+            default None).
+        data (Mapping[str, Any]): the split collection, `{name: source}`, used in
+            place of `build_data`, which then does not run.
+        weights: where the starting parameters and model state come from: a record
+            path; a `(run, which)` pair resolved through the manifest (`run` a run
+            id, "latest", "all" with "best", or a `Nitro`; `which` "best",
+            "latest", `Average(selector)`, or "current" with a `Nitro`); or another
+            `Nitro` (a warm start through host memory, leaf for leaf). No step,
+            epoch or optimizer state is taken.
+        resume: continue a run exactly (weights, state, optimizer state, EMA, step,
+            epoch, counters): False (the default), "auto" (the newest record of the
+            newest run; a directory with none starts fresh, with a warning), a
+            record path, or a `(run, which)` pair.
+        run_ref (list | Callable[[Nitro], Any]): receives the handle when
+            construction finishes: a list has it appended, a callable is called
+            with it.
+        w0: what `decay_anchor="w0"` anchors to: "build_model" (the default, the
+            parameters `build_model` returned), "weights" (those a `weights=` source
+            loaded), or a parameter tree shaped like the parameters.
+        restore_optimizer (bool): with `weights=` a checkpoint record, also restore
+            its optimizer state; step, epoch and schedules still start fresh.
+        restore_best (bool | Average): True loads the run's own best checkpoint,
+            `Average(selector)` the average of its checkpoints that the selector
+            picks, when a `train()` that did not fail ends. Needs a train split and
+            a checkpointer.
+        eval_weights (str): "ema" (the default with an EMA) or "raw": the weights
+            validation, checkpoint selection and `predict` read.
+        load_ema (bool): load the weights source's EMA in place of its weights.
+        compile_options (dict[str, bool | int | float | str]): XLA compiler options
+            for every program the handle compiles, checked now by compiling a
+            trivial program with them.
+        preset (str): in the instance form, the recipe name to record; it must be a
+            preset of the experiment's class.
+        checkpoint: the deprecated spelling of `weights=`; it warns.
 
     Attributes:
+        data (dict[str, Any]): the splits, each wrapped in its prefetch settings (a
+            `PrefetchIterator` at the defaults unless it was already one or a
+            `NoPrefetch`); `len()` and `iter()` pass through to the source.
         averaged_from: what an averaged weights source averaged (`weights=(run,
             Average(sel))`, or `restore_best=Average(...)` once training ends): the
             spec, run, dir, files, epochs and weights; None otherwise. The records
             this run writes carry it too.
+        checkpoint_source (str | None): the record file the weights came from: the
+            resumed or `weights=` record, or the one `restore_best` loaded; None for
+            fresh weights, a warm start or an average.
+        weights_from (dict[str, Any] | None): for a warm start from another handle,
+            its experiment, epoch, step and run_dir; None otherwise.
 
-    Example::
+    Raises:
+        ConfigError: an unknown keyword, or `checkpoint=` beside `weights=`; a
+            misused preset form; accum, max_epochs or log_every_n_steps not an int
+            in range; a malformed monitor, compile option, `w0`, `eval_weights`,
+            `restore_best` or `run_ref`; a checkpointer that is not a
+            `Checkpointer`; `resume=` beside `weights=`, or `restore_optimizer` /
+            `load_ema` without what they need; `early_stop` or a Plateau without a
+            val split; seed or max_epochs marked GraphConst; a train split whose
+            batch count does not divide by accum, that keeps a partial last batch,
+            or whose batch fields a traced hook reads are not numeric; a
+            checkpointer that keeps Best checkpoints with nothing to rank by; a
+            resume whose record has other GraphConst values or decay anchors, or
+            was logged by another logger type.
+        HookError: a required hook (`build_model`, `build_data`, `forward`, `loss`)
+            is missing, or `build_data`, `derive` or `build_model` returned the
+            wrong kind of value.
+        RoutingError: a probed batch lacks a field `forward`, `loss` or
+            `train_metrics` declares.
+        CheckpointError: a `resume=` or `weights=` source cannot be found or read,
+            or its trees do not match this model leaf for leaf.
+        NotYetSupportedError: n_devs other than 1, a `train_step` or
+            `setup_optimizers` hook, or `resume=` from a live handle.
 
-        nitro = Nitro(MyExp(), run_dir="runs/demo")   # setup only: nothing compiled
-        nitro.train()                                 # the automatic loop
-        nitro.history[-1]["train_loss"]               # the last epoch's train loss
+    Warns:
+        NitroWarning: a resume whose recorded seed differs; `resume="auto"` with
+            nothing to resume; a `weights=` record written with other GraphConst
+            values, or lacking a value `derive` produced; a checkpointer whose
+            retention can lose epochs or other runs' files, or that meets entries
+            scored under another metric.
+        DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
+
+    Example:
+        A tiny regression, trained for two epochs and queried:
+
+        >>> import tempfile
+        >>> import jax.numpy as jnp
+        >>> import numpy as np
+        >>> import jaxnitro as nx
+        >>> class DocFit(nx.Experiment):
+        ...     scale: nx.Device[float] = 1.0  # a traced input: set_device writes it
+        ...     max_epochs: int = 2
+        ...
+        ...     def build_data(self, dist):
+        ...         x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8, 1)
+        ...         return {
+        ...             "train": [{"x": b, "y": 3 * b} for b in x],
+        ...             "val": [{"x": x[0], "y": 3 * x[0]}],
+        ...         }
+        ...
+        ...     def build_model(self, rng):
+        ...         return None, {"w": jnp.zeros((1, 1))}, {}
+        ...
+        ...     def forward(self, model, params, state, *, x):
+        ...         return self.scale * (x @ params["w"]), state
+        ...
+        ...     def loss(self, pred, *, y):
+        ...         return jnp.mean((pred - y) ** 2)
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> nitro = nx.Nitro(DocFit(), run_dir=tmp.name, logger=None, checkpointer=None)
+        >>> nitro.current_epoch, nitro.phase  # setup only: nothing compiled yet
+        (0, Starting())
+        >>> nitro.train() is nitro
+        True
+        >>> nitro.stop_reason, nitro.current_epoch, nitro.current_step
+        ('completed', 2, 8)
+        >>> nitro.history.columns
+        ('epoch', 'step', 'train_loss', 'loss', 'seconds')
+        >>> sorted(nitro.validate())
+        ['loss']
+        >>> out = nitro.predict({"x": np.ones((3, 1), np.float32)})  # padded to 8
+        >>> out.shape, out.dtype
+        ((3, 1), dtype('float32'))
+        >>> nitro.set_device(scale=2.0).device_value("scale")
+        2.0
+        >>> tmp.cleanup()
     """
 
     def __init__(
@@ -143,12 +303,25 @@ class Nitro(HandleReports):
     # ------------------------------------------------------------------ setup -------
     @property
     def experiment(self) -> Any:
-        """The experiment after device conversion; Device fields hold device values."""
+        """The experiment after device conversion, which every hook except
+        `build_data` and `derive` sees.
+
+        Its Device fields hold device values (`jax.Array`s in the field's dtype, 0-d
+        for a scalar field); its GraphConst and Host fields hold host values.
+        `set_device` replaces it with a copy holding the new values, so read the
+        property again after one rather than keeping the old object.
+        """
         return self._experiment
 
     @property
     def parameters(self) -> Any:
-        """The parameters as build_model returned them (trained values after train).
+        """The parameters: a pytree of `jax.Array`s with the structure, shapes and
+        dtypes `build_model` returned.
+
+        They are the fresh `build_model` values, or those a `weights=` / `resume=`
+        source restored; after `train`, the trained values (or, with
+        `restore_best`, the selected checkpoint's). Under `eval_weights="ema"`,
+        evaluation and `predict` read the EMA instead of these.
 
         They are device arrays owned by the handle: the next optimizer step donates
         them, so copy them (e.g. `jax.device_get`) to keep a snapshot.
@@ -157,7 +330,13 @@ class Nitro(HandleReports):
 
     @property
     def states(self) -> Any:
-        """The model state (running statistics and the like)."""
+        """The model state (running statistics and the like): a pytree of
+        `jax.Array`s as `build_model` returned it (`{}` for a stateless model), or
+        as a checkpoint restored it.
+
+        Training carries forward's new state from step to step; evaluation and
+        `predict` run in eval mode and discard it.
+        """
         return self.train_state.model_state
 
     @property
@@ -166,7 +345,11 @@ class Nitro(HandleReports):
         accumulator, step and epoch.
 
         Its arrays are owned by the handle: the next optimizer step donates them, so
-        copy what you keep (e.g. `jax.device_get`)."""
+        copy what you keep (e.g. `jax.device_get`).
+
+        Raises:
+            ConfigError: the handle's setup did not finish.
+        """
         if self._train_state is None:
             raise ConfigError("The handle's setup did not finish: it holds no state.")
         return self._train_state
@@ -180,21 +363,36 @@ class Nitro(HandleReports):
 
     @property
     def run_dir(self) -> str:
-        """The directory checkpoints, the manifest and the default log resolve to."""
+        """The run directory this handle resolved: the `run_dir` keyword, else the
+        accessor (default `runs/<experiment class name>`), as a `str`.
+
+        Checkpoints and the manifest (unless the checkpointer has its own `dir`), the
+        default `JSONLogger`'s `metrics.jsonl` and `resume="auto"` resolve against
+        it, and `render` writes to `<run_dir>/viz` by default.
+        """
         return self._run_dir
 
     @property
     def phase(self) -> phases.Phase:
-        """The run's current phase: the latest recorded transition (Starting until
-        the first). Idle, announced when control returns, is never recorded."""
+        """The run's current `Phase`: the latest recorded transition (`Starting()`
+        until the first). Idle, announced when control returns, is never recorded,
+        so after `train()` this reads `Done()` or `Failed()`, and after a
+        standalone `validate` or `predict` the phase the run was in before."""
         return self.phase_recorder.phase
 
     @property
     def history(self) -> MetricHistory:
         """The epochs this handle trained, as a `MetricHistory` table.
 
-        Each row: epoch, step, train_loss, the epoch's validation metrics, seconds.
-        A resumed handle's history begins at the first epoch it trained itself.
+        Each row: epoch, step (the optimizer step the epoch ended on), train_loss
+        (the epoch's mean train loss), the epoch's validation metrics under the
+        names validation reported (the validation loss is `loss`), seconds. An
+        epoch a stop cut short has a row, replaced when the next `train()` finishes
+        that epoch. The table's selection metric (which picks its best row, and
+        whose column follows train_loss) is the checkpointer's metric and mode
+        when it has them, else the monitor. A resumed handle's history begins at
+        the first epoch it trained itself, and the table notes the earlier ones.
+        Nothing is read from disk: the table is built from the handle on each read.
         """
         ckpt = self._checkpointer
         if ckpt is not None and ckpt.metric is not None:
@@ -209,7 +407,11 @@ class Nitro(HandleReports):
 
     @property
     def logger_info(self) -> dict[str, Any]:
-        """Plain data identifying where the run's logger writes."""
+        """Plain data identifying where the run's logger writes, as a `dict`.
+
+        The logger's own `logger_info()` (`{"path": ...}` for a `JSONLogger`); `{}`
+        for a logger without that method, or with logging off.
+        """
         return logproto.logger_info(self._logger)
 
     @property
@@ -219,7 +421,12 @@ class Nitro(HandleReports):
 
     @property
     def checkpointer(self) -> Checkpointer | None:
-        """The run's checkpointer (None when checkpointing is off)."""
+        """The run's `Checkpointer`, or None when checkpointing is off.
+
+        Setup binds it to this run: to run_dir (unless it was given its own `dir`),
+        to the monitor (unless it was given its own metric and mode) and to this
+        run's id (`checkpoint_run`).
+        """
         return self._checkpointer
 
     @property
@@ -228,25 +435,95 @@ class Nitro(HandleReports):
 
         An EarlyStopping passed in is copied at setup with the monitor filled in and
         fresh counters (`best`, `wait`), so this is that copy, never the instance
-        passed; a custom policy (an object with `should_stop`) is held as given.
+        passed; a custom policy (an object with `should_stop`) is held as given. A
+        resume restores the counters the record stored. None also on a handle with
+        no train split, which never trains.
         """
         return self._stopper
 
     @property
     def stop_reason(self) -> str | None:
-        """How the last train() ended: completed, requested or error."""
+        """How the last `train()` ended, as a `str`, or None before one ran.
+
+        "completed" (max_epochs reached), "early_stop" (the early-stopping policy
+        stopped it), "requested" (`request_stop()` or Ctrl+C) or "error" (it
+        raised). A `train()` that had nothing to train leaves it unchanged.
+        """
         return self._stop_reason
 
     @property
     def checkpoint_run(self) -> str | None:
-        """The id this handle's checkpoints are written under."""
+        """The id this handle's checkpoints are written under, as a `str`.
+
+        It is the `run` of their manifest entries, and names the run in a source
+        such as `weights=(run_id, "best")`. Resuming a run's newest record adopts
+        that run's id; any other construction gets a new one. None when
+        checkpointing is off, and for a handle continuing the unnamed run of a
+        manifest written before runs were recorded.
+        """
         return self._run_id if self._checkpointer is not None else None
 
     # ------------------------------------------------------------------ verbs -------
     def train(self, **kwargs: Any) -> Nitro:
-        """Run the training loop until max_epochs or a requested stop; return self.
+        """Train from the current epoch up to max_epochs, or until a stop.
 
-        It takes no keywords: every run setting was fixed when the handle was built.
+        Each epoch runs the train split's micro-batches (the first call compiles the
+        training programs, or takes them from the compile cache), then validates on
+        the val split when there is one, updates every Plateau and the
+        early-stopping policy, appends one `history` row, logs the validate line,
+        and writes a checkpoint if the checkpointer keeps the epoch. Training ends
+        at max_epochs ("completed"), at an early stop ("early_stop"), at a
+        `request_stop()` or Ctrl+C honoured at the next step boundary, after which
+        the epoch still validates and checkpoints ("requested"), or by raising
+        ("error"); `stop_reason` says which. An epoch a stop cut short is finished
+        first by the next `train()`. At the end the last record written gets the
+        stop reason if a selector kept that epoch (on an error too), a
+        `restore_best` handle loads its selected checkpoint (unless training
+        raised), the logger is finished, and the handle goes to `Done` (`Failed`
+        when it raised), which releases the data sources.
+
+        Args:
+            **kwargs: none is accepted: every run setting belongs to the
+                constructor and was fixed there. To train further, build a new
+                handle: `Nitro(e, resume="auto", max_epochs=N)`.
+
+        Returns:
+            This handle, so `Nitro(e).train()` chains.
+
+        Raises:
+            ConfigError: any keyword; a handle that ended its last `train()` holding
+                its `restore_best` weights; a released split; no train split; a
+                train batch of another size mid-epoch; an epoch whose batch count
+                does not divide by accum, or that delivers other than `len()`
+                batches; a validation metric named like a history column (epoch,
+                step, train_loss, seconds); a monitor, early-stopping or Plateau
+                metric that validation did not return.
+            DivergenceError: a non-finite training loss under check_divergence,
+                naming its step and epoch. There is no rollback: resume from the
+                last checkpoint.
+            CheckpointError: the optimizer state of the resumed (or
+                `restore_optimizer`) record does not match this run's optimizer;
+                the checkpointer's own metric is missing from the validation
+                metrics; a metric the checkpointer, early stopping or a Plateau
+                branches on is not a finite real number.
+            HookError: a hook returned the wrong thing (`forward` not `(outputs,
+                state)`, a non-scalar loss, a forward output leaf without the batch
+                axis first, ...).
+            RoutingError: a batch lacks a field a hook declares.
+            StrippedHostError: traced code read a Host field.
+
+        Warns:
+            NitroWarning: nothing to train (the handle is already at max_epochs);
+                `restore_best` found nothing to load and keeps the final weights.
+            StaleHandleWarning: a scalar accessor or a hook was redefined after the
+                handle was built; the handle keeps what it froze.
+
+        Example::
+
+            nitro = Nitro(MyExp(), run_dir="runs/demo")   # setup only
+            nitro.train()                                 # epochs 1..max_epochs
+            nitro.stop_reason                             # "completed", ...
+            Nitro(MyExp(), run_dir="runs/demo", resume="auto", max_epochs=40).train()
         """
         from ..loop.train import run_training
 
@@ -264,7 +541,40 @@ class Nitro(HandleReports):
         return self
 
     def validate(self) -> dict[str, Any]:
-        """Run the val split and return its finalized metrics."""
+        """Run the val split in eval mode and return its finalized metrics.
+
+        The pass the training loop runs after each epoch, on a handle trained or
+        not. It shares one compiled eval forward with `evaluate` and `predict`
+        (compiled on first use for the eval batch width), so moving between them
+        compiles nothing. A short batch is padded to the width and every output
+        leaf sliced back to the real sample count before `metrics` sees it.
+        `request_stop()` or Ctrl+C ends the pass between source batches, and the
+        metrics then cover the batches that ran.
+
+        Returns:
+            dict[str, Any]: metric name to value. Without a `metrics` hook,
+            `{"loss": ...}` and a `"loss/<term>"` entry per term `loss` returns,
+            each the mean over batches. With one, what `finalize_metrics` returns
+            (by default each metric combined across batches as its mode says),
+            plus those loss entries when `eval_loss` is on. A 0-d value is a Python
+            number; a non-scalar one (a summed confusion matrix) is a NumPy array.
+
+        Raises:
+            ConfigError: the data has no val split, or its source was released;
+                a batch whose fields disagree on the batch size.
+            RoutingError: a batch lacks a field `forward` or `metrics` declares
+                (or `loss`, when the loss is the metric).
+            HookError: `forward` did not return `(outputs, state)`, or an output
+                leaf lacks the batch axis first; `finalize_metrics` returned a
+                non-dict, or a "concat" metric unreduced; a metric key collides
+                with an `eval_loss` key.
+            StrippedHostError: traced code read a Host field.
+
+        Warns:
+            StaleHandleWarning: a hook, or the seed or run_dir accessor, was
+                redefined after the handle was built; the handle keeps what it
+                froze.
+        """
         from ..loop.evaluate import evaluate_split
 
         self._check_stale("validate")
@@ -277,7 +587,37 @@ class Nitro(HandleReports):
         return self._run_entry(lambda: evaluate_split(self, "val"))
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
-        """Run any named split and return its finalized metrics."""
+        """Run any named split in eval mode and return its finalized metrics.
+
+        The same pass as `validate`, on the split named, sharing its compiled eval
+        forward (and device metrics program) with `validate` and `predict`.
+        `request_stop()` or Ctrl+C ends the pass between source batches.
+
+        Args:
+            split: the name of a split of the data collection (default "test").
+
+        Returns:
+            dict[str, Any]: metric name to value, as `validate` returns them;
+            `finalize_metrics` receives `split` as its third argument.
+
+        Raises:
+            ConfigError: the data has no split of that name (the message lists the
+                splits), or its source was released; a batch whose fields
+                disagree on the batch size.
+            RoutingError: a batch lacks a field `forward` or `metrics` declares
+                (or `loss`, when the loss is the metric).
+            HookError: as for `validate`: a forward output of the wrong form, or a
+                `finalize_metrics` result it refuses.
+            StrippedHostError: traced code read a Host field.
+
+        Warns:
+            StaleHandleWarning: as for `validate`.
+
+        Example::
+
+            nitro.evaluate()                 # the "test" split: {"acc": 0.97, ...}
+            nitro.evaluate(split="val")      # the same as nitro.validate()
+        """
         from ..loop.evaluate import evaluate_split
 
         self._check_stale("evaluate")
@@ -292,8 +632,47 @@ class Nitro(HandleReports):
     def predict(self, batch: Any) -> Any:
         """Forward alone, in eval mode, on a batch dict or an iterable of them.
 
-        A batch dict gives its outputs as host arrays sliced to the real sample
-        count; an iterable gives a lazy iterator of them, one per batch.
+        Only the fields `forward` declares are read, so a prediction batch needs no
+        labels. A batch narrower than the eval batch width is padded to it (its
+        last sample repeated) and every output leaf sliced back; a wider one runs
+        in chunks of the width, joined again along the batch axis. The program is
+        the eval forward that `validate` and `evaluate` use, so once it is
+        compiled, `predict` compiles nothing for batches of the same per-sample
+        shapes and dtypes, whatever their values or the Device fields
+        (`set_device`). It reads the EMA under `eval_weights="ema"`, else
+        the parameters. The width is fixed at setup from the first batch of val,
+        else test, else train, else any split; a handle with no data takes it from
+        the first batch `predict` receives.
+
+        Args:
+            batch: a mapping (or a NamedTuple) of field name to array, each of
+                shape (n, ...) with the batch axis first, host or device; or an
+                iterable of such batches (a split, a list, a generator).
+
+        Returns:
+            For one batch: `forward`'s outputs tree with every leaf a host NumPy
+            array of shape (n, ...), n the batch's real sample count, in the dtype
+            `forward` computed it in. For an iterable: a lazy iterator yielding one
+            such tree per batch; nothing runs until it is iterated, and the errors
+            below are raised as it is.
+
+        Raises:
+            RoutingError: `batch` is a bare array or not iterable (forward is routed
+                by field name, and the message names the fields it declares), a
+                batch is not a mapping, or a batch lacks a field `forward`
+                requires.
+            ConfigError: a batch's routed fields disagree on the batch size, or one
+                is a scalar.
+            HookError: `forward` did not return `(outputs, state)`, or an output
+                leaf lacks the batch axis first.
+            StrippedHostError: traced code read a Host field.
+
+        Example::
+
+            logits = nitro.predict({"img": images})    # images: (6, 784) float32
+            logits.shape, logits.dtype                 # ((6, 10), float32), on host
+            for out in nitro.predict(nitro.data["test"]):   # lazy, one per batch
+                ...
         """
         from ..loop.evaluate import predict_batch
 
@@ -320,10 +699,50 @@ class Nitro(HandleReports):
         out_dir: str | None = None,
         tag: str | None = None,
     ) -> list[str]:
-        """One figure per sample through `visualize` and `save_figure`; the paths.
+        """Write one figure per sample through `visualize` and `save_figure`.
 
-        Without `batch`, the first `batches` batches of `split`; with it, that batch.
-        `predictions=False` (the data gate) compiles and runs nothing on the device.
+        Without `batch`, the first `batches` batches of `split`, in the source's
+        order for its first epoch; with it, that batch. `visualize(self, outputs,
+        *, <fields>)` draws one sample: it is called with the batch axis dropped
+        from each field it declares (a rank-1 field yields its element) and from
+        every output leaf; `outputs` is None when `predictions` is False.
+        `save_figure(self, fig, stem)` writes what it returned and returns the
+        path; a matplotlib Figure needs none (it is saved as `<stem>.png` and
+        closed). Figures go to `out_dir` under the stem `<tag>_<i>` (`<i>` when the
+        tag is empty), i the sample's index zero-padded to three digits and counted
+        across batches.
+
+        Args:
+            batch: a batch dict (or NamedTuple) of arrays of shape (n, ...), batch
+                axis first; None reads `split`.
+            split: the split to read when `batch` is None (default "val").
+            batches: how many of its batches to draw, an int >= 1 (default 1); each
+                writes one figure per sample.
+            predictions: False (the data gate) passes `outputs=None` and compiles
+                and runs nothing on the device; True passes each sample's slice of
+                `predict(batch)`.
+            out_dir: the directory, created if missing (default `<run_dir>/viz`).
+            tag: the stem's prefix (default the split name, or "" with `batch`).
+
+        Returns:
+            list[str]: the paths written, one per sample, in order.
+
+        Raises:
+            HookError: the experiment has no `visualize`; `visualize` returned
+                something other than a matplotlib Figure and there is no
+                `save_figure`; `split` is not in the data; `batches` is not an int
+                >= 1.
+            ConfigError: `split`'s source was released; a batch whose fields
+                disagree on the batch size.
+            RoutingError: `batch` (or a batch of the split) is not a mapping, or
+                lacks a field `visualize` (or, with predictions, `forward`)
+                declares.
+
+        Example::
+
+            paths = nitro.render(split="val")                    # the data gate
+            paths = nitro.render(split="val", predictions=True)
+            paths = nitro.render({"img": images}, predictions=True, tag="new")
         """
         from ..loop.render import render
 
@@ -361,14 +780,51 @@ class Nitro(HandleReports):
                     self._stop_requested = False
 
     def request_stop(self) -> None:
-        """Ask a running train() to stop at the next step boundary, gracefully."""
+        """Ask the running entry point to stop, gracefully; it returns at once.
+
+        Call it from a phase monitor, a logger or another thread; Ctrl+C during
+        `train`, `validate`, `evaluate`, `predict` or `render` makes the same call.
+        A `train()` leaves its step loop at the next step boundary, then still
+        validates, logs and checkpoints that epoch, and returns with
+        `stop_reason == "requested"`; the next `train()` finishes the cut epoch
+        first. A standalone `validate()` or `evaluate()` stops between source
+        batches and returns the metrics of the batches that ran. The request is
+        cleared when the outermost entry point returns, so it stops one call; made
+        while nothing runs, it is honoured by the next one.
+        """
         self._stop_requested = True
 
     def set_device(self, **values: Any) -> Nitro:
         """Write Device fields of the live handle; compiles nothing.
 
-        Refused: a GraphConst field, a Host field, a scheduled field, a value that
-        does not convert to the field's dtype, and an array of another shape.
+        Each value is converted to the field's dtype on the host and placed on the
+        device with the current value's sharding. The experiment is replaced by a
+        copy holding the new values, which every program reads from its next call:
+        a Device field is a traced input, outside the compile cache key. Nothing is
+        written when any value is refused.
+
+        Args:
+            **values: Device field name to its new value: a Python number or a
+                NumPy or JAX array with the field's shape (a scalar for a 0-d
+                field), cast to the field's dtype (a float is rounded to a float32
+                field's precision; an integer field takes only whole values).
+
+        Returns:
+            This handle, so calls chain (`nitro.set_device(t=2.0).predict(b)`).
+
+        Raises:
+            ConfigError: a name that is no field; a GraphConst field (it bakes into
+                the compiled graph: build a new Nitro) or a Host field (no program
+                reads it); a scheduled field (the schedule overwrites it every
+                step); a value that is not numeric, or that the field's dtype
+                cannot hold (complex for a real field, a fraction or an
+                out-of-range value for an integer field, a non-bool for a bool
+                field); a value of another shape.
+
+        Example::
+
+            for t in (0.5, 1.0, 2.0):                   # zero compiles
+                logits = nitro.set_device(temperature=t).predict(batch)
         """
         cls = self._cls
         updates = {}
@@ -417,7 +873,23 @@ class Nitro(HandleReports):
         return self
 
     def device_value(self, name: str) -> Any:
-        """The host value of a Device field (a Python scalar or a NumPy array)."""
+        """The host value of a Device field: the counterpart of `set_device`.
+
+        A scheduled field reads as the value training last used (it is synced
+        after each epoch).
+
+        Args:
+            name: the name of a Device field of the experiment.
+
+        Returns:
+            A Python scalar for a 0-d field (a float32 reads back as the shortest
+            decimal that round-trips: 0.05, not 0.05000000074505806), else a NumPy
+            array with the field's shape and dtype.
+
+        Raises:
+            ConfigError: `name` is a GraphConst or a Host field, or no field; read
+                those as `nitro.experiment.<name>`.
+        """
         if name not in device_fields(self._cls):
             kind = "no"
             if name in field_names(self._cls):
@@ -474,10 +946,19 @@ class Nitro(HandleReports):
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.
 
-        Training does this itself when it ends; call it for a handle that only
-        validated, predicted or exported. A split whose release raises is warned
-        about and the others are still released. The handle cannot read a released
-        source again: `train`, `validate`, `evaluate` and `render` refuse it.
+        Training does this itself when it ends (at the `Done` or `Failed` phase,
+        after the monitors ran); call it for a handle that only validated,
+        predicted or exported. A second call, or one after training ended, does
+        nothing. A source shared by two splits is released once; a source without
+        a `release()` method holds nothing open and stays readable.
+
+        The handle cannot read a released source again: `train`, `validate`,
+        `evaluate` and `render` of a split refuse it with `ConfigError`, naming
+        what released it. `predict` on batches passed to it is unaffected.
+
+        Warns:
+            NitroWarning: a split whose `release()` raised; the other splits are
+                still released.
         """
         self._release("nitro.release()")
 
@@ -577,7 +1058,37 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
     """`Nitro(experiment, **kwargs).train()`: build a handle and train it.
 
     One entry point: Idle is announced once, when training returns, not between the
-    setup and the training.
+    setup and the training. Every run keyword is a `Nitro` keyword; pass `run_ref=`
+    to reach the handle while it trains (it is filled before the loop starts).
+
+    Args:
+        experiment: an `Experiment` instance; with `preset`, an `Experiment`
+            subclass.
+        preset: a preset name of that class: `train(E, "name", **kw)` is
+            `Nitro(E, "name", **kw).train()`.
+        **kwargs: the run keywords (see `Nitro`); in the preset form, field names
+            too, which go to the recipe.
+
+    Returns:
+        Nitro: the trained handle: read `history`, `stop_reason` and `parameters`
+        off it, or keep it for `evaluate`, `predict` and `set_device`.
+
+    Raises:
+        ConfigError: a refused keyword or value, at setup or during training (see
+            `Nitro` and `Nitro.train` for each error and when it is raised).
+        HookError: a missing hook, or one that returned the wrong thing.
+        RoutingError: a batch lacks a field a hook declares.
+        CheckpointError: a resume or weights source cannot be found, read or
+            matched; a checkpoint metric that is missing or not finite.
+        DivergenceError: a non-finite training loss under check_divergence.
+        NotYetSupportedError: a setting whose feature has not landed (n_devs
+            other than 1, a `train_step` hook, ...).
+
+    Example::
+
+        nitro = nx.train(MnistMLP(max_epochs=20), run_dir="runs/mnist")
+        nitro.history                                  # the per-epoch table
+        nx.train(MnistMLP, "baseline", smoothing=0.1)  # a preset, one field changed
     """
     with entry_point():
         if preset is None:

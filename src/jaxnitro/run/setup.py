@@ -114,12 +114,21 @@ class SetupSequence(RoutingSetup):
 
     @property
     def current_step(self) -> int:
-        """The number of optimizer steps taken."""
+        """The number of optimizer steps taken, as an `int`.
+
+        With accum = N each optimizer step takes N micro-batches, so this is N times
+        smaller than the micro-batch count. Schedules are indexed by it. A resumed
+        handle starts from the record's step.
+        """
         return self._train_state.step if self._train_state is not None else 0
 
     @property
     def current_epoch(self) -> int:
-        """The current epoch, 0 before the first one begins."""
+        """The current epoch, as an `int`: 0 before the first one begins.
+
+        During `train()`, the epoch running; afterwards, the last one trained. A
+        resumed handle starts from the record's epoch.
+        """
         return self._train_state.epoch if self._train_state is not None else 0
 
     @property
