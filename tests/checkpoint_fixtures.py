@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from jaxnitro.checkpoint.checkpointer import Checkpointer
+from jaxnitro.checkpoint.header import RecordHeader
 from jaxnitro.checkpoint.manifest import MANIFEST
 
 
@@ -17,6 +18,25 @@ def params_at(value: float, width: int = 3) -> dict:
         "w": np.full((2, width), value, np.float32),
         "b": np.full((width,), -value, np.float32),
     }
+
+
+def record_header(**changes) -> RecordHeader:
+    """A header with every required key, as a small record written without a run
+    would hold; `changes` override fields."""
+    fields = dict(
+        framework_version="0.0.0",
+        experiment="tests.Fixture",
+        epoch=0,
+        step=0,
+        seed=0,
+        preset=None,
+        graphconst={},
+        config={},
+        logger_type=None,
+        run_id=None,
+        run_url=None,
+    )
+    return RecordHeader(**{**fields, **changes})
 
 
 def bound(
@@ -59,7 +79,7 @@ def write(
             "state": {"count": np.array(epoch if state is None else state, np.int32)},
             "device": {"scale": np.array(v, np.float32)},
         },
-        meta={"epoch": epoch, "step": epoch * 4, "seed": 0},
+        header=record_header(epoch=epoch, step=epoch * 4),
         stop_reason=stop_reason,
     )
 

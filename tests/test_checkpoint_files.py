@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from checkpoint_fixtures import bound, params_at, write
+from checkpoint_fixtures import bound, params_at, record_header, write
 from safetensors.numpy import save_file
 
 import jaxnitro as nx
@@ -21,7 +21,7 @@ from jaxnitro.checkpoint import record as record_module
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.io_retry import is_transient_io, with_io_retry
 from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
-from jaxnitro.checkpoint.record import Record, read_meta, save_record
+from jaxnitro.checkpoint.record import Record, read_header, save_record
 from jaxnitro.checkpoint.selectors import Last
 from jaxnitro.cli import main
 
@@ -29,12 +29,12 @@ from jaxnitro.cli import main
 @pytest.fixture
 def good(tmp_path):
     path = tmp_path / "good.safetensors"
-    save_record(str(path), {"params": params_at(2.0)}, {"epoch": 3, "step": 12})
+    save_record(str(path), {"params": params_at(2.0)}, record_header(epoch=3, step=12))
     return path
 
 
 def readers():
-    return [Record, read_meta, checkpoint_info]
+    return [Record, read_header, checkpoint_info]
 
 
 # ----------------------------------------------------------------- bad files -----
@@ -160,7 +160,7 @@ def test_an_unreadable_file_raises_naming_it(good, monkeypatch):
 
     monkeypatch.setattr(record_module, "open", denied, raising=False)
     with pytest.raises(nx.CheckpointError, match="good.safetensors cannot be read: "):
-        read_meta(str(good))
+        read_header(str(good))
     monkeypatch.undo()
     for error, message in [
         (PermissionError(errno.EACCES, "denied"), "cannot be read: .*denied"),
@@ -177,14 +177,14 @@ def test_an_unreadable_file_raises_naming_it(good, monkeypatch):
 
 def test_damaged_tensor_data_the_header_cannot_see_raises_naming_the_file(tmp_path):
     path = tmp_path / "dtype.safetensors"
-    meta = json.dumps({"format_version": 1})
+    meta = json.dumps(record_header().to_json())
     header = {
         "__metadata__": {"jaxnitro": meta},
         "a": {"dtype": "NOPE", "shape": [2], "data_offsets": [0, 8]},
     }
     text = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
-    assert read_meta(str(path))["format_version"] == 1
+    assert read_header(str(path)).format_version == 1
     with pytest.raises(nx.CheckpointError, match="its arrays cannot be read"):
         Record(str(path))
 
@@ -239,7 +239,7 @@ def test_checkpoint_info_reads_the_header_only(tmp_path, good, monkeypatch):
 
 def test_checkpoint_info_of_a_huge_sparse_record_reads_no_tensor_data(tmp_path):
     size = 2**40  # a 1 TiB tensor, as a sparse file: reading it would never finish
-    meta = json.dumps({"format_version": 1, "epoch": 7})
+    meta = json.dumps(record_header(epoch=7).to_json())
     header = {
         "__metadata__": {"jaxnitro": meta},
         "params/['w']": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]},

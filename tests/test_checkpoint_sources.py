@@ -11,6 +11,7 @@ from checkpoint_fixtures import (
     bound,
     manifest_files,
     params_at,
+    record_header,
     write,
     write_legacy_manifest,
 )
@@ -105,7 +106,9 @@ def test_legacy_entries_are_the_unnamed_run(tmp_path):
 
 
 def test_a_manifest_from_before_runs_were_recorded_reads_as_legacy(tmp_path):
-    save_record(str(tmp_path / "a.safetensors"), {"params": params_at(1.0)}, {})
+    save_record(
+        str(tmp_path / "a.safetensors"), {"params": params_at(1.0)}, record_header()
+    )
     write_legacy_manifest(
         tmp_path, [{"file": "a.safetensors", "epoch": 3, "score": 0.25}]
     )
@@ -355,7 +358,7 @@ def test_average_refuses_what_it_cannot_average(averaged_run, tmp_path_factory):
         step=8,
         metrics={"loss": 0.4},
         trees={"params": params_at(1.0, width=4)},
-        meta={"epoch": 2, "step": 8},
+        header=record_header(epoch=2, step=8),
     )
     with pytest.raises(
         nx.CheckpointError,
@@ -379,7 +382,7 @@ def test_average_refuses_a_differing_integer_leaf(tmp_path):
             step=epoch,
             metrics={"loss": 1.0},
             trees={"params": {"w": np.ones(2, np.float32), "n": np.array(epoch)}},
-            meta={"epoch": epoch, "step": epoch},
+            header=record_header(epoch=epoch, step=epoch),
         )
     with pytest.raises(nx.CheckpointError, match="Cannot average params/\\['n'\\]"):
         average_checkpoints(str(tmp_path), ("r", Average(Last(2))))
@@ -414,7 +417,7 @@ def test_an_average_keeps_bfloat16_leaves_bfloat16(tmp_path):
             step=epoch,
             metrics={"loss": 1.0},
             trees={"params": {"w": np.full((2, 3), value, bf16)}},
-            meta={"epoch": epoch, "step": epoch},
+            header=record_header(epoch=epoch, step=epoch),
         )
     record = average_checkpoints(str(tmp_path), ("r", Average(Last(3))))
     averaged = record.arrays["params/['w']"]

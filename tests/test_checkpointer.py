@@ -6,7 +6,13 @@ import warnings
 
 import numpy as np
 import pytest
-from checkpoint_fixtures import bound, manifest_files, record_files, write
+from checkpoint_fixtures import (
+    bound,
+    manifest_files,
+    record_files,
+    record_header,
+    write,
+)
 
 import jaxnitro as nx
 from jaxnitro.checkpoint import checkpointer as checkpointer_module
@@ -262,16 +268,16 @@ def test_a_filename_another_run_owns_gets_the_run_id(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "meta",
+    "fields",
     # The second: a record of a run that started from averaged weights.
     [{"run": "aaa"}, {"run": "aaa", "averaged_from": {"epochs": [1, 2]}}],
 )
 def test_a_record_this_run_left_unlisted_by_a_crash_is_overwritten_in_place(
-    tmp_path, meta
+    tmp_path, fields
 ):
     ckpt = bound(tmp_path, run="aaa", keep=Last(1))
     orphan = tmp_path / checkpoint_filename(epoch=1, step=4, metric="loss", score=0.5)
-    save_record(str(orphan), {"params": {"w": np.zeros(2)}}, meta)
+    save_record(str(orphan), {"params": {"w": np.zeros(2)}}, record_header(**fields))
     write(ckpt, 1, 0.5)
     assert manifest_files(tmp_path) == [orphan.name]
     assert Record(str(orphan)).arrays["params/['w']"].shape == (2, 3)
@@ -367,7 +373,7 @@ def test_bind_fills_what_was_left_to_setup_every_time(tmp_path):
 
 def test_the_score_must_be_a_finite_value_of_the_metric_ranked_by(tmp_path):
     ckpt = bound(tmp_path, keep=Last(1))
-    save = dict(step=1, trees={"params": {"w": np.zeros(1)}}, meta={})
+    save = dict(step=1, trees={"params": {"w": np.zeros(1)}}, header=record_header())
     with pytest.raises(nx.CheckpointError, match="ranks by `loss`, but validation"):
         ckpt.save(epoch=1, metrics={"acc": 0.5}, **save)
     with pytest.raises(nx.CheckpointError, match="`loss` is nan; the framework will"):

@@ -13,6 +13,7 @@ averaged record holds no optimizer state.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError
+from .header import RecordHeader
 from .manifest import ManifestEntry
 from .record import Record
 from .selectors import Best, Epochs, Every, Last, is_selector
@@ -188,7 +190,7 @@ def average_records(
     reference: dict[str, np.ndarray] = {}
     first_path = ""
     kept: dict[str, np.ndarray] = {}
-    meta: dict[str, Any] = {}
+    state_header: RecordHeader | None = None
     for index, entry in enumerate(entries):
         path = os.path.join(directory, entry.file)
         record = Record(path)
@@ -220,25 +222,26 @@ def average_records(
                 for k, v in record.arrays.items()
                 if k.startswith(("state/", "device/", "host/"))
             }
-            meta = dict(record.meta)
+            state_header = record.header
+    assert state_header is not None, "the state pick is one of the entries"
     arrays = dict(kept)
     for key, value in reference.items():
         arrays[key] = sums[key].astype(value.dtype) if key in sums else value
-    meta.update(
-        {
-            "averaged_from": {
-                "spec": repr(average),
-                "run": run_label,
-                "dir": directory,
-                "files": [e.file for e in entries],
-                "epochs": [e.epoch for e in entries],
-                "weights": [weight] * len(entries),
-                "state_from": state_entry.file,
-            },
-            "run": None,
-            "metrics": {},
-            "stop_reason": None,
-        }
+    header = dataclasses.replace(
+        state_header,
+        averaged_from={
+            "spec": repr(average),
+            "run": run_label,
+            "dir": directory,
+            "files": [e.file for e in entries],
+            "epochs": [e.epoch for e in entries],
+            "weights": [weight] * len(entries),
+            "state_from": state_entry.file,
+        },
+        run=None,
+        metrics={},
+        stop_reason=None,
+        # An average continues no logged run: nothing for a logger to reattach to.
+        logger_state=None,
     )
-    meta.pop("logger_state", None)
-    return Record.in_memory(arrays, meta, os.path.join(directory, state_entry.file))
+    return Record.in_memory(arrays, header, os.path.join(directory, state_entry.file))

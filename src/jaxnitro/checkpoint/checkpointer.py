@@ -34,6 +34,7 @@ from .filenames import (
     RECORD_SUFFIX,
     checkpoint_filename,
 )
+from .header import RecordHeader
 from .manifest import (
     Manifest,
     ManifestEntry,
@@ -42,7 +43,7 @@ from .manifest import (
     remove_file,
     write_manifest,
 )
-from .record import TMP_PREFIX, read_meta, rewrite_meta, save_record
+from .record import TMP_PREFIX, read_header, rewrite_header, save_record
 from .selectors import (
     Best,
     Last,
@@ -292,7 +293,7 @@ class Checkpointer:
         step: int,
         metrics: Mapping[str, Any],
         trees: Mapping[str, Any],
-        meta: Mapping[str, Any],
+        header: RecordHeader,
         stop_reason: str | None = None,
     ) -> bool:
         """Write epoch `epoch`'s record if a selector admits it; rotate the rest.
@@ -310,8 +311,8 @@ class Checkpointer:
                 metrics: a run with no val split).
             trees: the pytrees to store, by prefix ("params", "state",
                 "opt_state", ...); arrays are stored on the host.
-            meta: the record header's fields; `run`, `metrics` and `stop_reason`
-                are added.
+            header: the record's header; this checkpointer fills in its `run`,
+                `metrics` and `stop_reason`.
             stop_reason: how the run ended, when this is its last epoch; else None.
 
         Returns:
@@ -372,12 +373,9 @@ class Checkpointer:
         save_record(
             os.path.join(directory, filename),
             trees,
-            {
-                **meta,
-                "run": self.run,
-                "metrics": dict(metrics),
-                "stop_reason": stop_reason,
-            },
+            dataclasses.replace(
+                header, run=self.run, metrics=dict(metrics), stop_reason=stop_reason
+            ),
             tmp_prefix=self._tmp_prefix,
         )
         dropped = [e for e in [*own_pool, *replaced, *others] if e not in kept]
@@ -440,14 +438,14 @@ class Checkpointer:
     def _is_own_orphan(self, path: str) -> bool:
         """A record this run renamed into place but never listed (a killed write)."""
         try:
-            meta = read_meta(path)
+            header = read_header(path)
         except CheckpointError:
             return False
         # An average_checkpoints file has run None, so it can pass for an orphan
         # only of a run with no id; a record of a run that started from an average
         # also carries averaged_from, and is its run's own.
-        return meta.get("run") == self.run and (
-            self.run is not None or "averaged_from" not in meta
+        return header.run == self.run and (
+            self.run is not None or header.averaged_from is None
         )
 
     def recover(self) -> None:
@@ -520,9 +518,9 @@ class Checkpointer:
             return False
         if current.stop_reason == stop_reason:
             return True
-        rewrite_meta(
+        rewrite_header(
             os.path.join(directory, current.file),
-            {"stop_reason": stop_reason},
+            lambda header: dataclasses.replace(header, stop_reason=stop_reason),
             tmp_prefix=self._tmp_prefix,
         )
         updated = dataclasses.replace(current, stop_reason=stop_reason)

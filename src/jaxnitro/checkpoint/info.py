@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .record import read_meta
+from .record import read_header
 
 INFO_KEYS = (
     "format_version",
@@ -25,6 +25,9 @@ INFO_KEYS = (
     "averaged_from",
 )
 
+# The header field an info key reads, where the names differ.
+_FIELD_OF = {"anchor_checksum": "anchor_checksums"}
+
 
 def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint's metadata (epoch, step, seed, preset, metrics, ...).
@@ -36,9 +39,12 @@ def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     records of a run that started from `weights=(run, Average(sel))`.
     A damaged or foreign file raises `CheckpointError` naming it.
     """
-    meta = read_meta(os.fspath(path))
-    info = {key: meta.get(key) for key in INFO_KEYS if key != "averaged_from"}
-    info["anchor_checksum"] = meta.get("anchor_checksums")
-    if "averaged_from" in meta:
-        info["averaged_from"] = meta["averaged_from"]
+    header = read_header(os.fspath(path))
+    info = {
+        key: getattr(header, _FIELD_OF.get(key, key))
+        for key in INFO_KEYS
+        if key != "averaged_from"
+    }
+    if header.averaged_from is not None:
+        info["averaged_from"] = header.averaged_from
     return info

@@ -2,8 +2,9 @@
 
 Arrays are stored flat under `<tree>/<keypath>` keys (`params/['Dense_0']['kernel']`,
 `opt_state/...`, `device/<field>`); the rest of the record (step, epoch, seed, preset,
-config, metrics, stop_reason, run ids, logger state, versions) is JSON in the header
-under the `jaxnitro` key, so `checkpoint_info` reads it without loading a weight.
+config, metrics, stop_reason, run ids, logger state, versions) is a `RecordHeader`
+(`header.py`), JSON in the safetensors metadata under the `jaxnitro` key, so
+`checkpoint_info` reads it without loading a weight.
 Restoring fills a template tree (what `build_model` or the optimizer builds) leaf for
 leaf by key path, so no tree structure is ever deserialized from the file: a checkpoint
 from an untrusted source cannot run code.
@@ -13,13 +14,15 @@ place: a crash at any instant leaves either the old file or the new one. Tempora
 names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
 mistaken for a record.
 
-A file that is truncated, has a corrupted header, was written by another program, or
-is not a safetensors file at all raises `CheckpointError` naming the file and what is
-wrong, before any library parses it.
+A file that is truncated, has a corrupted header, was written by another program, is
+not a safetensors file at all, or whose record header `RecordHeader.from_json` refuses
+raises `CheckpointError` naming the file and what is wrong, before any library parses
+its arrays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -35,9 +38,9 @@ from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
 from .compat import check_record_tree_compatible
+from .header import RecordHeader
 from .io_retry import is_transient_io, with_io_retry
 
-FORMAT_VERSION = 1
 _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
@@ -112,38 +115,41 @@ def flatten_tree(
 def save_record(
     path: str,
     trees: Mapping[str, Any],
-    meta: Mapping[str, Any],
+    header: RecordHeader,
     *,
     tmp_prefix: str = TMP_PREFIX,
 ) -> None:
-    """Write a record: each tree in `trees` under its prefix, `meta` in the header."""
+    """Write a record: each tree in `trees` under its prefix, `header` as its header
+    with `prng_keys` naming the key implementation of each PRNG key leaf."""
     arrays: dict[str, np.ndarray] = {}
     key_impls: dict[str, str] = {}
     for prefix, tree in trees.items():
         tree_arrays, tree_impls = flatten_tree(prefix, tree)
         arrays.update(tree_arrays)
         key_impls.update(tree_impls)
-    write_arrays(path, arrays, {**meta, "prng_keys": key_impls}, tmp_prefix=tmp_prefix)
+    header = dataclasses.replace(header, prng_keys=key_impls)
+    write_arrays(path, arrays, header, tmp_prefix=tmp_prefix)
 
 
 def write_arrays(
     path: str,
     arrays: Mapping[str, np.ndarray],
-    meta: Mapping[str, Any],
+    header: RecordHeader,
     *,
     tmp_prefix: str = TMP_PREFIX,
 ) -> None:
-    """Write flat `arrays` (keys as `save_record` names them) and `meta` atomically."""
-    header = dict(meta)
-    header["format_version"] = FORMAT_VERSION
-    header.setdefault("prng_keys", {})
-    text = json.dumps(header, default=_json_default)
+    """Write flat `arrays` (keys as `save_record` names them), `header` atomically."""
+    text = _header_text(header)
     host = {k: np.require(np.asarray(v), requirements="C") for k, v in arrays.items()}
     atomic_write(
         path,
         lambda tmp: save_file(host, tmp, metadata={_META_KEY: text}),
         prefix=tmp_prefix,
     )
+
+
+def _header_text(header: RecordHeader) -> str:
+    return json.dumps(header.to_json(), default=_json_default)
 
 
 def _json_default(value: Any) -> Any:
@@ -179,7 +185,7 @@ def _unreadable(path: str, error: OSError) -> NoReturn:
     raise CheckpointError(f"{path} cannot be read: {error}") from None
 
 
-class _Header:
+class _FileHeader:
     """A safetensors file's parsed header: tensor entries, metadata, data extent."""
 
     def __init__(self, path: str) -> None:
@@ -238,15 +244,15 @@ class _Header:
             )
 
 
-def read_meta(path: str) -> dict[str, Any]:
-    """The record's header metadata, reading the header bytes only (no array)."""
-    return _meta_of(_read_header(path))
+def read_header(path: str) -> RecordHeader:
+    """The record's header, reading the file's header bytes only (no array)."""
+    return _record_header(_read_file_header(path))
 
 
-def _read_header(path: str) -> _Header:
-    def read() -> _Header:
+def _read_file_header(path: str) -> _FileHeader:
+    def read() -> _FileHeader:
         try:
-            return _Header(path)
+            return _FileHeader(path)
         except IsADirectoryError:
             raise CheckpointError(
                 f"{path} is a directory, not a checkpoint file; pass a record's path, "
@@ -258,7 +264,7 @@ def _read_header(path: str) -> _Header:
     return with_io_retry(read, what=f"reading {path}")
 
 
-def _meta_of(header: _Header) -> dict[str, Any]:
+def _record_header(header: _FileHeader) -> RecordHeader:
     path = header.path
     if _META_KEY not in header.metadata:
         raise CheckpointError(
@@ -276,28 +282,25 @@ def _meta_of(header: _Header) -> dict[str, Any]:
             f"{path} has corrupted record metadata: a JSON {kind}, not an object."
         ),
     )
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has record format {meta.get('format_version')!r}; this jaxnitro "
-            f"reads format {FORMAT_VERSION}."
-        )
-    return meta
+    return RecordHeader.from_json(meta, path=path)
 
 
-def rewrite_meta(
-    path: str, update: Mapping[str, Any], *, tmp_prefix: str = TMP_PREFIX
+def rewrite_header(
+    path: str,
+    update: Callable[[RecordHeader], RecordHeader],
+    *,
+    tmp_prefix: str = TMP_PREFIX,
 ) -> None:
-    """Rewrite a record's header metadata with `update` merged in, atomically.
+    """Rewrite a record's header as `update(header)`, atomically.
 
     The tensor bytes are copied unchanged (their offsets are relative to the end of
     the header), so no array is decoded.
     """
-    header = _read_header(path)
-    meta = {**_meta_of(header), **update}
+    header = _read_file_header(path)
     raw: dict[str, Any] = {
         "__metadata__": {
             **header.metadata,
-            _META_KEY: json.dumps(meta, default=_json_default),
+            _META_KEY: _header_text(update(_record_header(header))),
         },
         **header.tensors,
     }
@@ -315,28 +318,34 @@ def rewrite_meta(
 
 
 class Record:
-    """A loaded checkpoint: the header metadata and the stored arrays by key.
+    """A loaded checkpoint: its header and the stored arrays by key.
 
-    Opening a file checks its header first, so a damaged or foreign file raises
-    `CheckpointError` naming it; nothing in a record is ever executed.
+    Opening a file checks its header first, so a damaged or foreign file, or a
+    record header `RecordHeader.from_json` refuses, raises `CheckpointError` naming
+    it; nothing in a record is ever executed.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        header = _read_header(path)
-        self.meta = _meta_of(header)
+        self.header = _record_header(_read_file_header(path))
         self.arrays = with_io_retry(lambda: _load_arrays(path), what=f"reading {path}")
 
     @classmethod
     def in_memory(
-        cls, arrays: dict[str, np.ndarray], meta: dict[str, Any], path: str
+        cls, arrays: dict[str, np.ndarray], header: RecordHeader, path: str
     ) -> Record:
         """A record that was never read from a file (an average, say)."""
         record = cls.__new__(cls)
         record.path = path
-        record.meta = meta
+        record.header = header
         record.arrays = arrays
         return record
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """`header.to_json()`: the JSON object the file stores, for a caller of
+        `average_checkpoints` reading it by key. The framework reads `header`."""
+        return self.header.to_json()
 
     def keep_only(self, prefix: str) -> None:
         """Free the host copies of every stored tree but `prefix`."""
@@ -355,7 +364,7 @@ class Record:
         naming the first mismatching leaves by key path with both shapes (see
         `check_record_tree_compatible`).
         """
-        impls = self.meta.get("prng_keys", {})
+        impls = self.header.prng_keys
         check_record_tree_compatible(
             self.arrays, prefix, template, what=what, path=self.path, key_impls=impls
         )

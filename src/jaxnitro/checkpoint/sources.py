@@ -361,5 +361,5 @@ def average_checkpoints(
     record = resolved.load()
     if target is None:
         return record
-    write_arrays(target, record.arrays, record.meta)
-    return Record.in_memory(record.arrays, record.meta, target)
+    write_arrays(target, record.arrays, record.header)
+    return Record.in_memory(record.arrays, record.header, target)

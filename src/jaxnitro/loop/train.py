@@ -23,6 +23,7 @@ from ..checkpoint.derived import (
     derived_graphconst_record,
     derived_host_record,
 )
+from ..checkpoint.header import RecordHeader
 from ..errors import ConfigError, NitroWarning
 from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
@@ -68,34 +69,36 @@ def _checkpoint(
     assert plan is not None
     stopper = nitro._stopper
     host_arrays, host_values = derived_host_record(e, nitro._derived_keys)
-    meta = {
-        "framework_version": __version__,
-        "experiment": _qualified(e),
-        "epoch": epoch,
-        "step": nitro.current_step,
-        "seed": int(nitro._config["seed"].value),
-        "preset": nitro._preset,
-        "graphconst": graphconst_record(e),
-        "config": nitro.params_to_log(),
-        "derived": list(nitro._derived_keys),
-        "derived_host": host_values,
-        "derived_graphconst": derived_graphconst_record(e, nitro._derived_keys),
-        "logger_type": _qualified(nitro.logger),
-        "logger_state": logproto.logger_state(nitro.logger),
-        "run_id": logproto.run_id(nitro.logger),
-        "run_url": logproto.run_url(nitro.logger),
-        "anchor_checksums": nitro._anchor_sums,
-        "optimizer_layout": plan.state_layout(),
-        "early_stop": stopper.state()
+    header = RecordHeader(
+        framework_version=__version__,
+        experiment=f"{type(e).__module__}.{type(e).__qualname__}",
+        epoch=epoch,
+        step=nitro.current_step,
+        seed=int(nitro._config["seed"].value),
+        preset=nitro._preset,
+        graphconst=graphconst_record(e),
+        config=nitro.params_to_log(),
+        derived=tuple(nitro._derived_keys),
+        derived_host=host_values,
+        derived_graphconst=derived_graphconst_record(e, nitro._derived_keys),
+        logger_type=_qualified(nitro.logger),
+        logger_state=logproto.logger_state(nitro.logger),
+        run_id=logproto.run_id(nitro.logger),
+        run_url=logproto.run_url(nitro.logger),
+        anchor_checksums=nitro._anchor_sums,
+        optimizer_layout=plan.state_layout(),
+        early_stop=stopper.state()
         if callable(getattr(stopper, "state", None))
         else None,
-        "plateau": {
+        plateau={
             s.key: s.plateau.state() for s in plan.schedules if s.plateau is not None
         },
         # The running train loss of an epoch a stop cut (None when it ended), so
         # a resume that continues the epoch reports the whole epoch's mean.
-        "epoch_loss": nitro._epoch_loss,
-    }
+        epoch_loss=nitro._epoch_loss,
+        # The run started from these averaged weights (None: it did not).
+        averaged_from=nitro.averaged_from,
+    )
     state = nitro.train_state
     trees = {
         "params": state.params,
@@ -104,8 +107,6 @@ def _checkpoint(
         "device": nitro.device_values(),
         HOST_PREFIX: host_arrays,
     }
-    if nitro.averaged_from is not None:  # the run started from these averaged weights
-        meta["averaged_from"] = nitro.averaged_from
     if state.ema is not None:
         trees["ema"] = state.ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
@@ -114,7 +115,7 @@ def _checkpoint(
         step=nitro.current_step,
         metrics=scalars,
         trees=trees,
-        meta=meta,
+        header=header,
         stop_reason=reason,
     )
 

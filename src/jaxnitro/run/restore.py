@@ -91,7 +91,7 @@ def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
     )
     if isinstance(source, AverageSource):
         assert nitro._record is not None
-        nitro.averaged_from = nitro._record.meta["averaged_from"]
+        nitro.averaged_from = nitro._record.header.averaged_from
 
 
 def restore_weights(
@@ -206,7 +206,7 @@ def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
         return jax.tree.map(jnp.array, fresh)
     plan = nitro._plan
     assert plan is not None
-    recorded = record.meta.get("optimizer_layout")
+    recorded = record.header.optimizer_layout
     if not jax.tree.leaves(fresh):
         # A stateless rule (plain SGD): its state has no arrays, so no record holds
         # any, and the fresh state is the restored one.
@@ -323,7 +323,7 @@ def finish_restore_best(nitro: Nitro) -> None:
     )
     nitro.checkpoint_source = path
     if isinstance(choice, Average):
-        nitro.averaged_from = record.meta["averaged_from"]
+        nitro.averaged_from = record.header.averaged_from
     nitro._restored_best = True
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.derived import HOST_PREFIX, graphconst_from_json
 from ..checkpoint.filenames import new_run_id
+from ..checkpoint.header import RecordHeader
 from ..checkpoint.lookup import run_label
 from ..checkpoint.manifest import read_manifest
 from ..checkpoint.record import Record
@@ -193,12 +194,12 @@ class SetupSequence(RoutingSetup):
         self._epoch_loss: dict[str, Any] | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
-            step = int(self._record.meta["step"])
-            epoch = int(self._record.meta["epoch"])
+            step = self._record.header.step
+            epoch = self._record.header.epoch
             self._resumed_from_epoch = epoch
-            self._epoch_loss = self._record.meta.get("epoch_loss")
+            self._epoch_loss = self._record.header.epoch_loss
             if self._preset is None:
-                self._preset = self._record.meta.get("preset")
+                self._preset = self._record.header.preset
 
         seed = int(self._config["seed"].value)
         random.seed(seed)
@@ -220,7 +221,7 @@ class SetupSequence(RoutingSetup):
         derived_from_record = (
             self._weights is not None
             and self._record is not None
-            and "derived" in self._record.meta
+            and self._record.header.derived is not None
         )
         if derived_from_record:
             assert self._record is not None
@@ -350,7 +351,7 @@ class SetupSequence(RoutingSetup):
             c["monitor"] = Resolved(check_monitor(monitor), c["monitor"].source)
 
     def _check_record_config(self, e: Any, record: Record) -> None:
-        stored = record.meta.get("graphconst", {})
+        stored = record.header.graphconst
         current = graphconst_record(e)
         diff = {
             name: (stored.get(name), current.get(name))
@@ -387,13 +388,13 @@ class SetupSequence(RoutingSetup):
         with a warning, since derive does not run to recompute it.
         """
         host = {
-            **record.meta.get("config", {}),
-            **record.meta.get("derived_host", {}),
+            **record.header.config,
+            **record.header.derived_host,
             **record.field_arrays(HOST_PREFIX),
         }
-        graphconst = record.meta.get("derived_graphconst")
+        graphconst = record.header.derived_graphconst
         if graphconst is None:  # a record from before derived values were exact
-            graphconst = record.meta.get("graphconst", {})
+            graphconst = record.header.graphconst
         graphconst = {k: graphconst_from_json(v) for k, v in graphconst.items()}
         tables = {
             **dict.fromkeys(device_fields(cls), record.device_values()),
@@ -402,7 +403,7 @@ class SetupSequence(RoutingSetup):
         }
         derived = {}
         missing = []
-        for name in record.meta["derived"]:
+        for name in record.header.derived or ():
             table = tables.get(name)
             if table is not None and name in table:
                 derived[name] = table[name]
@@ -420,7 +421,7 @@ class SetupSequence(RoutingSetup):
 
     def _adopt_resumed_seed(self) -> None:
         assert self._record is not None
-        recorded = int(self._record.meta["seed"])
+        recorded = self._record.header.seed
         passed = int(self._config["seed"].value)
         if recorded != passed:
             warnings.warn(
@@ -511,7 +512,7 @@ class SetupSequence(RoutingSetup):
             if s.target.namespace == "device"
         ]
         if self._resume is not None and self._record is not None:
-            self._restore_counters(self._record.meta)
+            self._restore_counters(self._record.header)
 
     def _check_control_metric(self, metric: str | None, what: str) -> None:
         """Without custom metrics the only validation metric is the loss."""
@@ -522,11 +523,11 @@ class SetupSequence(RoutingSetup):
                 f"define metrics()."
             )
 
-    def _restore_counters(self, meta: dict[str, Any]) -> None:
+    def _restore_counters(self, header: RecordHeader) -> None:
         """A resume continues the early-stopping and Plateau counters, and verifies
         that every decay anchor is the one the record trained toward."""
         assert self._plan is not None
-        stored = meta.get("anchor_checksums") or {}
+        stored = header.anchor_checksums or {}
         for group, checksum in self._anchor_sums.items():
             if group in stored and stored[group] != checksum:
                 raise ConfigError(
@@ -541,11 +542,11 @@ class SetupSequence(RoutingSetup):
                     f"weights=<its source>, logger=None, checkpointer=None)"
                     f".parameters."
                 )
-        if self._stopper is not None and meta.get("early_stop"):
+        if self._stopper is not None and header.early_stop:
             restore = getattr(self._stopper, "restore", None)
             if callable(restore):
-                restore(meta["early_stop"])
-        plateaus = meta.get("plateau") or {}
+                restore(header.early_stop)
+        plateaus = header.plateau
         for schedule in self._plan.schedules:
             if schedule.plateau is not None and schedule.key in plateaus:
                 schedule.plateau.restore(plateaus[schedule.key])
@@ -587,9 +588,9 @@ class SetupSequence(RoutingSetup):
         if callable(bind):
             bind(run_dir)
         if self._resume is not None and self._record is not None:
-            state = self._record.meta.get("logger_state")
+            state = self._record.header.logger_state
             if state is not None and self._logger is not None:
-                recorded_type = self._record.meta.get("logger_type")
+                recorded_type = self._record.header.logger_type
                 mine = type(self._logger)
                 if recorded_type not in (
                     None,
