@@ -53,6 +53,7 @@ from . import restore
 from .accessors import (
     RUN_KEYWORDS,
 )
+from .config import RunConfig
 from .reports import HandleReports
 
 RELEASED_REFUSAL = (
@@ -115,7 +116,6 @@ class Nitro(HandleReports):
             )
             kwargs["weights"] = kwargs.pop("checkpoint")
         self._keywords = dict(kwargs)
-        self._preset: str | None = kwargs.get("preset")
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._history: list[dict[str, Any]] = []
@@ -146,6 +146,17 @@ class Nitro(HandleReports):
         return self._experiment
 
     @property
+    def config(self) -> RunConfig:
+        """The run's settings, fixed at construction: a frozen, typed `RunConfig`.
+
+        One field per run keyword (`config.accum`, `config.monitor`, ...), each the
+        keyword, else the experiment's method or field, else the default, with
+        `config.sources` saying which; a resume's seed reads "record". Rebuild the
+        `Nitro` to change one.
+        """
+        return self._run_config
+
+    @property
     def parameters(self) -> Any:
         """The parameters as build_model returned them (trained values after train).
 
@@ -162,7 +173,7 @@ class Nitro(HandleReports):
     @property
     def run_dir(self) -> str:
         """The directory checkpoints, the manifest and the default log resolve to."""
-        return self._run_dir
+        return self._run_config.run_dir
 
     @property
     def current_step(self) -> int:
@@ -429,7 +440,7 @@ class Nitro(HandleReports):
     def eval_params(self) -> Any:
         """The weights evaluation, checkpoint selection and predict read: the EMA
         under eval_weights="ema" once one exists, the raw weights otherwise."""
-        if self._eval_weights == "ema" and self._ema is not None:
+        if self._run_config.eval_weights == "ema" and self._ema is not None:
             return self._ema
         return self._params
 
