@@ -38,9 +38,9 @@ from .setup_checks import check_compile_options, check_monitor
 # Accessors that construct an object: called once, after the settings are checked,
 # so a refused configuration constructs no logger (which may open a run somewhere).
 CONSTRUCTED = ("logger", "checkpointer")
-_PLAIN_SETTINGS = tuple(n for n in ACCESSOR_KEYWORDS if n not in CONSTRUCTED)
+_VALUE_ACCESSORS = tuple(n for n in ACCESSOR_KEYWORDS if n not in CONSTRUCTED)
 # The binding report's rows, in its order: the settings, then what they constructed.
-REPORTED = _PLAIN_SETTINGS + CONSTRUCTED
+REPORTED = _VALUE_ACCESSORS + CONSTRUCTED
 # Construction facts, not settings (see the module docstring).
 NOT_FIELDS = ("data", "run_ref")
 # A plain keyword's value when it is not passed; eval_weights follows the EMA.
@@ -283,7 +283,7 @@ class RunConfig:
         """
         values: dict[str, Any] = {}
         sources: dict[str, Source] = {}
-        for name in _PLAIN_SETTINGS:
+        for name in _VALUE_ACCESSORS:
             found = resolve(experiment, name, keywords)
             values[name], sources[name] = found.value, found.source
         for name, check in _CHECKS.items():
