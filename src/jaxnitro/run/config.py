@@ -261,8 +261,8 @@ class RunConfig:
         odd = {n: s for n, s in self.sources.items() if s not in SOURCES}
         if unsourced or unknown or odd:
             raise ValueError(
-                f"RunConfig.sources must name every field once, each with one of "
-                f"{', '.join(SOURCES)}; without a source: {unsourced}, not fields: "
+                f"RunConfig.sources must name every setting, each with one of "
+                f"{', '.join(SOURCES)}; without a source: {unsourced}, not settings: "
                 f"{unknown}, unknown sources: {odd}. Build it with RunConfig.resolve."
             )
         for name, check in _CHECKS.items():
@@ -299,9 +299,8 @@ class RunConfig:
             passed = name in keywords and given is not None
             values[name] = given
             sources[name] = "keyword" if passed else "default"
-        if values["eval_weights"] is None:
-            ema = check_ema(values["ema"])
-            values["eval_weights"] = "ema" if ema is not None else "raw"
+        if values["eval_weights"] is None:  # the EMA, checked above, decides
+            values["eval_weights"] = "ema" if values["ema"] is not None else "raw"
         return cls(**values, sources=sources)
 
     def with_value(self, name: str, value: Any, *, source: Source) -> RunConfig:
