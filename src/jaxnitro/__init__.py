@@ -146,6 +146,7 @@ from .optim.rules import declare_nonschedulable as declare_nonschedulable
 from .optim.rules import nonschedulable as nonschedulable
 from .optim.schedules import Plateau as Plateau
 from .optim.stopping import EarlyStopping as EarlyStopping
+from .run.config import RunConfig as RunConfig
 from .run.handle import Nitro as Nitro
 from .run.handle import train as train
 from .watch import check_control_readback as check_control_readback

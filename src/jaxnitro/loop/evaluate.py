@@ -204,12 +204,12 @@ def _evaluate_split(
     bar = nitro.progress()
     if bar is not None:  # the line first, so a monitor's view matches the screen
         epoch = nitro.current_epoch if isinstance(previous, phases.TrainStepping) else 0
-        max_epochs = int(nitro._config["max_epochs"].value) if epoch else 0
+        max_epochs = nitro.config.max_epochs if epoch else 0
         bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
     nitro.set_phase(phases.EvalStepping())
     fields = nitro._fields
     has_metrics = "metrics" in nitro._hooks
-    eval_loss = bool(nitro._config["eval_loss"].value)
+    eval_loss = nitro.config.eval_loss
     want_loss = not has_metrics or eval_loss
     device_metrics = has_metrics and nitro._residency("metrics") == "device"
     metrics = MetricAccumulator()

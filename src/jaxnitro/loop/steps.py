@@ -71,8 +71,8 @@ class EpochLog:
         """Batches of the epoch trained so far, those a stopped run trained included."""
         self.step_losses: list[float] = []
         self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
-        self.check = bool(nitro._config["check_divergence"].value)
-        self.every = int(nitro._config["log_every_n_steps"].value)
+        self.check = nitro.config.check_divergence
+        self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
 
@@ -152,7 +152,7 @@ def training_programs(
     `(gradient, optimizer)`, the gradient accumulated over micro-batches.
     """
     ctx = nitro._ctx
-    accum = int(nitro._config["accum"].value)
+    accum = nitro.config.accum
     plan = nitro._plan
     assert plan is not None
     fields = nitro._gradient_fields
@@ -271,11 +271,11 @@ def run_epoch(
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:
-        max_epochs = int(nitro._config["max_epochs"].value)
+        max_epochs = nitro.config.max_epochs
         bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
     feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
     log.feed = feed
-    accum = int(nitro._config["accum"].value)
+    accum = nitro.config.accum
     try:
         delivered = _steps(nitro, epoch, feed, log, bar, skip)
     except BaseException:
@@ -348,14 +348,14 @@ def _steps(
 
     Returns how many batches the feed delivered, or None when a stop request ended
     the epoch early."""
-    accum = int(nitro._config["accum"].value)
+    accum = nitro.config.accum
     names = nitro._train_fields
     expected = nitro._train_batch
     assert expected is not None
     plan = nitro._plan
     assert plan is not None
     settle = log.settle
-    autolog = bool(nitro._config["autolog_schedules"].value) and log.logging
+    autolog = nitro.config.autolog_schedules and log.logging
     every = log.every
     gradient: Any = None
     optimizer: Any = None

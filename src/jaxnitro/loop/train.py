@@ -52,7 +52,7 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
         nitro._record = None
     if plan.ema is not None and state.ema is None:
         state = state.with_weights(ema=jax.tree.map(jnp.array, params))  # the weights
-    if int(nitro._config["accum"].value) > 1 and state.accumulator is None:
+    if nitro.config.accum > 1 and state.accumulator is None:
         state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
     nitro.commit_state(state)
 
@@ -74,8 +74,8 @@ def _checkpoint(
         experiment=f"{type(e).__module__}.{type(e).__qualname__}",
         epoch=epoch,
         step=nitro.current_step,
-        seed=int(nitro._config["seed"].value),
-        preset=nitro._preset,
+        seed=nitro.config.seed,
+        preset=nitro.config.preset,
         graphconst=graphconst_record(e),
         config=nitro.params_to_log(),
         derived=tuple(nitro._derived_keys),
@@ -184,7 +184,7 @@ def run_training(nitro: Nitro) -> None:
             f"train() needs a train split; the data holds: "
             f"{', '.join(nitro.data) or 'no splits'}."
         )
-    max_epochs = int(nitro._config["max_epochs"].value)
+    max_epochs = nitro.config.max_epochs
     skip = _trained_this_epoch(nitro)
     if nitro.current_epoch >= max_epochs and not skip:
         warnings.warn(
@@ -299,7 +299,7 @@ def _trained_this_epoch(nitro: Nitro) -> int:
     while neither changes."""
     if nitro.current_epoch < 1 or "train" not in nitro.data:
         return 0
-    accum = int(nitro._config["accum"].value)
+    accum = nitro.config.accum
     held = _held_stop(nitro)
     if held is not None and "batches" in held:
         done = int(held["batches"])

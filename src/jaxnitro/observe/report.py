@@ -39,16 +39,19 @@ def _show(value: Any) -> str:
 
 def binding_report(
     experiment_name: str,
-    resolved: Mapping[str, Any],
+    settings: Mapping[str, tuple[Any, str]],
     splits: Mapping[str, int],
     routing: Mapping[str, Sequence[str]],
     notes: Sequence[str] = (),
 ) -> str:
-    """Where each run value bound, the splits found, and the routed batch fields."""
+    """Where each run value bound, the splits found, and the routed batch fields.
+
+    `settings` maps each run value's name to (value, where it came from).
+    """
     lines = [f"jaxnitro binding report for {experiment_name}"]
-    width = max((len(name) for name in resolved), default=0)
-    for name, item in resolved.items():
-        lines.append(f"  {name:<{width}}  {_show(item.value):<24} from {item.source}")
+    width = max((len(name) for name in settings), default=0)
+    for name, (value, source) in settings.items():
+        lines.append(f"  {name:<{width}}  {_show(value):<24} from {source}")
     if splits:
         shown = ", ".join(f"{name} ({count} batches)" for name, count in splits.items())
         lines.append(f"  data: {shown}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError, NotYetSupportedError
 from ..experiment.base import Experiment, defines
@@ -79,12 +79,17 @@ _LATER_HOOKS = {
 _LATER_VALUES: dict[str, tuple[Any, str]] = {}
 
 
+# Where a run value came from; "record" is a value a resume adopted from its record.
+Source = Literal["keyword", "method", "field", "default", "record"]
+SOURCES: tuple[Source, ...] = ("keyword", "method", "field", "default", "record")
+
+
 @dataclass(frozen=True)
 class Resolved:
     """One accessor's value and where it came from."""
 
     value: Any
-    source: str  # "keyword", "method", "field" or "default"
+    source: Source  # "keyword", "method", "field" or "default"
 
 
 # `schedules` reads no field of the experiment (the spec): its entries are functions

@@ -54,6 +54,7 @@ from . import restore
 from .accessors import (
     RUN_KEYWORDS,
 )
+from .config import RunConfig
 from .reports import HandleReports
 from .state import TrainState
 
@@ -277,7 +278,6 @@ class Nitro(HandleReports):
             )
             kwargs["weights"] = kwargs.pop("checkpoint")
         self._keywords = dict(kwargs)
-        self._preset: str | None = kwargs.get("preset")
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._history: list[dict[str, Any]] = []
@@ -312,6 +312,17 @@ class Nitro(HandleReports):
         property again after one rather than keeping the old object.
         """
         return self._experiment
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's settings, fixed at construction: a frozen, typed `RunConfig`.
+
+        One field per run keyword (`config.accum`, `config.monitor`, ...), each the
+        keyword, else the experiment's method or field, else the default, with
+        `config.sources` saying which; a resume's seed reads "record". Rebuild the
+        `Nitro` to change one.
+        """
+        return self._run_config
 
     @property
     def parameters(self) -> Any:
@@ -370,7 +381,7 @@ class Nitro(HandleReports):
         default `JSONLogger`'s `metrics.jsonl` and `resume="auto"` resolve against
         it, and `render` writes to `<run_dir>/viz` by default.
         """
-        return self._run_dir
+        return self._run_config.run_dir
 
     @property
     def phase(self) -> phases.Phase:
@@ -911,7 +922,7 @@ class Nitro(HandleReports):
         """The weights evaluation, checkpoint selection and predict read: the EMA
         under eval_weights="ema" once one exists, the raw weights otherwise."""
         state = self.train_state
-        if self._eval_weights == "ema" and state.ema is not None:
+        if self._run_config.eval_weights == "ema" and state.ema is not None:
             return state.ema
         return state.params
 

@@ -41,16 +41,16 @@ class HandleReports(SetupSequence):
 
     def frozen(self) -> dict[str, Any]:
         """The values this handle fixed at construction."""
-        c = self._config
-        values: dict[str, Any] = {"seed": c["seed"].value}
-        if self._preset is not None:
-            values["preset"] = self._preset
-        values["accum"] = c["accum"].value
-        values["max_epochs"] = c["max_epochs"].value
+        c = self._run_config
+        values: dict[str, Any] = {"seed": c.seed}
+        if c.preset is not None:
+            values["preset"] = c.preset
+        values["accum"] = c.accum
+        values["max_epochs"] = c.max_epochs
         if "train" in self.data:
             values["total"] = self.total_steps
-        values["clip"] = c["gradient_clip_norm"].value
-        values["run_dir"] = self._run_dir
+        values["clip"] = c.gradient_clip_norm
+        values["run_dir"] = c.run_dir
         return values
 
     def _holding(self) -> str | None:
@@ -60,7 +60,8 @@ class HandleReports(SetupSequence):
             return None
         path = self.checkpoint_source
         if path is not None:
-            if os.path.dirname(os.path.abspath(path)) == os.path.abspath(self._run_dir):
+            run_dir = os.path.abspath(self._run_config.run_dir)
+            if os.path.dirname(os.path.abspath(path)) == run_dir:
                 path = f"{os.path.basename(path)} in run_dir"
             return f"holding the best checkpoint {path} (restore_best)"
         epochs = (self.averaged_from or {}).get("epochs", [])
@@ -112,12 +113,11 @@ class HandleReports(SetupSequence):
                 params[name] = value
             elif kind != Kind.HOST.value:
                 params[name] = type(value).__name__
+        c = self._run_config
         for name in ("seed", "accum", "max_epochs", "gradient_clip_norm", "run_dir"):
-            params[name] = (
-                self._config[name].value if name != "run_dir" else self._run_dir
-            )
-        if self._preset is not None:
-            params["preset"] = self._preset
+            params[name] = getattr(c, name)
+        if c.preset is not None:
+            params["preset"] = c.preset
         if "train" in self._prefetch:  # the resolved prefetch settings, as the spec's
             params.update(prefetch_report(self._prefetch["train"]))
         return params
@@ -157,7 +157,8 @@ class HandleReports(SetupSequence):
             notes.append(f"grad_rule {self._plan.grad_rule!r}")
             if self._plan.ema is not None:
                 notes.append(
-                    f"ema {self._plan.ema!r}, eval_weights {self._eval_weights}"
+                    f"ema {self._plan.ema!r}, "
+                    f"eval_weights {self._run_config.eval_weights}"
                 )
         if self._eval_width is not None:
             notes.append(f"eval batch width {self._eval_width}")
@@ -177,7 +178,11 @@ class HandleReports(SetupSequence):
                 "train prefetch: " + ", ".join(f"{k} {v}" for k, v in entries.items())
             )
         return binding_report(
-            self._cls.__name__, self._config, self._split_sizes, routing, notes
+            self._cls.__name__,
+            self._run_config.reported(),
+            self._split_sizes,
+            routing,
+            notes,
         )
 
     # ------------------------------------------------------------- stale check ------
@@ -186,7 +191,7 @@ class HandleReports(SetupSequence):
         names = SCALAR_ACCESSORS if entry == "train" else ("seed", "run_dir")
         changes = {}
         for name in names:
-            if self._config[name].source == "keyword":
+            if self._run_config.sources[name] == "keyword":
                 continue  # the handle uses the keyword, whatever the accessor says
             then = self._accessor_snapshot.get(name, NOT_PASSED)
             now = safe_accessor(self._experiment, name, now_cls)

@@ -36,7 +36,6 @@ from ..errors import (
     ConfigError,
     HookError,
     NitroWarning,
-    NotYetSupportedError,
 )
 from ..experiment.hooks import (
     RUNTIME_HOOKS,
@@ -66,22 +65,16 @@ from ..logging import protocol as logproto
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
 from ..optim.plan import OptimizerPlan
-from ..optim.setup import PlanInputs, anchor_checksums, build_plan, check_ema
+from ..optim.setup import PlanInputs, anchor_checksums, build_plan
 from ..optim.stopping import bind_stopper
 from . import restore
 from .accessors import (
-    ACCESSOR_KEYWORDS,
     SCALAR_ACCESSORS,
-    Resolved,
     accessor_value,
     refuse_later_features,
-    resolve,
 )
-from .setup_checks import (
-    check_compile_options,
-    check_monitor,
-    w0_provider,
-)
+from .config import RunConfig
+from .setup_checks import w0_provider
 from .setup_routing import RoutingSetup
 from .state import TrainState
 
@@ -97,7 +90,6 @@ class SetupSequence(RoutingSetup):
     """
 
     _keywords: dict[str, Any]
-    _preset: str | None
     _logger: Any
     _history: list[dict[str, Any]]
     _stop_requested: bool
@@ -135,10 +127,8 @@ class SetupSequence(RoutingSetup):
     @property
     def total_steps(self) -> int:
         """The schedule horizon: max_epochs * (train batches // accum)."""
-        per_epoch = self._split_sizes.get("train", 0) // int(
-            self._config["accum"].value
-        )
-        return int(self._config["max_epochs"].value) * per_epoch
+        per_epoch = self._split_sizes.get("train", 0) // self._run_config.accum
+        return self._run_config.max_epochs * per_epoch
 
     def _setup(self, e: Any) -> None:
         cls = type(e)
@@ -150,28 +140,14 @@ class SetupSequence(RoutingSetup):
         self._check_markers(e)
         assert_graphconst_hashable(e)
 
-        self._config: dict[str, Resolved] = {
-            name: resolve(e, name, kw)
-            for name in ACCESSOR_KEYWORDS
-            if name not in ("logger", "checkpointer")
-        }
+        # Every run value resolved and checked before any long work.
+        self._run_config = RunConfig.resolve(e, kw)
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
-        self._check_run_values()
-        run_dir = str(self._config["run_dir"].value)
-        self._config["logger"] = resolve(e, "logger", kw)
-        self._config["checkpointer"] = resolve(e, "checkpointer", kw)
-        self._logger = self._config["logger"].value
-        self._checkpointer = self._config["checkpointer"].value
-        if self._checkpointer is not None and not isinstance(
-            self._checkpointer, Checkpointer
-        ):
-            raise ConfigError(
-                f"checkpointer must be a Checkpointer or None, got "
-                f"{type(self._checkpointer).__name__}."
-            )
-        self._compile_options = check_compile_options(kw.get("compile_options"))
+        run_dir = self._run_config.run_dir
+        self._logger = self._run_config.logger
+        self._checkpointer: Checkpointer | None = self._run_config.checkpointer
 
         # Freeze the hooks: this handle keeps running today's code.
         self._hooks = freeze_hooks(
@@ -198,10 +174,13 @@ class SetupSequence(RoutingSetup):
             epoch = self._record.header.epoch
             self._resumed_from_epoch = epoch
             self._epoch_loss = self._record.header.epoch_loss
-            if self._preset is None:
-                self._preset = self._record.header.preset
+            recorded_preset = self._record.header.preset
+            if self._run_config.preset is None and recorded_preset is not None:
+                self._run_config = self._run_config.with_value(
+                    "preset", recorded_preset, source="record"
+                )
 
-        seed = int(self._config["seed"].value)
+        seed = self._run_config.seed
         random.seed(seed)
         np.random.seed(seed % 2**32)
 
@@ -287,14 +266,14 @@ class SetupSequence(RoutingSetup):
             self._weights,
             self._record,
             resuming=self._resume is not None,
-            load_ema=bool(kw.get("load_ema", False)),
+            load_ema=self._run_config.load_ema,
         )
         self._train_state = restored._replace(step=step, epoch=epoch)
-        self._setup_optimization(fresh, kw.get("w0"))
+        self._setup_optimization(fresh, self._run_config.w0)
         self._restore_best = restore.check_restore_best(self)
         restore.check_restore_optimizer(self)
         if self._record is not None:
-            if self._resume is None and not kw.get("restore_optimizer", False):
+            if self._resume is None and not self._run_config.restore_optimizer:
                 self._record = None  # weights only: nothing more to read from it
             else:
                 self._record.keep_only("opt_state")  # restored when train() starts
@@ -306,7 +285,7 @@ class SetupSequence(RoutingSetup):
             hooks=self._hooks,
             model=self._model,
             graphconst=graphconst_values(self._experiment),
-            compile_options=self._compile_options,
+            compile_options=dict(self._run_config.compile_options),
         )
         self._bind_run(run_dir)
         configure_persistent_cache()
@@ -325,30 +304,6 @@ class SetupSequence(RoutingSetup):
                     f"{fix}. It is read on the host only: mark it Host (or leave it "
                     f"unmarked)."
                 )
-
-    def _check_run_values(self) -> None:
-        c = self._config
-        for name in ("accum", "max_epochs", "log_every_n_steps"):
-            value = c[name].value
-            source = c[name].source  # where the value came from, to fix it there
-            if not isinstance(value, int | np.integer) or isinstance(value, bool):
-                raise ConfigError(
-                    f"{name} must be an int, got {value!r} (from the {source}). "
-                    f"Pass a whole number, e.g. {name}=4."
-                )
-            low = 0 if name == "max_epochs" else 1
-            if value < low:
-                raise ConfigError(
-                    f"{name} must be >= {low}, got {value} (from the {source})."
-                )
-        if int(c["n_devs"].value) != 1:
-            raise NotYetSupportedError(
-                f"n_devs={c['n_devs'].value}: sharding a batch over several devices is "
-                f"not supported yet; this jaxnitro runs on one device (n_devs=1)."
-            )
-        monitor = c["monitor"].value
-        if monitor is not None:
-            c["monitor"] = Resolved(check_monitor(monitor), c["monitor"].source)
 
     def _check_record_config(self, e: Any, record: Record) -> None:
         stored = record.header.graphconst
@@ -422,7 +377,7 @@ class SetupSequence(RoutingSetup):
     def _adopt_resumed_seed(self) -> None:
         assert self._record is not None
         recorded = self._record.header.seed
-        passed = int(self._config["seed"].value)
+        passed = self._run_config.seed
         if recorded != passed:
             warnings.warn(
                 f"Resuming {self._record.path} with its recorded seed {recorded}; the "
@@ -431,34 +386,26 @@ class SetupSequence(RoutingSetup):
                 NitroWarning,
                 stacklevel=4,
             )
-        self._config["seed"] = Resolved(recorded, "record")
+        self._run_config = self._run_config.with_value(
+            "seed", recorded, source="record"
+        )
 
     def _resolve_monitor(self) -> tuple[str, str] | None:
         """The monitor, defaulting to ("loss", "min") when the loss is sure to exist."""
-        monitor = self._config["monitor"].value
+        monitor = self._run_config.monitor
         if monitor is None and (
-            "metrics" not in self._hooks or bool(self._config["eval_loss"].value)
+            "metrics" not in self._hooks or self._run_config.eval_loss
         ):
             monitor = ("loss", "min")
-            self._config["monitor"] = Resolved(monitor, "default")
-        return monitor  # type: ignore[no-any-return]
+            self._run_config = self._run_config.with_value(
+                "monitor", monitor, source="default"
+            )
+        return monitor
 
     def _setup_optimization(self, fresh: Any, w0_option: Any) -> None:
-        """The optimizer plan, the early-stopping policy and the eval weights."""
-        c = self._config
-        ema = check_ema(c["ema"].value)
-        eval_weights = self._keywords.get("eval_weights")
-        if eval_weights is None:
-            eval_weights = "ema" if ema is not None else "raw"
-        if eval_weights not in ("ema", "raw"):
-            raise ConfigError(f'eval_weights={eval_weights!r}: it is "ema" or "raw".')
-        if eval_weights == "ema" and ema is None:
-            raise ConfigError(
-                'eval_weights="ema" needs an EMA of the weights: set ema() on the '
-                "experiment or pass ema=EMA(beta)."
-            )
-        self._eval_weights = eval_weights
+        """The optimizer plan and the early-stopping policy."""
         monitor = self._resolve_monitor()
+        c = self._run_config
         self._plan: OptimizerPlan | None = None
         self._stopper: Any = None
         self._anchor_sums: dict[str, str] = {}
@@ -466,7 +413,7 @@ class SetupSequence(RoutingSetup):
         if "train" not in self.data:
             return  # nothing to optimize: no plan, no optimizer state
         has_val = "val" in self.data
-        policy = c["early_stop"].value
+        policy = c.early_stop
         if policy is not None and not has_val:
             raise ConfigError(
                 "early_stop needs a val split: it is checked once per epoch after "
@@ -489,9 +436,9 @@ class SetupSequence(RoutingSetup):
                 resuming=self._resume is not None,
             ),
             PlanInputs(
-                schedules=c["schedules"].value,
-                clip_norm=float(c["gradient_clip_norm"].value),
-                ema=ema,
+                schedules=c.schedules,
+                clip_norm=float(c.gradient_clip_norm),
+                ema=c.ema,
                 total=self.total_steps,
                 monitor=monitor,
                 device_fields=device_fields(self._cls),
@@ -553,7 +500,6 @@ class SetupSequence(RoutingSetup):
 
     def _bind_run(self, run_dir: str) -> None:
         """Point the logger and checkpointer at the run; log params and bindings."""
-        self._run_dir = run_dir
         monitor = self._resolve_monitor()
         self._monitor = monitor
         ckpt = self._checkpointer

@@ -7,6 +7,7 @@ the routed fields of a probe batch, and what decay_anchor="w0" anchors to.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -59,15 +60,21 @@ def check_compile_options(options: Any) -> dict[str, Any]:
             )
     if options:
         try:
-            jax.jit(lambda: jnp.zeros(())).lower().compile(
-                compiler_options=dict(options)
-            )
+            _probe_compile_options(tuple(sorted(options.items())))
         except Exception as error:
             raise ConfigError(
                 f"compile_options were refused by XLA: {error}. Check the option "
                 f"names and values."
             ) from None
     return dict(options)
+
+
+@functools.cache
+def _probe_compile_options(options: tuple[tuple[str, Any], ...]) -> None:
+    """Compile a trivial program with `options`; an accepted set is probed once per
+    process (a refusal raises, and is not cached), as a config is checked again each
+    time a setup step derives a new one from it."""
+    jax.jit(lambda: jnp.zeros(())).lower().compile(compiler_options=dict(options))
 
 
 def check_numeric_fields(

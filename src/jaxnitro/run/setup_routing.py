@@ -15,6 +15,7 @@ from ..data.sources import batch_size, first_batch, probe_split
 from ..errors import ConfigError
 from ..experiment.hooks import hook_function
 from ..experiment.routing import HookFields, hook_fields
+from .config import RunConfig
 from .setup_checks import check_numeric_fields, partial_batch_message
 
 
@@ -22,7 +23,7 @@ class RoutingSetup:
     """The routing steps of the setup sequence; `SetupSequence` runs them."""
 
     _hooks: dict[str, Any]
-    _config: dict[str, Any]
+    _run_config: RunConfig
     _split_sizes: dict[str, int]
     _cls: Any
     _experiment: Any
@@ -55,7 +56,7 @@ class RoutingSetup:
             )
             check_numeric_fields(batch, self._train_fields, "train")
             self._train_batch = batch_size(batch, self._train_fields)
-            count, accum = self._split_sizes["train"], int(self._config["accum"].value)
+            count, accum = self._split_sizes["train"], self._run_config.accum
             if count % accum:
                 raise ConfigError(
                     f"The train split has {count} batches, which does not divide by "

@@ -1,0 +1,328 @@
+"""`RunConfig`: a run's settings as one frozen, typed value, validated when built.
+
+`RunConfig.resolve(experiment, keywords)` resolves every run keyword the way
+`run.accessors` does (the keyword, else the experiment's method or field of that name,
+else the default on `Experiment`), converts each value to its field's type and refuses
+a bad one, naming the field, the value, where it came from and the fix, before setup
+does any long work. `sources` says where each value came from, for the binding report
+and the stale-handle check. A setup step that changes a value (a resume adopts the
+recorded seed; the monitor defaults to ("loss", "min")) takes a new config from
+`with_value`; nothing mutates one.
+
+Two construction keywords are not fields. `data` is the collection of splits the run
+reads: the handle holds it as `nitro.data` (live sources that training releases).
+`run_ref` is a callback that receives the finished handle. Neither is a setting that
+a report shows or a later step reads.
+
+A value already of its field's type is kept as given, so the binding report shows what
+was passed; another (a NumPy integer, a `Path` run_dir, 1 for a flag) is converted as
+the run always read it (`int`, `float`, `str`, `bool`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import numpy as np
+
+from ..checkpoint.checkpointer import Checkpointer
+from ..errors import ConfigError, NotYetSupportedError
+from ..optim.ema import EMA
+from ..optim.setup import check_ema
+from .accessors import ACCESSOR_KEYWORDS, PLAIN_KEYWORDS, SOURCES, Source, resolve
+from .setup_checks import check_compile_options, check_monitor
+
+# Accessors that construct an object: called once, after the settings are checked,
+# so a refused configuration constructs no logger (which may open a run somewhere).
+CONSTRUCTED = ("logger", "checkpointer")
+_VALUE_ACCESSORS = tuple(n for n in ACCESSOR_KEYWORDS if n not in CONSTRUCTED)
+# The binding report's rows, in its order: the settings, then what they constructed.
+REPORTED = _VALUE_ACCESSORS + CONSTRUCTED
+# Construction facts, not settings (see the module docstring).
+NOT_FIELDS = ("data", "run_ref")
+# A plain keyword's value when it is not passed; eval_weights follows the EMA.
+_PLAIN_DEFAULTS: dict[str, Any] = {
+    "weights": None,
+    "resume": False,
+    "w0": None,
+    "restore_optimizer": False,
+    "restore_best": False,
+    "eval_weights": None,
+    "load_ema": False,
+    "compile_options": None,
+    "preset": None,
+}
+
+INT_REQUIRED = (
+    "{name} must be an int, got {value!r} (from the {source}). Pass a whole number, "
+    "e.g. {name}=4."
+)
+NUMBER_REQUIRED = (
+    "{name} must be a number, got {value!r} (from the {source}). Pass a float, e.g. "
+    "{name}=1.0; 0 turns clipping off."
+)
+N_DEVS_LATER = (
+    "n_devs={value}: sharding a batch over several devices is not supported yet; this "
+    "jaxnitro runs on one device (n_devs=1)."
+)
+CHECKPOINTER_TYPE = "checkpointer must be a Checkpointer or None, got {kind}."
+EVAL_WEIGHTS_VALUES = 'eval_weights={value!r}: it is "ema" or "raw".'
+EVAL_WEIGHTS_NEEDS_EMA = (
+    'eval_weights="ema" needs an EMA of the weights: set ema() on the experiment or '
+    "pass ema=EMA(beta)."
+)
+
+
+def _counter(name: str, *, low: int) -> Callable[[Any, str], int]:
+    """A count the run's arithmetic depends on: a true int, at least `low`."""
+
+    def check(value: Any, source: str) -> int:
+        if not isinstance(value, int | np.integer) or isinstance(value, bool):
+            raise ConfigError(
+                INT_REQUIRED.format(name=name, value=value, source=source)
+            )
+        if value < low:
+            raise ConfigError(
+                f"{name} must be >= {low}, got {value} (from the {source})."
+            )
+        return value if isinstance(value, int) else int(value)
+
+    return check
+
+
+def _whole(name: str) -> Callable[[Any, str], int]:
+    """An int as the run always read it: `int(value)`, so 3.0 is 3."""
+
+    def check(value: Any, source: str) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                INT_REQUIRED.format(name=name, value=value, source=source)
+            ) from None
+
+    return check
+
+
+def _check_n_devs(value: Any, source: str) -> int:
+    count = _whole("n_devs")(value, source)
+    if count != 1:
+        raise NotYetSupportedError(N_DEVS_LATER.format(value=count))
+    return count
+
+
+def _check_clip(value: Any, source: str) -> float:
+    # An int is kept as given (it is a valid float), so the report shows the 1 passed.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            NUMBER_REQUIRED.format(
+                name="gradient_clip_norm", value=value, source=source
+            )
+        ) from None
+
+
+def _check_monitor(value: Any, source: str) -> tuple[str, str] | None:
+    return None if value is None else check_monitor(value)
+
+
+def _check_checkpointer(value: Any, source: str) -> Checkpointer | None:
+    if value is not None and not isinstance(value, Checkpointer):
+        raise ConfigError(CHECKPOINTER_TYPE.format(kind=type(value).__name__))
+    return value
+
+
+def _check_options(value: Any, source: str) -> Mapping[str, bool | int | float | str]:
+    return MappingProxyType(check_compile_options(value))
+
+
+def _flag(value: Any, source: str) -> bool:
+    return bool(value)
+
+
+# Each field's check, in the order a construction reports the first bad value: the
+# counts, n_devs and the monitor first, as setup always checked them.
+_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "accum": _counter("accum", low=1),
+    "max_epochs": _counter("max_epochs", low=0),
+    "log_every_n_steps": _counter("log_every_n_steps", low=1),
+    "n_devs": _check_n_devs,
+    "monitor": _check_monitor,
+    "seed": _whole("seed"),
+    "run_dir": lambda value, source: str(value),
+    "gradient_clip_norm": _check_clip,
+    "check_divergence": _flag,
+    "autolog_schedules": _flag,
+    "eval_loss": _flag,
+    "checkpointer": _check_checkpointer,
+    "compile_options": _check_options,
+    "ema": lambda value, source: check_ema(value),
+    "restore_optimizer": _flag,
+    "load_ema": _flag,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """The settings of one run, fixed when its `Nitro` is built (`nitro.config`).
+
+    One field per run keyword; the accessor ones resolve through the experiment
+    (keyword, else method or field, else default), the plain ones are the keyword or
+    its default. Built by `RunConfig.resolve`, which checks every value; frozen, so a
+    changed value is a new config from `with_value`.
+
+    Attributes:
+        seed: the global RNG seed (a resume adopts the record's).
+        run_dir: the directory checkpoints, the manifest and the default log use.
+        n_devs: local devices to shard a batch over (1: one device).
+        accum: micro-batches per optimizer step (>= 1).
+        max_epochs: epochs to train for (>= 0).
+        schedules: the schedules table as given; binding it to its targets needs
+            the parameters, so the optimizer plan checks it.
+        gradient_clip_norm: the global-norm clip threshold; 0 is off.
+        check_divergence: whether a non-finite training loss stops the run.
+        autolog_schedules: whether varying schedule values are logged each step.
+        log_every_n_steps: write the train line every this many steps (>= 1).
+        logger: the run's logger, None when logging is off.
+        checkpointer: the run's checkpointer, None when checkpointing is off.
+        early_stop: the early-stopping policy, None for none.
+        monitor: the validation metric the run is judged by, (name, "min" | "max"),
+            or None; setup fills ("loss", "min") when the loss is sure to exist.
+        eval_loss: whether evaluation also reports the loss beside custom metrics.
+        ema: the EMA of the weights, or None.
+        weights: the `weights=` source (a record, a `(run, which)` pair, a handle).
+        resume: the `resume=` source; False when not resuming.
+        w0: what decay_anchor="w0" anchors to; None is the build_model parameters.
+        restore_optimizer: whether `weights=` also restores the optimizer state.
+        restore_best: whether train() ends holding the best checkpoint (or an
+            `Average`).
+        eval_weights: the weights evaluation reads, "ema" or "raw" (the default
+            follows the EMA).
+        load_ema: whether `weights=` loads the record's EMA as the weights.
+        compile_options: XLA compiler options, accepted by XLA when built.
+        preset: the named preset this run was built from, if any.
+        sources: where each field's value came from: "keyword", "method", "field",
+            "default", or "record" (what a resume adopted from the record).
+
+    Example:
+        >>> from jaxnitro import Experiment
+        >>> class E(Experiment):
+        ...     max_epochs: int = 3
+        ...     def accum(self):
+        ...         return 2
+        >>> config = RunConfig.resolve(E(), {"seed": 7, "logger": None})
+        >>> config.seed, config.accum, config.max_epochs, config.n_devs
+        (7, 2, 3, 1)
+        >>> [config.sources[n] for n in ("seed", "accum", "max_epochs", "n_devs")]
+        ['keyword', 'method', 'field', 'default']
+        >>> config.with_value("seed", 5, source="record").sources["seed"]
+        'record'
+    """
+
+    seed: int
+    run_dir: str
+    n_devs: int
+    accum: int
+    max_epochs: int
+    schedules: Any
+    gradient_clip_norm: float
+    check_divergence: bool
+    autolog_schedules: bool
+    log_every_n_steps: int
+    logger: Any
+    checkpointer: Checkpointer | None
+    early_stop: Any
+    monitor: tuple[str, str] | None
+    eval_loss: bool
+    ema: EMA | None
+    weights: Any
+    resume: Any
+    w0: Any
+    restore_optimizer: bool
+    restore_best: Any
+    eval_weights: Literal["ema", "raw"]
+    load_ema: bool
+    compile_options: Mapping[str, bool | int | float | str]
+    preset: str | None
+    sources: Mapping[str, Source]
+
+    def __post_init__(self) -> None:
+        names = SETTINGS
+        unsourced = [n for n in names if n not in self.sources]
+        unknown = [n for n in self.sources if n not in names]
+        odd = {n: s for n, s in self.sources.items() if s not in SOURCES}
+        if unsourced or unknown or odd:
+            raise ValueError(
+                f"RunConfig.sources must name every setting, each with one of "
+                f"{', '.join(SOURCES)}; without a source: {unsourced}, not settings: "
+                f"{unknown}, unknown sources: {odd}. Build it with RunConfig.resolve."
+            )
+        for name, check in _CHECKS.items():
+            value = check(getattr(self, name), self.sources[name])
+            object.__setattr__(self, name, value)
+        if self.eval_weights not in ("ema", "raw"):
+            raise ConfigError(EVAL_WEIGHTS_VALUES.format(value=self.eval_weights))
+        if self.eval_weights == "ema" and self.ema is None:
+            raise ConfigError(EVAL_WEIGHTS_NEEDS_EMA)
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    @classmethod
+    def resolve(cls, experiment: Any, keywords: Mapping[str, Any]) -> RunConfig:
+        """The config of `Nitro(experiment, **keywords)`, every value checked.
+
+        Each accessor is called once. The settings are checked before the logger and
+        checkpointer accessors run; a bad value raises a ConfigError naming it.
+        """
+        values: dict[str, Any] = {}
+        sources: dict[str, Source] = {}
+        for name in _VALUE_ACCESSORS:
+            found = resolve(experiment, name, keywords)
+            values[name], sources[name] = found.value, found.source
+        for name, check in _CHECKS.items():
+            if name in values:
+                values[name] = check(values[name], sources[name])
+        for name in CONSTRUCTED:
+            found = resolve(experiment, name, keywords)
+            values[name], sources[name] = found.value, found.source
+        for name in PLAIN_KEYWORDS:
+            if name in NOT_FIELDS:
+                continue
+            given = keywords.get(name, _PLAIN_DEFAULTS[name])
+            passed = name in keywords and given is not None
+            values[name] = given
+            sources[name] = "keyword" if passed else "default"
+        if values["eval_weights"] is None:  # the EMA, checked above, decides
+            values["eval_weights"] = "ema" if values["ema"] is not None else "raw"
+        return cls(**values, sources=sources)
+
+    def with_value(self, name: str, value: Any, *, source: Source) -> RunConfig:
+        """This config with `name` set to `value`, from `source`, checked as built.
+
+        Raises:
+            AttributeError: `name` is not a setting of RunConfig.
+        """
+        if name not in SETTINGS:
+            raise AttributeError(
+                f"RunConfig has no setting {name!r}; its settings are: "
+                f"{', '.join(SETTINGS)}."
+            )
+        return dataclasses.replace(
+            self, **{name: value}, sources={**self.sources, name: source}
+        )
+
+    def reported(self) -> dict[str, tuple[Any, Source]]:
+        """The accessor settings as the binding report lists them: name -> (value,
+        source), in the report's order."""
+        return {name: (getattr(self, name), self.sources[name]) for name in REPORTED}
+
+
+# The fields of RunConfig that hold a setting: all but `sources`.
+SETTINGS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "sources")
