@@ -477,10 +477,12 @@ def test_resume_after_a_crash_with_ema_plateau_and_schedules_is_bitwise(
             strict=True,
         ):
             np.testing.assert_array_equal(a, b)
-    for p, q in zip(resumed._plan.schedules, straight._plan.schedules, strict=True):
+    for p, q in zip(
+        resumed.prepared.plan.schedules, straight.prepared.plan.schedules, strict=True
+    ):
         if p.plateau is not None:
             assert p.plateau.state() == q.plateau.state()
-    assert resumed._stopper.state() == straight._stopper.state()
+    assert resumed.prepared.stopper.state() == straight.prepared.stopper.state()
     rows = [(r["epoch"], r["train_loss"], r["loss"]) for r in straight.history]
     assert [(r["epoch"], r["train_loss"], r["loss"]) for r in resumed.history] == rows[
         crash_in - 1 :

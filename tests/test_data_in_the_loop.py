@@ -56,7 +56,7 @@ def test_ordered_fanout_reproduces_a_run_bitwise_at_any_worker_count():
         nitro = nx.Nitro(
             Shuffled(max_epochs=2, workers=workers), logger=None, checkpointer=None
         )
-        assert nitro._prefetch["train"].workers == workers
+        assert nitro.prepared.prefetch["train"].workers == workers
         nitro.train()
         runs[workers] = leaves(nitro.parameters)
     for workers in (2, 4):
@@ -75,7 +75,7 @@ def test_the_fanout_path_and_the_inline_path_train_the_same(tmp_path):
             return {"train": nx.NoPrefetch(data["train"].source), "val": data["val"]}
 
     inline = nx.Nitro(Inline(max_epochs=2), logger=None, checkpointer=None)
-    assert inline._prefetch["train"].path == "inline"
+    assert inline.prepared.prefetch["train"].path == "inline"
     inline.train()
     for a, b in zip(leaves(fanned.parameters), leaves(inline.parameters), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -93,7 +93,7 @@ def test_data_wait_frac_is_logged_once_per_epoch(tmp_path):
 
 def test_a_list_of_batches_takes_the_materialized_path_and_never_warns():
     nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None)
-    assert {name: cfg.path for name, cfg in nitro._prefetch.items()} == {
+    assert {name: cfg.path for name, cfg in nitro.prepared.prefetch.items()} == {
         "train": "materialized",
         "val": "materialized",
         "test": "materialized",
@@ -253,7 +253,7 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
             return {"train": make_batches(64, 16), "val": make_batches(40, 16, seed=1)}
 
     fanned = nx.Nitro(Fanned(), logger=None, checkpointer=None)
-    assert fanned._prefetch["val"].path == "fanout"
+    assert fanned.prepared.prefetch["val"].path == "fanout"
     streamed = fanned.validate()
     assert sizes == [(16, 16), (16, 16), (8, 8)]
     # On the CPU the workers pad (nothing to stage); on an accelerator, the transfer
@@ -451,7 +451,7 @@ def test_a_source_with_batch_at_and_no_iter_is_read_by_index_on_one_producer():
             logger=None,
             checkpointer=None,
         )
-    assert nitro._prefetch["train"].path == "single_no_trait"
+    assert nitro.prepared.prefetch["train"].path == "single_no_trait"
     nitro.train()
     assert nitro.current_step == 4
 
@@ -637,7 +637,7 @@ def test_a_source_is_released_only_after_the_workers_reading_it_finish():
     class Stopper(StopsAtStep):
         def log_metrics(self, metrics, *, step, **kw):
             super().log_metrics(metrics, step=step, **kw)
-            if self.nitro._stop_requested:
+            if self.nitro.status.stop_requested:
                 stopping.set()
 
     nitro = nx.Nitro(

@@ -77,7 +77,7 @@ class Grouped(OneBatch):
 
 def test_groups_ratios_and_decay_match_optax():
     nitro = nx.Nitro(Grouped(max_epochs=3), **quiet())
-    assert nitro._plan.layout.names == ("default", "encoder")
+    assert nitro.prepared.plan.layout.names == ("default", "encoder")
     nitro.train()
     labels = {"w1": "encoder", "b1": "encoder", "w2": "default"}
     mask = {"w1": True, "b1": False, "w2": True}  # default_no_decay: no 1-D leaves
@@ -141,7 +141,7 @@ def test_decay_toward_w0_is_l2_sp():
     tx = optax.chain(optax.radam(0.05), optax.GradientTransformation(init, update))
     expected = reference(tx, 3, BATCH, w0)
     assert_trees_close(nitro.parameters, expected)
-    assert "default" in nitro._anchor_sums
+    assert "default" in nitro.prepared.anchor_sums
 
 
 def test_learning_rate_zero_is_refused():
@@ -339,7 +339,9 @@ def test_weight_decay_may_be_a_field():
             return 0.1
 
     by_field = nx.Nitro(FieldDecay(max_epochs=2, weight_decay=0.1), **quiet())
-    assert [(g.weight_decay, g.decays) for g in by_field._plan.groups] == [(0.1, True)]
+    assert [(g.weight_decay, g.decays) for g in by_field.prepared.plan.groups] == [
+        (0.1, True)
+    ]
     by_field.train()
     by_method = nx.Nitro(MethodDecay(max_epochs=2), **quiet())
     by_method.train()
@@ -554,14 +556,14 @@ def test_early_stopping_counters_resume(tmp_path):
         **kw,
     )
     first.train()
-    assert first._stopper.wait == 0
+    assert first.prepared.stopper.wait == 0
     resumed = nx.Nitro(
         Tiny(max_epochs=10),
         early_stop=nx.EarlyStopping(patience=2, min_delta=10.0),
         resume="auto",
         **kw,
     )
-    assert resumed._stopper.best == pytest.approx(first._stopper.best)
+    assert resumed.prepared.stopper.best == pytest.approx(first.prepared.stopper.best)
     resumed.train()
     assert resumed.current_epoch == 3  # epochs 2 and 3 fail to improve
 
@@ -789,8 +791,8 @@ def test_no_decay_mask_changes_compile_nothing():
     second = nx.Nitro(Decayed(max_epochs=3, decay_biases=True), **quiet())
     second.train()
     assert nx.cache_stats()["misses"] == before
-    assert float(first._plan.groups[0].mask["b1"]) == 0.0
-    assert float(second._plan.groups[0].mask["b1"]) == 1.0
+    assert float(first.prepared.plan.groups[0].mask["b1"]) == 0.0
+    assert float(second.prepared.plan.groups[0].mask["b1"]) == 1.0
     # The biases start at zero, so decay moves them from the second step on.
     assert not np.array_equal(first.parameters["b1"], second.parameters["b1"])
 
@@ -841,21 +843,26 @@ def test_zero_decay_emits_no_decay_and_zero_anchor_no_subtraction():
     keys = [k for k in program_cache().program_keys() if k.kind == "train_step"]
     assert len(keys) == 2
     assert len({k.baked for k in keys}) == 2  # decay is part of the program's key
-    assert not plain._plan.groups[0].decays
-    assert decayed._plan.groups[0].decays and decayed._plan.groups[0].anchor is None
+    assert not plain.prepared.plan.groups[0].decays
+    assert (
+        decayed.prepared.plan.groups[0].decays
+        and decayed.prepared.plan.groups[0].anchor is None
+    )
 
     params = initial_params()
     # Zero decay: exactly the bare rule's program, no decay ops at all.
-    bare = lowered_step(plain._plan, params)
-    assert bare == lowered_step(plain._plan, params, by_hand=True)
+    bare = lowered_step(plain.prepared.plan, params)
+    assert bare == lowered_step(plain.prepared.plan, params, by_hand=True)
     # Decay toward zero: exactly `u - mask * (lambda * w)`, no `w - anchor`.
-    toward_zero = lowered_step(decayed._plan, params)
-    assert toward_zero == lowered_step(decayed._plan, params, by_hand=True)
+    toward_zero = lowered_step(decayed.prepared.plan, params)
+    assert toward_zero == lowered_step(decayed.prepared.plan, params, by_hand=True)
     # An explicit (all-zero) anchor tree does emit the subtraction, once per leaf.
     group = dataclasses.replace(
-        decayed._plan.groups[0], anchor=jax.tree.map(jnp.zeros_like, params)
+        decayed.prepared.plan.groups[0], anchor=jax.tree.map(jnp.zeros_like, params)
     )
-    anchored = lowered_step(dataclasses.replace(decayed._plan, groups=(group,)), params)
+    anchored = lowered_step(
+        dataclasses.replace(decayed.prepared.plan, groups=(group,)), params
+    )
 
     def subtractions(lines):
         return sum("stablehlo.subtract" in line for line in lines)
@@ -1005,7 +1012,7 @@ def test_grad_rule_with_hp_gets_step_zero_values_at_setup():
         "bind": {"warm": lambda total: lambda t: 0.5 + t},
     }
     nitro = nx.Nitro(Placed(max_epochs=1), schedules=schedules, **quiet())
-    assert nitro._plan.grad_rule == nx.SAM(0.05 * 0.5)
+    assert nitro.prepared.plan.grad_rule == nx.SAM(0.05 * 0.5)
     with pytest.raises(
         nx.ConfigError,
         match=r"read hp\['rho'\], but no schedule sets the rule field `rho`.*"

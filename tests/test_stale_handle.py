@@ -229,4 +229,4 @@ def test_a_redefined_optimizer_is_reported_and_the_handle_keeps_its_rule():
     cls.optimizer = lambda self: optax.adam
     with pytest.warns(nx.StaleHandleWarning, match=r"\(optimizer\)"):
         nitro.train()
-    assert nitro._plan.groups[0].rule.build is optax.sgd
+    assert nitro.prepared.plan.groups[0].rule.build is optax.sgd

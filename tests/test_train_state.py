@@ -72,9 +72,13 @@ def test_the_programs_return_typed_outputs():
     nitro = nx.Nitro(Tiny(max_epochs=1), **quiet())
     nitro.train()
     state = nitro.train_state
-    fn = train_step_fn(nitro._ctx, nitro._gradient_fields, nitro._plan)
+    fn = train_step_fn(
+        nitro.prepared.ctx, nitro.prepared.routing.gradient_fields, nitro.prepared.plan
+    )
     batch = nitro.data["train"][0]
-    hp = nitro._plan.step_inputs(state.step, nitro._plan.schedule_values(state.step))
+    hp = nitro.prepared.plan.step_inputs(
+        state.step, nitro.prepared.plan.schedule_values(state.step)
+    )
     out = jax.eval_shape(
         fn, nitro.device_values(), state.weights, state.model_state, batch, hp
     )

@@ -54,7 +54,7 @@ def forward_chunk(
     nitro: Nitro, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> tuple[Any, int]:
     """Device outputs of forward on one chunk (<= the eval width), sliced back."""
-    width = nitro._eval_width
+    width = nitro.status.eval_width
     assert width is not None
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
@@ -63,9 +63,9 @@ def forward_chunk(
 
 def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
     """Device outputs of forward on fields padded to the eval width, cut to `count`."""
-    width = nitro._eval_width
+    width = nitro.status.eval_width
     assert width is not None
-    ctx = nitro._ctx
+    ctx = nitro.prepared.ctx
     names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)
 
@@ -102,7 +102,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
 def _shape_note(nitro: Nitro, fields: Mapping[str, Any]) -> str | None:
     """Which fields differ in per-sample shape from the batches the handle was set up
     with, when tracing forward for a new shape failed; None when none does."""
-    known = nitro._sample_shapes
+    known = nitro.prepared.routing.sample_shapes
     shapes = {name: tuple(np.shape(value))[1:] for name, value in fields.items()}
     differ = [
         f"`{name}` has samples of shape {shape}, not {known[name]}"
@@ -135,7 +135,7 @@ def run_on_outputs(
     last batch compiles them once per distinct size. Metrics come back as
     `MetricLeaf`s, their modes restored from the program's output structure.
     """
-    ctx = nitro._ctx
+    ctx = nitro.prepared.ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
     executable = nitro.executables.get(
@@ -207,20 +207,24 @@ def _evaluate_split(
         max_epochs = nitro.config.max_epochs if epoch else 0
         bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
     nitro.set_phase(phases.EvalStepping())
-    fields = nitro._fields
-    has_metrics = "metrics" in nitro._hooks
+    fields = nitro.prepared.routing.fields
+    has_metrics = "metrics" in nitro.prepared.hooks
     eval_loss = nitro.config.eval_loss
     want_loss = not has_metrics or eval_loss
-    device_metrics = has_metrics and nitro._residency("metrics") == "device"
+    device_metrics = (
+        has_metrics and nitro.prepared.routing.residency.get("metrics") == "device"
+    )
     metrics = MetricAccumulator()
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
-    if nitro._eval_width is None:
+    if nitro.status.eval_width is None:
         probe = first_batch(split, source)
-        nitro._eval_width = batch_size(probe, fields["forward"].select(tuple(probe)))
+        nitro.status.eval_width = batch_size(
+            probe, fields["forward"].select(tuple(probe))
+        )
     feed = open_eval_feed(
         source,
         select=functools.lru_cache(maxsize=8)(fields["forward"].select),
-        width=nitro._eval_width,
+        width=nitro.status.eval_width,
         name=split,
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
@@ -229,7 +233,7 @@ def _evaluate_split(
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
-            if stoppable and not inside and nitro._stop_requested:
+            if stoppable and not inside and nitro.status.stop_requested:
                 break
             chunk, keys = item.host, tuple(item.host)
             outputs = forward_padded(nitro, item.device, item.n_real)
@@ -262,7 +266,7 @@ def _evaluate_split(
         _refuse_collisions("metrics", combined, loss_part)
     else:
         combined, loss_part = losses.result(), {}
-    finalize = nitro._hooks.get("finalize_metrics")
+    finalize = nitro.prepared.hooks.get("finalize_metrics")
     if finalize is not None:
         combined = finalize(nitro.experiment, combined, split)
         if not isinstance(combined, Mapping):
@@ -302,7 +306,9 @@ class _BatchParts:
         self.pieces, self.fields, self.n_real = [], [], 0
         if not device:
             outputs = _joined(pieces, np.concatenate)
-            result = nitro._hooks["metrics"](nitro.experiment, outputs, **fields)
+            result = nitro.prepared.hooks["metrics"](
+                nitro.experiment, outputs, **fields
+            )
             return flatten_metrics(result), n_real
         outputs = _joined(pieces, jnp.concatenate)
         try:
@@ -378,7 +384,7 @@ def _add_loss(
     """
     chunk = item.host
     try:
-        names = nitro._fields["loss"].select(tuple(chunk))
+        names = nitro.prepared.routing.fields["loss"].select(tuple(chunk))
     except RoutingError:
         if has_metrics:
             return False
@@ -400,14 +406,14 @@ def _plain_tree(value: Any) -> Any:
 def predict_batch(nitro: Nitro, batch: Any) -> Any:
     """Host outputs of forward on one batch, sliced to its real sample count."""
     batch = as_batch(batch, "predict takes a batch dict such as {'img': images}.")
-    names = nitro._fields["forward"].select(tuple(batch))
-    if nitro._eval_width is None:
-        nitro._eval_width = batch_size(batch, names)
+    names = nitro.prepared.routing.fields["forward"].select(tuple(batch))
+    if nitro.status.eval_width is None:
+        nitro.status.eval_width = batch_size(batch, names)
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())
     pieces = []
     try:
-        for chunk in _chunks(batch, names, nitro._eval_width):
+        for chunk in _chunks(batch, names, nitro.status.eval_width):
             outputs, _ = forward_chunk(nitro, chunk, names)
             pieces.append(jax.device_get(outputs))
             _delete(outputs)

@@ -42,7 +42,7 @@ def _sample(value: Any, index: int) -> Any:
 
 
 def _save(nitro: Nitro, figure: Any, stem: str) -> str:
-    cls = nitro._cls
+    cls: Any = nitro.prepared.cls
     if has_hook(cls, "save_figure"):
         path = cls.save_figure(nitro.experiment, figure, stem)
         return os.fspath(path)
@@ -67,7 +67,7 @@ def render_batches(
     tag: str,
 ) -> list[str]:
     """Draw and save one figure per sample of `batches`; the paths written."""
-    cls = nitro._cls
+    cls: Any = nitro.prepared.cls
     mode = "prediction" if predictions else "data"
     if not has_hook(cls, "visualize"):
         raise HookError(

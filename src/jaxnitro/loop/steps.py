@@ -118,8 +118,10 @@ class EpochLog:
 
     def _host_train_metrics(self, item: _InFlight) -> Any:
         nitro = self.nitro
-        names = nitro._fields["train_metrics"].select(tuple(item.host_batch))
-        return nitro._hooks["train_metrics"](
+        names = nitro.prepared.routing.fields["train_metrics"].select(
+            tuple(item.host_batch)
+        )
+        return nitro.prepared.hooks["train_metrics"](
             nitro.experiment,
             jax.device_get(item.outputs),
             **{k: item.host_batch[k] for k in names},
@@ -151,11 +153,12 @@ def training_programs(
     accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
     `(gradient, optimizer)`, the gradient accumulated over micro-batches.
     """
-    ctx = nitro._ctx
+    ctx = nitro.prepared.ctx
     accum = nitro.config.accum
-    plan = nitro._plan
+    plan = nitro.prepared.plan
     assert plan is not None
-    fields = nitro._gradient_fields
+    fields = nitro.prepared.routing.gradient_fields
+    assert fields is not None  # routed at setup for a run with a train split
     traced = ("forward", "loss") + (
         ("train_metrics",) if fields.train_metrics is not None else ()
     )
@@ -250,7 +253,7 @@ def _device_inputs(
 ) -> dict[str, Any]:
     """The Device fields `device` with the scheduled ones overridden by NumPy values
     from `current`, the step's `schedule_values`."""
-    scheduled = nitro._device_schedules
+    scheduled = nitro.prepared.device_schedules
     if not scheduled:
         return device
     return {**device, **scheduled_devices(current, scheduled)}
@@ -273,7 +276,12 @@ def run_epoch(
     if bar is not None:
         max_epochs = nitro.config.max_epochs
         bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
-    feed = open_feed(source, epoch=epoch - 1, fields=nitro._train_fields, name="train")
+    feed = open_feed(
+        source,
+        epoch=epoch - 1,
+        fields=nitro.prepared.routing.train_fields,
+        name="train",
+    )
     log.feed = feed
     accum = nitro.config.accum
     try:
@@ -349,10 +357,10 @@ def _steps(
     Returns how many batches the feed delivered, or None when a stop request ended
     the epoch early."""
     accum = nitro.config.accum
-    names = nitro._train_fields
-    expected = nitro._train_batch
+    names = nitro.prepared.routing.train_fields
+    expected = nitro.prepared.routing.train_batch
     assert expected is not None
-    plan = nitro._plan
+    plan = nitro.prepared.plan
     assert plan is not None
     settle = log.settle
     autolog = nitro.config.autolog_schedules and log.logging
@@ -383,8 +391,8 @@ def _steps(
                 step_values = plan.schedule_values(step)
                 hp = plan.step_inputs(step, step_values)
                 device = None
-            if nitro._device_values is not device:  # set_device may replace it
-                device = nitro._device_values
+            if nitro.device_values() is not device:  # set_device may replace it
+                device = nitro.device_values()
                 values = _device_inputs(nitro, device, step_values)
             if gradient is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
@@ -439,7 +447,7 @@ def _steps(
                 settle(in_flight)
             in_flight = current
             delivered = index + 1
-            if ends_step and nitro._stop_requested:
+            if ends_step and nitro.status.stop_requested:
                 delivered = None
                 break
         if in_flight is not None:

@@ -41,15 +41,16 @@ if TYPE_CHECKING:
 
 def _ensure_optimizer_state(nitro: Nitro) -> None:
     """Allocate (or restore) the optimizer state, the EMA and the accumulator."""
-    plan = nitro._plan
+    plan = nitro.prepared.plan
     assert plan is not None
     state = nitro.train_state
     params = state.params
     if state.opt_state is None:
-        opt_state = optimizer_state(nitro, plan.init_state(params))
+        record = nitro.status.pending_record
+        opt_state = optimizer_state(record, plan, plan.init_state(params))
         state = state.with_weights(opt_state=opt_state)
         # The record's arrays are no longer needed: everything is placed.
-        nitro._record = None
+        nitro.status.pending_record = None
     if plan.ema is not None and state.ema is None:
         state = state.with_weights(ema=jax.tree.map(jnp.array, params))  # the weights
     if nitro.config.accum > 1 and state.accumulator is None:
@@ -65,10 +66,10 @@ def _checkpoint(
     if ckpt is None:
         return
     e = nitro.experiment
-    plan = nitro._plan
+    plan = nitro.prepared.plan
     assert plan is not None
-    stopper = nitro._stopper
-    host_arrays, host_values = derived_host_record(e, nitro._derived_keys)
+    stopper = nitro.prepared.stopper
+    host_arrays, host_values = derived_host_record(e, nitro.prepared.derived_keys)
     header = RecordHeader(
         framework_version=__version__,
         experiment=f"{type(e).__module__}.{type(e).__qualname__}",
@@ -78,14 +79,14 @@ def _checkpoint(
         preset=nitro.config.preset,
         graphconst=graphconst_record(e),
         config=nitro.params_to_log(),
-        derived=tuple(nitro._derived_keys),
+        derived=tuple(nitro.prepared.derived_keys),
         derived_host=host_values,
-        derived_graphconst=derived_graphconst_record(e, nitro._derived_keys),
+        derived_graphconst=derived_graphconst_record(e, nitro.prepared.derived_keys),
         logger_type=_qualified(nitro.logger),
         logger_state=logproto.logger_state(nitro.logger),
         run_id=logproto.run_id(nitro.logger),
         run_url=logproto.run_url(nitro.logger),
-        anchor_checksums=nitro._anchor_sums,
+        anchor_checksums=dict(nitro.prepared.anchor_sums),
         optimizer_layout=plan.state_layout(),
         early_stop=stopper.state()
         if callable(getattr(stopper, "state", None))
@@ -95,7 +96,7 @@ def _checkpoint(
         },
         # The running train loss of an epoch a stop cut (None when it ended), so
         # a resume that continues the epoch reports the whole epoch's mean.
-        epoch_loss=nitro._epoch_loss,
+        epoch_loss=nitro.status.held_stop,
         # The run started from these averaged weights (None: it did not).
         averaged_from=nitro.averaged_from,
     )
@@ -151,7 +152,7 @@ def _after_validation(
     nitro: Nitro, epoch: int, metrics: dict[str, Any]
 ) -> tuple[bool, dict[str, float]]:
     """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
-    plan = nitro._plan
+    plan = nitro.prepared.plan
     assert plan is not None
     scales = (
         check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
@@ -159,8 +160,8 @@ def _after_validation(
         else {}
     )
     stop = False
-    if nitro._stopper is not None:
-        stop = bool(nitro._stopper.should_stop(epoch, metrics))
+    if nitro.prepared.stopper is not None:
+        stop = bool(nitro.prepared.stopper.should_stop(epoch, metrics))
     return stop, scales
 
 
@@ -168,7 +169,7 @@ def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
     """Refuse a monitor that names no metric validation returned, whether or not
     anything follows it: with custom metrics a misspelled monitor cannot be caught
     before validation runs (the spec)."""
-    monitor = nitro._monitor
+    monitor = nitro.prepared.monitor
     if flat and monitor is not None and monitor[0] not in flat:
         raise ConfigError(
             f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
@@ -196,7 +197,7 @@ def run_training(nitro: Nitro) -> None:
             stacklevel=3,
         )
         return
-    nitro._stop_reason = None  # a pending stop request is honoured, not reset
+    nitro.status.stop_reason = None  # a pending stop request is honoured, not reset
     _ensure_optimizer_state(nitro)
     reason = "error"
     try:
@@ -215,28 +216,28 @@ def run_training(nitro: Nitro) -> None:
             )
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
-            nitro._sync_scheduled_devices()
-            requested = nitro._stop_requested
+            nitro.sync_scheduled_devices()
+            requested = nitro.status.stop_requested
             metrics = (
                 evaluate_split(nitro, "val", stoppable=False)
                 if "val" in nitro.data
                 else {}
             )
             # A stop asked for during validation ends the run after this epoch too.
-            requested = requested or nitro._stop_requested
+            requested = requested or nitro.status.stop_requested
             # An epoch a stop cut short is validated and checkpointed, but Plateau
             # and early stopping decide on whole epochs: it counts once, when the
             # continued epoch ends, as in a run never stopped.
             flat = flatten(metrics)
             _check_monitor(nitro, flat)
             partial = 0 < log.trained < len(nitro.data["train"])
-            nitro._epoch_loss = _loss_so_far(nitro, log) if partial else None
+            nitro.status.held_stop = _loss_so_far(nitro, log) if partial else None
             early, scales = (
                 (False, {}) if partial else _after_validation(nitro, epoch, metrics)
             )
-            if nitro._history and nitro._history[-1]["epoch"] == epoch:
-                nitro._history.pop()  # the row of this epoch's part before a stop
-            nitro._history.append(
+            if nitro.status.history and nitro.status.history[-1]["epoch"] == epoch:
+                nitro.status.history.pop()  # the row of this epoch's part before a stop
+            nitro.status.history.append(
                 _history_row(
                     epoch,
                     nitro.current_step,
@@ -272,7 +273,7 @@ def run_training(nitro: Nitro) -> None:
     except BaseException as error:
         _fail(nitro, error, finalize=True)
         raise
-    nitro._stop_reason = reason
+    nitro.status.stop_reason = reason
     try:
         _finalize_checkpoints(nitro, reason)
         finish_restore_best(nitro)
@@ -333,7 +334,7 @@ def _loss_so_far(nitro: Nitro, log: EpochLog) -> dict[str, Any]:
 def _held_stop(nitro: Nitro) -> dict[str, Any] | None:
     """What the stop that cut the current epoch recorded (`_loss_so_far`), on the
     handle or read from the resumed record; None when no stop left the handle here."""
-    held = nitro._epoch_loss
+    held = nitro.status.held_stop
     if (
         isinstance(held, dict)
         and held.get("epoch") == nitro.current_epoch
@@ -360,7 +361,7 @@ def _fail(
     (unless `finish_logger` is False: its finish raised `error`) and, when
     `finalize`, the last record marked, then the Failed phase (which releases the
     sources)."""
-    nitro._stop_reason = "error"
+    nitro.status.stop_reason = "error"
     finishers = [("logger's finish", _finish_logger)] if finish_logger else []
     if finalize:
         finishers.insert(0, ("checkpointer's finalize", _finalize_checkpoints))

@@ -50,13 +50,15 @@ from ..observe.history import MetricHistory
 from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import restore
+from . import reports, restore
 from .accessors import (
     RUN_KEYWORDS,
 )
 from .config import RunConfig
-from .reports import HandleReports
+from .prepared import Prepared
+from .setup import SetupOutcome, SetupSequence
 from .state import TrainState
+from .status import RunStatus
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -66,7 +68,7 @@ RELEASED_REFUSAL = (
 )
 
 
-class Nitro(HandleReports):
+class Nitro:
     """The state of one run: model, weights, optimizer, data and counters.
 
     `Nitro(e, **kw)` runs the setup sequence and nothing else: it resolves the run
@@ -277,21 +279,16 @@ class Nitro(HandleReports):
                 stacklevel=2,
             )
             kwargs["weights"] = kwargs.pop("checkpoint")
-        self._keywords = dict(kwargs)
-        self._stop_requested = False
-        self._stop_reason: str | None = None
-        self._history: list[dict[str, Any]] = []
+        self.status = RunStatus()
         self.executables = Executables(self)
-        self._train_state = None  # setup builds the first, with the model
-        self._logger: Any = None
+        self._train_state: TrainState | None = None  # setup builds the first
         self.phase_recorder = PhaseRecorder(self)
         self._progress: Progress | None = None
-        self._released_by: str | None = None  # what released the splits, if done
         with entry_point() as entry, Progress() as progress:
             self._progress = progress
             progress.begin("setup")
             try:
-                self._setup(experiment)
+                self._adopt(SetupSequence(kwargs, progress).run(experiment))
                 self.log_setup()
             finally:
                 self._progress = None
@@ -299,6 +296,19 @@ class Nitro(HandleReports):
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
             _fill_ref(run_ref, self)
+
+    def _adopt(self, outcome: SetupOutcome) -> None:
+        """Hold what setup produced: the handle is config + prepared + state."""
+        self._run_config = outcome.config
+        self._prepared = outcome.prepared
+        self._train_state = outcome.state
+        self.status = outcome.status
+        self.data: dict[str, Any] = outcome.data
+        self._experiment = outcome.experiment
+        self._device_values = outcome.device_values
+        self.checkpoint_source: str | None = outcome.checkpoint_source
+        self.weights_from: dict[str, Any] | None = outcome.weights_from
+        self.averaged_from: dict[str, Any] | None = outcome.averaged_from
 
     # ------------------------------------------------------------------ setup -------
     @property
@@ -349,6 +359,31 @@ class Nitro(HandleReports):
         `predict` run in eval mode and discard it.
         """
         return self.train_state.model_state
+
+    @property
+    def prepared(self) -> Prepared:
+        """What setup fixed (`Prepared`): the hooks, the routing, the split sizes,
+        the optimizer plan, the stopping policy, the trace context, the run id."""
+        return self._prepared
+
+    @property
+    def current_step(self) -> int:
+        """The number of optimizer steps taken, as an `int`.
+
+        With accum = N each optimizer step takes N micro-batches, so this is N times
+        smaller than the micro-batch count. Schedules are indexed by it. A resumed
+        handle starts from the record's step.
+        """
+        return self._train_state.step if self._train_state is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, as an `int`: 0 before the first one begins.
+
+        During `train()`, the epoch running; afterwards, the last one trained. A
+        resumed handle starts from the record's epoch.
+        """
+        return self._train_state.epoch if self._train_state is not None else 0
 
     @property
     def train_state(self) -> TrainState:
@@ -405,15 +440,15 @@ class Nitro(HandleReports):
         the first epoch it trained itself, and the table notes the earlier ones.
         Nothing is read from disk: the table is built from the handle on each read.
         """
-        ckpt = self._checkpointer
+        ckpt = self.checkpointer
         if ckpt is not None and ckpt.metric is not None:
             selection: tuple[str, str] | None = (ckpt.metric, ckpt.mode or "min")
         else:
-            selection = self._monitor
+            selection = self._prepared.monitor
         return MetricHistory(
-            self._history,
+            self.status.history,
             selection_metric=selection,
-            resumed_from_epoch=self._resumed_from_epoch,
+            resumed_from_epoch=self._prepared.resumed_from_epoch,
         )
 
     @property
@@ -423,12 +458,12 @@ class Nitro(HandleReports):
         The logger's own `logger_info()` (`{"path": ...}` for a `JSONLogger`); `{}`
         for a logger without that method, or with logging off.
         """
-        return logproto.logger_info(self._logger)
+        return logproto.logger_info(self.logger)
 
     @property
     def logger(self) -> Any:
         """The run's logger object (None when logging is off)."""
-        return self._logger
+        return self._run_config.logger
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -438,7 +473,7 @@ class Nitro(HandleReports):
         to the monitor (unless it was given its own metric and mode) and to this
         run's id (`checkpoint_run`).
         """
-        return self._checkpointer
+        return self._run_config.checkpointer
 
     @property
     def early_stop(self) -> Any:
@@ -450,7 +485,7 @@ class Nitro(HandleReports):
         resume restores the counters the record stored. None also on a handle with
         no train split, which never trains.
         """
-        return self._stopper
+        return self._prepared.stopper
 
     @property
     def stop_reason(self) -> str | None:
@@ -460,7 +495,7 @@ class Nitro(HandleReports):
         stopped it), "requested" (`request_stop()` or Ctrl+C) or "error" (it
         raised). A `train()` that had nothing to train leaves it unchanged.
         """
-        return self._stop_reason
+        return self.status.stop_reason
 
     @property
     def checkpoint_run(self) -> str | None:
@@ -472,7 +507,41 @@ class Nitro(HandleReports):
         checkpointing is off, and for a handle continuing the unnamed run of a
         manifest written before runs were recorded.
         """
-        return self._run_id if self._checkpointer is not None else None
+        return self._prepared.run_id if self.checkpointer is not None else None
+
+    # ---------------------------------------------------------------- reports -------
+    def frozen(self) -> dict[str, Any]:
+        """The values this handle fixed at construction: seed, preset, accum,
+        max_epochs, the schedule horizon, the clip threshold and run_dir."""
+        return reports.frozen(self)
+
+    def params_to_log(self) -> dict[str, Any]:
+        """The flat hyperparameters log_params receives.
+
+        A scalar field logs its value. A non-scalar GraphConst or Device field logs
+        as its type name (an array as its type and size), and a non-scalar Host
+        field (dataset-sized state, say) is not logged: the spec's per-field rule,
+        which is why a config of knobs is better flattened into fields.
+        """
+        return reports.params_to_log(self)
+
+    def binding_report(self) -> str:
+        """Where each configured value bound, the data, and the routed fields."""
+        return reports.binding_report(self)
+
+    def log_setup(self) -> None:
+        """Log the parameters (before any compile) and show the binding report."""
+        reports.log_setup(self)
+
+    def __rich__(self) -> Any:
+        """The frozen values as a rich table (a terminal); `repr` is the plain text."""
+        return reports.rich_view(self)
+
+    def __repr__(self) -> str:
+        return reports.text_view(self)
+
+    def _check_stale(self, entry: str) -> None:
+        reports.check_stale(self, entry)
 
     # ------------------------------------------------------------------ verbs -------
     def train(self, **kwargs: Any) -> Nitro:
@@ -690,7 +759,7 @@ class Nitro(HandleReports):
         if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
             return self._run_entry(lambda: predict_batch(self, batch))
         if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
-            fields = self._fields["forward"]
+            fields = self._prepared.routing.fields["forward"]
             names = fields.required + fields.optional
             shown = ", ".join(f"'{n}': ..." for n in names) or "..."
             raise RoutingError(
@@ -788,7 +857,7 @@ class Nitro(HandleReports):
             finally:
                 self._progress = outer
                 if outer is None:
-                    self._stop_requested = False
+                    self.status.stop_requested = False
 
     def request_stop(self) -> None:
         """Ask the running entry point to stop, gracefully; it returns at once.
@@ -803,7 +872,7 @@ class Nitro(HandleReports):
         cleared when the outermost entry point returns, so it stops one call; made
         while nothing runs, it is honoured by the next one.
         """
-        self._stop_requested = True
+        self.status.stop_requested = True
 
     def set_device(self, **values: Any) -> Nitro:
         """Write Device fields of the live handle; compiles nothing.
@@ -837,7 +906,7 @@ class Nitro(HandleReports):
             for t in (0.5, 1.0, 2.0):                   # zero compiles
                 logits = nitro.set_device(temperature=t).predict(batch)
         """
-        cls = self._cls
+        cls = self._prepared.cls
         updates = {}
         for name, value in values.items():
             if name not in field_names(cls):
@@ -858,7 +927,9 @@ class Nitro(HandleReports):
                     f"it, so writing it on a live handle would change nothing. Build a "
                     f"new Nitro with the new value, or mark the field Device."
                 )
-            if any(target.name == name for target, _ in self._device_schedules):
+            if any(
+                target.name == name for target, _ in self._prepared.device_schedules
+            ):
                 raise ConfigError(
                     f"set_device: `{name}` is scheduled: the schedule writes it every "
                     f"step and would overwrite this value. Build a new Nitro without "
@@ -901,15 +972,16 @@ class Nitro(HandleReports):
             ConfigError: `name` is a GraphConst or a Host field, or no field; read
                 those as `nitro.experiment.<name>`.
         """
-        if name not in device_fields(self._cls):
+        if name not in device_fields(self._prepared.cls):
             kind = "no"
-            if name in field_names(self._cls):
-                marker = field_kind_of(self._cls, name)
+            if name in field_names(self._prepared.cls):
+                marker = field_kind_of(self._prepared.cls, name)
                 kind = "a GraphConst" if marker is Kind.GRAPHCONST else "a Host"
             raise ConfigError(
-                f"device_value: `{name}` is {kind} field of {self._cls.__name__}, not "
-                f"a Device field; read it as nitro.experiment.{name}. Device fields: "
-                f"{', '.join(device_fields(self._cls)) or 'none'}."
+                f"device_value: `{name}` is {kind} field of "
+                f"{self._prepared.cls.__name__}, not a Device field; read it as "
+                f"nitro.experiment.{name}. Device fields: "
+                f"{', '.join(device_fields(self._prepared.cls)) or 'none'}."
             )
         return to_host_value(getattr(self._experiment, name))
 
@@ -926,16 +998,19 @@ class Nitro(HandleReports):
             return state.ema
         return state.params
 
-    def _sync_scheduled_devices(self) -> None:
+    def sync_scheduled_devices(self) -> None:
         """Write the scheduled Device fields' current values into the experiment,
         so evaluation between epochs sees what training last used."""
         from ..optim.plan import scheduled_devices
 
-        if not self._device_schedules:
+        if not self._prepared.device_schedules:
             return
-        assert self._plan is not None
-        current = self._plan.schedule_values(max(self.current_step - 1, 0))
-        updates = scheduled_devices(current, self._device_schedules, jnp.asarray)
+        plan = self._prepared.plan
+        assert plan is not None
+        current = plan.schedule_values(max(self.current_step - 1, 0))
+        updates = scheduled_devices(
+            current, self._prepared.device_schedules, jnp.asarray
+        )
         self._experiment = replace_fields(self._experiment, **updates)
         self._device_values = {**self._device_values, **updates}
 
@@ -974,8 +1049,8 @@ class Nitro(HandleReports):
         self._release("nitro.release()")
 
     def _release(self, by: str) -> None:
-        if self._released_by is None:
-            self._released_by = by
+        if self.status.released_by is None:
+            self.status.released_by = by
             release_splits(self.data)
 
     def _refuse_released(self, verb: str, splits: Iterable[str]) -> None:
@@ -983,14 +1058,14 @@ class Nitro(HandleReports):
 
         A source without a `release()` method held nothing open, so it stays readable.
         """
-        if self._released_by is None:
+        if self.status.released_by is None:
             return
         for name in splits:
             if name in self.data and has_release(self.data[name]):
                 kind = type(unwrap_source(self.data[name])).__name__
                 raise ConfigError(
                     RELEASED_REFUSAL.format(
-                        verb=verb, name=name, kind=kind, by=self._released_by
+                        verb=verb, name=name, kind=kind, by=self.status.released_by
                     )
                 )
 

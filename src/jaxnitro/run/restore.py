@@ -12,6 +12,8 @@ the run's own best checkpoint (or an average of its checkpoints).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -29,6 +31,8 @@ from ..checkpoint.sources import (
     resume_source,
 )
 from ..errors import CheckpointError, ConfigError, NitroWarning
+from ..optim.plan import OptimizerPlan
+from .config import RunConfig
 from .state import TrainState
 
 if TYPE_CHECKING:
@@ -43,27 +47,43 @@ It will not train further. To continue, build a new Nitro:
   Nitro(e, run_dir=..., weights=(run_id, "best"))          # a new run from the best"""
 
 
-def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
+@dataclass(frozen=True)
+class Located:
+    """What `resume=` and `weights=` name, resolved before anything is built.
+
+    Attributes:
+        resume: the record a resume continues, or None.
+        weights: the weights source (a record, an average, a live handle), or None.
+        record: the record either loads (an average's, for an average), or None.
+        checkpoint_source: the record file the weights come from, if one file.
+        averaged_from: what an averaged source averaged, or None.
+    """
+
+    resume: ResolvedSource | None
+    weights: Any
+    record: Record | None
+    checkpoint_source: str | None
+    averaged_from: dict[str, Any] | None
+
+
+def locate(config: RunConfig, run_dir: str, monitor: tuple[str, str] | None) -> Located:
     """Resolve `resume=` and `weights=` before anything expensive runs."""
-    kw = nitro._keywords
-    ckpt = nitro._checkpointer
-    weights = kw.get("weights")
-    restore_optimizer = bool(kw.get("restore_optimizer", False))
-    if kw.get("resume") not in (None, False) and weights is not None:
+    ckpt = config.checkpointer
+    weights = config.weights
+    restore_optimizer = config.restore_optimizer
+    if config.resume not in (None, False) and weights is not None:
         raise ConfigError(
             "resume= and weights= were both given: resume continues a run exactly "
             "(weights, optimizer, position); weights= starts a new run from weights. "
             "Pass one."
         )
-    if restore_optimizer and kw.get("resume") not in (None, False):
+    if restore_optimizer and config.resume not in (None, False):
         raise ConfigError(
             "restore_optimizer=True goes with weights=, not resume=: a resume "
             "restores the optimizer state anyway."
         )
-    nitro._resume = resume_source(
-        kw.get("resume", False), run_dir, ckpt, monitor=monitor
-    )
-    nitro._weights = (
+    resume = resume_source(config.resume, run_dir, ckpt, monitor=monitor)
+    source_of_weights = (
         resolve_weights_source(
             weights,
             run_dir,
@@ -75,23 +95,32 @@ def locate(nitro: Any, run_dir: str, monitor: tuple[str, str] | None) -> None:
         if weights is not None
         else None
     )
-    if restore_optimizer and not isinstance(nitro._weights, ResolvedSource):
-        kind = "no source" if nitro._weights is None else type(nitro._weights).__name__
+    if restore_optimizer and not isinstance(source_of_weights, ResolvedSource):
+        kind = (
+            "no source"
+            if source_of_weights is None
+            else type(source_of_weights).__name__
+        )
         raise ConfigError(
             f"restore_optimizer=True restores the optimizer state of a checkpoint "
             f"record, but weights= gives {kind}. Pass weights= a record path or a "
             f'(run, "best" | "latest") pair.'
         )
-    source = nitro._resume or nitro._weights
-    nitro._record = (
+    source = resume or source_of_weights
+    record = (
         source.load() if isinstance(source, ResolvedSource | AverageSource) else None
     )
-    nitro.checkpoint_source = (
-        source.path if isinstance(source, ResolvedSource) else None
-    )
+    averaged_from = None
     if isinstance(source, AverageSource):
-        assert nitro._record is not None
-        nitro.averaged_from = nitro._record.header.averaged_from
+        assert record is not None
+        averaged_from = record.header.averaged_from
+    return Located(
+        resume=resume,
+        weights=source_of_weights,
+        record=record,
+        checkpoint_source=source.path if isinstance(source, ResolvedSource) else None,
+        averaged_from=averaged_from,
+    )
 
 
 def restore_weights(
@@ -196,16 +225,11 @@ def _through_host(leaf: Any) -> Any:
     return jnp.asarray(np.asarray(leaf))
 
 
-def optimizer_state(nitro: Nitro, fresh: Any) -> Any:
-    """The optimizer state training starts from: restored or `fresh`."""
-    record = nitro._record
-    restoring = nitro._resume is not None or bool(
-        nitro._keywords.get("restore_optimizer", False)
-    )
-    if record is None or not restoring:
+def optimizer_state(record: Record | None, plan: OptimizerPlan, fresh: Any) -> Any:
+    """The optimizer state training starts from: `record`'s (the one a resume or
+    `restore_optimizer=True` keeps for train() to restore), else `fresh`."""
+    if record is None:
         return jax.tree.map(jnp.array, fresh)
-    plan = nitro._plan
-    assert plan is not None
     recorded = record.header.optimizer_layout
     if not jax.tree.leaves(fresh):
         # A stateless rule (plain SGD): its state has no arrays, so no record holds
@@ -248,25 +272,25 @@ def _check_optimizer_layout(
         )
 
 
-def check_restore_optimizer(nitro: Any) -> None:
+def check_restore_optimizer(config: RunConfig, data: Mapping[str, Any]) -> None:
     """restore_optimizer needs an optimizer to restore into: a train split."""
-    if nitro._keywords.get("restore_optimizer", False) and "train" not in nitro.data:
+    if config.restore_optimizer and "train" not in data:
         raise ConfigError(
             "restore_optimizer=True, but this handle has no train split, so it has no "
             "optimizer to restore into. Drop restore_optimizer, or pass a train split."
         )
 
 
-def check_restore_best(nitro: Any) -> Any:
+def check_restore_best(config: RunConfig, data: Mapping[str, Any]) -> Any:
     """Validate `restore_best=` at setup; the value to act on at the end."""
-    value = nitro._keywords.get("restore_best", False)
+    value = config.restore_best
     if value is False or value is None:
         return None
-    if "train" not in nitro.data:
+    if "train" not in data:
         raise ConfigError(
             "restore_best acts when train() ends; this handle has no train split."
         )
-    ckpt = nitro._checkpointer
+    ckpt = config.checkpointer
     if ckpt is None:
         raise ConfigError(
             "restore_best loads the run's own best checkpoint, but checkpointing is "
@@ -293,7 +317,7 @@ def finish_restore_best(nitro: Nitro) -> None:
     A checkpoint that cannot be found or read warns and keeps the final weights:
     training succeeded, and its records are on disk.
     """
-    choice = nitro._restore_best
+    choice = nitro.prepared.restore_best
     if choice is None:
         return
     try:
@@ -324,13 +348,13 @@ def finish_restore_best(nitro: Nitro) -> None:
     nitro.checkpoint_source = path
     if isinstance(choice, Average):
         nitro.averaged_from = record.header.averaged_from
-    nitro._restored_best = True
+    nitro.status.restored_best = True
 
 
 def _restore_best_record(nitro: Nitro, choice: Any) -> tuple[Record, str | None] | None:
     """The record restore_best loads and its file (None for an average), or None
     after warning that the run holds nothing to load."""
-    ckpt = nitro._checkpointer
+    ckpt = nitro.checkpointer
     assert ckpt is not None
     if choice is True:
         best = selected_checkpoint(ckpt, nitro.run_dir, run=nitro.checkpoint_run)
@@ -359,5 +383,5 @@ def _restore_best_record(nitro: Nitro, choice: Any) -> tuple[Record, str | None]
 
 
 def refuse_after_restore_best(nitro: Nitro) -> None:
-    if nitro._restored_best:
+    if nitro.status.restored_best:
         raise ConfigError(RESTORED_BEST_REFUSAL)

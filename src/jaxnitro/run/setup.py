@@ -1,4 +1,4 @@
-"""The setup sequence a `Nitro` runs at construction (a mixin of the handle).
+"""The setup sequence a `Nitro` runs at construction, returning what it fixed.
 
 Resolve the run keywords and accessors, freeze the hooks, locate what to resume or
 load, seed, build the data (or take `data=`), derive, place the Device fields, probe
@@ -12,6 +12,7 @@ import logging
 import random
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -63,7 +64,6 @@ from ..experiment.view import (
 )
 from ..logging import protocol as logproto
 from ..observe.progress import Progress
-from ..observe.transitions import PhaseRecorder
 from ..optim.plan import OptimizerPlan
 from ..optim.setup import PlanInputs, anchor_checksums, build_plan
 from ..optim.stopping import bind_stopper
@@ -74,55 +74,98 @@ from .accessors import (
     refuse_later_features,
 )
 from .config import RunConfig
+from .prepared import Prepared
 from .setup_checks import w0_provider
-from .setup_routing import RoutingSetup
+from .setup_routing import probe_routing
 from .state import TrainState
+from .status import RunStatus
 
 NOT_PASSED: Any = object()
 
 log = logging.getLogger("jaxnitro")
 
 
-class SetupSequence(RoutingSetup):
-    """The construction steps of a `Nitro` (the handle's innermost base class).
+@dataclass(frozen=True)
+class SetupOutcome:
+    """What setup hands the handle: the frozen parts, the first state, the rest.
 
-    The attributes below are set by `Nitro.__init__` before the sequence runs.
+    Attributes:
+        config: the run's settings, resolved and checked.
+        prepared: what setup fixed for the verbs and the loop.
+        state: the training state to start from (built, restored or resumed).
+        status: the run's bookkeeping to start from (a resume's cut epoch, the
+            record whose optimizer state `train()` restores).
+        data: the splits, each with its prefetch settings.
+        experiment: the experiment after derive and the Device conversion.
+        device_values: its Device fields, as the dict every program receives.
+        checkpoint_source: the record file the weights come from, if one.
+        weights_from: what a live handle given as weights= was, if one.
+        averaged_from: what an averaged weights source averaged, if one.
     """
 
-    _keywords: dict[str, Any]
-    _logger: Any
-    _history: list[dict[str, Any]]
-    _stop_requested: bool
-    _stop_reason: str | None
-    _released_by: str | None
-    _progress: Progress | None
-    phase_recorder: PhaseRecorder
-    _train_state: TrainState | None
-
+    config: RunConfig
+    prepared: Prepared
+    state: TrainState
+    status: RunStatus
+    data: dict[str, Any]
+    experiment: Any
+    device_values: dict[str, Any]
+    checkpoint_source: str | None
+    weights_from: dict[str, Any] | None
     averaged_from: dict[str, Any] | None
-    """What the handle's weights average, when they are an average: set by
-    `weights=(run, Average(sel))` and by `restore_best=Average(sel)`, else None. The
-    record header's `averaged_from` (spec, run, dir, files, epochs, weights,
-    state_from); the records a run started from an average writes carry it too."""
 
-    @property
-    def current_step(self) -> int:
-        """The number of optimizer steps taken, as an `int`.
 
-        With accum = N each optimizer step takes N micro-batches, so this is N times
-        smaller than the micro-batch count. Schedules are indexed by it. A resumed
-        handle starts from the record's step.
-        """
-        return self._train_state.step if self._train_state is not None else 0
+class SetupSequence:
+    """The construction steps of a `Nitro`: `SetupSequence(keywords, progress)
+    .run(experiment)` returns a `SetupOutcome`; the object is then dropped, so what
+    it worked with during setup lives on only in the outcome."""
 
-    @property
-    def current_epoch(self) -> int:
-        """The current epoch, as an `int`: 0 before the first one begins.
+    def __init__(self, keywords: Mapping[str, Any], progress: Progress | None) -> None:
+        self._keywords = dict(keywords)
+        self._progress = progress
+        self._train_state: TrainState | None = None
 
-        During `train()`, the epoch running; afterwards, the last one trained. A
-        resumed handle starts from the record's epoch.
-        """
-        return self._train_state.epoch if self._train_state is not None else 0
+    def run(self, e: Any) -> SetupOutcome:
+        """Run the setup sequence on the experiment instance `e`."""
+        self._setup(e)
+        assert self._train_state is not None
+        prepared = Prepared(
+            cls=self._cls,
+            hooks=self._hooks,
+            hook_prints=self._hook_prints,
+            accessor_snapshot=self._accessor_snapshot,
+            model=self._model,
+            ctx=self._ctx,
+            routing=self._routing,
+            split_sizes=self._split_sizes,
+            derived_keys=self._derived_keys,
+            prefetch=self._prefetch,
+            plan=self._plan,
+            stopper=self._stopper,
+            monitor=self._monitor,
+            device_schedules=tuple(self._device_schedules),
+            anchor_sums=self._anchor_sums,
+            restore_best=self._restore_best,
+            run_id=self._run_id,
+            resumed_from_epoch=self._resumed_from_epoch,
+            total_steps=self.total_steps,
+        )
+        return SetupOutcome(
+            config=self._run_config,
+            prepared=prepared,
+            state=self._train_state,
+            status=RunStatus(
+                held_stop=self._epoch_loss,
+                pending_record=self._record,
+                eval_width=self._eval_width,
+            ),
+            data=self.data,
+            experiment=self._experiment,
+            device_values=self._device_values,
+            checkpoint_source=self._checkpoint_source,
+            weights_from=self._weights_from,
+            averaged_from=self._averaged_from,
+        )
 
     @property
     def total_steps(self) -> int:
@@ -156,14 +199,12 @@ class SetupSequence(RoutingSetup):
         self._hook_prints = hook_fingerprints(cls)
 
         # Locate what to resume or load before anything expensive runs.
-        self._resume: ResolvedSource | None = None
-        self._weights: Any = None
-        self._record: Record | None = None
-        self.checkpoint_source: str | None = None
-        self.weights_from: dict[str, Any] | None = None
-        self.averaged_from: dict[str, Any] | None = None
-        self._restored_best = False
-        restore.locate(self, run_dir, self._resolve_monitor())
+        located = restore.locate(self._run_config, run_dir, self._resolve_monitor())
+        self._resume: ResolvedSource | None = located.resume
+        self._weights: Any = located.weights
+        self._record: Record | None = located.record
+        self._checkpoint_source = located.checkpoint_source
+        self._averaged_from = located.averaged_from
         step = epoch = 0  # where training starts: a resume continues its position
         self._resumed_from_epoch: int | None = None
         # The running train loss of an epoch a stop cut (loop.train keeps it).
@@ -241,7 +282,13 @@ class SetupSequence(RoutingSetup):
         self._experiment = replace_fields(e, **converted)
         self._device_values: dict[str, Any] = converted
 
-        self._probe_routing()
+        self._routing, self._eval_width = probe_routing(
+            self._experiment,
+            self._hooks,
+            self.data,
+            self._split_sizes,
+            self._run_config,
+        )
         # Every split gets its prefetch settings now, after the probe and the checks
         # above saw the collection as build_data returned it.
         self.data = auto_prefetch(self.data)
@@ -261,7 +308,7 @@ class SetupSequence(RoutingSetup):
         self._model, params, state = built
         built_state = TrainState.initial(params, state)
         fresh = built_state.params
-        restored, self.weights_from = restore.restore_weights(
+        restored, self._weights_from = restore.restore_weights(
             built_state,
             self._weights,
             self._record,
@@ -270,8 +317,8 @@ class SetupSequence(RoutingSetup):
         )
         self._train_state = restored._replace(step=step, epoch=epoch)
         self._setup_optimization(fresh, self._run_config.w0)
-        self._restore_best = restore.check_restore_best(self)
-        restore.check_restore_optimizer(self)
+        self._restore_best = restore.check_restore_best(self._run_config, self.data)
+        restore.check_restore_optimizer(self._run_config, self.data)
         if self._record is not None:
             if self._resume is None and not self._run_config.restore_optimizer:
                 self._record = None  # weights only: nothing more to read from it

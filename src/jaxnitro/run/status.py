@@ -1,0 +1,47 @@
+"""`RunStatus`: the host-side account of a run that training keeps besides its state.
+
+The `TrainState` is what the programs change; this is what the loop and the verbs
+change around them: the history rows, a pending stop request and how the last
+`train()` ended, where a stop cut an epoch, the record whose optimizer state the
+next `train()` restores, whether `restore_best` replaced the weights, and what
+released the data sources. The handle owns one (`nitro.status`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checkpoint.record import Record
+
+
+@dataclass
+class RunStatus:
+    """The run's mutable bookkeeping, owned by its handle.
+
+    Attributes:
+        history: one row per epoch this handle trained (`nitro.history` shows them).
+        stop_requested: `request_stop()` was called and not yet honoured.
+        stop_reason: how the last `train()` ended ("completed", "early_stop",
+            "requested", "error"), or None before one ends.
+        held_stop: where a stop cut the current epoch (the epoch, step, batches
+            trained and the running loss), so training again continues it; None
+            when the last epoch ended whole.
+        pending_record: the record whose optimizer state the next `train()`
+            restores (a resume, or `restore_optimizer=True`); None once placed.
+        restored_best: `restore_best` replaced the trained weights at the end of
+            the last `train()`, so this handle will not train further.
+        released_by: what released the data sources, once they are released.
+        eval_width: the eval programs' batch width: setup probes it (the first
+            batch of val, else test, else any split); with no data, the first
+            batch evaluated or predicted fixes it.
+    """
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stop_requested: bool = False
+    stop_reason: str | None = None
+    held_stop: dict[str, Any] | None = None
+    pending_record: Record | None = None
+    restored_best: bool = False
+    released_by: str | None = None
+    eval_width: int | None = None
