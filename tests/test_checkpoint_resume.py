@@ -393,11 +393,13 @@ def test_resume_restores_the_recorded_seed_with_a_warning(tmp_path):
     with pytest.warns(
         nx.NitroWarning,
         match="recorded seed 5; the seed given here \\(42\\) is ignored",
-    ):
+    ) as caught:
         resumed = nx.Nitro(
             Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None, resume="auto"
         )
     assert resumed.frozen()["seed"] == 5
+    # The warning names the line that built the handle, not a frame of setup.
+    assert [w.filename for w in caught] == [__file__]
 
 
 def test_resume_refuses_changed_graphconst_fields(tmp_path):

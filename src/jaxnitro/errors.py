@@ -7,6 +7,9 @@ would reasonably catch one kind separately.
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 class NitroError(Exception):
     """Base of every error jaxnitro raises."""
@@ -59,3 +62,21 @@ class StaleHandleWarning(NitroWarning):
 
 class MissingExtraError(NitroError, ImportError):
     """An optional feature needs a package its extra installs, and it is missing."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` for a warning raised here that names the first caller
+    outside jaxnitro (the user's `Nitro(...)` line), however deep in the package
+    the warning is raised: `warnings.warn(text, Cls, stacklevel=user_stacklevel())`.
+    """
+    frame = sys._getframe(1)  # the function about to warn: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        _PACKAGE_DIR
+    ):
+        frame = frame.f_back
+        level += 1
+    return level

@@ -37,6 +37,7 @@ from ..errors import (
     ConfigError,
     HookError,
     NitroWarning,
+    user_stacklevel,
 )
 from ..experiment.hooks import (
     RUNTIME_HOOKS,
@@ -377,7 +378,7 @@ class SetupSequence:
             f"({shown}); "
             f"the parameters are loaded into this experiment's program.",
             NitroWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
     def _derived_from_record(self, cls: type, record: Record) -> dict[str, Any]:
@@ -417,7 +418,7 @@ class SetupSequence:
                     path=record.path, fields=", ".join(f"`{n}`" for n in missing)
                 ),
                 NitroWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         return derived
 
@@ -431,7 +432,7 @@ class SetupSequence:
                 f"seed given here ({passed}) is ignored, since a resume continues the "
                 f"run it names.",
                 NitroWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         self._run_config = self._run_config.with_value(
             "seed", recorded, source="record"
@@ -574,7 +575,7 @@ class SetupSequence:
             ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
             if trains and ckpt.dir is not None:
                 for text in setup_warnings(ckpt, read_manifest(ckpt.dir), trains=True):
-                    warnings.warn(text, NitroWarning, stacklevel=4)
+                    warnings.warn(text, NitroWarning, stacklevel=user_stacklevel())
         else:
             self._run_id = new_run_id()
         bind = getattr(self._logger, "bind_run_dir", None)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.transfer import is_numeric_dtype
-from ..errors import ConfigError
+from ..errors import ConfigError, user_stacklevel
 from ..optim.decay import anchor_mismatch
 
 
@@ -33,7 +33,7 @@ def check_monitor(monitor: Any) -> tuple[str, str]:
             warnings.warn(
                 'monitor "val_loss" is spelled "loss": metric names carry no split.',
                 DeprecationWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
             name = "loss"
         return (name, str(monitor[1]))
