@@ -161,3 +161,23 @@ def _is_default(value: Any, default: Any) -> bool:
         return type(value) is type(default) and bool(value == default)
     except Exception:
         return False
+
+
+# What an accessor that raised reads as, for the stale check: nothing to compare.
+NOT_PASSED: Any = object()
+
+
+def safe_accessor(e: Any, name: str, cls: type | None = None) -> Any:
+    """The accessor's value, or NOT_PASSED when it raises."""
+    try:
+        return accessor_value(e, name, cls).value
+    except Exception:
+        return NOT_PASSED
+
+
+def differs(a: Any, b: Any) -> bool:
+    """Whether two accessor values differ (False when `!=` cannot say)."""
+    try:
+        return bool(a != b)
+    except Exception:
+        return False

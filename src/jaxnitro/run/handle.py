@@ -15,7 +15,6 @@ optimizer state is allocated until a verb needs it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,7 +30,6 @@ from ..errors import (
     RoutingError,
 )
 from ..experiment.markers import Kind
-from ..experiment.presets import from_preset, presets
 from ..experiment.traits import (
     device_fields,
     field_kind_of,
@@ -51,9 +49,7 @@ from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
 from . import reports, restore
-from .accessors import (
-    RUN_KEYWORDS,
-)
+from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .prepared import Prepared
 from .setup import SetupOutcome, SetupSequence
@@ -258,27 +254,7 @@ class Nitro:
     def __init__(
         self, experiment: Any, preset: str | None = None, /, **kwargs: Any
     ) -> None:
-        experiment, kwargs = _split_preset_form(experiment, preset, kwargs)
-        unknown = sorted(set(kwargs) - set(RUN_KEYWORDS) - {"checkpoint"})
-        if unknown:
-            raise ConfigError(
-                f"Unknown Nitro keyword{'s' if len(unknown) > 1 else ''} "
-                f"{', '.join(unknown)}. The run keywords are: "
-                f"{', '.join(RUN_KEYWORDS)}."
-            )
-        if "checkpoint" in kwargs and "weights" in kwargs:
-            raise ConfigError(
-                "checkpoint= and weights= were both passed; checkpoint= is the "
-                "deprecated spelling of weights=, so one would silently win. Pass "
-                "weights= alone."
-            )
-        if "checkpoint" in kwargs:
-            warnings.warn(
-                "checkpoint= is the deprecated spelling of weights=; use weights=.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            kwargs["weights"] = kwargs.pop("checkpoint")
+        experiment, kwargs = constructor_arguments(experiment, preset, kwargs)
         self.status = RunStatus()
         self.executables = Executables(self)
         self._train_state: TrainState | None = None  # setup builds the first
@@ -295,7 +271,7 @@ class Nitro:
             entry.attach(self)
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
-            _fill_ref(run_ref, self)
+            fill_ref(run_ref, self)
 
     def _adopt(self, outcome: SetupOutcome) -> None:
         """Hold what setup produced: the handle is config + prepared + state."""
@@ -1072,69 +1048,6 @@ class Nitro:
     def progress(self) -> Progress | None:
         """The progress line of the entry point running now, if any."""
         return self._progress
-
-
-def _split_preset_form(
-    experiment: Any, preset: str | None, kwargs: dict[str, Any]
-) -> tuple[Any, dict[str, Any]]:
-    """`Nitro(E, "name", **kw)`: run keywords to the handle, fields to the recipe."""
-    if not isinstance(experiment, type):
-        if preset is not None:
-            raise ConfigError(
-                "Nitro(e, name): a preset name goes with the experiment class, "
-                "Nitro(MyExp, name, ...), not with an instance."
-            )
-        named = kwargs.get("preset")
-        if named is not None and named not in presets(type(experiment)):
-            raise ConfigError(
-                f"preset={named!r}: {type(experiment).__name__} declares no such "
-                f"preset, and the name is logged and stored in checkpoints as the "
-                f"recipe this run used. Its presets: "
-                f"{', '.join(presets(type(experiment))) or 'none'}."
-            )
-        return experiment, kwargs
-    if preset is None:
-        raise ConfigError(
-            f"Nitro({experiment.__name__}) needs an instance, "
-            f"Nitro({experiment.__name__}()), or a preset name: "
-            f'Nitro({experiment.__name__}, "name", ...).'
-        )
-    if "data" in kwargs:
-        raise ConfigError(
-            "data= is refused in the preset form, since the collection would come "
-            "from another instance than the one built here. Write "
-            f"Nitro(from_preset({experiment.__name__}, {preset!r}), preset={preset!r}, "
-            f"data=...)."
-        )
-    fields = set(field_names(experiment))
-    # `checkpoint` is the deprecated spelling of `weights`: a run keyword too.
-    run_kw = {k: v for k, v in kwargs.items() if k in RUN_KEYWORDS or k == "checkpoint"}
-    overrides = {
-        k: v for k, v in kwargs.items() if k not in RUN_KEYWORDS and k in fields
-    }
-    neither = sorted(set(kwargs) - set(run_kw) - set(overrides))
-    if neither:
-        raise ConfigError(
-            f"{', '.join(neither)}: neither a run keyword nor a field of "
-            f"{experiment.__name__}. Run keywords: {', '.join(RUN_KEYWORDS)}. Fields: "
-            f"{', '.join(sorted(fields))}."
-        )
-    if preset not in presets(experiment):
-        from_preset(experiment, preset)  # raises, listing the presets there are
-    run_kw["preset"] = preset
-    return from_preset(experiment, preset, **overrides), run_kw
-
-
-def _fill_ref(ref: Any, nitro: Nitro) -> None:
-    if hasattr(ref, "append"):
-        ref.append(nitro)
-    elif callable(ref):
-        ref(nitro)
-    else:
-        raise ConfigError(
-            "run_ref must be a list (the handle is appended) or a callable (called "
-            f"with the handle); got {type(ref).__name__}."
-        )
 
 
 RunHandle.register(Nitro)

@@ -35,9 +35,11 @@ from ..observe.report import (
     stale_report,
 )
 from .accessors import (
+    NOT_PASSED,
     SCALAR_ACCESSORS,
+    differs,
+    safe_accessor,
 )
-from .setup import NOT_PASSED, differs, safe_accessor
 from .setup_checks import check_monitor
 
 if TYPE_CHECKING:

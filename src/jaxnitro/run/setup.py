@@ -19,7 +19,6 @@ import jax
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..checkpoint.derived import HOST_PREFIX, graphconst_from_json
 from ..checkpoint.filenames import new_run_id
 from ..checkpoint.header import RecordHeader
 from ..checkpoint.lookup import run_label
@@ -52,9 +51,8 @@ from ..experiment.traits import (
     device_fields,
     field_names,
     graphconst_fields,
-    host_fields,
 )
-from ..experiment.values import coerce_graphconst, to_device
+from ..experiment.values import to_device
 from ..experiment.view import (
     assert_graphconst_hashable,
     check_field_names,
@@ -71,17 +69,16 @@ from ..optim.stopping import bind_stopper
 from . import restore
 from .accessors import (
     SCALAR_ACCESSORS,
-    accessor_value,
     refuse_later_features,
+    safe_accessor,
 )
 from .config import RunConfig
+from .derived import convert_derived, derived_from_record
 from .prepared import Prepared
 from .setup_checks import w0_provider
 from .setup_routing import probe_routing
 from .state import TrainState
 from .status import RunStatus
-
-NOT_PASSED: Any = object()
 
 log = logging.getLogger("jaxnitro")
 
@@ -239,14 +236,14 @@ class SetupSequence:
             name: check_split(name, s) for name, s in self.data.items()
         }
 
-        derived_from_record = (
+        from_record = (
             self._weights is not None
             and self._record is not None
             and self._record.header.derived is not None
         )
-        if derived_from_record:
+        if from_record:
             assert self._record is not None
-            derived = self._derived_from_record(cls, self._record)
+            derived = derived_from_record(cls, self._record)
         else:
             derived = hook_function(cls, "derive")(e, self.data) or {}
             if not isinstance(derived, Mapping):
@@ -267,7 +264,7 @@ class SetupSequence:
                     else value
                     for name, value in derived.items()
                 }
-        derived = convert_derived(cls, derived, from_record=derived_from_record)
+        derived = convert_derived(cls, derived, from_record=from_record)
         self._derived_keys = tuple(derived)
         e = replace_fields(e, **{name: derived[name] for name in derived})
         assert_graphconst_hashable(e)
@@ -380,47 +377,6 @@ class SetupSequence:
             NitroWarning,
             stacklevel=user_stacklevel(),
         )
-
-    def _derived_from_record(self, cls: type, record: Record) -> dict[str, Any]:
-        """The values derive produced for the run that wrote `record`, read back.
-
-        A Device value is a stored array, a GraphConst value is in the record's
-        GraphConst table, a scalar Host value in its logged config, and a numeric
-        Host array or a JSON Host value where `derived_host_record` put it. Other
-        Host values are in no record: such a field keeps this experiment's value,
-        with a warning, since derive does not run to recompute it.
-        """
-        host = {
-            **record.header.config,
-            **record.header.derived_host,
-            **record.field_arrays(HOST_PREFIX),
-        }
-        graphconst = record.header.derived_graphconst
-        if graphconst is None:  # a record from before derived values were exact
-            graphconst = record.header.graphconst
-        graphconst = {k: graphconst_from_json(v) for k, v in graphconst.items()}
-        tables = {
-            **dict.fromkeys(device_fields(cls), record.device_values()),
-            **dict.fromkeys(graphconst_fields(cls), graphconst),
-            **dict.fromkeys(host_fields(cls), host),
-        }
-        derived = {}
-        missing = []
-        for name in record.header.derived or ():
-            table = tables.get(name)
-            if table is not None and name in table:
-                derived[name] = table[name]
-            else:
-                missing.append(name)
-        if missing:
-            warnings.warn(
-                DERIVED_NOT_RECORDED.format(
-                    path=record.path, fields=", ".join(f"`{n}`" for n in missing)
-                ),
-                NitroWarning,
-                stacklevel=user_stacklevel(),
-            )
-        return derived
 
     def _adopt_resumed_seed(self) -> None:
         assert self._record is not None
@@ -617,48 +573,3 @@ class SetupSequence:
         logproto.log_other(self._logger, "branched_from", resume.path)
 
     # ------------------------------------------------------------ public reads ------
-
-
-DERIVED_NOT_RECORDED = """\
-weights={path}: the record does not hold the values derive produced for {fields} \
-(a record keeps Device arrays, GraphConst values and scalar Host values), and derive \
-does not run for a weights= load, so this experiment's values are kept. Fix: set them \
-on the experiment, computed from the data you have, or make a numeric one Device so \
-the record stores it."""
-
-
-def convert_derived(
-    cls: type, derived: Mapping[str, Any], *, from_record: bool
-) -> dict[str, Any]:
-    """`derived` with its GraphConst values converted to their declared types.
-
-    derive's values bypass the keyword constructor, which converts GraphConst values
-    (a list to a tuple, 3.0 to a declared int) and refuses a lossy conversion; the
-    same happens here, so a derived value keys and traces like a constructed one.
-    """
-    meta = config_metadata(cls)
-    converted = dict(derived)
-    for name in graphconst_fields(cls):
-        if name not in derived:
-            continue
-        declared = meta[name].type if name in meta else None
-        try:
-            converted[name] = coerce_graphconst(name, declared, derived[name])
-        except ConfigError as error:
-            source = "The record's derived value" if from_record else "derive's value"
-            raise ConfigError(f"{source} for `{name}` is refused: {error}") from None
-    return converted
-
-
-def safe_accessor(e: Any, name: str, cls: type | None = None) -> Any:
-    try:
-        return accessor_value(e, name, cls).value
-    except Exception:
-        return NOT_PASSED
-
-
-def differs(a: Any, b: Any) -> bool:
-    try:
-        return bool(a != b)
-    except Exception:
-        return False
