@@ -14,6 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
+import experiments
 import pytest
 from rich.console import Console
 
@@ -574,7 +575,7 @@ TRAINING = textwrap.dedent(
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 def test_a_real_training_run_at_a_terminal_keeps_one_live_line():
     pytest.importorskip("pyte")
-    term = Terminal(TRAINING, str(Path(__file__).resolve().parent), rows=40)
+    term = Terminal(TRAINING, str(Path(experiments.__file__).resolve().parent), rows=40)
     try:
         *_, done, line = term.expect("[compiling gradient]", timeout=60)
         assert described(done) == "setup done" and " 100% " in done

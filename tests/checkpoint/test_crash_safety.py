@@ -1,13 +1,14 @@
 """Crash safety: real training processes SIGKILLed at many instants around checkpoint
 writes, each time leaving a directory that loads and that resume="auto" continues.
 
-A fork server (tests/crash_worker.py) imports JAX once; each trial forks a process
-that resumes the run directory with resume="auto" and trains `Tiny(max_epochs=6)`,
-and is killed by a fault-injection point (before or after the n-th rename, fsync,
-temporary file, record write or rotation delete the checkpoint code makes, or a torn
-record write) or by a timed SIGKILL. The trials run in chains on one directory, so
-later kills land in resumed runs at later epochs; a chain that completes is checked
-against an uninterrupted run, bit for bit, and the next trial starts a new chain.
+A fork server (tests/support/crash_worker.py) imports JAX once; each trial forks a
+process that resumes the run directory with resume="auto" and trains
+`Tiny(max_epochs=6)`, and is killed by a fault-injection point (before or after the
+n-th rename, fsync, temporary file, record write or rotation delete the checkpoint
+code makes, or a torn record write) or by a timed SIGKILL. The trials run in chains on
+one directory, so later kills land in resumed runs at later epochs; a chain that
+completes is checked against an uninterrupted run, bit for bit, and the next trial
+starts a new chain.
 
 After every kill: the manifest loads; every entry names a record that opens and
 holds that entry's epoch and run; every `.safetensors` file opens (temporary files
@@ -27,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import experiments
 import numpy as np
 import pytest
 
@@ -34,7 +36,7 @@ from jaxnitro.checkpoint.manifest import load_manifest, read_manifest
 from jaxnitro.checkpoint.record import Record
 
 MAX_EPOCHS = 6
-WORKER = os.path.join(os.path.dirname(__file__), "crash_worker.py")
+WORKER = os.path.join(os.path.dirname(experiments.__file__), "crash_worker.py")
 
 INJECTED = (
     [f"{w}:replace:{n}" for n in range(1, 7) for w in ("before", "after")]

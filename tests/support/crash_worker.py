@@ -1,4 +1,5 @@
-"""A fork server for tests/test_crash_safety.py: training processes to SIGKILL.
+"""A fork server for tests/checkpoint/test_crash_safety.py: training processes to
+SIGKILL.
 
 Started once per test, it imports JAX and jaxnitro (the slow part) without touching a
 device, then forks one training process per request read from stdin, as one JSON

@@ -990,7 +990,7 @@ def test_a_source_that_resets_and_returns_its_one_iterator_is_accepted():
     """A source may hand out one iterator object it restarts on each __iter__ (a
     torch DataLoader with persistent workers does): restartable, so accepted. A
     shared iterator that does NOT restart runs short, which the loop refuses after
-    the epoch (tests/test_train_loop.py)."""
+    the epoch (tests/loop/test_train.py)."""
 
     class Resetting(Sequential):
         def __init__(self):

@@ -15,7 +15,7 @@ import pytest
 import jaxnitro as nx
 from jaxnitro.data.idx import MNIST_FILES, load_mnist_dir, read_idx, write_idx
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_tutorial.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tutorial.py"
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import experiments
 import pytest
 
 from jaxnitro.observe.interrupt import STOP_MESSAGE, StopOnInterrupt
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(experiments.__file__).resolve().parent  # what the process imports
 
 
 # ----------------------------------------------------------------- the handler ---
@@ -150,7 +151,7 @@ def _first_train_line(path: Path, process: subprocess.Popen, timeout: float) -> 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 def test_ctrl_c_stops_a_training_process_gracefully(tmp_path):
     process = subprocess.Popen(
-        [sys.executable, "-c", TRAIN, str(TESTS)],
+        [sys.executable, "-c", TRAIN, str(SUPPORT)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
