@@ -1,11 +1,16 @@
-"""The `nitro` / `sexpgpu` command line."""
+"""The `nitro` / `sexpgpu` command line: --version, --help, and `nitro runs` /
+`nitro ckpt` reading a run directory."""
 
+import importlib.metadata
 import subprocess
 import sys
 
 import pytest
+from checkpoint_fixtures import bound, write
 
 import jaxnitro as nx
+from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
+from jaxnitro.checkpoint.selectors import Last
 from jaxnitro.cli import main
 
 
@@ -37,3 +42,68 @@ def test_the_usage_line_names_the_program_it_was_called_by(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main()
     assert capsys.readouterr().out.startswith("usage: sexpgpu")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    first = bound(tmp_path, run="aaaa1111", keep=Last(3))
+    for epoch in (1, 2, 3):
+        write(first, epoch, 1.0 / epoch)
+    second = bound(tmp_path, run="bbbb2222", keep=Last(3))
+    write(second, 1, 0.25)
+    return tmp_path
+
+
+def test_nitro_runs_prints_the_runs_table(run_dir, capsys):
+    assert main(["runs", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["run", "ckpts", "epochs", "best"]
+    assert lines[1].split()[:5] == ["bbbb2222", "1", "1", "0.25", "loss/min"]
+    assert lines[1].split()[-1] == "-"  # no parent
+    assert lines[2].split()[:5] == ["aaaa1111", "3", "1-3", "0.333333", "loss/min"]
+
+
+def test_nitro_runs_draws_a_rich_table_on_a_terminal(run_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["runs", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "Runs in" in out and "aaaa1111" in out and "1-3" in out
+
+
+def test_nitro_runs_of_an_empty_or_missing_directory(tmp_path, capsys):
+    assert main(["runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("No checkpoints in")
+    assert main(["runs", str(tmp_path / "missing")]) == 1
+    assert "nitro runs: No run directory at" in capsys.readouterr().err
+    (tmp_path / MANIFEST).write_text("{oops")
+    assert main(["runs", str(tmp_path)]) == 1
+    assert "manifest.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_nitro_ckpt_prints_checkpoint_info(run_dir, capsys):
+    entry = read_manifest(str(run_dir))[-1]
+    assert main(["ckpt", str(run_dir / entry.file)]) == 0
+    out = capsys.readouterr().out
+    assert "  epoch: 1\n" in out and "  step: 4\n" in out and "  run: bbbb2222" in out
+    assert "  metrics:\n    loss: 0.25\n" in out
+    bad = run_dir / "bad.safetensors"
+    bad.write_bytes(b"xx")
+    assert main(["ckpt", str(bad)]) == 1
+    assert "nitro ckpt: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["runs"], ["ckpt", "a", "b"]])
+def test_usage_errors_exit_with_status_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert "usage: nitro" in capsys.readouterr().err
+
+
+def test_sexpgpu_is_the_same_program():
+    scripts = {
+        e.name: e.value
+        for e in importlib.metadata.entry_points(group="console_scripts")
+        if e.name in ("nitro", "sexpgpu")
+    }
+    assert scripts == {"nitro": "jaxnitro.cli:main", "sexpgpu": "jaxnitro.cli:main"}

@@ -1,29 +1,23 @@
-"""Checkpoint files: damaged and foreign files, header-only reads, tree mismatches,
-with_io_retry, the manifest's own errors, and the `nitro runs` / `nitro ckpt` CLI."""
+"""Checkpoint files: damaged and foreign files, header-only reads, tree mismatches and
+the manifest's own errors."""
 
 import builtins
 import errno
-import importlib.metadata
 import json
-import logging
 import os
 import pickle
 import struct
-import sys
 
 import numpy as np
 import pytest
-from checkpoint_fixtures import bound, params_at, record_header, write
+from checkpoint_fixtures import params_at, record_header
 from safetensors.numpy import save_file
 
 import jaxnitro as nx
 from jaxnitro.checkpoint import record as record_module
 from jaxnitro.checkpoint.info import checkpoint_info
-from jaxnitro.checkpoint.io_retry import is_transient_io, with_io_retry
 from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
 from jaxnitro.checkpoint.record import Record, read_header, save_record
-from jaxnitro.checkpoint.selectors import Last
-from jaxnitro.cli import main
 
 
 @pytest.fixture
@@ -295,148 +289,3 @@ def test_a_damaged_manifest_raises_naming_it(tmp_path, text, message):
     with pytest.raises(nx.CheckpointError, match=message) as caught:
         read_manifest(str(tmp_path))
     assert str(tmp_path / MANIFEST) in str(caught.value)
-
-
-# ------------------------------------------------------------------ io retry -----
-class Flaky:
-    def __init__(self, errors, result="done"):
-        self.errors = list(errors)
-        self.calls = 0
-        self.result = result
-
-    def __call__(self):
-        self.calls += 1
-        if self.errors:
-            raise self.errors.pop(0)
-        return self.result
-
-
-def test_with_io_retry_retries_transient_errors_with_exponential_backoff(caplog):
-    waits = []
-    flaky = Flaky([OSError(errno.EBUSY, "busy"), OSError(errno.EAGAIN, "again")])
-    with caplog.at_level(logging.WARNING, logger="jaxnitro.checkpoint"):
-        assert with_io_retry(flaky, sleep=waits.append, what="writing x") == "done"
-    assert flaky.calls == 3 and waits == [0.5, 1.0]
-    assert "writing x failed with a transient error" in caplog.text
-    assert "retry 2 of 4 in 1.00 s" in caplog.text
-
-
-def test_with_io_retry_reraises_other_errors_at_once_and_the_last_transient_one():
-    waits = []
-    missing = Flaky([FileNotFoundError(errno.ENOENT, "gone")])
-    with pytest.raises(FileNotFoundError):
-        with_io_retry(missing, sleep=waits.append)
-    assert missing.calls == 1 and waits == []
-    full = Flaky([OSError(errno.ENOSPC, "full")])
-    with pytest.raises(OSError, match="full"):
-        with_io_retry(full, sleep=waits.append)
-    assert full.calls == 1
-    stuck = Flaky([TimeoutError(errno.ETIMEDOUT, "slow")] * 9)
-    with pytest.raises(TimeoutError):
-        with_io_retry(stuck, attempts=3, backoff=0.1, sleep=waits.append)
-    assert stuck.calls == 3 and waits == [0.1, 0.2]
-    bug = Flaky([ValueError("a bug")])
-    with pytest.raises(ValueError):
-        with_io_retry(bug, sleep=waits.append)
-
-
-def test_is_transient_io():
-    assert is_transient_io(InterruptedError())
-    assert is_transient_io(OSError(errno.ESTALE, "stale"))
-    assert not is_transient_io(OSError(errno.EIO, "device"))
-    assert not is_transient_io(RuntimeError())
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"attempts": 0}, "needs attempts >= 1, got 0"),
-        ({"backoff": -1.0}, "needs backoff >= 0, got -1.0"),
-    ],
-)
-def test_with_io_retry_validates_its_options(kwargs, message):
-    with pytest.raises(nx.ConfigError, match=message):
-        with_io_retry(lambda: 1, **kwargs)
-
-
-def test_a_checkpoint_write_survives_a_transient_rename_failure(tmp_path, monkeypatch):
-    real_replace = os.replace
-    failures = [OSError(errno.EBUSY, "busy")]
-
-    def flaky_replace(src, dst):
-        if failures:
-            raise failures.pop()
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", flaky_replace)
-    monkeypatch.setattr("jaxnitro.checkpoint.io_retry.time.sleep", lambda s: None)
-    ckpt = bound(tmp_path, keep=Last(1))
-    assert write(ckpt, 1, 0.5)
-    assert not failures and len(read_manifest(str(tmp_path))) == 1
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
-
-
-# ----------------------------------------------------------------------- CLI -----
-@pytest.fixture
-def run_dir(tmp_path):
-    first = bound(tmp_path, run="aaaa1111", keep=Last(3))
-    for epoch in (1, 2, 3):
-        write(first, epoch, 1.0 / epoch)
-    second = bound(tmp_path, run="bbbb2222", keep=Last(3))
-    write(second, 1, 0.25)
-    return tmp_path
-
-
-def test_nitro_runs_prints_the_runs_table(run_dir, capsys):
-    assert main(["runs", str(run_dir)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["run", "ckpts", "epochs", "best"]
-    assert lines[1].split()[:5] == ["bbbb2222", "1", "1", "0.25", "loss/min"]
-    assert lines[1].split()[-1] == "-"  # no parent
-    assert lines[2].split()[:5] == ["aaaa1111", "3", "1-3", "0.333333", "loss/min"]
-
-
-def test_nitro_runs_draws_a_rich_table_on_a_terminal(run_dir, capsys, monkeypatch):
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    assert main(["runs", str(run_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "Runs in" in out and "aaaa1111" in out and "1-3" in out
-
-
-def test_nitro_runs_of_an_empty_or_missing_directory(tmp_path, capsys):
-    assert main(["runs", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith("No checkpoints in")
-    assert main(["runs", str(tmp_path / "missing")]) == 1
-    assert "nitro runs: No run directory at" in capsys.readouterr().err
-    (tmp_path / MANIFEST).write_text("{oops")
-    assert main(["runs", str(tmp_path)]) == 1
-    assert "manifest.json is not valid JSON" in capsys.readouterr().err
-
-
-def test_nitro_ckpt_prints_checkpoint_info(run_dir, capsys):
-    entry = read_manifest(str(run_dir))[-1]
-    assert main(["ckpt", str(run_dir / entry.file)]) == 0
-    out = capsys.readouterr().out
-    assert "  epoch: 1\n" in out and "  step: 4\n" in out and "  run: bbbb2222" in out
-    assert "  metrics:\n    loss: 0.25\n" in out
-    bad = run_dir / "bad.safetensors"
-    bad.write_bytes(b"xx")
-    assert main(["ckpt", str(bad)]) == 1
-    assert "nitro ckpt: " in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv", [["bogus"], ["runs"], ["ckpt", "a", "b"]])
-def test_usage_errors_exit_with_status_2(argv, capsys):
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    assert stop.value.code == 2
-    assert "usage: nitro" in capsys.readouterr().err
-
-
-def test_sexpgpu_is_the_same_program():
-    scripts = {
-        e.name: e.value
-        for e in importlib.metadata.entry_points(group="console_scripts")
-        if e.name in ("nitro", "sexpgpu")
-    }
-    assert scripts == {"nitro": "jaxnitro.cli:main", "sexpgpu": "jaxnitro.cli:main"}

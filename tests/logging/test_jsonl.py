@@ -1,11 +1,11 @@
-"""The logger protocol and the JSON-lines default."""
+"""The JSON-lines default logger, and what a run logs through it."""
 
 import json
 import os
 
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny
+from experiments import Tiny
 
 import jaxnitro as nx
 
@@ -109,45 +109,6 @@ def test_a_logger_accessor_is_called_once_per_construction(tmp_path):
     assert read_lines(tmp_path / "custom.jsonl")[-1]["status"] == "completed"
 
 
-class Partial:
-    """Implements only some verbs."""
-
-    def log_params(self, params):
-        self.params = params
-
-    def log_other(self, key, value):
-        pass
-
-
-def test_a_missing_verb_fails_loudly_when_first_reached():
-    nitro = nx.Nitro(Tiny(max_epochs=1), logger=Partial(), checkpointer=None)
-    with pytest.raises(
-        nx.HookError, match="The logger Partial has no `log_metrics` method"
-    ):
-        nitro.train()
-
-
-def test_a_logger_without_log_params_fails_at_setup():
-    class Silent:
-        pass
-
-    with pytest.raises(nx.HookError, match="has no `log_params` method"):
-        nx.Nitro(Tiny(), logger=Silent(), checkpointer=None)
-
-
-def test_optional_verbs_have_defaults():
-    lg = Partial()
-    assert nx.run_id(lg) is None and nx.run_url(lg) is None
-    assert nx.logger_info(lg) == {} and nx.logger_state(lg) is None
-    assert nx.backend(lg) is lg
-
-    class Wrapper(Partial):
-        def backend(self):
-            return "native"
-
-    assert nx.backend(Wrapper()) == "native"
-
-
 def test_json_logger_appends_and_flushes_per_line(tmp_path):
     path = tmp_path / "m.jsonl"
     first = nx.JSONLogger(path)
@@ -235,21 +196,3 @@ def test_params_line_leaves_out_non_scalar_host_values(tmp_path):
     params = params_line(tmp_path)
     assert "images" not in params and "names" not in params
     assert params["scale"] == 0.5 and params["n_train"] == 64  # scalars are logged
-
-
-def test_finish_and_reattach_are_exported():
-    class Recording(QuietLogger):
-        def __init__(self):
-            self.calls = []
-
-        def finish(self, status):
-            self.calls.append(("finish", status))
-
-        def reattach(self, state):
-            self.calls.append(("reattach", state))
-
-    logger = Recording()
-    nx.reattach(logger, {"run": 1})
-    nx.finish(logger, "completed")
-    nx.finish(None, "completed")  # logging off: nothing to call
-    assert logger.calls == [("reattach", {"run": 1}), ("finish", "completed")]

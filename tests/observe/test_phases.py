@@ -1,8 +1,14 @@
 """The phases a real run publishes, as a monitor sees them."""
 
+import numpy as np
+import pytest
 from experiments import Tiny
+from monitor_fakes import Recorder
 
 import jaxnitro as nx
+from jaxnitro.errors import NitroError
+from jaxnitro.observe import phases
+from jaxnitro.observe.monitors import register_phase_monitor, unregister_phase_monitor
 
 
 def quiet(**kw):
@@ -80,3 +86,97 @@ def test_a_stop_request_ends_with_the_call_that_honoured_it():
     nitro.train()
     assert nitro.stop_reason == "requested" and nitro.current_epoch == 1
     assert set(nitro.validate()) == {"loss"}  # not cut short by a stale request
+
+
+def test_the_phase_tree_and_compile_phases():
+    for phase in (
+        phases.GradientCompiling(),
+        phases.OptimizerCompiling(),
+        phases.EvalCompiling(),
+        phases.ExportCompiling(),
+    ):
+        assert isinstance(phase, phases.Compiling)
+    assert isinstance(phases.Done(), phases.Terminal)
+    assert isinstance(phases.Failed(), phases.Terminal)
+    assert isinstance(phases.TrainStepping(), phases.Stepping)
+    assert isinstance(phases.EvalStepping(), phases.Stepping)
+    assert phases.Done() == phases.Done() and phases.Done() != phases.Failed()
+    assert phases.compile_phase("optimizer") == phases.OptimizerCompiling()
+    assert phases.compile_phase("eval_loss") == phases.EvalCompiling()
+    assert phases.compile_phase("train_step").label == "compiling gradient"
+    assert [
+        p.label for p in (phases.OptimizerCompiling(), phases.ExportCompiling())
+    ] == [
+        "compiling optimizer",
+        "compiling export",
+    ]
+    assert set(phases.COMPILE_PHASES) >= {"gradient", "optimizer", "export"}
+    with pytest.raises(
+        NitroError,
+        match=r"No compile phase for program kind 'predict': the known kinds are "
+        r"eval_forward, .*Add the kind to COMPILE_PHASES",
+    ):
+        phases.compile_phase("predict")
+
+
+# ------------------------------------------------------------------- a real handle ---
+def test_a_standalone_validate_then_evaluate_carry_metrics_and_keep_done():
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None)
+    nitro.train()
+    events: list = []
+    handle = register_phase_monitor(Recorder(events, "m"), nitro=nitro)
+    val = nitro.validate()
+    test = nitro.evaluate("test")
+    # The events hold the handle and its registry the events: break the cycle, so
+    # the handle's arrays go now (a later test counts live arrays).
+    unregister_phase_monitor(handle)
+    seen = [
+        (type(phase).__name__, info.get("metrics")) for _, phase, _, _, info in events
+    ]
+    # The run ended: Done is not announced again (a monitor closing on a Terminal
+    # phase fires once); the metrics ride on the transition out of EvalStepping,
+    # which is the entry point's Idle.
+    assert [name for name, _ in seen if name != "EvalCompiling"] == [
+        *("Starting", "EvalStepping", "Idle"),
+        *("Starting", "EvalStepping", "Idle"),
+    ]
+    assert [metrics for name, metrics in seen if name == "Idle"] == [val, test]
+    assert nitro.phase == phases.Done()  # how its run ended, once Idle again
+
+
+def test_a_failed_evaluation_restores_the_phase(tmp_path):
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    class Breaks(Tiny):
+        def metrics(self, logits, *, y):
+            raise ValueError("metrics broke")
+
+    nitro = nx.Nitro(Breaks(max_epochs=1), logger=None, checkpointer=None)
+    with pytest.raises(ValueError, match="metrics broke"):
+        nitro.validate()
+    assert nitro.phase == phases.Starting()  # never trained, and nothing in flight
+    with pytest.raises(TypeError):  # fails while it compiles: x is too narrow
+        nitro.predict({"x": np.zeros((2, 1), np.float32)})
+    assert nitro.phase == phases.Starting()
+
+
+def test_the_train_function_announces_idle_once():
+    from experiments import Tiny
+
+    import jaxnitro as nx
+
+    events: list = []
+    handle = register_phase_monitor(Recorder(events, "m"))
+    try:
+        nx.train(Tiny(max_epochs=1), logger=None, checkpointer=None)
+    finally:
+        unregister_phase_monitor(handle)
+    names = [type(phase).__name__ for _, phase, _, _, _ in events]
+    assert names.count("Idle") == 1 and names[-1] == "Idle"
+    assert names.count("Starting") == 1

@@ -2,7 +2,8 @@
 
 import logging
 
-from experiments import Tiny
+import grain
+from experiments import Tiny, samples
 from rich.console import Console
 
 import jaxnitro as nx
@@ -26,3 +27,15 @@ def test_repr_and_the_rich_table_show_the_same_frozen_values():
         assert f"{name} {value}" in repr(nitro)
         assert name in rendered and str(value) in rendered
     assert "phase Starting" in repr(nitro) and "phase Starting" in rendered
+
+
+def test_the_binding_report_says_what_drop_last_discards():
+    class Dropping(Tiny):
+        def build_data(self, dist):
+            train = grain.MapDataset.source(samples(70)).batch(16, drop_remainder=True)
+            return {"train": train}
+
+    report = nx.Nitro(Dropping(), logger=None, checkpointer=None).binding_report()
+    assert "train drop-last discards 6 samples an epoch" in report
+    listed = nx.Nitro(Tiny(), logger=None, checkpointer=None).binding_report()
+    assert "train drop-last discards 0 samples an epoch" in listed

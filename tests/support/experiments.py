@@ -28,6 +28,12 @@ def make_batches(n: int, batch: int, *, seed: int = 0, extra: bool = False) -> l
     return batches
 
 
+def samples(n: int, seed: int = 0) -> list:
+    """The same problem as single samples (dicts of one row each), for Grain."""
+    batch = make_batches(n, n, seed=seed)[0]
+    return [{"x": x, "y": y} for x, y in zip(batch["x"], batch["y"], strict=True)]
+
+
 def init_mlp(rng, width: int) -> dict:
     k1, k2 = jax.random.split(rng)
     return {
