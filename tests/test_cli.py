@@ -30,6 +30,7 @@ def test_help_lists_what_it_is(capsys):
     )
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_module_entry_point_runs():
     done = subprocess.run(
         [sys.executable, "-m", "jaxnitro.cli", "--help"], capture_output=True, text=True

@@ -16,6 +16,9 @@ never carry that suffix); a file the manifest does not list is either pending
 deletion (a kill during rotation) or the record of the epoch after its run's newest
 entry (a kill between the record's rename and the manifest's replace); and the next
 process resumes from the newest listed record of the newest run.
+
+The whole sweep is in the slow tier (`pytest -m slow`); the default tier kills at a few
+representative points, one in each window.
 """
 
 from __future__ import annotations
@@ -94,6 +97,24 @@ class Server:
         self.process.wait(timeout=30)
         self.process.stdout.close()
         self.log.close()
+
+
+REPRESENTATIVE = [
+    "before:remove:1",  # a fresh run's first rotation, at epoch 4: pending deletion
+    "after:replace:4",  # after epoch 2's manifest: the next process resumes at 2
+    "before:replace:1",  # a record written but not renamed into place: a temp file
+    "after:replace:1",  # renamed, not yet in the manifest: an unlisted record
+    "torn:save_file:1",  # a record torn halfway through its write
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One fork server, for the default tier's few kills."""
+    root = tmp_path_factory.mktemp("crash")
+    started = Server(str(root / "xla-cache"), str(root / "worker.log"))
+    yield started
+    started.close()
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +240,24 @@ class Chains:
         return self
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork server needs os.fork")
+def test_sigkill_at_representative_points_leaves_a_resumable_directory(
+    server, tmp_path
+):
+    """One kill in each window (pending, temp, unlisted), a torn write, a kill in a
+    resumed run and one inside finalize's rewrite: every directory loads, every
+    process resumes where it should, and both chains end equal to the uninterrupted
+    run, bit for bit."""
+    assert server.run(tmp_path / "reference", tmp_path / "ref.json") == {"exit": 0}
+    reference = final_arrays(tmp_path / "reference")
+    chains = Chains(server, tmp_path / "s", reference, ["after:replace:1"])
+    chains.run([{"kill": k} for k in REPRESENTATIVE])
+    assert chains.missed == [] and chains.kills == len(REPRESENTATIVE) + 1
+    assert chains.chains == 2
+    assert chains.seen == {"unlisted", "pending", "temp"}
+
+
+@pytest.mark.slow  # about 70 training processes
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork server needs os.fork")
 def test_sigkill_around_checkpoint_writes_always_leaves_a_resumable_directory(
     servers, tmp_path

@@ -14,6 +14,8 @@ from fake_mnist import fake_mnist
 
 import jaxnitro as nx
 
+pytestmark = pytest.mark.slow  # trains the tutorial, in process and as a script
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tutorial.py"
 
 

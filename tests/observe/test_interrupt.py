@@ -148,6 +148,7 @@ def _first_train_line(path: Path, process: subprocess.Popen, timeout: float) -> 
     raise AssertionError(f"no train line in {path} after {timeout} s")
 
 
+@pytest.mark.slow  # a training process of its own
 @pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 def test_ctrl_c_stops_a_training_process_gracefully(tmp_path):
     process = subprocess.Popen(
