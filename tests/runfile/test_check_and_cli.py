@@ -112,3 +112,19 @@ def test_both_programs_list_the_verbs(prog):
     for verb in ("check", "fmt", "runs", "ckpt"):
         assert f"    {verb} " in help_text
     assert help_text.startswith(f"usage: {prog}")
+
+
+def test_every_error_code_is_documented_with_an_example():
+    import re
+
+    root = Path(__file__).parents[2]
+    used = set()
+    for path in (root / "src" / "jaxnitro" / "runfile").glob("*.py"):
+        used |= set(re.findall(r'"(E-[A-Z]+-\d{3})"', path.read_text()))
+    rows = re.findall(
+        r"^\| (E-[A-Z]+-\d{3}) \|(.*)\|(.*)\|$",
+        (root / "docs" / "runfile.md").read_text(),
+        re.M,
+    )
+    documented = {code for code, _, _ in rows}
+    assert len(used) > 50 and used <= documented, used - documented
