@@ -2,9 +2,12 @@
 
     nitro runs RUN_DIR    the runs a run directory holds, most recent first
     nitro ckpt PATH       a checkpoint's metadata, read from its header only
+    sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
+    sexpgpu fmt FILE...   run files in the canonical layout
 
 Exit status: 0 on success, 2 for a usage error (argparse's), 1 when the path is
 missing or not a readable run directory or checkpoint (the reason on stderr).
+The run-file verbs' statuses are in `jaxnitro.runfile.commands`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "jaxnitro: a training framework for JAX that compiles only when the "
-            "graph changes. Subcommands: runs, ckpt; serve, check, run, explain "
-            "and fmt arrive with their features."
+            "graph changes, and `sexpgpu`, which checks and formats run files "
+            "(s-expression experiment files). run, explain and serve arrive with "
+            "their features."
         ),
     )
     parser.add_argument(
@@ -48,6 +52,9 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         description="A checkpoint's metadata, read from its header (no weights).",
     )
     ckpt.add_argument("path", metavar="PATH")
+    from .runfile.commands import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -60,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if args.command in ("check", "fmt"):
+            from .runfile.commands import run_command
+
+            return run_command(args)
         if args.command == "runs":
             return _runs(args.run_dir)
         return _ckpt(args.path)

@@ -1,0 +1,8 @@
+"""The run file: a small declarative training language in s-expressions.
+
+A run file names a loader, a model, an objective, an optimizer and a run
+(`spec/runfile.txt`; the language reference is `docs/runfile.md`). This package
+reads it (`reader`), lays it out (`fmt`), evaluates it (`evaluator`), checks its
+contract (`contract`) and its shapes (`check`), and serves the `sexpgpu`
+subcommands (`commands`). It touches the engine only through `import jaxnitro`.
+"""

@@ -1,0 +1,110 @@
+"""Source positions and the coded diagnostics every run-file error is reported as.
+
+A diagnostic prints as `file:line:col: E-CODE message`, then the offending line
+with the text underlined, then the fix where one is likely::
+
+    minimal.sx:3:11: E-READ-001 unclosed `(`: the list opened here is never closed
+      (defvar x (gpt :vocab 32
+                ^
+      fix: add `)` where the list ends
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..errors import NitroError
+
+
+@dataclass(frozen=True)
+class Source:
+    """A run file's text and the name its diagnostics print."""
+
+    name: str
+    text: str
+
+    def line(self, number: int) -> str:
+        """The 1-based line `number` of the text, without its newline."""
+        lines = self.text.split("\n")
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a value was read: 1-based line and column, `length` characters."""
+
+    source: Source = field(compare=False, repr=False)
+    line: int
+    col: int
+    length: int = 1
+
+    @property
+    def where(self) -> str:
+        """`file:line:col`."""
+        return f"{self.source.name}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One coded error: `code` (`E-READ-001`), the message, where, and the fix."""
+
+    code: str
+    message: str
+    span: Span | None = None
+    fix: str | None = None
+
+    def render(self) -> str:
+        """The diagnostic as printed: location, code, message, underline, fix."""
+        if self.span is None:
+            head = f"{self.code} {self.message}"
+            return head + (f"\n  fix: {self.fix}" if self.fix else "")
+        span = self.span
+        text = span.source.line(span.line).expandtabs(1)
+        width = max(1, min(span.length, len(text) - span.col + 1))
+        lines = [f"{span.where}: {self.code} {self.message}"]
+        if text.strip():
+            lines.append("  " + text)
+            lines.append("  " + " " * (span.col - 1) + "^" + "~" * (width - 1))
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class RunfileError(NitroError):
+    """One or more coded diagnostics about a run file.
+
+    `str(error)` is every diagnostic rendered, one after the other; `codes` lists
+    their codes in order (the tests match on them).
+    """
+
+    def __init__(self, diagnostics: Iterable[Diagnostic]) -> None:
+        self.diagnostics = tuple(diagnostics)
+        super().__init__("\n".join(d.render() for d in self.diagnostics))
+
+    @property
+    def codes(self) -> list[str]:
+        """The diagnostics' codes, in the order they were found."""
+        return [d.code for d in self.diagnostics]
+
+
+def fail(
+    code: str, message: str, span: Span | None = None, fix: str | None = None
+) -> RunfileError:
+    """A `RunfileError` holding one diagnostic (raise what it returns)."""
+    return RunfileError([Diagnostic(code, message, span, fix)])
+
+
+def near_names(name: str, candidates: Iterable[str]) -> list[str]:
+    """The candidates close to `name` (a typo or a missing `-`), closest first."""
+    import difflib
+
+    return difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """A fix suggesting the nearest candidate, or None when nothing is near."""
+    near = near_names(name, candidates)
+    if not near:
+        return None
+    return "did you mean " + " or ".join(f"`{n}`" for n in near) + "?"

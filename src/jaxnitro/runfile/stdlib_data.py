@@ -1,0 +1,326 @@
+"""Data declarations (`loader`, `files`, `field`), evaluation passes and `defrun`.
+
+These are declarations: `check` reads the shapes they declare and never opens a
+data file. The loader that reads the records (JSON lines, gzip) lands in part 2
+of the run file; its declaration is complete here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .core import expect
+from .source import Span, did_you_mean, fail
+from .values import Builtin, Keyword, kind_of
+
+DTYPES = {
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "bool": "bool",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+}
+ENCODINGS = ("jsonl", "jsonl.gz")
+PRECISIONS = ("f32", "bf16", "f16")
+
+
+@dataclass(frozen=True)
+class FilesSpec:
+    """Data files of one encoding; paths relative to the run file."""
+
+    paths: tuple[str, ...]
+    encoding: str
+    kind = "a files declaration"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a record: its name, the record key, dtype and shape."""
+
+    name: str
+    source: str
+    dtype: str  # a NumPy dtype name
+    shape: tuple[int, ...]
+    kind = "a field declaration"
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Where records come from and what one batch holds."""
+
+    sources: tuple[FilesSpec, ...]
+    fields: tuple[FieldSpec, ...]
+    batch_size: int
+    infinite: bool
+    kind = "a loader"
+
+    def batch_shapes(self) -> dict[str, Any]:
+        """Each field's `jax.ShapeDtypeStruct` of one batch, batch dimension first."""
+        import jax
+        import jax.numpy as jnp
+
+        return {
+            f.name: jax.ShapeDtypeStruct(
+                (self.batch_size, *f.shape), jnp.dtype(f.dtype)
+            )
+            for f in self.fields
+        }
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch as `prepare` sees it: read a field with `(field batch :name)`."""
+
+    arrays: dict[str, Any]
+    kind = "a batch"
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """An evaluation pass: its loader, how often it runs, how many batches."""
+
+    loader: LoaderSpec
+    every: int
+    batches: int | None
+    kind = "an evaluation pass"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A run's steps, microbatches per step, cadence, precision and seed."""
+
+    steps: int
+    microbatches: int
+    cadence: int
+    precision: str
+    seed: int
+    kind = "a run"
+
+
+def _positive(value: Any, what: str, span: Span) -> int:
+    expect(value, int, what, span, "a positive integer")
+    if value < 1:
+        raise fail(
+            "E-EVAL-007", f"{what} must be a positive integer, got {value}", span
+        )
+    return int(value)
+
+
+def _files(values: list[Any], kwargs: dict[str, Any], span: Span) -> FilesSpec:
+    paths = values[0] if isinstance(values[0], tuple) else (values[0],)
+    for path in paths:
+        expect(path, str, "a path of `files`", span, "a string")
+        if "://" in path:
+            raise fail(
+                "E-LOAD-001",
+                f"{path!r} is not a local path",
+                span,
+                "copy the data beside the run file; a run file reads no "
+                "network location",
+            )
+    encoding = kwargs.get("encoding", "jsonl.gz")
+    if encoding not in ENCODINGS:
+        raise fail(
+            "E-LOAD-002",
+            f"unknown encoding {encoding!r} of `files`",
+            span,
+            "use one of " + ", ".join(repr(e) for e in ENCODINGS),
+        )
+    return FilesSpec(tuple(paths), encoding)
+
+
+def _field(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
+    if len(values) == 2 and not kwargs:
+        batch, name = values
+        if not isinstance(batch, Batch) or not isinstance(name, Keyword):
+            raise fail(
+                "E-EVAL-007",
+                "(field batch :name) reads a batch's field, got "
+                f"{kind_of(batch)} and {kind_of(name)}",
+                span,
+            )
+        if name.name not in batch.arrays:
+            raise fail(
+                "E-LOAD-003",
+                f"the batch has no field :{name.name} (it has "
+                + " ".join(f":{k}" for k in batch.arrays)
+                + ")",
+                span,
+                did_you_mean(name.name, batch.arrays)
+                or "declare it in the loader's :fields",
+            )
+        return batch.arrays[name.name]
+    if len(values) != 1 or not isinstance(values[0], Keyword):
+        raise fail(
+            "E-EVAL-004",
+            "`field` is (field :name :dtype :i32 :shape [n]) or (field batch :name)",
+            span,
+        )
+    for needed in ("dtype", "shape"):
+        if needed not in kwargs:
+            raise fail(
+                "E-EVAL-006",
+                f"`field` needs :{needed}",
+                span,
+                "write (field :tokens :dtype :i32 :shape [17])",
+            )
+    dtype = kwargs["dtype"]
+    if not isinstance(dtype, Keyword) or dtype.name not in DTYPES:
+        raise fail(
+            "E-LOAD-004",
+            f"unknown dtype {dtype} of field :{values[0].name}",
+            span,
+            did_you_mean(str(getattr(dtype, "name", dtype)), DTYPES)
+            or "one of " + " ".join(f":{d}" for d in DTYPES),
+        )
+    shape = kwargs["shape"]
+    if not isinstance(shape, tuple) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape
+    ):
+        raise fail(
+            "E-LOAD-005",
+            f"the shape of field :{values[0].name} must be a "
+            f"vector of positive integers, got {shape}",
+            span,
+            "write :shape [17] (one record, no batch dimension)",
+        )
+    source = kwargs.get("from", values[0].name)
+    expect(source, str, "`:from` of `field`", span, "a string (the record's key)")
+    return FieldSpec(values[0].name, source, DTYPES[dtype.name], shape)
+
+
+def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec:
+    sources = kwargs["sources"]
+    if (
+        not isinstance(sources, tuple)
+        or not sources
+        or not all(isinstance(s, FilesSpec) for s in sources)
+    ):
+        raise fail(
+            "E-LOAD-006",
+            "`:sources` of `loader` must be a non-empty vector of (files ...)",
+            span,
+            ':sources [(files ["data/train.jsonl.gz"])]',
+        )
+    fields = kwargs["fields"]
+    if (
+        not isinstance(fields, tuple)
+        or not fields
+        or not all(isinstance(f, FieldSpec) for f in fields)
+    ):
+        raise fail(
+            "E-LOAD-006",
+            "`:fields` of `loader` must be a non-empty vector of (field ...)",
+            span,
+            ":fields [(field :tokens :dtype :i32 :shape [17])]",
+        )
+    names = [f.name for f in fields]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise fail(
+            "E-LOAD-007",
+            f"field :{twice[0]} is declared twice",
+            span,
+            "give each field its own name",
+        )
+    infinite = kwargs.get("infinite", False)
+    expect(infinite, bool, "`:infinite` of `loader`", span, "true or false")
+    return LoaderSpec(
+        sources,
+        fields,
+        _positive(kwargs["batch-size"], "`:batch-size`", span),
+        infinite,
+    )
+
+
+def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpec:
+    loader = kwargs["loader"]
+    if not isinstance(loader, LoaderSpec):
+        raise fail(
+            "E-EVAL-007",
+            f"`:loader` of defeval must be a loader, got {kind_of(loader)}",
+            span,
+        )
+    batches = kwargs.get("batches")
+    return EvalSpec(
+        loader,
+        _positive(kwargs["every"], "`:every`", span),
+        None if batches is None else _positive(batches, "`:batches`", span),
+    )
+
+
+def _defrun(values: list[Any], kwargs: dict[str, Any], span: Span) -> RunSpec:
+    steps = _positive(kwargs["steps"], "`:steps` of defrun", span)
+    precision = kwargs.get("precision", Keyword("f32"))
+    if not isinstance(precision, Keyword) or precision.name not in PRECISIONS:
+        raise fail(
+            "E-EVAL-007",
+            "`:precision` must be one of "
+            + " ".join(f":{p}" for p in PRECISIONS)
+            + f", got {precision}",
+            span,
+        )
+    seed = kwargs.get("seed", 0)
+    expect(seed, int, "`:seed` of defrun", span, "an integer")
+    return RunSpec(
+        steps,
+        _positive(kwargs.get("microbatches", 1), "`:microbatches`", span),
+        _positive(kwargs.get("cadence", max(1, steps // 10)), "`:cadence`", span),
+        precision.name,
+        seed,
+    )
+
+
+eval_pass = Builtin(
+    "defeval",
+    _eval_pass,
+    (0, 0),
+    ("loader", "every", "batches"),
+    ("loader", "every"),
+    "(defeval name :loader (loader ...) :every N)",
+)
+defrun = Builtin(
+    "defrun",
+    _defrun,
+    (0, 0),
+    ("steps", "microbatches", "cadence", "precision", "seed"),
+    ("steps",),
+    "(defrun :steps N :microbatches M :precision :f32 :seed S)",
+)
+
+
+def names() -> dict[str, Builtin]:
+    """`loader`, `files` and `field`, bound in every run file."""
+    return {
+        "loader": Builtin(
+            "loader",
+            _loader,
+            (0, 0),
+            ("sources", "fields", "batch-size", "infinite"),
+            ("sources", "fields", "batch-size"),
+            "(loader :sources [...] :fields [...] :batch-size N)",
+        ),
+        "files": Builtin(
+            "files",
+            _files,
+            (1, 1),
+            ("encoding",),
+            doc='(files ["path" ...] :encoding "jsonl.gz")',
+        ),
+        "field": Builtin(
+            "field",
+            _field,
+            (1, 2),
+            ("from", "dtype", "shape"),
+            doc='(field :name :from "key" :dtype :i32 :shape [n]) '
+            "or (field batch :name)",
+        ),
+    }

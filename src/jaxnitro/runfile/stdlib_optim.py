@@ -1,0 +1,251 @@
+"""The standard module "sexpgpu/optim" (`sgd`, `adamw`, `warmup-stable-decay`) and
+the core's parameter selection (`select`, `group`).
+
+These are declarations: `check` validates them and resolves each group against
+the model's parameter names. Building the Optax chains from them and running
+them on the engine lands in part 2 of the run file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core import expect
+from .source import Span, fail
+from .values import Builtin, Keyword, kind_of, show
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A learning-rate schedule: warmup, a stable peak, a decay at the end."""
+
+    name: str
+    peak: float
+    warmup_steps: int
+    decay_fraction: float
+    kind = "a schedule"
+
+
+@dataclass(frozen=True)
+class SelectSpec:
+    """Parameters chosen by a name pattern (`model.embed.*`) or by rank."""
+
+    pattern: str | None = None
+    rank_below: int | None = None
+    kind = "a parameter selection"
+
+    def matches(self, name: str, shape: tuple[int, ...]) -> bool:
+        """True when the parameter `name` of `shape` is selected."""
+        if self.pattern is not None:
+            return fnmatch.fnmatchcase(name, self.pattern)
+        return self.rank_below is not None and len(shape) < self.rank_below
+
+    def __str__(self) -> str:
+        if self.pattern is not None:
+            return f'(select "{self.pattern}")'
+        return f"(select :rank-below {self.rank_below})"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Parameters of one selection and their hyperparameter overrides."""
+
+    select: SelectSpec
+    settings: Mapping[str, Any]
+    kind = "an optimizer group"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer: its rule, its default settings and its groups."""
+
+    rule: str
+    settings: Mapping[str, Any]
+    groups: tuple[GroupSpec, ...] = field(default=())
+    kind = "an optimizer"
+
+    def assign(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, list[str]]:
+        """Each group's parameters (first matching group wins), then `default`."""
+        held: dict[str, list[str]] = {str(g.select): [] for g in self.groups}
+        held["default"] = []
+        for name, shape in shapes.items():
+            group = next(
+                (g for g in self.groups if g.select.matches(name, shape)), None
+            )
+            held[str(group.select) if group else "default"].append(name)
+        return held
+
+
+def _rate(value: Any, what: str, span: Span) -> Any:
+    if isinstance(value, ScheduleSpec):
+        return value
+    expect(value, (int, float), what, span, "a number or a schedule")
+    if value <= 0:
+        raise fail("E-EVAL-007", f"{what} must be positive, got {value}", span)
+    return float(value)
+
+
+def _settings(kwargs: dict[str, Any], span: Span) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "lr":
+            settings[key] = _rate(value, "`:lr`", span)
+        elif key == "betas":
+            if not (
+                isinstance(value, tuple)
+                and len(value) == 2
+                and all(
+                    isinstance(b, int | float)
+                    and not isinstance(b, bool)
+                    and 0 <= b < 1
+                    for b in value
+                )
+            ):
+                raise fail(
+                    "E-EVAL-007",
+                    f"`:betas` must be two numbers in [0, 1), got {show(value)}",
+                    span,
+                    ":betas [0.9 0.95]",
+                )
+            settings[key] = tuple(float(b) for b in value)
+        elif key != "groups":
+            expect(value, (int, float), f"`:{key}`", span, "a number")
+            if value < 0:
+                raise fail("E-EVAL-007", f"`:{key}` must be >= 0, got {value}", span)
+            settings[key] = float(value)
+    return settings
+
+
+def _optimizer(rule: str) -> Any:
+    def impl(values: list[Any], kwargs: dict[str, Any], span: Span) -> OptimizerSpec:
+        groups = kwargs.get("groups", ())
+        if not isinstance(groups, tuple) or not all(
+            isinstance(g, GroupSpec) for g in groups
+        ):
+            raise fail(
+                "E-EVAL-007",
+                f"`:groups` of `{rule}` must be a vector of "
+                f"(group ...), got {kind_of(groups)}",
+                span,
+            )
+        return OptimizerSpec(rule, _settings(kwargs, span), groups)
+
+    return impl
+
+
+def _group(values: list[Any], kwargs: dict[str, Any], span: Span) -> GroupSpec:
+    if not isinstance(values[0], SelectSpec):
+        raise fail(
+            "E-EVAL-007",
+            f"`group` starts with a (select ...), got {kind_of(values[0])}",
+            span,
+            '(group (select "model.head.*") :lr 0.01)',
+        )
+    return GroupSpec(values[0], _settings(kwargs, span))
+
+
+def _select(values: list[Any], kwargs: dict[str, Any], span: Span) -> SelectSpec:
+    if values and not kwargs:
+        return SelectSpec(
+            pattern=expect(
+                values[0],
+                str,
+                "a `select` pattern",
+                span,
+                'a string such as "model.embed.*"',
+            )
+        )
+    if "rank-below" in kwargs and not values:
+        rank = expect(kwargs["rank-below"], int, "`:rank-below`", span, "an integer")
+        return SelectSpec(rank_below=rank)
+    raise fail(
+        "E-EVAL-004",
+        "`select` takes a pattern or :rank-below",
+        span,
+        '(select "model.embed.*") or (select :rank-below 2)',
+    )
+
+
+def _wsd(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
+    peak = _rate(values[0], "the peak of `warmup-stable-decay`", span)
+    if isinstance(peak, ScheduleSpec):
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
+    warmup = expect(
+        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
+    )
+    fraction = expect(
+        kwargs.get("decay-fraction", 0.2),
+        (int, float),
+        "`:decay-fraction`",
+        span,
+        "a number",
+    )
+    if warmup < 0 or not 0 <= fraction <= 1:
+        raise fail(
+            "E-EVAL-007",
+            f"`warmup-stable-decay` needs :warmup-steps >= 0 and "
+            f":decay-fraction in [0, 1], got {warmup} and {fraction}",
+            span,
+        )
+    return ScheduleSpec("warmup-stable-decay", peak, warmup, float(fraction))
+
+
+ADAM_KEYS = ("lr", "betas", "eps", "weight-decay", "groups")
+GROUP_KEYS = ("lr", "betas", "eps", "weight-decay", "momentum")
+
+
+def exports() -> dict[str, Builtin]:
+    """The names "sexpgpu/optim" exports."""
+    return {
+        "sgd": Builtin(
+            "sgd",
+            _optimizer("sgd"),
+            (0, 0),
+            ("lr", "momentum", "weight-decay", "groups"),
+            ("lr",),
+            "(sgd :lr 0.1 :momentum 0.9)",
+        ),
+        "adamw": Builtin(
+            "adamw",
+            _optimizer("adamw"),
+            (0, 0),
+            ADAM_KEYS,
+            ("lr",),
+            "(adamw :lr 0.001 :betas [0.9 0.95] :weight-decay 0.1)",
+        ),
+        "warmup-stable-decay": Builtin(
+            "warmup-stable-decay",
+            _wsd,
+            (1, 1),
+            ("warmup-steps", "decay-fraction"),
+            doc="(warmup-stable-decay peak :warmup-steps 25 :decay-fraction 0.7)",
+        ),
+    }
+
+
+def core_names() -> dict[str, Builtin]:
+    """`select` and `group`, bound in every run file."""
+    return {
+        "select": Builtin(
+            "select",
+            _select,
+            (0, 1),
+            ("rank-below",),
+            doc='(select "model.embed.*") or (select :rank-below 2)',
+        ),
+        "group": Builtin(
+            "group",
+            _group,
+            (1, 1),
+            GROUP_KEYS,
+            doc='(group (select "model.head.*") :lr 0.01)',
+        ),
+    }
+
+
+def keyword_name(value: Any) -> str | None:
+    """The name of a keyword value, else None."""
+    return value.name if isinstance(value, Keyword) else None
