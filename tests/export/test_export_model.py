@@ -8,7 +8,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import make_batches
+from experiments import make_batches, mlp
 from export_experiments import Exportable, Rich, quiet
 
 import jaxnitro as nx
@@ -65,8 +65,6 @@ def test_export_reads_ema_weights_and_bakes_device_values(tmp_path):
     x = make_batches(5, 5, seed=3)[0]["x"]
     out = model(x=x)["logits"]
     np.testing.assert_allclose(out, nitro.predict({"x": x}), rtol=1e-6, atol=1e-6)
-    from experiments import mlp
-
     raw = np.asarray(mlp(nitro.parameters, x)) / 3.0
     assert not np.allclose(out, raw, atol=1e-4)  # the EMA, not the raw weights
 
@@ -222,3 +220,58 @@ def test_disagreeing_hooks_fail_before_anything_is_written(tmp_path, cls, messag
     with pytest.raises(nx.HookError, match=message):
         export(nitro, tmp_path)
     assert not (tmp_path / "out").exists()
+
+
+def test_averaged_weights_are_exported_with_their_provenance(tmp_path):
+    run = str(tmp_path / "run")
+    nx.Nitro(Exportable(max_epochs=3), logger=None, run_dir=run).train()
+    nitro = nx.Nitro(
+        Exportable(),
+        logger=None,
+        run_dir=run,
+        weights=("latest", nx.Average(nx.Last(2))),
+    )
+    path = export(nitro, tmp_path)
+    x = make_batches(4, 4, seed=2)[0]["x"]
+    out = nx.load_bundle(path)(x=x)["logits"]
+    np.testing.assert_allclose(out, nitro.predict({"x": x}), rtol=1e-6, atol=1e-6)
+    with open(os.path.join(path, "provenance.json")) as f:
+        prov = json.load(f)
+    assert prov["averaged_from"] == json.loads(json.dumps(nitro.averaged_from))
+
+
+class BatchSizeBound(Exportable):
+    def forward(self, model, params, state, *, x):
+        n = int(x.shape[0])  # a concrete batch size: no symbolic program
+        return mlp(params, x) + jnp.zeros((n, 3)), state
+
+
+class PreprocessList(Exportable):
+    def export_preprocess(self, x):
+        return [x]
+
+
+class PostprocessBytes(Exportable):
+    def export_postprocess(self):
+        return b"def postprocess(out): ..."
+
+
+def test_program_and_hook_errors_name_the_fix(tmp_path):
+    nitro = nx.Nitro(BatchSizeBound(), **quiet())
+    with pytest.raises(nx.HookError, match="does not trace with a symbolic batch"):
+        export(nitro, tmp_path)
+    assert os.listdir(tmp_path / "out") == []
+    with pytest.raises(nx.HookError, match="must return a dict of batch fields"):
+        export(nx.Nitro(PreprocessList(), **quiet()), tmp_path)
+    with pytest.raises(nx.HookError, match="postprocess's Python source as a str"):
+        export(nx.Nitro(PostprocessBytes(), **quiet()), tmp_path)
+
+
+def test_device_resident_values_are_refused_by_key_path():
+    from jaxnitro.export.view import check_host_resident
+
+    check_host_resident("the weights", {"w": np.zeros(2)})
+    with pytest.raises(
+        nx.ConfigError, match=r"holds a device-resident array at \['w'\]"
+    ):
+        check_host_resident("the weights", {"w": jnp.zeros(2)})

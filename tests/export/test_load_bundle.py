@@ -144,3 +144,25 @@ def test_a_fresh_process_reproduces_predict(bundle, tmp_path):
         np.testing.assert_allclose(
             got[str(n)], nitro.predict({"x": x[:n]}), rtol=1e-6, atol=1e-6
         )
+
+
+def test_a_two_input_bundle_refuses_disagreeing_batch_sizes(tmp_path):
+    class Two(Exportable):
+        def export_inputs(self):
+            return [
+                nx.ExportSpec("x", "float32", (1, 8)),
+                nx.ExportSpec("w", "float32", (1,)),
+            ]
+
+        def export_preprocess(self, x, w):
+            return {"x": x * w[:, None]}
+
+    nitro = nx.Nitro(Two(), **quiet())
+    model = nx.load_bundle(
+        nx.export_model(nitro, nx.StableHLOBundle(), dir=tmp_path, name="t")
+    )
+    x = np.ones((3, 8), np.float32)
+    with pytest.raises(nx.ConfigError, match=r"disagree on the batch size.*\[2, 3\]"):
+        model(x=x, w=np.ones(2, np.float32))
+    out = model(x=x, w=np.full(3, 2.0, np.float32))["logits"]
+    np.testing.assert_allclose(out, nitro.predict({"x": 2 * x}), rtol=1e-6, atol=1e-6)
