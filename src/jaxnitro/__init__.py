@@ -98,6 +98,7 @@ from .export.provenance import git_provenance as git_provenance
 from .export.provenance import site_provenance as site_provenance
 from .export.sequence import export_model as export_model
 from .export.spec import ExportSpec as ExportSpec
+from .export.tf_saved_model import TFSavedModel as TFSavedModel
 from .export.view import export_view as export_view
 from .logging.jsonl import JSONLogger as JSONLogger
 from .logging.mlflow import MLflowLogger as MLflowLogger
