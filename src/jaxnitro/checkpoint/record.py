@@ -12,7 +12,8 @@ from an untrusted source cannot run code.
 Writes go to a temporary file in the same directory, are fsynced, then renamed into
 place: a crash at any instant leaves either the old file or the new one. Temporary
 names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
-mistaken for a record.
+mistaken for a record. Records and the manifest get the permissions the process umask
+gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------`.
 
 A file that is truncated, has a corrupted header, was written by another program, is
 not a safetensors file at all, or whose record header `RecordHeader.from_json` refuses
@@ -45,6 +46,7 @@ _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header
+_FILE_MODE = 0o666  # what `open()` creates a file with, before the umask
 
 
 def atomic_write(
@@ -64,6 +66,14 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        # mkstemp creates the file -rw-------; a record is a file like any other,
+        # readable as the process umask allows (a team shares a run directory).
+        os.fchmod(handle, _FILE_MODE & ~process_umask())
+    except BaseException:
+        os.close(handle)
+        os.remove(tmp)
+        raise
     os.close(handle)
     try:
         write(tmp)
@@ -84,6 +94,22 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         pass
     finally:
         os.close(dir_fd)
+
+
+def process_umask() -> int:
+    """The process umask, read without changing it where the system allows
+    (`/proc/self/status` on Linux): setting it to read it back races with other
+    threads creating files."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _host_array(leaf: Any) -> tuple[np.ndarray, str | None]:
