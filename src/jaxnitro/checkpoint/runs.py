@@ -1,4 +1,5 @@
-"""`runs`: the runs a run directory holds, one `RunSummary` each, from the manifest.
+"""`runs`: the runs a run directory holds, one `RunSummary` each, from the manifest;
+`run_directories`: the run directories a folder holds.
 
 An id names the run in a checkpoint source (`weights=("<id>", "best")`), and
 `checkpoint_run(nitro)` is a handle's own. The entries of a manifest written before
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lookup import Ranking, rank_best, run_label
-from .manifest import ManifestEntry, read_manifest
+from .manifest import ManifestEntry, manifest_path, read_manifest
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,22 @@ def runs(run_dir: str | os.PathLike[str]) -> list[RunSummary]:
         by_run.setdefault(entry.run, []).append(entry)
     summaries = [_summary(run, mine) for run, mine in by_run.items()]
     return sorted(summaries, key=lambda s: (s.id == "legacy", -s.written))
+
+
+def run_directories(directory: str | os.PathLike[str]) -> list[str]:
+    """`directory` itself when it holds a manifest (or nothing else does), else the
+    run directories directly inside it that hold one, by name: `runs/` of
+    `runs/<Experiment>/` folders lists each."""
+    root = os.fspath(directory)
+    if os.path.exists(manifest_path(root)):
+        return [root]
+    children = sorted(
+        path
+        for name in os.listdir(root)
+        if os.path.isdir(path := os.path.join(root, name))
+        and os.path.isfile(manifest_path(path))
+    )
+    return children
 
 
 def checkpoint_run(nitro: Any) -> str | None:
