@@ -6,6 +6,8 @@
     nitro ckpt DIR RUN WHICH   the same for the record a (run, which) pair names in
                           a run directory: RUN a run id, "latest" or "all"; WHICH
                           "latest" or "best" (as `weights=(run, which)` reads it)
+    nitro ckpt --repair DIR   rewrite DIR's manifest.json from the records' headers
+                          (--metric NAME --mode min|max: score the records added)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
 
@@ -55,7 +57,10 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     ckpt = commands.add_parser(
         "ckpt",
         help="show a checkpoint's metadata",
-        usage=f"{prog} ckpt [-h] PATH | DIR RUN WHICH",
+        usage=(
+            f"{prog} ckpt [-h] PATH | DIR RUN WHICH | --repair DIR "
+            "[--metric NAME --mode {{min,max}}]"
+        ),
         description=(
             "A checkpoint's metadata, read from its header (no weights): the record "
             "at PATH, or the one a (RUN, WHICH) pair names in the run directory DIR "
@@ -64,6 +69,20 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     )
     ckpt.add_argument("path", metavar="PATH")
     ckpt.add_argument("pair", nargs="*", metavar="RUN WHICH", help=argparse.SUPPRESS)
+    ckpt.add_argument(
+        "--repair",
+        action="store_true",
+        help=(
+            "rewrite DIR's manifest.json from the records there (keeping what a "
+            "readable manifest says of the files it lists)"
+        ),
+    )
+    ckpt.add_argument(
+        "--metric", help="with --repair: the metric that scores the records added"
+    )
+    ckpt.add_argument(
+        "--mode", choices=("min", "max"), help="with --repair: which way is better"
+    )
     from .runfile.commands import add_commands
 
     add_commands(commands)
@@ -83,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ckpt takes PATH, or DIR RUN WHICH; got {len(args.pair) + 1} arguments "
             f"({' '.join([args.path, *args.pair])})."
         )
+    if args.command == "ckpt" and args.repair and args.pair:
+        parser.error(f"ckpt --repair takes DIR alone, not {' '.join(args.pair)}.")
+    if args.command == "ckpt" and not args.repair and (args.metric or args.mode):
+        parser.error("ckpt: --metric and --mode go with --repair.")
     try:
         if args.command in ("check", "fmt"):
             from .runfile.commands import run_command
@@ -90,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args)
         if args.command == "runs":
             return _runs(args.run_dir)
+        if args.repair:
+            return _repair(args.path, args.metric, args.mode)
         return _ckpt(args.path, *args.pair)
     except CheckpointError as error:
         print(f"nitro {args.command}: {error}", file=sys.stderr)
@@ -199,6 +224,22 @@ def _ckpt(path: str, *pair: str) -> int:
     info = checkpoint_info(path)
     print(path)
     _print_mapping(info, indent=2)
+    return 0
+
+
+def _repair(directory: str, metric: str | None, mode: str | None) -> int:
+    from .checkpoint.lookup import runs_held
+    from .checkpoint.manifest import manifest_path, repair_manifest
+
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"No run directory at {directory!r}.")
+    entries, skipped = repair_manifest(directory, metric=metric, mode=mode)
+    print(
+        f"Wrote {manifest_path(directory)}: {len(entries)} checkpoint(s); runs: "
+        f"{runs_held(entries)}."
+    )
+    for line in skipped:
+        print(f"nitro ckpt --repair: left out {line}", file=sys.stderr)
     return 0
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -211,11 +212,35 @@ def _unreadable(path: str, error: OSError) -> NoReturn:
     raise CheckpointError(f"{path} cannot be read: {error}") from None
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words, from its `st_mode`."""
+    kinds = (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+NOT_REGULAR = (
+    "{path} is a {kind}, not a regular file; a checkpoint record is a regular "
+    ".safetensors file, and reading a {kind} could block or never end. Pass a "
+    "record's path, or move the {kind} away."
+)
+
+
 class _FileHeader:
     """A safetensors file's parsed header: tensor entries, metadata, data extent."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(mode):  # a FIFO would block the open below
+            raise CheckpointError(NOT_REGULAR.format(path=path, kind=file_kind(mode)))
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lookup import Ranking, rank_best, run_label
-from .manifest import ManifestEntry, manifest_path, read_manifest
+from .manifest import RECORD_SUFFIX, ManifestEntry, manifest_path, read_manifest
 
 
 @dataclass(frozen=True)
@@ -82,20 +82,28 @@ def runs(run_dir: str | os.PathLike[str]) -> list[RunSummary]:
     return sorted(summaries, key=lambda s: (s.id == "legacy", -s.written))
 
 
+def is_run_directory(directory: str) -> bool:
+    """Whether `directory` holds a manifest or a checkpoint record."""
+    if os.path.lexists(manifest_path(directory)):
+        return True
+    try:
+        return any(name.endswith(RECORD_SUFFIX) for name in os.listdir(directory))
+    except OSError:
+        return False
+
+
 def run_directories(directory: str | os.PathLike[str]) -> list[str]:
-    """`directory` itself when it holds a manifest (or nothing else does), else the
-    run directories directly inside it that hold one, by name: `runs/` of
-    `runs/<Experiment>/` folders lists each."""
+    """`directory` itself when it is a run directory (a manifest or a record in
+    it), else the run directories directly inside it, by name: `runs/` of
+    `runs/<Experiment>/` folders lists each. Empty when there are none."""
     root = os.fspath(directory)
-    if os.path.exists(manifest_path(root)):
+    if is_run_directory(root):
         return [root]
-    children = sorted(
+    return sorted(
         path
         for name in os.listdir(root)
-        if os.path.isdir(path := os.path.join(root, name))
-        and os.path.isfile(manifest_path(path))
+        if os.path.isdir(path := os.path.join(root, name)) and is_run_directory(path)
     )
-    return children
 
 
 def checkpoint_run(nitro: Any) -> str | None:
