@@ -2,6 +2,7 @@
 `nitro ckpt` reading a run directory."""
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 
@@ -93,7 +94,57 @@ def test_nitro_ckpt_prints_checkpoint_info(run_dir, capsys):
     assert "nitro ckpt: " in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["bogus"], ["runs"], ["ckpt", "a", "b"]])
+def test_nitro_runs_lists_each_run_directory_of_a_folder(tmp_path, capsys):
+    for name, run in (("mnist", "aaaa1111"), ("cifar", "bbbb2222")):
+        write(bound(tmp_path / name, run=run, keep=Last(3)), 1, 0.5)
+    (tmp_path / "notes").mkdir()  # a folder that is not a run directory
+    assert main(["runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{tmp_path / 'cifar'}:"
+    assert lines[1].split()[:2] == ["run", "ckpts"]
+    assert lines[2].split()[:2] == ["bbbb2222", "1"]
+    assert lines[3] == ""
+    assert lines[4] == f"{tmp_path / 'mnist'}:"
+    assert lines[6].split()[:2] == ["aaaa1111", "1"]
+    assert len(lines) == 7
+
+
+@pytest.mark.parametrize(
+    ("run", "which", "expected"),
+    [
+        ("aaaa1111", "latest", ("aaaa1111", 3)),
+        ("aaaa1111", "best", ("aaaa1111", 3)),
+        ("latest", "latest", ("bbbb2222", 1)),
+        ("all", "best", ("bbbb2222", 1)),
+    ],
+)
+def test_nitro_ckpt_reads_the_record_a_run_which_pair_names(
+    run_dir, capsys, run, which, expected
+):
+    assert main(["ckpt", str(run_dir), run, which]) == 0
+    out = capsys.readouterr().out
+    assert f"  run: {expected[0]}\n" in out and f"  epoch: {expected[1]}\n" in out
+
+
+def test_nitro_ckpt_of_a_directory_suggests_a_pair_it_accepts(run_dir, capsys):
+    assert main(["ckpt", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    suggested = re.search(r"`nitro ckpt (.+?) latest best`", err)
+    assert suggested is not None and suggested.group(1) == str(run_dir)
+    assert main(["ckpt", suggested.group(1), "latest", "best"]) == 0
+    assert "  run: bbbb2222\n" in capsys.readouterr().out
+    assert main(["ckpt", str(run_dir), "aaaa1111", "worst"]) == 1
+    assert capsys.readouterr().err == (
+        "nitro ckpt: ('aaaa1111', 'worst'): which is 'latest' or 'best', not "
+        "'worst'; e.g. ('aaaa1111', \"best\").\n"
+    )
+    assert main(["ckpt", str(run_dir), "cccc3333", "best"]) == 1
+    assert "holds no run 'cccc3333'. Its runs: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv", [["bogus"], ["runs"], ["ckpt", "a", "b"], ["ckpt", "a", "b", "c", "d"]]
+)
 def test_usage_errors_exit_with_status_2(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)

@@ -1,12 +1,20 @@
 """The `nitro` (and `sexpgpu`) command line: one program, subcommands by feature.
 
-    nitro runs RUN_DIR    the runs a run directory holds, most recent first
+    nitro runs DIR        the runs a run directory holds, most recent first; for a
+                          folder of run directories, each one's runs
     nitro ckpt PATH       a checkpoint's metadata, read from its header only
+    nitro ckpt DIR RUN WHICH   the same for the record a (run, which) pair names in
+                          a run directory: RUN a run id, "latest" or "all"; WHICH
+                          "latest" or "best" (as `weights=(run, which)` reads it)
+    nitro ckpt --repair DIR   rewrite DIR's manifest.json from the records' headers
+                          (--metric NAME --mode min|max: score the records added)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
 
-Exit status: 0 on success, 2 for a usage error (argparse's), 1 when the path is
-missing or not a readable run directory or checkpoint (the reason on stderr).
+`nitro` with no arguments prints this help and exits 0: asking what the program does
+is not a mistake. Exit status: 0 on success, 2 for a usage error (argparse's), 1 when
+the path is missing or not a readable run directory or checkpoint (the reason on
+stderr).
 The run-file verbs' statuses are in `jaxnitro.runfile.commands`.
 """
 
@@ -45,13 +53,36 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         help="list the runs a run directory holds",
         description="The runs RUN_DIR's manifest holds, most recent first.",
     )
-    runs.add_argument("run_dir", metavar="RUN_DIR")
+    runs.add_argument("run_dir", metavar="DIR")
     ckpt = commands.add_parser(
         "ckpt",
         help="show a checkpoint's metadata",
-        description="A checkpoint's metadata, read from its header (no weights).",
+        usage=(
+            f"{prog} ckpt [-h] PATH | DIR RUN WHICH | --repair DIR "
+            "[--metric NAME --mode {{min,max}}]"
+        ),
+        description=(
+            "A checkpoint's metadata, read from its header (no weights): the record "
+            "at PATH, or the one a (RUN, WHICH) pair names in the run directory DIR "
+            '(RUN: a run id, "latest" or "all"; WHICH: "latest" or "best").'
+        ),
     )
     ckpt.add_argument("path", metavar="PATH")
+    ckpt.add_argument("pair", nargs="*", metavar="RUN WHICH", help=argparse.SUPPRESS)
+    ckpt.add_argument(
+        "--repair",
+        action="store_true",
+        help=(
+            "rewrite DIR's manifest.json from the records there (keeping what a "
+            "readable manifest says of the files it lists)"
+        ),
+    )
+    ckpt.add_argument(
+        "--metric", help="with --repair: the metric that scores the records added"
+    )
+    ckpt.add_argument(
+        "--mode", choices=("min", "max"), help="with --repair: which way is better"
+    )
     from .runfile.commands import add_commands
 
     add_commands(commands)
@@ -66,6 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "ckpt" and len(args.pair) not in (0, 2):
+        parser.error(
+            f"ckpt takes PATH, or DIR RUN WHICH; got {len(args.pair) + 1} arguments "
+            f"({' '.join([args.path, *args.pair])})."
+        )
+    if args.command == "ckpt" and args.repair and args.pair:
+        parser.error(f"ckpt --repair takes DIR alone, not {' '.join(args.pair)}.")
+    if args.command == "ckpt" and not args.repair and (args.metric or args.mode):
+        parser.error("ckpt: --metric and --mode go with --repair.")
     try:
         if args.command in ("check", "fmt"):
             from .runfile.commands import run_command
@@ -73,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args)
         if args.command == "runs":
             return _runs(args.run_dir)
-        return _ckpt(args.path)
+        if args.repair:
+            return _repair(args.path, args.metric, args.mode)
+        return _ckpt(args.path, *args.pair)
     except CheckpointError as error:
         print(f"nitro {args.command}: {error}", file=sys.stderr)
         return 1
@@ -108,14 +150,30 @@ _HEADERS = ("run", "ckpts", "epochs", "best", "metric", "last written", "parent"
 
 
 def _runs(run_dir: str) -> int:
-    from .checkpoint.runs import runs
+    from .checkpoint.runs import run_directories
 
     if not os.path.isdir(run_dir):
         raise CheckpointError(f"No run directory at {run_dir!r}.")
+    found = run_directories(run_dir)
+    if not found:
+        print(f"No checkpoints in {run_dir}.")
+        return 0
+    for index, directory in enumerate(found):
+        if index:
+            print()
+        _runs_table(directory, titled=found != [run_dir])
+    return 0
+
+
+def _runs_table(run_dir: str, *, titled: bool) -> None:
+    """The runs table of one run directory; `titled`: headed by its path (a folder
+    of run directories lists several)."""
+    from .checkpoint.runs import runs
+
     summaries = runs(run_dir)
     if not summaries:
         print(f"No checkpoints in {run_dir}.")
-        return 0
+        return
     rows = [
         (
             s.id,
@@ -130,12 +188,13 @@ def _runs(run_dir: str) -> int:
     ]
     if sys.stdout.isatty():
         _print_rich(f"Runs in {run_dir}", rows)
-    else:
-        widths = [max(len(r[i]) for r in [_HEADERS, *rows]) for i in range(7)]
-        for row in [_HEADERS, *rows]:
-            cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-            print("  ".join(cells).rstrip())
-    return 0
+        return
+    if titled:
+        print(f"{run_dir}:")
+    widths = [max(len(r[i]) for r in [_HEADERS, *rows]) for i in range(7)]
+    for row in [_HEADERS, *rows]:
+        cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        print("  ".join(cells).rstrip())
 
 
 def _print_rich(title: str, rows: Sequence[tuple[str, ...]]) -> None:
@@ -150,12 +209,37 @@ def _print_rich(title: str, rows: Sequence[tuple[str, ...]]) -> None:
     Console().print(table)
 
 
-def _ckpt(path: str) -> int:
-    from .checkpoint.info import checkpoint_info
+def _ckpt(path: str, *pair: str) -> int:
+    from .checkpoint.info import checkpoint_info, checkpoint_path
 
+    if pair:
+        path = checkpoint_path(path, pair[0], pair[1])
+    elif os.path.isdir(path):
+        raise CheckpointError(
+            f"{path} is a directory, not a checkpoint file. Name a record in it with "
+            f"a (run, which) pair, e.g. `nitro ckpt {path} latest best` or "
+            f"`nitro ckpt {path} <run id> latest` (`nitro runs {path}` lists the "
+            f"run ids), or pass a record's path."
+        )
     info = checkpoint_info(path)
     print(path)
     _print_mapping(info, indent=2)
+    return 0
+
+
+def _repair(directory: str, metric: str | None, mode: str | None) -> int:
+    from .checkpoint.lookup import runs_held
+    from .checkpoint.manifest import manifest_path, repair_manifest
+
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"No run directory at {directory!r}.")
+    entries, skipped = repair_manifest(directory, metric=metric, mode=mode)
+    print(
+        f"Wrote {manifest_path(directory)}: {len(entries)} checkpoint(s); runs: "
+        f"{runs_held(entries)}."
+    )
+    for line in skipped:
+        print(f"nitro ckpt --repair: left out {line}", file=sys.stderr)
     return 0
 
 

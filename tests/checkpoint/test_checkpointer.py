@@ -302,6 +302,26 @@ def test_finalize_rewrites_the_last_kept_record_and_its_entry(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
 
 
+@pytest.fixture(params=[0o022, 0o027, 0o002])
+def umask(request):
+    """The process umask set to each value for the test, restored after."""
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def test_records_and_the_manifest_get_the_process_umask(tmp_path, umask):
+    """Not mkstemp's -rw-------: a team shares a run directory."""
+    ckpt = bound(tmp_path, keep=(Last(1),))
+    write(ckpt, 1, 0.5)
+    write(ckpt, 2, 0.6)  # a rotation rewrites the manifest
+    assert ckpt.finalize("error") is True  # rewrites the last record in place
+    expected = 0o666 & ~umask
+    files = [*record_files(tmp_path), MANIFEST]
+    modes = {f: oct(os.stat(tmp_path / f).st_mode & 0o777) for f in files}
+    assert modes == dict.fromkeys(files, oct(expected))
+
+
 def test_finalize_rewrites_nothing_when_no_selector_kept_the_last_epoch(tmp_path):
     ckpt = bound(tmp_path, keep=Best(1))
     write(ckpt, 1, 0.5)

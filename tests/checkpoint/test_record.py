@@ -289,3 +289,22 @@ def test_a_damaged_manifest_raises_naming_it(tmp_path, text, message):
     with pytest.raises(nx.CheckpointError, match=message) as caught:
         read_manifest(str(tmp_path))
     assert str(tmp_path / MANIFEST) in str(caught.value)
+
+
+@pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
+def test_process_umask_reads_the_umask_without_changing_it(monkeypatch, proc):
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if path == "/proc/self/status":
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    if not proc:
+        monkeypatch.setattr(builtins, "open", no_proc)
+    previous = os.umask(0o037)
+    try:
+        assert record_module.process_umask() == 0o037
+        assert os.umask(0o037) == 0o037  # left as it was
+    finally:
+        os.umask(previous)

@@ -365,3 +365,147 @@ def test_argument_names_are_in_the_code_fingerprint():
 
     assert original.__qualname__ == shift.__qualname__
     assert fingerprint(original) != fingerprint(shift)
+
+
+# --- which names are looked up in the globals -----------------------------------------
+
+SWEEP_MODULE = """
+import jax
+import jax.numpy as jnp
+from experiments import N_CLASSES, Tiny
+
+smoothing = 0.0
+
+
+class Smoothed(Tiny):
+    def loss(self, logits, *, y):
+        target = (1 - self.smoothing) * y + self.smoothing / N_CLASSES
+        return -jnp.mean(jnp.sum(target * jax.nn.log_softmax(logits), -1))
+"""
+
+
+def test_a_sweep_whose_loop_variable_shares_a_fields_name_compiles_once(
+    tmp_path, monkeypatch
+):
+    """`for smoothing in values: Nitro(E(smoothing=smoothing)).train()`: the
+    script's global `smoothing` is not what `self.smoothing` reads."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "sweep_exp.py").write_text(SWEEP_MODULE)
+    module = importlib.import_module("sweep_exp")
+    try:
+        misses = []
+        for value in (0.0, 0.1, 0.2):
+            module.smoothing = value
+            experiment = module.Smoothed(smoothing=value, max_epochs=1)
+            misses.append(
+                kinds_compiled(lambda e=experiment: nx.Nitro(e, **quiet()).train())
+            )
+    finally:
+        sys.modules.pop("sweep_exp", None)
+    assert misses[0] != []
+    assert misses[1:] == [[], []]
+
+
+MATRIX_SOURCE = """
+class Holder:
+    smoothing = 0.5
+
+    def scaled(self, x):
+        return x * self.smoothing
+
+
+class Owner:
+    smoothing = 0.25
+
+    def reads_field(self, x):
+        return x * self.smoothing
+
+    def reads_class_attribute(self, x):
+        return x * Holder.smoothing
+
+    def calls_method(self, x):
+        return HOLDER.smoothing(x)
+
+    def reads_global(self, x):
+        return x * smoothing
+
+
+class Methods:
+    def smoothing(self, x):
+        return x * 2.0
+
+
+HOLDER = Methods()
+
+
+def make_closure(smoothing):
+    def reads_closure(self, x):
+        return x * smoothing
+
+    return reads_closure
+
+
+reads_closure = make_closure(0.5)
+smoothing = 1.0
+"""
+
+
+@pytest.fixture
+def matrix():
+    """A module made in memory (a user module) whose global `smoothing` shares
+    the name of a field, a class attribute, a method and a closure variable."""
+    module = types.ModuleType("fingerprint_matrix")
+    exec(MATRIX_SOURCE, vars(module))
+    return module
+
+
+def _printed(module, name):
+    owner = module.Owner
+    fn = module.reads_closure if name == "reads_closure" else vars(owner)[name]
+    return fingerprint(fn, owner=owner)
+
+
+@pytest.mark.parametrize(
+    "name", ["reads_field", "reads_class_attribute", "calls_method", "reads_closure"]
+)
+def test_a_global_sharing_an_attribute_or_closure_name_is_not_in_the_key(matrix, name):
+    before = _printed(matrix, name)
+    matrix.smoothing = 2.0
+    assert _printed(matrix, name) == before  # no false miss
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("reads_global", lambda m: setattr(m, "smoothing", 2.0)),
+        ("reads_field", lambda m: setattr(m.Owner, "smoothing", 0.75)),
+        ("reads_class_attribute", lambda m: setattr(m.Holder, "smoothing", 0.75)),
+        ("calls_method", lambda m: setattr(m, "HOLDER", m.Holder())),
+        ("reads_closure", lambda m: setattr(m, "reads_closure", m.make_closure(3.0))),
+    ],
+)
+def test_what_the_code_really_reads_is_still_in_the_key(matrix, name, change):
+    before = _printed(matrix, name)
+    change(matrix)
+    assert _printed(matrix, name) != before  # no wrong hit
+
+
+NESTED_SOURCE = """
+def outer(self):
+    def inner():
+        return [GLOBAL_IN_COMPREHENSION for _ in self.items]
+
+    return self.method() + len(inner()) + GLOBAL_AT_TOP
+"""
+
+
+def test_global_names_decodes_load_global_and_reads_nested_code():
+    from jaxnitro.compile.fingerprint import global_names
+
+    namespace: dict = {}
+    exec(NESTED_SOURCE, namespace)
+    assert global_names(namespace["outer"].__code__) == {
+        "GLOBAL_IN_COMPREHENSION",
+        "GLOBAL_AT_TOP",
+        "len",
+    }

@@ -5,6 +5,8 @@ Every formula is checked against a direct Optax or NumPy computation of the same
 steps on the same data.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -69,6 +71,37 @@ def test_learning_rate_zero_is_refused():
 
     with pytest.raises(nx.ConfigError, match="learning_rate\\(\\) returned 0.0"):
         nx.Nitro(Zero(), **quiet())
+
+
+class StringRate(Tiny):
+    learning_rate: float = "1e-3"
+
+
+class StringDecayMethod(Tiny):
+    def weight_decay(self, group=None):
+        return "0.01"
+
+
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (
+            StringRate,
+            "StringRate.learning_rate gave '1e-3' (a str) for the 'default' group; "
+            "it must be a number, and a string is refused even when it reads as one. "
+            "Write the number itself, e.g. learning_rate=0.001.",
+        ),
+        (
+            StringDecayMethod,
+            "StringDecayMethod.weight_decay gave '0.01' (a str) for the 'default' "
+            "group; it must be a number, and a string is refused even when it reads "
+            "as one. Write the number itself, e.g. weight_decay=0.0001.",
+        ),
+    ],
+)
+def test_a_hyperparameter_given_as_a_string_is_refused(cls, message):
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(message)}$"):
+        nx.Nitro(cls(), logger=None, checkpointer=None)
 
 
 def test_level1_rule_called_by_name_with_a_scheduled_field():

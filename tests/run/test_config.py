@@ -71,6 +71,58 @@ REFUSALS = [
         "e.g. seed=4.",
     ),
     (
+        {"seed": 1.5},
+        nx.ConfigError,
+        "seed must be an int, got 1.5 (from the keyword). Pass a whole number, "
+        "e.g. seed=4.",
+    ),
+    (
+        {"seed": "7"},
+        nx.ConfigError,
+        "seed must be an int, got '7' (from the keyword). Pass a whole number, "
+        "e.g. seed=4.",
+    ),
+    (
+        {"seed": float("inf")},
+        nx.ConfigError,
+        "seed must be an int, got inf (from the keyword). Pass a whole number, "
+        "e.g. seed=4.",
+    ),
+    (
+        {"seed": 2**64 + 7},
+        nx.ConfigError,
+        "seed=18446744073709551623 (from the keyword) is out of range: "
+        "jax.random.key takes a seed from -2**63 to 2**63 - 1. Pass a smaller whole "
+        "number, e.g. seed % 2**32 = 7.",
+    ),
+    (
+        {"run_dir": None},
+        nx.ConfigError,
+        "run_dir must be a path (a str or an os.PathLike), got None (from the "
+        'keyword). Pass a directory, e.g. run_dir="runs/mnist"; to write nothing, '
+        "pass checkpointer=None and logger=None and leave run_dir at its default.",
+    ),
+    (
+        {"run_dir": 3},
+        nx.ConfigError,
+        "run_dir must be a path (a str or an os.PathLike), got 3 (from the "
+        'keyword). Pass a directory, e.g. run_dir="runs/mnist"; to write nothing, '
+        "pass checkpointer=None and logger=None and leave run_dir at its default.",
+    ),
+    (
+        {"run_dir": ""},
+        nx.ConfigError,
+        "run_dir is an empty string (from the keyword), which would scatter "
+        "checkpoints and logs in the working directory unnoticed. Pass a directory, "
+        'e.g. run_dir="runs/mnist", or run_dir="." to mean the working directory.',
+    ),
+    (
+        {"gradient_clip_norm": "1.0"},
+        nx.ConfigError,
+        "gradient_clip_norm must be a number, got '1.0' (from the keyword). Pass a "
+        "float, e.g. gradient_clip_norm=1.0; 0 turns clipping off.",
+    ),
+    (
         {"gradient_clip_norm": "high"},
         nx.ConfigError,
         "gradient_clip_norm must be a number, got 'high' (from the keyword). Pass a "
@@ -130,6 +182,25 @@ def test_a_bad_value_is_refused_when_the_config_is_built(keywords, error, messag
     # The handle builds its config first: refused before the data is built.
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         nx.Nitro(NoData(), **quiet(**keywords))
+
+
+def test_a_run_dir_that_is_an_existing_file_is_refused(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("not a directory")
+    message = (
+        f"run_dir={str(path)!r} (from the keyword) is an existing file, not a "
+        "directory; the run writes its checkpoints and log inside run_dir. Pass a "
+        "directory path, or move the file away."
+    )
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(message)}$"):
+        nx.Nitro(NoData(), **quiet(run_dir=path))
+    assert path.read_text() == "not a directory"
+
+
+def test_a_whole_seed_of_another_type_is_kept_in_range():
+    for seed, expected in [(np.int64(5), 5), (3.0, 3), (-(2**63), -(2**63))]:
+        config = RunConfig.resolve(NoData(), quiet(seed=seed))
+        assert type(config.seed) is int and config.seed == expected
 
 
 def test_xla_refuses_an_unknown_compile_option_when_the_config_is_built():

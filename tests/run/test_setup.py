@@ -1,5 +1,7 @@
 """Device fields, set_device and device_value; presets; derive."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -199,6 +201,47 @@ def test_unknown_run_keyword_is_refused():
         nx.ConfigError, match="Unknown Nitro keyword max_epoch. The run keywords are"
     ):
         nx.Nitro(Tiny(), max_epoch=3)
+
+
+def test_an_unknown_run_keyword_suggests_the_near_one():
+    with pytest.raises(nx.ConfigError, match="preset\\. Did you mean `max_epochs`\\?$"):
+        nx.Nitro(Tiny(), max_epoch=3)
+    with pytest.raises(
+        nx.ConfigError,
+        match="Unknown Nitro keywords checkpointr, zzz\\..* checkpointr: Did you mean "
+        "`checkpointer`\\?$",
+    ):
+        nx.Nitro(Tiny(), checkpointr=None, zzz=1)
+    with pytest.raises(nx.ConfigError, match="Did you mean `max_epochs`\\?$"):
+        nx.Nitro(Tiny, "current", max_epoch=3)
+
+
+def test_an_experiment_field_or_method_passed_to_nitro_says_where_it_goes():
+    method = (
+        "learning_rate=0.01 was passed to Nitro, but `learning_rate` is a method of "
+        "Tiny, not a run keyword: the experiment answers it. Set it on the experiment "
+        "in either form: a method, `def learning_rate(self, group=None): return "
+        "0.01`, or a field, `learning_rate: float = 0.01` in the class, then "
+        "Nitro(Tiny(learning_rate=0.01))."
+    )
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(method)}$"):
+        nx.Nitro(Tiny(), learning_rate=0.01, **quiet())
+    field = (
+        "width=32 was passed to Nitro, but `width` is a field of Tiny, not a run "
+        "keyword. Set it on the experiment, Nitro(Tiny(width=32)), or in the preset "
+        'form, Nitro(Tiny, "preset name", width=32).'
+    )
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(field)}$"):
+        nx.Nitro(Tiny(), width=32, **quiet())
+    hook = (
+        "forward=None was passed to Nitro, but `forward` is a method of Tiny, not a "
+        "run keyword: the experiment answers it. Override the method in the class, "
+        "`def forward(self, ...)`."
+    )
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(hook)}$"):
+        nx.Nitro(Tiny(), forward=None, **quiet())
+    with pytest.raises(nx.ConfigError, match="`learning_rate` is a method of"):
+        nx.Nitro(WithArrays, "current", learning_rate=0.01)
 
 
 class Derived(Tiny):

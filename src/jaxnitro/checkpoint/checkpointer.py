@@ -16,7 +16,10 @@ overwrite a file this run does not own gets `-run-<id>` before the extension.
 
 Order of a write: the record goes to a temporary file renamed into place, then the
 manifest is replaced atomically, and only then are rotated files deleted, so a crash
-at any instant leaves a readable directory whose manifest names complete records.
+at any instant leaves a readable directory whose manifest names complete records. A
+fresh directory gets an empty manifest before its first record, so records without
+a manifest always mean a lost one (which lookups rebuild), never a kill between the
+first record and its manifest.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from .header import RecordHeader
 from .manifest import (
     Manifest,
     ManifestEntry,
+    holds_records,
     load_manifest,
+    manifest_path,
     read_manifest,
     remove_file,
     write_manifest,
@@ -370,6 +375,13 @@ class Checkpointer:
         if not admitted or candidate not in kept:
             self._last_saved = None
             return False
+        if not os.path.lexists(manifest_path(directory)) and not holds_records(
+            directory
+        ):
+            # A fresh directory gets its manifest before its first record, so
+            # records without a manifest always mean a lost one (rebuilt by
+            # lookups), never a kill between a first record and its manifest.
+            write_manifest(directory, [], tmp_prefix=self._tmp_prefix)
         save_record(
             os.path.join(directory, filename),
             trees,

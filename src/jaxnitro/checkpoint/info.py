@@ -1,11 +1,16 @@
-"""`checkpoint_info`: a record's metadata, read from the header without its weights."""
+"""`checkpoint_info`: a record's metadata, read from the header without its weights;
+`checkpoint_path`: the record a `(run, which)` pair names in a run directory."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from ..errors import CheckpointError
+from .lookup import resolve_checkpoint
 from .record import read_header
+
+WHICH_VALUES = ("latest", "best")
 
 INFO_KEYS = (
     "format_version",
@@ -48,3 +53,21 @@ def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     if header.averaged_from is not None:
         info["averaged_from"] = header.averaged_from
     return info
+
+
+def checkpoint_path(run_dir: str | os.PathLike[str], run: str, which: str) -> str:
+    """The record `(run, which)` names in `run_dir`, as `weights=(run, which)`
+    would read it: `run` a run id, "latest" (the newest run) or "all"; `which`
+    "latest" or "best" (by the metric the newest scored entry was written under).
+
+    Raises:
+        CheckpointError: `which` is neither, or the directory holds no such record
+            (the message lists the runs it holds).
+    """
+    if which not in WHICH_VALUES:
+        raise CheckpointError(
+            f"({run!r}, {which!r}): which is {' or '.join(map(repr, WHICH_VALUES))}, "
+            f'not {which!r}; e.g. ({run!r}, "best").'
+        )
+    found = resolve_checkpoint(None, os.fspath(run_dir), run, which, what="ckpt")
+    return found.path

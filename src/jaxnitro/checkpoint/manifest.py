@@ -7,9 +7,22 @@ files rotation drops are deleted, so every entry always names a complete record.
 
 A kill can leave two kinds of file the manifest does not list, and neither is ever
 loaded: a record renamed into place just before the manifest was replaced (the
-resumed run retrains that epoch and overwrites it), and files rotation had dropped
+resumed run retrains that epoch and overwrites it; a fresh directory's manifest is
+written empty before its first record, so one always exists to leave it out of),
+and files rotation had dropped
 but not yet deleted. The manifest lists the latter under `pending_deletion`, and the
 next write in the directory deletes them.
+
+A manifest that is missing while records sit in the directory (deleted by hand,
+lost in a copy) is rebuilt in memory from the records' headers, with a warning:
+run, epoch, step and stop_reason come from each header, the write time from the
+file. What a header does not hold (which metric scored the record, and which way is
+better; the parent of a branched run) is left empty, so "best" ranks none of the
+rebuilt entries; `nitro ckpt --repair DIR --metric NAME --mode MODE` writes the
+rebuilt manifest with them scored. The checkpointer's own reads never rebuild (a
+record it does not list is never rotated away). A manifest path that is not a
+regular file (a directory, a FIFO) is refused by name, and only regular files are
+read as records.
 """
 
 from __future__ import annotations
@@ -18,13 +31,31 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NitroWarning, user_stacklevel
 from .io_retry import with_io_retry
-from .record import TMP_PREFIX, atomic_write, json_object
+from .record import TMP_PREFIX, atomic_write, file_kind, json_object, read_header
+
+RECORD_SUFFIX = ".safetensors"
+MANIFEST_NOT_FILE = (
+    "{path} is a {kind}, not a regular file: the manifest is the JSON file "
+    "manifest.json. Move the {kind} away, then `nitro ckpt --repair {directory}` "
+    "rebuilds the manifest from the records beside it."
+)
+MANIFEST_REBUILT = (
+    "{path} is missing, but {directory} holds {count} checkpoint record(s): the "
+    "manifest was rebuilt from their headers (run, epoch, step, stop_reason; the "
+    "write time from the file).{skipped} Which metric scored each record is not in "
+    'its header, so "best" ranks none of them. Run `nitro ckpt --repair '
+    "{directory}` (with --metric NAME --mode min|max to score them) to write it: "
+    "until then, a checkpoint written here starts a manifest that lists only the "
+    "records written from then on."
+)
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -72,20 +103,65 @@ def manifest_path(directory: str) -> str:
     return os.path.join(directory, MANIFEST)
 
 
-def load_manifest(directory: str) -> Manifest:
-    """Parse the directory's manifest; an empty one when there is none."""
+def load_manifest(
+    directory: str, *, rebuild: bool = False, warn: bool = False
+) -> Manifest:
+    """Parse the directory's manifest; an empty one when there is none.
+
+    With `rebuild`, a missing manifest beside records is rebuilt in memory from
+    the records' headers (see `rebuild_entries`), with a NitroWarning when `warn`.
+    The checkpointer's own reads never rebuild: a record it does not list is never
+    rotated away, and one its run left unlisted by a crash is overwritten in place.
+
+    Raises:
+        CheckpointError: the manifest is damaged, or its path is not a regular file.
+    """
+    text = _read_manifest_text(directory)
+    if text is None:
+        if not rebuild:
+            return Manifest([], [])
+        entries, skipped = rebuild_entries(directory)
+        if entries and warn:
+            warnings.warn(
+                MANIFEST_REBUILT.format(
+                    path=manifest_path(directory),
+                    directory=directory,
+                    count=len(entries),
+                    skipped=_skipped_note(skipped),
+                ),
+                NitroWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return Manifest(entries, [])
+    return _parse(manifest_path(directory), text)
+
+
+def _read_manifest_text(directory: str) -> str | None:
+    """The manifest's text; None when there is none. Only a regular file is read:
+    a directory or a FIFO at that path is refused by name (a FIFO would block)."""
     path = manifest_path(directory)
 
     def read() -> str | None:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(
+                MANIFEST_NOT_FILE.format(
+                    path=path, kind=file_kind(mode), directory=directory
+                )
+            )
         try:
             with open(path, encoding="utf-8") as f:
                 return f.read()
         except FileNotFoundError:
             return None
 
-    text = with_io_retry(read, what=f"reading {path}")
-    if text is None:
-        return Manifest([], [])
+    return with_io_retry(read, what=f"reading {path}")
+
+
+def _parse(path: str, text: str) -> Manifest:
 
     def not_manifest(kind: str) -> str:
         return (
@@ -134,12 +210,135 @@ def _entry(path: str, index: int, item: Any) -> ManifestEntry:
     return ManifestEntry(**values)
 
 
-def read_manifest(directory: str) -> list[ManifestEntry]:
+def holds_records(directory: str) -> bool:
+    """Whether `directory` holds a file named like a checkpoint record."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(
+        n.endswith(RECORD_SUFFIX) and not n.startswith(TMP_PREFIX) for n in names
+    )
+
+
+def _skipped_note(skipped: Sequence[str]) -> str:
+    if not skipped:
+        return ""
+    return f" Left out, not readable as records: {'; '.join(skipped)}."
+
+
+def rebuild_entries(
+    directory: str,
+    *,
+    known: Sequence[ManifestEntry] = (),
+    metric: str | None = None,
+    mode: str | None = None,
+) -> tuple[list[ManifestEntry], list[str]]:
+    """Manifest entries for the records in `directory`, read from their headers.
+
+    Only regular files named `*.safetensors` are read (never a FIFO, which would
+    block). An entry of `known` (a manifest being repaired) is kept as it is for a
+    file it lists; a record it does not list gets an entry from its header, scored
+    by `metrics[metric]` when `metric` (with `mode`) is given, else unscored.
+
+    Returns:
+        The entries, oldest write first, and one line per file left out (not
+        readable as a record), naming it and why.
+    """
+    by_file = {e.file: e for e in known}
+    entries: list[ManifestEntry] = []
+    skipped: list[str] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    for name in names:
+        if not name.endswith(RECORD_SUFFIX) or name.startswith(TMP_PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            skipped.append(f"{name} (a {file_kind(info.st_mode)})")
+            continue
+        if name in by_file:
+            entries.append(by_file[name])
+            continue
+        try:
+            header = read_header(path)
+        except CheckpointError as error:
+            skipped.append(f"{name} ({error})")
+            continue
+        value = header.metrics.get(metric) if metric is not None else None
+        score = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            score = float(value)
+        scored = score is not None
+        entries.append(
+            ManifestEntry(
+                file=name,
+                epoch=header.epoch,
+                step=header.step,
+                score=score,
+                stop_reason=header.stop_reason,
+                run=header.run,
+                metric=metric if scored else None,
+                mode=mode if scored else None,
+                written=info.st_mtime,
+                parent=None,
+            )
+        )
+    entries.sort(key=lambda e: (e.written, e.epoch))
+    return entries, skipped
+
+
+def repair_manifest(
+    directory: str, *, metric: str | None = None, mode: str | None = None
+) -> tuple[list[ManifestEntry], list[str]]:
+    """Rewrite `directory`'s manifest from the records there (`nitro ckpt
+    --repair`): a readable manifest's entries are kept for the files that still
+    exist, a damaged one is replaced, and a record it does not list is added from
+    its header (scored by `metric`/`mode` when given).
+
+    Returns:
+        The entries written, and the files left out (see `rebuild_entries`).
+
+    Raises:
+        CheckpointError: the manifest path is not a regular file (move it away
+            first), or `directory` holds no record.
+    """
+    if mode is not None and mode not in ("min", "max"):
+        raise CheckpointError(f'--mode is "min" or "max", not {mode!r}.')
+    if (metric is None) != (mode is None):
+        raise CheckpointError(
+            f"--metric {metric} --mode {mode}: give both (the metric that scores "
+            f"the records and which way is better), or neither."
+        )
+    known: list[ManifestEntry] = []
+    text = _read_manifest_text(directory)  # a directory or FIFO there: refused
+    if text is not None:
+        with contextlib.suppress(CheckpointError):  # a damaged one is replaced
+            known = _parse(manifest_path(directory), text).entries
+    entries, skipped = rebuild_entries(directory, known=known, metric=metric, mode=mode)
+    if not entries:
+        raise CheckpointError(
+            f"{directory} holds no readable checkpoint record to rebuild a manifest "
+            f"from.{_skipped_note(skipped)}"
+        )
+    write_manifest(directory, entries)
+    return entries, skipped
+
+
+def read_manifest(directory: str, *, warn: bool = True) -> list[ManifestEntry]:
     """The checkpoints a run directory holds, without opening one (empty if none).
 
-    Raises `CheckpointError`, naming the file, when the manifest is damaged.
+    A lost manifest is rebuilt from the records' headers, with a NitroWarning unless
+    `warn` is False. Raises `CheckpointError`, naming the file, when the manifest is
+    damaged or its path is not a regular file.
     """
-    return load_manifest(directory).entries
+    return load_manifest(directory, rebuild=True, warn=warn).entries
 
 
 def write_manifest(

@@ -12,7 +12,8 @@ from an untrusted source cannot run code.
 Writes go to a temporary file in the same directory, are fsynced, then renamed into
 place: a crash at any instant leaves either the old file or the new one. Temporary
 names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
-mistaken for a record.
+mistaken for a record. Records and the manifest get the permissions the process umask
+gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------`.
 
 A file that is truncated, has a corrupted header, was written by another program, is
 not a safetensors file at all, or whose record header `RecordHeader.from_json` refuses
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -45,6 +47,7 @@ _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header
+_FILE_MODE = 0o666  # what `open()` creates a file with, before the umask
 
 
 def atomic_write(
@@ -64,6 +67,14 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        # mkstemp creates the file -rw-------; a record is a file like any other,
+        # readable as the process umask allows (a team shares a run directory).
+        os.fchmod(handle, _FILE_MODE & ~process_umask())
+    except BaseException:
+        os.close(handle)
+        os.remove(tmp)
+        raise
     os.close(handle)
     try:
         write(tmp)
@@ -84,6 +95,22 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         pass
     finally:
         os.close(dir_fd)
+
+
+def process_umask() -> int:
+    """The process umask, read without changing it where the system allows
+    (`/proc/self/status` on Linux): setting it to read it back races with other
+    threads creating files."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _host_array(leaf: Any) -> tuple[np.ndarray, str | None]:
@@ -185,11 +212,35 @@ def _unreadable(path: str, error: OSError) -> NoReturn:
     raise CheckpointError(f"{path} cannot be read: {error}") from None
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words, from its `st_mode`."""
+    kinds = (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
+NOT_REGULAR = (
+    "{path} is a {kind}, not a regular file; a checkpoint record is a regular "
+    ".safetensors file, and reading a {kind} could block or never end. Pass a "
+    "record's path, or move the {kind} away."
+)
+
+
 class _FileHeader:
     """A safetensors file's parsed header: tensor entries, metadata, data extent."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(mode):  # a FIFO would block the open below
+            raise CheckpointError(NOT_REGULAR.format(path=path, kind=file_kind(mode)))
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:

@@ -1,4 +1,5 @@
-"""`runs`: the runs a run directory holds, one `RunSummary` each, from the manifest.
+"""`runs`: the runs a run directory holds, one `RunSummary` each, from the manifest;
+`run_directories`: the run directories a folder holds.
 
 An id names the run in a checkpoint source (`weights=("<id>", "best")`), and
 `checkpoint_run(nitro)` is a handle's own. The entries of a manifest written before
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lookup import Ranking, rank_best, run_label
-from .manifest import ManifestEntry, read_manifest
+from .manifest import RECORD_SUFFIX, ManifestEntry, manifest_path, read_manifest
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,30 @@ def runs(run_dir: str | os.PathLike[str]) -> list[RunSummary]:
         by_run.setdefault(entry.run, []).append(entry)
     summaries = [_summary(run, mine) for run, mine in by_run.items()]
     return sorted(summaries, key=lambda s: (s.id == "legacy", -s.written))
+
+
+def is_run_directory(directory: str) -> bool:
+    """Whether `directory` holds a manifest or a checkpoint record."""
+    if os.path.lexists(manifest_path(directory)):
+        return True
+    try:
+        return any(name.endswith(RECORD_SUFFIX) for name in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def run_directories(directory: str | os.PathLike[str]) -> list[str]:
+    """`directory` itself when it is a run directory (a manifest or a record in
+    it), else the run directories directly inside it, by name: `runs/` of
+    `runs/<Experiment>/` folders lists each. Empty when there are none."""
+    root = os.fspath(directory)
+    if is_run_directory(root):
+        return [root]
+    return sorted(
+        path
+        for name in os.listdir(root)
+        if os.path.isdir(path := os.path.join(root, name)) and is_run_directory(path)
+    )
 
 
 def checkpoint_run(nitro: Any) -> str | None:

@@ -36,7 +36,7 @@ from .lookup import (
     runs_held,
     source_directory,
 )
-from .manifest import ManifestEntry, read_manifest
+from .manifest import ManifestEntry, load_manifest, read_manifest
 from .record import Record, write_arrays
 from .retention_checks import warn_mixed_metrics
 from .selectors import Last
@@ -102,7 +102,7 @@ WeightsSource = ResolvedSource | AverageSource | HandleSource
 def _entry_for_path(path: str) -> tuple[ManifestEntry | None, bool]:
     directory, name = os.path.split(os.path.abspath(path))
     try:
-        entries = read_manifest(directory)
+        entries = load_manifest(directory).entries  # a path needs no manifest
     except CheckpointError:
         return None, False  # a damaged manifest beside it does not block a path
     for entry in entries:

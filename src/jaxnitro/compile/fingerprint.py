@@ -13,6 +13,7 @@ bakes them in.
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
 import hashlib
 import os
@@ -109,19 +110,22 @@ class _Fingerprinter:
                 parts.append(f"cell:{self.value(cell.cell_contents, owner)}")
             except ValueError:  # an empty cell
                 parts.append("cell:<empty>")
-        # co_names holds both global names and attribute names (`self.helper`,
-        # `mod.CONST`), so each name is looked up in the globals, on the user modules
-        # the function reads, and on the owning class (code and values alike: a
-        # traced `type(self).K` bakes K in).
+        # Only the names the code loads as globals are looked up in its globals: an
+        # attribute read (`self.smoothing`) must not key on a script's global of the
+        # same name. Every name of co_names (attribute names included: `mod.CONST`,
+        # `self.helper`) is looked up on the user modules the function reads and on
+        # the owning class (code and values alike: a traced `type(self).K` bakes K
+        # in).
         names = sorted(code_names(fn.__code__))
+        loaded = global_names(fn.__code__)
         modules = [
             (name, module)
-            for name in names
+            for name in sorted(loaded)
             if isinstance(module := fn.__globals__.get(name), types.ModuleType)
             and _is_user_module(module)
         ]
         for name in names:
-            if name in fn.__globals__:
+            if name in loaded and name in fn.__globals__:
                 # With the owner: a helper handed `self` reads its attributes too.
                 described = self.value(fn.__globals__[name], owner)
                 parts.append(f"global {name}:{described}")
@@ -302,6 +306,34 @@ def code_names(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= code_names(const)
     return names
+
+
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+@functools.lru_cache(maxsize=4096)
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The names the code (and its nested code) loads as globals (LOAD_GLOBAL,
+    LOAD_NAME), without the attribute and method names (LOAD_ATTR, LOAD_METHOD)
+    that co_names holds beside them.
+
+    Example:
+        >>> def f(self):
+        ...     return self.scale * SCALE
+        >>> sorted(global_names(f.__code__)), sorted(f.__code__.co_names)
+        (['SCALE'], ['SCALE', 'scale'])
+    """
+    # `argval` is the name itself: LOAD_GLOBAL's raw argument also encodes
+    # whether a NULL is pushed (namei << 1 | flag on 3.11+), which dis decodes.
+    names = {
+        instruction.argval
+        for instruction in dis.get_instructions(code)
+        if instruction.opname in _GLOBAL_LOADS
+    }
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= global_names(const)
+    return frozenset(names)
 
 
 def fingerprint(*objects: Any, owner: type | None = None, contents: bool = True) -> str:

@@ -51,7 +51,7 @@ class PlanInputs:
 
 # The accessors `group_value` reads, which a field of the same name may set; every
 # other hook setup calls is code that a field cannot stand in for.
-_FIELD_ACCESSORS = ("learning_rate", "weight_decay", "decay_anchor")
+FIELD_ACCESSORS = ("learning_rate", "weight_decay", "decay_anchor")
 
 
 def _method(e: Any, name: str) -> Callable[..., Any] | None:
@@ -63,7 +63,7 @@ def _method(e: Any, name: str) -> Callable[..., Any] | None:
     """
     cls = type(e)
     if name in field_names(cls):
-        if name in _FIELD_ACCESSORS:
+        if name in FIELD_ACCESSORS:
             return None
         raise ConfigError(
             f"{cls.__name__} has a field `{name}`, but `{name}` is a hook setup calls, "
@@ -94,6 +94,34 @@ def group_value(e: Any, name: str, group: str, default: Any) -> Any:
     if fn is None:
         return default
     return fn(e, group) if _takes_group(fn) else fn(e)
+
+
+HYPERPARAMETER_NUMBER = (
+    "{cls}.{name} gave {value!r} (a {kind}) for the {group!r} group; it must be a "
+    "number, and a string is refused even when it reads as one. Write the number "
+    "itself, e.g. {name}={example}."
+)
+
+
+def group_number(e: Any, name: str, group: str, default: float) -> float:
+    """`group_value` for a numeric hyperparameter (learning_rate, weight_decay),
+    as a float; a string or a bool is refused by name rather than converted."""
+    value = group_value(e, name, group, default)
+    try:
+        if isinstance(value, str | bytes | bool):
+            raise TypeError(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            HYPERPARAMETER_NUMBER.format(
+                cls=type(e).__name__,
+                name=name,
+                value=value,
+                kind=type(value).__name__,
+                group=group,
+                example=default or 1e-4,
+            )
+        ) from None
 
 
 def _masked(tree: Any, labels: Any, group: str, single: bool) -> Any:
@@ -138,7 +166,7 @@ def build_plan(
     labels = layout.label_tree(params)
     single = len(layout.names) == 1
 
-    base_lr = float(group_value(e, "learning_rate", DEFAULT_GROUP, 1e-3))
+    base_lr = group_number(e, "learning_rate", DEFAULT_GROUP, 1e-3)
     no_decay = _method(e, "no_decay")
     excluded = leaf_mask(
         params,
@@ -150,9 +178,7 @@ def build_plan(
     level = optimizer_level(optimizer)
 
     specs = {g: rule_for_group(e, optimizer, g) for g in layout.names}
-    weight_decay = {
-        g: float(group_value(e, "weight_decay", g, 0.0)) for g in layout.names
-    }
+    weight_decay = {g: group_number(e, "weight_decay", g, 0.0) for g in layout.names}
     wd_method = _method(e, "weight_decay")
     bindable = Bindable(
         device_fields=inputs.device_fields,

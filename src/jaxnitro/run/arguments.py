@@ -1,7 +1,9 @@
 """How `Nitro(...)` reads its arguments before setup runs.
 
 The preset form (`Nitro(E, "name", **kw)`: run keywords to the handle, field names to
-the recipe), unknown keywords refused with the list of run keywords, the deprecated
+the recipe), unknown keywords refused with the list of run keywords and the nearest
+one, an experiment's field or method passed as a keyword refused showing where it
+goes instead, the deprecated
 `checkpoint=` spelling of `weights=`, and `run_ref`, which receives the built handle.
 """
 
@@ -13,7 +15,26 @@ from typing import Any
 from ..errors import ConfigError, user_stacklevel
 from ..experiment.presets import from_preset, presets
 from ..experiment.traits import field_names
+from ..optim.setup import FIELD_ACCESSORS
+from ..watch import did_you_mean
 from .accessors import RUN_KEYWORDS
+
+FIELD_NOT_KEYWORD = (
+    "{name}={value!r} was passed to Nitro, but `{name}` is a field of {cls}, not a "
+    "run keyword. Set it on the experiment, Nitro({cls}({name}={value!r})), or in "
+    'the preset form, Nitro({cls}, "preset name", {name}={value!r}).'
+)
+METHOD_NOT_KEYWORD = (
+    "{name}={value!r} was passed to Nitro, but `{name}` is a method of {cls}, not "
+    "a run keyword: the experiment answers it. Override the method in the class, "
+    "`def {name}(self, ...)`."
+)
+METHOD_OR_FIELD = (
+    "{name}={value!r} was passed to Nitro, but `{name}` is a method of {cls}, not "
+    "a run keyword: the experiment answers it. Set it on the experiment in either "
+    "form: a method, `def {name}(self, group=None): return {value!r}`, or a field, "
+    "`{name}: {kind} = {value!r}` in the class, then Nitro({cls}({name}={value!r}))."
+)
 
 
 def constructor_arguments(
@@ -24,11 +45,13 @@ def constructor_arguments(
     `weights=` with a DeprecationWarning."""
     experiment, kwargs = _split_preset_form(experiment, preset, kwargs)
     unknown = sorted(set(kwargs) - set(RUN_KEYWORDS) - {"checkpoint"})
+    for name in unknown:
+        _refuse_experiment_name(type(experiment), name, kwargs[name], fields=True)
     if unknown:
         raise ConfigError(
             f"Unknown Nitro keyword{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(unknown)}. The run keywords are: "
-            f"{', '.join(RUN_KEYWORDS)}."
+            f"{', '.join(RUN_KEYWORDS)}.{_suggestions(unknown, RUN_KEYWORDS)}"
         )
     if "checkpoint" in kwargs and "weights" in kwargs:
         raise ConfigError(
@@ -85,16 +108,46 @@ def _split_preset_form(
         k: v for k, v in kwargs.items() if k not in RUN_KEYWORDS and k in fields
     }
     neither = sorted(set(kwargs) - set(run_kw) - set(overrides))
+    for name in neither:
+        _refuse_experiment_name(experiment, name, kwargs[name], fields=False)
     if neither:
         raise ConfigError(
             f"{', '.join(neither)}: neither a run keyword nor a field of "
             f"{experiment.__name__}. Run keywords: {', '.join(RUN_KEYWORDS)}. Fields: "
             f"{', '.join(sorted(fields))}."
+            f"{_suggestions(neither, (*RUN_KEYWORDS, *sorted(fields)))}"
         )
     if preset not in presets(experiment):
         from_preset(experiment, preset)  # raises, listing the presets there are
     run_kw["preset"] = preset
     return from_preset(experiment, preset, **overrides), run_kw
+
+
+def _refuse_experiment_name(cls: type, name: str, value: Any, *, fields: bool) -> None:
+    """Refuse `Nitro(..., name=value)` where `name` is one of the experiment's own
+    fields (when `fields`) or public methods, showing where the value goes."""
+    if fields and name in field_names(cls):
+        raise ConfigError(
+            FIELD_NOT_KEYWORD.format(name=name, value=value, cls=cls.__name__)
+        )
+    if name.startswith("_") or not callable(getattr(cls, name, None)):
+        return
+    # An accessor a field of that name may stand in for shows both forms.
+    template = METHOD_OR_FIELD if name in FIELD_ACCESSORS else METHOD_NOT_KEYWORD
+    raise ConfigError(
+        template.format(
+            name=name, value=value, cls=cls.__name__, kind=type(value).__name__
+        )
+    )
+
+
+def _suggestions(names: list[str], known: tuple[str, ...]) -> str:
+    """` Did you mean ...?` for each misspelled name that has a near known one."""
+    if len(names) == 1:
+        return did_you_mean(names[0], known)
+    return "".join(
+        f" {name}:{hint}" for name in names if (hint := did_you_mean(name, known))
+    )
 
 
 def fill_ref(ref: Any, nitro: Any) -> None:

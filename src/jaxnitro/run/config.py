@@ -22,6 +22,8 @@ the run always read it (`int`, `float`, `str`, `bool`).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -68,6 +70,26 @@ N_DEVS_LATER = (
     "n_devs={value}: sharding a batch over several devices is not supported yet; this "
     "jaxnitro runs on one device (n_devs=1)."
 )
+SEED_RANGE = (
+    "seed={value} (from the {source}) is out of range: jax.random.key takes a seed "
+    "from -2**63 to 2**63 - 1. Pass a smaller whole number, e.g. seed % 2**32 = "
+    "{suggested}."
+)
+RUN_DIR_TYPE = (
+    "run_dir must be a path (a str or an os.PathLike), got {value!r} (from the "
+    '{source}). Pass a directory, e.g. run_dir="runs/mnist"; to write nothing, '
+    "pass checkpointer=None and logger=None and leave run_dir at its default."
+)
+RUN_DIR_EMPTY = (
+    "run_dir is an empty string (from the {source}), which would scatter "
+    "checkpoints and logs in the working directory unnoticed. Pass a directory, e.g. "
+    'run_dir="runs/mnist", or run_dir="." to mean the working directory.'
+)
+RUN_DIR_FILE = (
+    "run_dir={value!r} (from the {source}) is an existing file, not a directory; "
+    "the run writes its checkpoints and log inside run_dir. Pass a directory path, "
+    "or move the file away."
+)
 CHECKPOINTER_TYPE = "checkpointer must be a Checkpointer or None, got {kind}."
 EVAL_WEIGHTS_VALUES = 'eval_weights={value!r}: it is "ema" or "raw".'
 EVAL_WEIGHTS_NEEDS_EMA = (
@@ -109,6 +131,39 @@ def _whole(name: str) -> Callable[[Any, str], int]:
     return check
 
 
+_SEED_LOW, _SEED_HIGH = -(2**63), 2**63 - 1  # what jax.random.key accepts
+
+
+def _check_seed(value: Any, source: str) -> int:
+    """A whole number in jax.random.key's range: an int, a NumPy integer, or a
+    float with no fraction (3.0 is 3); never a string, a bool, 1.5 or inf."""
+    whole: int | None = None
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        whole = int(value)
+    elif isinstance(value, float | np.floating) and math.isfinite(value):
+        whole = int(value) if float(value).is_integer() else None
+    if whole is None:
+        raise ConfigError(INT_REQUIRED.format(name="seed", value=value, source=source))
+    if not _SEED_LOW <= whole <= _SEED_HIGH:
+        raise ConfigError(
+            SEED_RANGE.format(value=whole, source=source, suggested=whole % 2**32)
+        )
+    return value if isinstance(value, int) else whole
+
+
+def _check_run_dir(value: Any, source: str) -> str:
+    """A path to a directory, existing or not: not None, a number or "", nor an
+    existing regular file."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise ConfigError(RUN_DIR_TYPE.format(value=value, source=source))
+    if not path:
+        raise ConfigError(RUN_DIR_EMPTY.format(source=source))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(RUN_DIR_FILE.format(value=path, source=source))
+    return path
+
+
 def _check_n_devs(value: Any, source: str) -> int:
     count = _whole("n_devs")(value, source)
     if count != 1:
@@ -121,6 +176,8 @@ def _check_clip(value: Any, source: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     try:
+        if isinstance(value, str | bytes):  # "1.0" is not a number: a typo's sign
+            raise TypeError(value)
         return float(value)
     except (TypeError, ValueError):
         raise ConfigError(
@@ -156,8 +213,8 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "log_every_n_steps": _counter("log_every_n_steps", low=1),
     "n_devs": _check_n_devs,
     "monitor": _check_monitor,
-    "seed": _whole("seed"),
-    "run_dir": lambda value, source: str(value),
+    "seed": _check_seed,
+    "run_dir": _check_run_dir,
     "gradient_clip_norm": _check_clip,
     "check_divergence": _flag,
     "autolog_schedules": _flag,

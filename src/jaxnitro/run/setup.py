@@ -530,7 +530,9 @@ class SetupSequence:
             self._run_id: str | None = run_id
             ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
             if trains and ckpt.dir is not None:
-                for text in setup_warnings(ckpt, read_manifest(ckpt.dir), trains=True):
+                # Quietly: a lost manifest, rebuilt, is written at the first save.
+                entries = read_manifest(ckpt.dir, warn=False)
+                for text in setup_warnings(ckpt, entries, trains=True):
                     warnings.warn(text, NitroWarning, stacklevel=user_stacklevel())
         else:
             self._run_id = new_run_id()
