@@ -8,6 +8,7 @@
                           "latest" or "best" (as `weights=(run, which)` reads it)
     nitro ckpt --repair DIR   rewrite DIR's manifest.json from the records' headers
                           (--metric NAME --mode min|max: score the records added)
+    nitro serve BUNDLE    an exported bundle over HTTP (`--host`, `--port`)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
 
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._version import __version__
-from .errors import CheckpointError
+from .errors import CheckpointError, NitroError
 
 
 def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
@@ -40,8 +41,8 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         description=(
             "jaxnitro: a training framework for JAX that compiles only when the "
             "graph changes, and `sexpgpu`, which checks and formats run files "
-            "(s-expression experiment files). run, explain and serve arrive with "
-            "their features."
+            "(s-expression experiment files); `serve` serves an exported bundle. "
+            "run and explain arrive with their features."
         ),
     )
     parser.add_argument(
@@ -83,6 +84,26 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     ckpt.add_argument(
         "--mode", choices=("min", "max"), help="with --repair: which way is better"
     )
+    serve = commands.add_parser(
+        "serve",
+        help="serve an exported bundle over HTTP (the `serve` extra)",
+        description=(
+            "Serve a StableHLO bundle written by export_model: POST "
+            "/v1/models/NAME:predict, GET /v1/models/NAME (the manifest), GET "
+            "/healthz. Concurrent requests are batched dynamically."
+        ),
+    )
+    serve.add_argument("bundle", metavar="BUNDLE", help="the bundle's folder")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: loopback)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    serve.add_argument(
+        "--max-delay-ms",
+        type=float,
+        default=5.0,
+        help="how long a request waits for others to batch with (5 ms)",
+    )
     from .runfile.commands import add_commands
 
     add_commands(commands)
@@ -113,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args)
         if args.command == "runs":
             return _runs(args.run_dir)
+        if args.command == "serve":
+            return _serve(args)
         if args.repair:
             return _repair(args.path, args.metric, args.mode)
         return _ckpt(args.path, *args.pair)
@@ -207,6 +230,22 @@ def _print_rich(title: str, rows: Sequence[tuple[str, ...]]) -> None:
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .export.server import serve
+
+    try:
+        serve(
+            args.bundle,
+            host=args.host,
+            port=args.port,
+            max_delay=args.max_delay_ms / 1e3,
+        )
+    except NitroError as error:  # a missing extra, a bundle load_bundle refuses
+        print(f"nitro serve: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _ckpt(path: str, *pair: str) -> int:

@@ -77,6 +77,10 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "test accuracy: " in done.stdout
     assert (tmp_path / "run" / "manifest.json").exists()
+    # It ends by exporting its model and checking the loaded bundle against predict.
+    assert "bundle agrees with predict" in done.stdout
+    (bundle,) = (tmp_path / "run" / "export").glob("*/mnist")
+    assert nx.load_bundle(bundle).manifest["batch_sizes"] == [1, 8]
     # The spec's log_confusion recipe: stashed in finalize_metrics, logged by a
     # phase monitor on the transition out of validation.
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

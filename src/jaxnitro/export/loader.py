@@ -89,6 +89,20 @@ class LoadedBundle:
             for name, value in zip(self.output_names, outputs, strict=True)
         }
 
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The wire inputs checked and converted as a call would, by name.
+
+        Args:
+            inputs: one array per wire input, by name (see `__call__`).
+
+        Returns:
+            dict[str, np.ndarray]: each input in the manifest's dtype, C-contiguous.
+
+        Raises:
+            ConfigError: as `__call__`, naming the input and the manifest's spec.
+        """
+        return dict(zip(self.input_names, self._checked(inputs), strict=True))
+
     def _checked(self, inputs: Mapping[str, Any]) -> list[np.ndarray]:
         unknown = sorted(set(inputs) - set(self.input_names))
         missing = [n for n in self.input_names if n not in inputs]
