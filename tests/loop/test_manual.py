@@ -312,3 +312,12 @@ def test_strip_and_merge_rules_round_trip_the_bare_states():
     merged = nx.merge_rules(combined, bare)
     assert merged["a"].tx is combined["a"].tx
     assert jax.tree.structure(merged) == jax.tree.structure(combined)
+
+
+def test_manual_training_flipped_after_construction_is_reported_and_frozen():
+    cls = type("Flipped", (TwoNets,), {"__module__": __name__})
+    nitro = nx.Nitro(cls(max_epochs=1), **quiet())
+    cls.manual_training = lambda self: False
+    with pytest.warns(nx.StaleHandleWarning, match="manual_training"):
+        kinds = kinds_compiled(nitro.train)
+    assert nitro.prepared.manual and "manual_step" in kinds
