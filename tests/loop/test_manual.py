@@ -321,3 +321,62 @@ def test_manual_training_flipped_after_construction_is_reported_and_frozen():
     with pytest.warns(nx.StaleHandleWarning, match="manual_training"):
         kinds = kinds_compiled(nitro.train)
     assert nitro.prepared.manual and "manual_step" in kinds
+
+
+INJECTED_SGD = optax.inject_hyperparams(optax.sgd)(learning_rate=1.0)
+INJECTED_ADAM = optax.inject_hyperparams(optax.adam)(learning_rate=1.0)
+
+
+class Scheduled(TwoNets):
+    """TwoNets whose rules expose their hyperparameters, with a learning-rate
+    schedule set on both: `lr0` at step 0, halving each step."""
+
+    lr0: float = 0.1
+
+    def setup_optimizers(self, model, params, state, mesh):
+        return {
+            "enc": nx.setup_optimizer(INJECTED_SGD, params["enc"]),
+            "head": nx.setup_optimizer(INJECTED_ADAM, params["head"]),
+        }
+
+    def schedules(self):
+        return {"opt.learning_rate": lambda total: lambda t: self.lr0 * 0.5**t}
+
+
+def test_an_opt_schedule_binds_into_every_rule_with_the_field_absolutely():
+    class Seen(Scheduled):
+        def train_step(self, model, params, opt_state, state, *, x, y):
+            out = Scheduled.train_step(self, model, params, opt_state, state, x=x, y=y)
+            lr = {k: s.inner.hyperparams["learning_rate"] for k, s in opt_state.items()}
+            return {**out, "stats": {f"lr_{k}": v for k, v in lr.items()}}
+
+    logger = Lines()
+    nitro = nx.Nitro(
+        Seen(max_epochs=1), logger=logger, checkpointer=None, log_every_n_steps=1
+    )
+    nitro.train()
+    seen = [(m["lr_enc"], m["lr_head"]) for m, _, ctx in logger.lines if ctx == "train"]
+    expected = [0.1 * 0.5**t for t in range(4)]
+    np.testing.assert_allclose([s[0] for s in seen], expected, rtol=1e-6)
+    np.testing.assert_allclose([s[1] for s in seen], expected, rtol=1e-6)
+    # Another schedule value is an input, not a program: nothing compiles.
+    again = nx.Nitro(Seen(max_epochs=1, lr0=0.3), **quiet())
+    assert "manual_step" not in kinds_compiled(again.train)
+
+
+def test_an_opt_schedule_no_rule_exposes_is_refused():
+    class Plain(TwoNets):
+        def schedules(self):
+            return {"learning_rate": 0.01}
+
+    with pytest.raises(nx.ConfigError, match="no rule there exposes it"):
+        nx.Nitro(Plain(), **quiet())
+
+
+def test_an_opt_schedule_on_a_subtree_path_is_not_supported_yet():
+    class Path(Scheduled):
+        def schedules(self):
+            return {"opt.head.learning_rate": 0.01}
+
+    with pytest.raises(nx.NotYetSupportedError, match="opt.head.learning_rate"):
+        nx.Nitro(Path(), **quiet())

@@ -27,11 +27,13 @@ from ..compile.cache import program_cache
 from ..compile.programs import TraceContext
 from ..errors import HookError
 from ..experiment.modes import training_mode
+from ..optim.manual import bind_hyperparams
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
     from ..run.state import TrainState
 
+DEFAULT_GROUP = "default"  # a manual run's plan has this one group
 RETURN_KEYS = ("loss", "params", "state", "opt_state", "stats")
 RETURN_SHAPE = (
     "train_step must return a dict with exactly the keys loss, params, state, "
@@ -111,20 +113,26 @@ def _check_structure(name: str, given: Any, returned: Any) -> None:
     raise HookError(STRUCTURE.format(name=name, detail=detail))
 
 
-def manual_step_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable[..., Any]:
+def manual_step_fn(
+    ctx: TraceContext, names: tuple[str, ...], scheduled: tuple[str, ...]
+) -> Callable[..., Any]:
     """The manual step program's traced function: `train_step` on one batch, in
-    train mode, its return checked. `hp` (the automatic plan's step inputs) is
-    unused: a manual step owns its hyperparameters."""
+    train mode, its return checked. `scheduled`: the rule fields the run's
+    schedules set; their values for this step (in `hp`, the plan's step inputs)
+    are bound into the optimizer states first (`bind_hyperparams`)."""
 
     def step(device_values, weights, state, batch, hp):
-        del hp
+        opt_state = weights.opt_state
+        if scheduled:
+            values = hp["groups"][DEFAULT_GROUP]
+            opt_state = bind_hyperparams(opt_state, {k: values[k] for k in scheduled})
         view = ctx.make_view(device_values)
         with training_mode(True):
             result = ctx.hooks["train_step"](
                 view,
                 ctx.model,
                 weights.params,
-                weights.opt_state,
+                opt_state,
                 state,
                 **{k: batch[k] for k in names},
             )
@@ -143,7 +151,7 @@ def manual_step_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable[..., A
             )
         for name, given in (
             ("params", weights.params),
-            ("opt_state", weights.opt_state),
+            ("opt_state", opt_state),
             ("state", state),
         ):
             _check_arrays(name, out[name])
@@ -170,19 +178,24 @@ def manual_program(
     """
     ctx = nitro.prepared.ctx
     names = nitro.prepared.routing.train_fields
+    plan = nitro.prepared.plan
+    assert plan is not None
+    scheduled = tuple(
+        sorted({s.target.name for s in plan.schedules if s.target.namespace == "opt"})
+    )
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     announce = nitro.executables.announcer()
     args = (values, state.weights, state.model_state, batch, hp)
     return nitro.executables.get(
         "manual_step",
-        (shapes, names, jax.tree.structure(state.weights.opt_state)),
+        (shapes, names, scheduled, jax.tree.structure(state.weights.opt_state)),
         lambda: ctx.compile(
             program_cache(),
             "manual_step",
-            manual_step_fn(ctx, names),
+            manual_step_fn(ctx, names, scheduled),
             args,
             traced=("train_step",),
-            baked={"mode": "train", "fields": names},
+            baked={"mode": "train", "fields": names, "scheduled": scheduled},
             donate=(1,),  # the Weights: params and the optimizer states
             on_compile=lambda _kind: announce("train_step"),
         ),

@@ -6,7 +6,9 @@ Optax state (`inner`, the pytree children) with its transformation (`tx`) carrie
 static pytree metadata. So a state crosses a compiled program's boundary as it is,
 `step_optimizer` needs no rule argument, and a checkpoint holds the bare arrays.
 `strip_rules` and `merge_rules` remain for inspecting or saving the bare states
-outside the framework.
+outside the framework. A schedule's opt key binds into the states
+(`bind_hyperparams`): rules built with `optax.inject_hyperparams` expose their
+hyperparameters as state arrays, so a scheduled value is an input of the step.
 
     opt = {"gen": setup_optimizer(optax.adam(1e-3), params["gen"]), ...}
     loss, grads = backward(gen_loss, params["gen"], params["disc"], batch)
@@ -15,7 +17,7 @@ outside the framework.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -172,3 +174,35 @@ def place_opt_states(opt_state: Any) -> Any:
                 f"state must be an array."
             )
     return jax.tree.map(jnp.array, opt_state)
+
+
+def hyperparameter_names(opt_state: Any) -> set[str]:
+    """The hyperparameters the `OptState`s of `opt_state` expose to schedules: those
+    of rules built with `optax.inject_hyperparams`."""
+    names: set[str] = set()
+    for node in jax.tree.leaves(opt_state, is_leaf=_is_opt_state):
+        if _is_opt_state(node):
+            names.update(getattr(node.inner, "hyperparams", None) or {})
+    return names
+
+
+def bind_hyperparams(opt_state: Any, values: Mapping[str, Any]) -> Any:
+    """`opt_state` with each hyperparameter named in `values` set, absolutely, on
+    every `OptState` whose rule has it (`optax.inject_hyperparams`); traced, so a
+    new value compiles nothing. The tree structure is unchanged."""
+
+    def bind(node: Any) -> Any:
+        hyper = (
+            getattr(node.inner, "hyperparams", None) if _is_opt_state(node) else None
+        )
+        if not hyper or not any(name in hyper for name in values):
+            return node
+        new = {
+            name: jnp.asarray(values[name], jnp.result_type(old))
+            if name in values
+            else old
+            for name, old in hyper.items()
+        }
+        return OptState(node.tx, node.inner._replace(hyperparams=new))
+
+    return jax.tree.map(bind, opt_state, is_leaf=_is_opt_state)

@@ -79,6 +79,7 @@ from .setup_checks import w0_provider
 from .setup_manual import (
     check_manual_config,
     check_manual_plan,
+    check_manual_schedules,
     is_manual,
     manual_hooks,
     manual_opt_states,
@@ -335,6 +336,7 @@ class SetupSequence:
                 self._train_state.params,
                 self._train_state.model_state,
             )
+            check_manual_schedules(self._plan, opt_state)
             self._train_state = self._train_state.with_weights(opt_state=opt_state)
         self._restore_best = restore.check_restore_best(self._run_config, self.data)
         restore.check_restore_optimizer(self._run_config, self.data)
