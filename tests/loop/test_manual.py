@@ -380,3 +380,14 @@ def test_an_opt_schedule_on_a_subtree_path_is_not_supported_yet():
 
     with pytest.raises(nx.NotYetSupportedError, match="opt.head.learning_rate"):
         nx.Nitro(Path(), **quiet())
+
+
+def test_early_stopping_ends_a_manual_run_on_its_validation_loss():
+    nitro = nx.Nitro(
+        TwoNets(max_epochs=10),
+        early_stop=nx.EarlyStopping(patience=2, min_delta=10.0),  # nothing improves
+        **quiet(),
+    )
+    nitro.train()
+    assert nitro.stop_reason == "early_stop" and nitro.current_epoch == 3
+    assert [row["epoch"] for row in nitro.history] == [1, 2, 3]
