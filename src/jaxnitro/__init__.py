@@ -158,6 +158,12 @@ from .optim.grad_rules import GradRule as GradRule
 from .optim.grad_rules import PerturbRule as PerturbRule
 from .optim.grad_rules import SingleGrad as SingleGrad
 from .optim.groups import default_no_decay as default_no_decay
+from .optim.manual import OptState as OptState
+from .optim.manual import backward as backward
+from .optim.manual import merge_rules as merge_rules
+from .optim.manual import setup_optimizer as setup_optimizer
+from .optim.manual import step_optimizer as step_optimizer
+from .optim.manual import strip_rules as strip_rules
 from .optim.rules import declare_nonschedulable as declare_nonschedulable
 from .optim.rules import nonschedulable as nonschedulable
 from .optim.schedules import Plateau as Plateau

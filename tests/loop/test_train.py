@@ -410,18 +410,6 @@ def test_n_devs_above_one_is_not_silently_ignored():
         nx.Nitro(Tiny(), n_devs=2, **quiet())
 
 
-def test_later_hooks_are_refused_not_ignored():
-    class Manual(Tiny):
-        def train_step(self, model, params, opt_state, state, **batch):
-            raise AssertionError("never called")
-
-    with pytest.raises(
-        nx.NotYetSupportedError,
-        match="defines `train_step`, which configures manual training",
-    ):
-        nx.Nitro(Manual(), **quiet())
-
-
 def test_compile_options_are_checked_at_construction():
     with pytest.raises(nx.ConfigError, match="compile_options were refused by XLA"):
         nx.Nitro(Tiny(), compile_options={"xla_no_such_option": True}, **quiet())

@@ -518,6 +518,50 @@ class Experiment:
         """
         return "device" if hook == "train_metrics" else "host"
 
+    def manual_training(self) -> bool:
+        """Whether `train()` runs manual mode: the experiment's own `train_step`.
+
+        Read once at construction and frozen with the handle. Override it to return
+        False to keep a `train_step` method in source while using the automatic
+        loop.
+
+        Returns:
+            bool: whether the experiment's class defines `train_step`.
+        """
+        return any(
+            "train_step" in klass.__dict__
+            for klass in type(self).__mro__
+            if klass is not Experiment and klass is not object
+        )
+
+    def setup_optimizers(self, model: Any, params: Any, state: Any, mesh: Any) -> Any:
+        """Manual mode: the optimizer states, typically one per network.
+
+        Called once at construction, after `build_model`. Build each network's state
+        with `jaxnitro.setup_optimizer(tx, params_subtree)`; the framework places the
+        result on the device and refuses a host Python number in any leaf (a step
+        counter would freeze under trace), naming its key path. `train_step`
+        receives the tree as `opt_state` and returns its successor.
+
+        Args:
+            model: the static model `build_model` returned.
+            params: the parameter tree.
+            state: the model state.
+            mesh: the device mesh; None on a single device.
+
+        Returns:
+            Any: a tree of `OptState`s, e.g. `{"gen": ..., "disc": ...}`. The
+            default raises: a manual experiment must define it.
+        """
+        del model, params, state, mesh
+        raise HookError(
+            f"{type(self).__name__} trains in manual mode (it defines train_step) "
+            f"but does not define setup_optimizers(self, model, params, state, "
+            f"mesh). Return one state per network, e.g. "
+            f'{{"gen": jaxnitro.setup_optimizer(optax.adam(1e-4), params["gen"])}}, '
+            f"or make manual_training() return False to use the automatic loop."
+        )
+
     def derive(self, data: Any) -> dict[str, Any]:
         """Field values computed from the data, merged before device conversion.
 

@@ -23,6 +23,8 @@ REQUIRED_HOOKS = ("build_model", "build_data", "forward", "loss")
 RUNTIME_HOOKS = ("forward", "loss", "metrics", "train_metrics", "finalize_metrics")
 # Hooks setup calls for the optimizer; what they return is fixed in the handle's plan.
 OPTIMIZER_HOOKS = ("param_group", "optimizer", "no_decay", "grad_rule", "no_perturb")
+# Manual mode's hooks: train_step is frozen with the handle when it trains manually.
+MANUAL_HOOKS = ("manual_training", "train_step", "setup_optimizers")
 # Every hook whose redefinition makes a handle stale.
 WATCHED_HOOKS = (
     "build_model",
@@ -30,6 +32,7 @@ WATCHED_HOOKS = (
     "derive",
     *RUNTIME_HOOKS,
     *OPTIMIZER_HOOKS,
+    *MANUAL_HOOKS,
 )
 _DEFAULTED = ("finalize_metrics", "derive")
 

@@ -26,6 +26,7 @@ HOOK_POSITIONALS: dict[str, tuple[str, ...]] = {
     "loss": ("self", "outputs"),
     "metrics": ("self", "outputs"),
     "train_metrics": ("self", "outputs"),
+    "train_step": ("self", "model", "params", "opt_state", "state"),
 }
 
 

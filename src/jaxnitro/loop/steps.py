@@ -29,6 +29,7 @@ from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
 from ..optim.schedules import Target
 from .feed import open_feed
+from .manual import manual_program
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -151,8 +152,12 @@ def training_programs(
     """The training executables, from the handle or the cache.
 
     accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
-    `(gradient, optimizer)`, the gradient accumulated over micro-batches.
+    `(gradient, optimizer)`, the gradient accumulated over micro-batches. Manual
+    mode: `(manual_step, None)`, the experiment's own step (`manual.py`), run as
+    the fused one is.
     """
+    if nitro.prepared.manual:
+        return manual_program(nitro, state, batch, values, hp), None
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan

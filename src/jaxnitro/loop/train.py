@@ -45,7 +45,15 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     assert plan is not None
     state = nitro.train_state
     params = state.params
-    if state.opt_state is None:
+    if nitro.prepared.manual and nitro.status.pending_record is not None:
+        # Manual mode: setup_optimizers built the states at construction; a resume
+        # restores the record's arrays into that structure (rules kept).
+        pending = nitro.status.pending_record
+        state = state.with_weights(
+            opt_state=optimizer_state(pending, plan, state.opt_state)
+        )
+        nitro.status.pending_record = None
+    elif state.opt_state is None:
         record = nitro.status.pending_record
         opt_state = optimizer_state(record, plan, plan.init_state(params))
         state = state.with_weights(opt_state=opt_state)

@@ -71,10 +71,7 @@ SCALAR_ACCESSORS = (
 )
 
 # Hooks whose behaviour arrives with a later feature; overriding one is refused.
-_LATER_HOOKS = {
-    "train_step": "manual training",
-    "setup_optimizers": "manual training",
-}
+_LATER_HOOKS: dict[str, str] = {}
 # Keywords (and accessor values) that arrive later: refused unless left at the default.
 _LATER_VALUES: dict[str, tuple[Any, str]] = {}
 

@@ -68,6 +68,8 @@ class Prepared:
         run_id: the id this run's checkpoints are written under.
         resumed_from_epoch: the epoch a resume started from, or None.
         total_steps: the schedule horizon, max_epochs * (train batches // accum).
+        manual: whether `train()` runs the experiment's own `train_step` (manual
+            mode), as `manual_training()` said at construction.
     """
 
     cls: type
@@ -89,3 +91,4 @@ class Prepared:
     run_id: str | None
     resumed_from_epoch: int | None
     total_steps: int
+    manual: bool = False

@@ -76,6 +76,14 @@ from .config import RunConfig
 from .derived import convert_derived, derived_from_record
 from .prepared import Prepared
 from .setup_checks import w0_provider
+from .setup_manual import (
+    check_manual_config,
+    check_manual_plan,
+    check_manual_schedules,
+    is_manual,
+    manual_hooks,
+    manual_opt_states,
+)
 from .setup_routing import probe_routing
 from .state import TrainState
 from .status import RunStatus
@@ -147,6 +155,7 @@ class SetupSequence:
             run_id=self._run_id,
             resumed_from_epoch=self._resumed_from_epoch,
             total_steps=self.total_steps,
+            manual=self._manual,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -190,10 +199,14 @@ class SetupSequence:
         self._logger = self._run_config.logger
         self._checkpointer: Checkpointer | None = self._run_config.checkpointer
 
+        # Manual mode (the experiment's own train_step), read once and frozen.
+        self._manual = is_manual(e)
+        runtime = [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
+        if self._manual:
+            check_manual_config(cls, self._run_config)
+            runtime = manual_hooks(cls, runtime)
         # Freeze the hooks: this handle keeps running today's code.
-        self._hooks = freeze_hooks(
-            cls, [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
-        )
+        self._hooks = freeze_hooks(cls, runtime)
         self._hook_prints = hook_fingerprints(cls)
 
         # Locate what to resume or load before anything expensive runs.
@@ -315,6 +328,16 @@ class SetupSequence:
         )
         self._train_state = restored._replace(step=step, epoch=epoch)
         self._setup_optimization(fresh, self._run_config.w0)
+        if self._manual and self._plan is not None:
+            check_manual_plan(cls, self._plan)
+            opt_state = manual_opt_states(
+                self._experiment,
+                self._model,
+                self._train_state.params,
+                self._train_state.model_state,
+            )
+            check_manual_schedules(self._plan, opt_state)
+            self._train_state = self._train_state.with_weights(opt_state=opt_state)
         self._restore_best = restore.check_restore_best(self._run_config, self.data)
         restore.check_restore_optimizer(self._run_config, self.data)
         if self._record is not None:

@@ -33,7 +33,7 @@ def probe_routing(
     routing and the eval programs' batch width (None without data)."""
     fields: dict[str, HookFields] = {
         name: hook_fields(name, hooks[name])
-        for name in ("forward", "loss", "metrics", "train_metrics")
+        for name in ("forward", "loss", "metrics", "train_metrics", "train_step")
         if name in hooks
     }
     residency: dict[str, str] = {
@@ -60,6 +60,8 @@ def probe_routing(
                 + (gradient_fields.train_metrics or ())
             )
         )
+        if "train_step" in fields:  # manual mode: train_step takes the train batch
+            train_fields = fields["train_step"].select(keys)
         check_numeric_fields(batch, train_fields, "train")
         train_batch = batch_size(batch, train_fields)
         count, accum = split_sizes["train"], config.accum

@@ -1,0 +1,202 @@
+"""Manual mode's step program: the experiment's own `train_step`, compiled.
+
+It has the fused train step's signature, so the epoch loop (`steps.py`) runs it as
+it runs the automatic one, and everything around the step (prefetch, the loss
+read-back and divergence check, train lines, validation, checkpoints, resume,
+phases, progress, stopping) is the same code:
+
+    manual_step(values, Weights, model_state, batch, hp)
+        -> (Weights, model_state, StepOutputs)          donates: Weights
+
+The manual optimizer states travel in `Weights.opt_state` (a tree of `OptState`s,
+each carrying its Optax transformation as static metadata), donated with the
+parameters. What `train_step` returns is checked while it is traced, so a wrong
+return fails at the first step, before anything is committed or checkpointed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from ..compile.boundary import StepOutputs, Weights
+from ..compile.cache import program_cache
+from ..compile.programs import TraceContext
+from ..errors import HookError
+from ..experiment.modes import training_mode
+from ..optim.manual import bind_hyperparams
+
+if TYPE_CHECKING:
+    from ..run.handle import Nitro
+    from ..run.state import TrainState
+
+DEFAULT_GROUP = "default"  # a manual run's plan has this one group
+RETURN_KEYS = ("loss", "params", "state", "opt_state", "stats")
+RETURN_SHAPE = (
+    "train_step must return a dict with exactly the keys loss, params, state, "
+    "opt_state, stats; {problem}. Return "
+    '{{"loss": loss, "params": params, "state": state, "opt_state": opt_state, '
+    '"stats": {{}}}}.'
+)
+PYTHON_SCALAR = (
+    "train_step returned a Python {kind} ({value!r}) at {path}: inside the compiled "
+    "step a Python number is a constant frozen at trace time, not a computed value. "
+    "Return a JAX array computed from the step's inputs (jnp.asarray if it really is "
+    "a constant)."
+)
+STRUCTURE = (
+    "train_step returned {name} whose tree structure differs from the {name} it was "
+    "given: {detail}. The structure must stay the same from step to step (the step "
+    "is compiled once, and checkpoints restore into it); return every entry, "
+    "updated or as it came in."
+)
+
+
+def _check_return(result: Any) -> Mapping[str, Any]:
+    """The `train_step` return, as a Mapping with exactly `RETURN_KEYS`."""
+    if not isinstance(result, Mapping):
+        problem = f"it returned {type(result).__name__}"
+        raise HookError(RETURN_SHAPE.format(problem=problem))
+    missing = [k for k in RETURN_KEYS if k not in result]
+    extra = [str(k) for k in result if k not in RETURN_KEYS]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing: {', '.join(missing)}")
+        if extra:
+            parts.append(f"unexpected: {', '.join(extra)}")
+        raise HookError(RETURN_SHAPE.format(problem="; ".join(parts)))
+    return result
+
+
+def _check_arrays(name: str, tree: Any) -> None:
+    """Refuse a Python number anywhere in `tree`, naming its key path."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if isinstance(leaf, bool | int | float | complex):
+            raise HookError(
+                PYTHON_SCALAR.format(
+                    kind=type(leaf).__name__,
+                    value=leaf,
+                    path=f"{name}{jax.tree_util.keystr(path)}",
+                )
+            )
+
+
+def _check_structure(name: str, given: Any, returned: Any) -> None:
+    """Refuse a returned tree whose structure differs from the one given."""
+    before: Any = jax.tree.structure(given)
+    after: Any = jax.tree.structure(returned)
+    if before == after:
+        return
+    old = {
+        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(given)
+    }
+    new = {
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_leaves_with_path(returned)
+    }
+    gone, added = sorted(old - new), sorted(new - old)
+    if gone or added:
+        detail = "; ".join(
+            part
+            for part in (
+                f"missing {name}{', '.join(gone)}" if gone else "",
+                f"new {name}{', '.join(added)}" if added else "",
+            )
+            if part
+        )
+    else:
+        detail = f"{before} became {after}"
+    raise HookError(STRUCTURE.format(name=name, detail=detail))
+
+
+def manual_step_fn(
+    ctx: TraceContext, names: tuple[str, ...], scheduled: tuple[str, ...]
+) -> Callable[..., Any]:
+    """The manual step program's traced function: `train_step` on one batch, in
+    train mode, its return checked. `scheduled`: the rule fields the run's
+    schedules set; their values for this step (in `hp`, the plan's step inputs)
+    are bound into the optimizer states first (`bind_hyperparams`)."""
+
+    def step(device_values, weights, state, batch, hp):
+        opt_state = weights.opt_state
+        if scheduled:
+            values = hp["groups"][DEFAULT_GROUP]
+            opt_state = bind_hyperparams(opt_state, {k: values[k] for k in scheduled})
+        view = ctx.make_view(device_values)
+        with training_mode(True):
+            result = ctx.hooks["train_step"](
+                view,
+                ctx.model,
+                weights.params,
+                opt_state,
+                state,
+                **{k: batch[k] for k in names},
+            )
+        out = _check_return(result)
+        loss, stats = out["loss"], out["stats"]
+        _check_arrays("loss", loss)
+        if jnp.ndim(loss) != 0:
+            raise HookError(
+                f"train_step's loss must be a scalar; it has shape "
+                f"{jnp.shape(loss)}. Reduce it over the batch (e.g. `.mean()`)."
+            )
+        if not isinstance(stats, Mapping):
+            raise HookError(
+                f"train_step's stats must be a dict of scalars ({{}} for none); it "
+                f"returned {type(stats).__name__}."
+            )
+        for name, given in (
+            ("params", weights.params),
+            ("opt_state", opt_state),
+            ("state", state),
+        ):
+            _check_arrays(name, out[name])
+            _check_structure(name, given, out[name])
+        _check_arrays("stats", dict(stats))
+        new = Weights(out["params"], out["opt_state"], weights.ema)
+        return new, out["state"], StepOutputs(loss, {}, dict(stats), None)
+
+    return step
+
+
+def manual_program(
+    nitro: Nitro,
+    state: TrainState,
+    batch: dict[str, Any],
+    values: dict[str, Any],
+    hp: dict[str, Any],
+) -> Any:
+    """The manual step executable, from the handle or the cache.
+
+    Keyed like the automatic programs (`TraceContext.key`): its kind, the
+    train_step code and what it calls, and the argument signature, whose tree
+    structure holds each `OptState`'s transformation.
+    """
+    ctx = nitro.prepared.ctx
+    names = nitro.prepared.routing.train_fields
+    plan = nitro.prepared.plan
+    assert plan is not None
+    scheduled = tuple(
+        sorted({s.target.name for s in plan.schedules if s.target.namespace == "opt"})
+    )
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
+    announce = nitro.executables.announcer()
+    args = (values, state.weights, state.model_state, batch, hp)
+    return nitro.executables.get(
+        "manual_step",
+        (shapes, names, scheduled, jax.tree.structure(state.weights.opt_state)),
+        lambda: ctx.compile(
+            program_cache(),
+            "manual_step",
+            manual_step_fn(ctx, names, scheduled),
+            args,
+            traced=("train_step",),
+            baked={"mode": "train", "fields": names, "scheduled": scheduled},
+            donate=(1,),  # the Weights: params and the optimizer states
+            on_compile=lambda _kind: announce("train_step"),
+        ),
+    )

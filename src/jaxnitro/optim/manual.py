@@ -1,0 +1,208 @@
+"""Manual mode's optimizer pieces: `OptState`, `backward`, `step_optimizer`.
+
+In manual mode the experiment writes the whole optimizer step (`train_step`); these
+are what it calls inside it. Each network's optimizer state is an `OptState`: the
+Optax state (`inner`, the pytree children) with its transformation (`tx`) carried as
+static pytree metadata. So a state crosses a compiled program's boundary as it is,
+`step_optimizer` needs no rule argument, and a checkpoint holds the bare arrays.
+`strip_rules` and `merge_rules` remain for inspecting or saving the bare states
+outside the framework. A schedule's opt key binds into the states
+(`bind_hyperparams`): rules built with `optax.inject_hyperparams` expose their
+hyperparameters as state arrays, so a scheduled value is an input of the step.
+
+    opt = {"gen": setup_optimizer(optax.adam(1e-3), params["gen"]), ...}
+    loss, grads = backward(gen_loss, params["gen"], params["disc"], batch)
+    opt_g, params_g = step_optimizer(opt["gen"], params["gen"], grads)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..errors import HookError
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["inner"], meta_fields=["tx"])
+@dataclass(frozen=True)
+class OptState:
+    """One network's optimizer state with its Optax transformation.
+
+    Attributes:
+        tx: the Optax `GradientTransformation`; static metadata (part of the tree
+            structure, so a different rule is a different compiled program).
+        inner: the Optax state `tx.init(params)` returned; the pytree's children.
+    """
+
+    tx: optax.GradientTransformation
+    inner: Any
+
+
+def setup_optimizer(tx: optax.GradientTransformation, params: Any) -> OptState:
+    """The optimizer state of `tx` for the parameter tree `params`.
+
+    Example:
+        >>> import optax, jax.numpy as jnp
+        >>> state = setup_optimizer(optax.sgd(0.1), {"w": jnp.zeros(2)})
+        >>> type(state).__name__
+        'OptState'
+    """
+    if not isinstance(tx, optax.GradientTransformation):
+        raise HookError(
+            f"setup_optimizer takes an Optax GradientTransformation (optax.adam(...)); "
+            f"it was given {type(tx).__name__}."
+        )
+    return OptState(tx, tx.init(params))
+
+
+def backward(f: Callable[..., Any], params_sub: Any, *consts: Any) -> tuple[Any, Any]:
+    """One reverse pass of `f(params_sub, *consts)` with respect to `params_sub`.
+
+    Everything in `consts` is constant (`jax.lax.stop_gradient`): no gradient flows
+    into it. Every traced value `f` reads must be an argument: a traced value the
+    objective captures from an enclosing scope (a closure) is a constant to the
+    derivative, so a parameter subtree read that way gets a zero gradient with no
+    error while the loss stays correct.
+
+    Args:
+        f: the objective, returning a float scalar.
+        params_sub: the parameter subtree to differentiate.
+        *consts: the objective's other inputs (another network's parameters, the
+            batch, ...).
+
+    Returns:
+        (loss, grads): the scalar loss and a gradient tree matching `params_sub`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss, g = backward(lambda w, x: (w * x).sum(), jnp.ones(2), jnp.arange(2.0))
+        >>> g.tolist()
+        [0.0, 1.0]
+    """
+    frozen = jax.lax.stop_gradient(consts)
+    loss, grads = jax.value_and_grad(f)(params_sub, *frozen)
+    return loss, grads
+
+
+def step_optimizer(opt_state: OptState, params: Any, grads: Any) -> tuple[Any, Any]:
+    """One Optax update of `params` by `grads`: `(new_opt_state, new_params)`.
+
+    Call it once per network inside `train_step`, with that network's `OptState`,
+    parameter subtree and gradient (as `backward` returned it).
+    """
+    if not isinstance(opt_state, OptState):
+        raise HookError(
+            f"step_optimizer takes an OptState (what setup_optimizer(tx, params) "
+            f"returns); it was given {type(opt_state).__name__}. Build each "
+            f"network's state with jaxnitro.setup_optimizer in setup_optimizers."
+        )
+    updates, inner = opt_state.tx.update(grads, opt_state.inner, params)
+    return OptState(opt_state.tx, inner), optax.apply_updates(params, updates)
+
+
+def _is_opt_state(node: Any) -> bool:
+    return isinstance(node, OptState)
+
+
+def strip_rules(opt_state: Any) -> Any:
+    """`opt_state` with every `OptState` replaced by its bare Optax state.
+
+    Not needed to train: an `OptState` crosses programs and checkpoints as it is.
+    Use it to inspect or save the states without their transformations.
+    """
+    return jax.tree.map(
+        lambda s: s.inner if _is_opt_state(s) else s, opt_state, is_leaf=_is_opt_state
+    )
+
+
+def merge_rules(combined: Any, states: Any) -> Any:
+    """The `OptState`s of `combined` with their states taken from `states` (a tree
+    of bare states, as `strip_rules` returns): `strip_rules` reversed."""
+    return jax.tree.map(
+        lambda rule, state: OptState(rule.tx, state) if _is_opt_state(rule) else state,
+        combined,
+        states,
+        is_leaf=_is_opt_state,
+    )
+
+
+HOST_NUMBER = (
+    "setup_optimizers returned a host Python {kind} ({value!r}) at {path}. A "
+    "Python number in an optimizer state is frozen into the compiled step as a "
+    "constant (a step counter would never advance). Make it an array: "
+    "jnp.asarray({value!r})."
+)
+NO_OPT_STATE = (
+    "setup_optimizers returned {kind} with no OptState in it. Build each network's "
+    "state with jaxnitro.setup_optimizer(tx, params_subtree), e.g. "
+    '{{"gen": setup_optimizer(optax.adam(1e-4), params["gen"]), ...}}, so '
+    "step_optimizer finds the transformation in the state."
+)
+
+
+def place_opt_states(opt_state: Any) -> Any:
+    """Check what `setup_optimizers` returned and place every leaf on the device.
+
+    Refuses a host Python number in any leaf, naming its key path, and a tree with
+    no `OptState` in it. NumPy leaves are placed (own device copies, since the
+    manual step donates them).
+    """
+    if not any(
+        _is_opt_state(n) for n in jax.tree.leaves(opt_state, is_leaf=_is_opt_state)
+    ):
+        raise HookError(NO_OPT_STATE.format(kind=type(opt_state).__name__))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state):
+        if isinstance(leaf, bool | int | float | complex):
+            raise HookError(
+                HOST_NUMBER.format(
+                    kind=type(leaf).__name__,
+                    value=leaf,
+                    path=f"opt_state{jax.tree_util.keystr(path)}",
+                )
+            )
+        if not isinstance(leaf, jax.Array | np.ndarray | np.generic):
+            raise HookError(
+                f"setup_optimizers returned a {type(leaf).__name__} at "
+                f"opt_state{jax.tree_util.keystr(path)}; every leaf of an optimizer "
+                f"state must be an array."
+            )
+    return jax.tree.map(jnp.array, opt_state)
+
+
+def hyperparameter_names(opt_state: Any) -> set[str]:
+    """The hyperparameters the `OptState`s of `opt_state` expose to schedules: those
+    of rules built with `optax.inject_hyperparams`."""
+    names: set[str] = set()
+    for node in jax.tree.leaves(opt_state, is_leaf=_is_opt_state):
+        if _is_opt_state(node):
+            names.update(getattr(node.inner, "hyperparams", None) or {})
+    return names
+
+
+def bind_hyperparams(opt_state: Any, values: Mapping[str, Any]) -> Any:
+    """`opt_state` with each hyperparameter named in `values` set, absolutely, on
+    every `OptState` whose rule has it (`optax.inject_hyperparams`); traced, so a
+    new value compiles nothing. The tree structure is unchanged."""
+
+    def bind(node: Any) -> Any:
+        hyper = (
+            getattr(node.inner, "hyperparams", None) if _is_opt_state(node) else None
+        )
+        if not hyper or not any(name in hyper for name in values):
+            return node
+        new = {
+            name: jnp.asarray(values[name], jnp.result_type(old))
+            if name in values
+            else old
+            for name, old in hyper.items()
+        }
+        return OptState(node.tx, node.inner._replace(hyperparams=new))
+
+    return jax.tree.map(bind, opt_state, is_leaf=_is_opt_state)
