@@ -45,6 +45,8 @@ SCORES = {1: 0.9, 2: 0.5, 3: 0.7, 4: 0.4, 5: 0.8, 6: 0.6, 7: 0.95, 8: 0.3, 9: 0.
         (lambda: Every(True), r"Every\(n\) needs an integer n >= 1, got True"),
         (lambda: Epochs(5), r"takes a range or a collection .* got 5"),
         (lambda: Epochs([0, 2]), r"epoch numbers >= 1; got \[0\]"),
+        (lambda: Epochs(range(0, 5)), r"range\(0, 5\) holds 0\. Keep the range"),
+        (lambda: Epochs(range(5, -2, -2)), r"range\(5, -2, -2\) holds -1"),
         (lambda: Epochs([]), "needs at least one epoch"),
     ],
 )

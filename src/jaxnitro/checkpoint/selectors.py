@@ -284,6 +284,12 @@ class Epochs(Selector):
     def __init__(self, epochs: range | Iterable[int]) -> None:
         if isinstance(epochs, range):
             value: range | frozenset[int] = epochs
+            if len(value) and min(value) < 1:  # a range is never in the set check
+                raise ConfigError(
+                    f"Epochs(epochs) takes epoch numbers >= 1; {epochs!r} holds "
+                    f"{min(value)}. Keep the range at 1 or above, e.g. "
+                    f"range(1, {max(value) + 1})."
+                )
         else:
             try:
                 value = frozenset(epochs)
