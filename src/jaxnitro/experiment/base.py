@@ -39,6 +39,9 @@ from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
 
+# The base learning rate of the default optimizer (radam) when nothing sets one.
+DEFAULT_LEARNING_RATE = 1e-3
+
 
 def field(
     *,
@@ -501,7 +504,7 @@ class Experiment:
         Returns:
             float: 1e-3, for every group.
         """
-        return 1e-3
+        return DEFAULT_LEARNING_RATE
 
     def metrics_residency(self, hook: str) -> str:
         """Where a metric hook runs: "host" for metrics, "device" for train_metrics.

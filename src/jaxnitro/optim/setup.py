@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from ..errors import ConfigError, HookError
-from ..experiment.base import Experiment, defines
+from ..experiment.base import DEFAULT_LEARNING_RATE, Experiment, defines
 from ..experiment.traits import field_names, graphconst_fields, host_fields
 from .decay import anchor_checksum, anchor_mismatch, check_anchor
 from .ema import EMA
@@ -166,7 +166,7 @@ def build_plan(
     labels = layout.label_tree(params)
     single = len(layout.names) == 1
 
-    base_lr = group_number(e, "learning_rate", DEFAULT_GROUP, 1e-3)
+    base_lr = group_number(e, "learning_rate", DEFAULT_GROUP, DEFAULT_LEARNING_RATE)
     no_decay = _method(e, "no_decay")
     excluded = leaf_mask(
         params,
