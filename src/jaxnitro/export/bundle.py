@@ -35,6 +35,20 @@ from .program import ExportProgram
 
 PLATFORMS = ("cpu", "cuda")
 KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def checked_platforms(backend: str, platforms: Sequence[str]) -> tuple[str, ...]:
+    """`platforms` as a tuple, refused when empty or naming an unknown platform."""
+    platforms = tuple(platforms)
+    unknown = [p for p in platforms if p not in KNOWN_PLATFORMS]
+    if not platforms or unknown:
+        raise ConfigError(
+            f"{backend}(platforms={platforms!r}): each platform is one of "
+            f"{', '.join(KNOWN_PLATFORMS)}, and at least one is needed."
+        )
+    return platforms
+
+
 SYMBOLIC_FAILED = (
     "StableHLOBundle: the program does not trace with a symbolic batch dimension "
     "({error}). The bundle ships one program that takes any batch size, so forward "
@@ -59,14 +73,7 @@ class StableHLOBundle:
     """
 
     def __init__(self, *, platforms: Sequence[str] = PLATFORMS) -> None:
-        platforms = tuple(platforms)
-        unknown = [p for p in platforms if p not in KNOWN_PLATFORMS]
-        if not platforms or unknown:
-            raise ConfigError(
-                f"StableHLOBundle(platforms={platforms!r}): each platform is one of "
-                f"{', '.join(KNOWN_PLATFORMS)}, and at least one is needed."
-            )
-        self.platforms = platforms
+        self.platforms = checked_platforms("StableHLOBundle", platforms)
 
     def __repr__(self) -> str:
         return f"StableHLOBundle(platforms={self.platforms!r})"

@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import ConfigError
 from ..extras import require
 from .backend import ExportRequest
+from .bundle import checked_platforms
 from .format import GIT_DIFF, MANIFEST, POSTPROCESS, PROVENANCE, write_json
 from .program import ExportProgram
 
@@ -33,7 +33,6 @@ TF_FORMAT = "jaxnitro-tf-saved-model"
 TF_FORMAT_VERSION = 1
 EXTRA = "assets.extra"
 PLATFORMS = ("cpu",)
-KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 def signature_key(batch: int) -> str:
@@ -61,14 +60,7 @@ class TFSavedModel:
     """
 
     def __init__(self, *, platforms: Sequence[str] = PLATFORMS) -> None:
-        platforms = tuple(platforms)
-        unknown = [p for p in platforms if p not in KNOWN_PLATFORMS]
-        if not platforms or unknown:
-            raise ConfigError(
-                f"TFSavedModel(platforms={platforms!r}): each platform is one of "
-                f"{', '.join(KNOWN_PLATFORMS)}, and at least one is needed."
-            )
-        self.platforms = platforms
+        self.platforms = checked_platforms("TFSavedModel", platforms)
 
     def __repr__(self) -> str:
         return f"TFSavedModel(platforms={self.platforms!r})"

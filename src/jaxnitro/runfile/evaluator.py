@@ -47,18 +47,6 @@ TOP_LEVEL = (
     "defeval",
     "defrun",
 )
-CONTRACT_ORDER = (
-    "train-loader",
-    "defeval",
-    "prepare",
-    "eval-prepare",
-    "model",
-    "objective",
-    "evaluate",
-    "optimizer",
-    "curriculum",
-    "defrun",
-)
 
 
 @dataclass
