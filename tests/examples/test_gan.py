@@ -1,13 +1,13 @@
 """The manual-mode GAN example: it learns where the mixture is, and its script runs
 in smoke mode."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from example_scripts import example_module
 
 import jaxnitro as nx
 
@@ -16,14 +16,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gan.py"
 
 @pytest.fixture(scope="module")
 def gan():
-    """The example script as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gan_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and field docs look the module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    """The example script as a module."""
+    with example_module("gan.py", "gan_example") as module:
+        yield module
 
 
 def test_the_generator_moves_its_points_onto_the_mixture(gan):

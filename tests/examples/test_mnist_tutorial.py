@@ -1,7 +1,6 @@
 """The MNIST tutorial example, end to end: trained on an MNIST directory, and run as
 a script in its smoke mode."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from example_scripts import example_module
 from fake_mnist import fake_mnist
 
 import jaxnitro as nx
@@ -21,14 +21,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tutorial.py"
 
 @pytest.fixture(scope="module")
 def tutorial():
-    """The example script as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("mnist_tutorial", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and field docs look the module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    """The example script as a module."""
+    with example_module("mnist_tutorial.py", "mnist_tutorial") as module:
+        yield module
 
 
 def test_tutorial_trains_on_an_mnist_directory(tutorial, tmp_path, monkeypatch):
