@@ -90,12 +90,17 @@ def test_a_named_lookup_of_a_damaged_record_raises_naming_it(three_epochs):
     )
 
 
-def test_resume_auto_of_a_run_whose_latest_record_was_truncated(tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_resume_auto_of_a_run_whose_latest_record_was_lost(tmp_path, damage):
     first = nx.Nitro(Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None)
     first.train()
     latest = max(read_manifest(str(tmp_path)), key=lambda e: e.epoch)
-    _truncate(tmp_path / latest.file, by=100)
-    with pytest.warns(nx.NitroWarning, match="epoch-0003.* is damaged"):
+    if damage == "truncated":
+        _truncate(tmp_path / latest.file, by=100)
+    else:
+        os.remove(tmp_path / latest.file)
+    said = "is damaged" if damage == "truncated" else "is missing"
+    with pytest.warns(nx.NitroWarning, match=f"epoch-0003.* {said}"):
         resumed = nx.Nitro(
             Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None, resume="auto"
         )

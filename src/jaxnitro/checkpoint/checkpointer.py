@@ -272,7 +272,8 @@ class Checkpointer:
             CheckpointError: no directory yet (neither `dir` nor a `bind`), or the
                 manifest cannot be read.
         """
-        return read_manifest(self._directory())
+        # A lost manifest's rebuilt entries are scored as this checkpointer ranks.
+        return read_manifest(self._directory(), metric=self.metric, mode=self.mode)
 
     def _directory(self) -> str:
         if self.dir is None:
