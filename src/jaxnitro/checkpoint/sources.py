@@ -227,7 +227,7 @@ def _resolve_average(
     allow_short: bool,
 ) -> AverageSource:
     directory = source_directory(checkpointer, run_dir)
-    entries = read_manifest(directory)
+    entries = read_scored(directory, checkpointer, monitor)
     pool = run_pool(entries, directory, run, average, what)
     ranking = ranking_for(checkpointer, pool, monitor)
     ranker = ranking if ranking is not None else Checkpointer(keep=Last(1))
