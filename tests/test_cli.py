@@ -2,6 +2,7 @@
 `nitro ckpt` reading a run directory."""
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -63,6 +64,29 @@ def test_nitro_runs_prints_the_runs_table(run_dir, capsys):
     assert lines[1].split()[:5] == ["bbbb2222", "1", "1", "0.25", "loss/min"]
     assert lines[1].split()[-1] == "-"  # no parent
     assert lines[2].split()[:5] == ["aaaa1111", "3", "1-3", "0.333333", "loss/min"]
+
+
+def test_nitro_runs_marks_missing_and_damaged_files(run_dir, capsys):
+    entries = {(e.run, e.epoch): e for e in read_manifest(str(run_dir))}
+    gone, cut = entries[("aaaa1111", 1)], entries[("aaaa1111", 3)]
+    os.remove(run_dir / gone.file)
+    path = run_dir / cut.file
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 4)
+    (run_dir / ".lock").write_text("1234")  # another file in the directory: ignored
+    assert main(["runs", str(run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["bbbb2222", "1"]
+    assert lines[2].split()[:6] == ["aaaa1111", "3", "(1", "missing,", "1", "damaged)"]
+    assert lines[3:] == [
+        f"run aaaa1111: {gone.file} (epoch 1) is missing.",
+        f"run aaaa1111: {cut.file} (epoch 3) is damaged: {path} is truncated or "
+        f"damaged: its header describes {os.path.getsize(path) + 4} bytes but the "
+        f"file holds {os.path.getsize(path)}. The write that produced it did not "
+        f"finish; use another checkpoint.",
+    ]
+    (summary,) = [s for s in nx.runs(run_dir) if s.id == "aaaa1111"]
+    assert (summary.missing, summary.damaged) == ((gone.file,), (cut.file,))
 
 
 def test_nitro_runs_draws_a_rich_table_on_a_terminal(run_dir, capsys, monkeypatch):

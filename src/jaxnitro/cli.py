@@ -1,7 +1,8 @@
 """The `nitro` (and `sexpgpu`) command line: one program, subcommands by feature.
 
     nitro runs DIR        the runs a run directory holds, most recent first; for a
-                          folder of run directories, each one's runs
+                          folder of run directories, each one's runs; files
+                          missing or damaged are marked
     nitro ckpt PATH       a checkpoint's metadata, read from its header only
     nitro ckpt DIR RUN WHICH   the same for the record a (run, which) pair names in
                           a run directory: RUN a run id, "latest" or "all"; WHICH
@@ -200,7 +201,7 @@ def _runs_table(run_dir: str, *, titled: bool) -> None:
     rows = [
         (
             s.id,
-            str(s.checkpoints),
+            _count(s.checkpoints, len(s.missing), len(s.damaged)),
             format_epochs(s.epochs),
             "-" if s.best is None else f"{s.best:.6g}",
             "-" if s.metric is None else f"{s.metric}/{s.mode}",
@@ -211,13 +212,35 @@ def _runs_table(run_dir: str, *, titled: bool) -> None:
     ]
     if sys.stdout.isatty():
         _print_rich(f"Runs in {run_dir}", rows)
-        return
-    if titled:
-        print(f"{run_dir}:")
-    widths = [max(len(r[i]) for r in [_HEADERS, *rows]) for i in range(7)]
-    for row in [_HEADERS, *rows]:
-        cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-        print("  ".join(cells).rstrip())
+    else:
+        if titled:
+            print(f"{run_dir}:")
+        widths = [max(len(r[i]) for r in [_HEADERS, *rows]) for i in range(7)]
+        for row in [_HEADERS, *rows]:
+            cells = (cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+            print("  ".join(cells).rstrip())
+    for summary in summaries:
+        for problem in summary.problems:
+            print(f"run {summary.id}: {_problem_text(problem)}")
+
+
+def _count(checkpoints: int, missing: int, damaged: int) -> str:
+    """`3`, or `3 (1 missing, 1 damaged)`: the ckpts cell of a runs table."""
+    marks = [f"{n} {what}" for n, what in ((missing, "missing"), (damaged, "damaged"))]
+    marked = [mark for mark in marks if not mark.startswith("0 ")]
+    return f"{checkpoints} ({', '.join(marked)})" if marked else str(checkpoints)
+
+
+def _problem_text(problem: Any) -> str:
+    """One line under the runs table for a listed file that is not its record."""
+    from .checkpoint.integrity import DAMAGED, MISSING
+
+    name = f"{problem.entry.file} (epoch {problem.entry.epoch})"
+    if problem.kind == MISSING:
+        return f"{name} is missing."
+    if problem.kind == DAMAGED:
+        return f"{name} is damaged: {problem.detail}"
+    return f"{name} holds another record: {problem.detail}"
 
 
 def _print_rich(title: str, rows: Sequence[tuple[str, ...]]) -> None:

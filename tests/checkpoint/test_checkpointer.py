@@ -20,7 +20,12 @@ from jaxnitro.checkpoint import topk as topk_module
 from jaxnitro.checkpoint.checkpointer import Checkpointer
 from jaxnitro.checkpoint.filenames import checkpoint_filename
 from jaxnitro.checkpoint.info import checkpoint_info
-from jaxnitro.checkpoint.manifest import MANIFEST, load_manifest, read_manifest
+from jaxnitro.checkpoint.manifest import (
+    MANIFEST,
+    load_manifest,
+    read_manifest,
+    write_manifest,
+)
 from jaxnitro.checkpoint.record import Record, save_record
 from jaxnitro.checkpoint.retention_checks import (
     check_keep,
@@ -278,6 +283,7 @@ def test_a_record_this_run_left_unlisted_by_a_crash_is_overwritten_in_place(
     tmp_path, fields
 ):
     ckpt = bound(tmp_path, run="aaa", keep=Last(1))
+    write_manifest(str(tmp_path), [])  # what a kill after the rename leaves beside it
     orphan = tmp_path / checkpoint_filename(epoch=1, step=4, metric="loss", score=0.5)
     save_record(str(orphan), {"params": {"w": np.zeros(2)}}, record_header(**fields))
     write(ckpt, 1, 0.5)
@@ -362,7 +368,6 @@ def test_recover_finishes_an_interrupted_rotation_and_removes_own_temporaries(
     write(ckpt, 1, 0.5)
     dropped = tmp_path / "epoch-0000-step-0.safetensors"
     dropped.write_bytes(b"left behind by a kill during rotation")
-    from jaxnitro.checkpoint.manifest import write_manifest
 
     write_manifest(str(tmp_path), read_manifest(str(tmp_path)), [dropped.name])
     (tmp_path / ".tmp-aaa-x1").write_bytes(b"partial")

@@ -259,7 +259,7 @@ def test_an_older_record_without_the_optional_keys_still_resumes(trained, tmp_pa
     )
     assert nx.checkpoint_info(path) == {**before, "anchor_checksum": None}
     resumed = nx.Nitro(
-        Tiny(max_epochs=2), run_dir=str(tmp_path), resume=str(path), logger=None
+        Tiny(max_epochs=2), run_dir=str(tmp_path / "run"), resume=str(path), logger=None
     )
     assert (resumed.current_epoch, resumed.current_step) == (1, 4)
     resumed.train()

@@ -1,9 +1,12 @@
 """The manifest lost or replaced: rebuilt from the records' headers with a warning,
-written back by `nitro ckpt --repair`; a manifest path or a record name that is not
-a regular file is refused by name, never read (a FIFO would block)."""
+scored by the reader's metric from the metrics the headers hold, written back by a
+checkpointer before its first record and by `nitro ckpt --repair`; a manifest path
+or a record name that is not a regular file is refused by name, never read (a FIFO
+would block)."""
 
 import os
 import re
+import shutil
 import threading
 
 import pytest
@@ -11,6 +14,7 @@ from checkpoint_fixtures import bound, write
 from experiments import Tiny
 
 import jaxnitro as nx
+from jaxnitro.checkpoint.lookup import resolve_checkpoint
 from jaxnitro.checkpoint.manifest import (
     MANIFEST,
     read_manifest,
@@ -35,11 +39,12 @@ def _rebuilt_message(directory, count):
     return (
         f"{directory / MANIFEST} is missing, but {directory} holds {count} "
         "checkpoint record(s): the manifest was rebuilt from their headers (run, "
-        "epoch, step, stop_reason; the write time from the file). Which metric "
-        'scored each record is not in its header, so "best" ranks none of them. '
-        f"Run `nitro ckpt --repair {directory}` (with --metric NAME --mode min|max "
-        "to score them) to write it: until then, a checkpoint written here starts "
-        "a manifest that lists only the records written from then on."
+        "epoch, step, stop_reason, checksum; the write time from the file). A header "
+        "does not say which metric scored its record, so the rebuilt entries are "
+        'unscored and "best" ranks none of them (`nitro ckpt --repair '
+        f"{directory} --metric NAME --mode min|max` scores them). A run "
+        "checkpointing here writes it back before its first record; `nitro ckpt "
+        f"--repair {directory}` writes it now."
     )
 
 
@@ -50,20 +55,68 @@ def test_a_lost_manifest_is_rebuilt_from_the_records_with_a_warning(two_runs):
         nx.NitroWarning, match=f"^{re.escape(_rebuilt_message(directory, 4))}$"
     ):
         rebuilt = read_manifest(str(directory))
-    key = lambda e: (e.file, e.run, e.epoch, e.step, e.stop_reason)  # noqa: E731
+    key = lambda e: (e.file, e.run, e.epoch, e.step, e.stop_reason, e.checksum)  # noqa: E731
     assert sorted(map(key, rebuilt)) == sorted(map(key, written))
     assert all(e.score is None and e.metric is None for e in rebuilt)
     assert not (directory / MANIFEST).exists()  # a read writes nothing
 
 
 def test_resume_auto_continues_from_the_records_of_a_lost_manifest(tmp_path):
-    nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None).train()
+    first = nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), logger=None)
+    first.train()
+    written = read_manifest(str(tmp_path))
     os.remove(tmp_path / MANIFEST)
     with pytest.warns(nx.NitroWarning, match="manifest was rebuilt"):
         resumed = nx.Nitro(
             Tiny(max_epochs=3), run_dir=str(tmp_path), logger=None, resume="auto"
         )
     assert resumed.current_epoch == 2  # not a fresh start beside valid records
+    with pytest.warns(nx.NitroWarning, match="written back before this run's first"):
+        resumed.train()
+    after = read_manifest(str(tmp_path))
+    assert {e.epoch for e in after} == {1, 2, 3}  # epochs 1-2 stay listed
+    assert {e.run for e in after} == {first.checkpoint_run}
+    # Scored from the headers' metrics, so "best" still ranks the old records.
+    old = {e.epoch: e.score for e in written}
+    assert {e.epoch: e.score for e in after if e.epoch < 3} == pytest.approx(old)
+
+
+def test_a_new_run_in_a_directory_whose_manifest_was_lost_keeps_the_old_records(
+    two_runs,
+):
+    directory, written = two_runs
+    os.remove(directory / MANIFEST)
+    (directory / ".lock").write_text("1234")  # not a record: never listed
+    (directory / "metrics.jsonl").write_text("{}\n")
+    message = (
+        f"{directory / MANIFEST} was missing beside 4 checkpoint record(s) in "
+        f"{directory}: it was rebuilt from their headers and written back before "
+        "this run's first record, so every record stays listed. Each is scored by "
+        "the loss (min) its header's metrics hold; one whose header lacks it is "
+        "unscored."
+    )
+    with pytest.warns(nx.NitroWarning, match=f"^{re.escape(message)}$"):
+        write(bound(directory, run="ccc", keep=Last(3)), 1, 0.75)
+    after = read_manifest(str(directory))
+    assert sorted((e.run, e.epoch) for e in after) == sorted(
+        [(e.run, e.epoch) for e in written] + [("ccc", 1)]
+    )
+    scores = {(e.run, e.epoch): e.score for e in after}
+    assert scores == pytest.approx(
+        {**{(e.run, e.epoch): e.score for e in written}, ("ccc", 1): 0.75}
+    )
+
+
+def test_best_after_a_lost_manifest_ranks_by_the_checkpointers_metric(two_runs):
+    """A lookup through a checkpointer scores the rebuilt entries from the
+    metrics their headers hold, so ("all", "best") still finds the best."""
+    directory, _ = two_runs
+    os.remove(directory / MANIFEST)
+    with pytest.warns(nx.NitroWarning, match="scored by the loss \\(min\\)"):
+        found = resolve_checkpoint(
+            bound(directory, run="zzz"), str(directory), "all", "best", what="weights"
+        )
+    assert (found.entry.run, found.entry.epoch, found.entry.score) == ("bbb", 1, 0.25)
 
 
 def test_repair_writes_the_rebuilt_manifest_scored_as_asked(two_runs, capsys):
@@ -99,6 +152,20 @@ def test_repair_keeps_what_a_readable_manifest_says_and_drops_gone_files(two_run
     assert skipped == []
     assert sorted(entries, key=lambda e: e.file) == sorted(
         (e for e in written if e != gone), key=lambda e: e.file
+    )
+
+
+def test_repair_relists_a_file_another_record_was_copied_over(two_runs):
+    directory, written = two_runs
+    aaa3 = [e for e in written if e.run == "aaa" and e.epoch == 3][0]
+    bbb1 = [e for e in written if e.run == "bbb"][0]
+    shutil.copyfile(directory / bbb1.file, directory / aaa3.file)
+    entries, _ = repair_manifest(str(directory))
+    relisted = [e for e in entries if e.file == aaa3.file][0]
+    assert (relisted.run, relisted.epoch, relisted.checksum) == (
+        "bbb",
+        1,
+        bbb1.checksum,
     )
 
 

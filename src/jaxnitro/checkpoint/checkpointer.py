@@ -18,8 +18,8 @@ Order of a write: the record goes to a temporary file renamed into place, then t
 manifest is replaced atomically, and only then are rotated files deleted, so a crash
 at any instant leaves a readable directory whose manifest names complete records. A
 fresh directory gets an empty manifest before its first record, so records without
-a manifest always mean a lost one (which lookups rebuild), never a kill between the
-first record and its manifest.
+a manifest always mean a lost one (which lookups rebuild, and the first save writes
+back), never a kill between the first record and its manifest.
 """
 
 from __future__ import annotations
@@ -46,9 +46,16 @@ from .manifest import (
     manifest_path,
     read_manifest,
     remove_file,
+    restore_lost_manifest,
     write_manifest,
 )
-from .record import TMP_PREFIX, read_header, rewrite_header, save_record
+from .record import (
+    TMP_PREFIX,
+    read_header,
+    read_header_checksummed,
+    rewrite_header,
+    save_record,
+)
 from .selectors import (
     Best,
     Last,
@@ -265,7 +272,8 @@ class Checkpointer:
             CheckpointError: no directory yet (neither `dir` nor a `bind`), or the
                 manifest cannot be read.
         """
-        return read_manifest(self._directory())
+        # A lost manifest's rebuilt entries are scored as this checkpointer ranks.
+        return read_manifest(self._directory(), metric=self.metric, mode=self.mode)
 
     def _directory(self) -> str:
         if self.dir is None:
@@ -382,14 +390,19 @@ class Checkpointer:
             # records without a manifest always mean a lost one (rebuilt by
             # lookups), never a kill between a first record and its manifest.
             write_manifest(directory, [], tmp_prefix=self._tmp_prefix)
+        path = os.path.join(directory, filename)
         save_record(
-            os.path.join(directory, filename),
+            path,
             trees,
             dataclasses.replace(
                 header, run=self.run, metrics=dict(metrics), stop_reason=stop_reason
             ),
             tmp_prefix=self._tmp_prefix,
         )
+        # The manifest records what it lists: a file copied over this name later
+        # is refused at lookup, not resumed as this run's.
+        _, checksum = read_header_checksummed(path)
+        candidate = dataclasses.replace(candidate, checksum=checksum)
         dropped = [e for e in [*own_pool, *replaced, *others] if e not in kept]
         survivors = [e for e in all_entries if e not in dropped] + [candidate]
         listed = {e.file for e in survivors}
@@ -462,7 +475,8 @@ class Checkpointer:
 
     def recover(self) -> None:
         """Finish what a killed write left: rotation's pending deletions, and this
-        run's temporary files. The first `save` after `bind` calls it.
+        run's temporary files; write back a lost manifest, rebuilt from the
+        records' headers. The first `save` after `bind` calls it.
 
         Raises:
             CheckpointError: no directory yet, or the manifest cannot be read.
@@ -473,6 +487,11 @@ class Checkpointer:
         """`recover()`; the manifest it read (recovery leaves it unchanged)."""
         directory = self._directory()
         self._recovered = True
+        # A lost manifest is written back before this run's first record, or the
+        # manifest it starts would list only the records written from then on.
+        restore_lost_manifest(
+            directory, metric=self.metric, mode=self.mode, tmp_prefix=self._tmp_prefix
+        )
         manifest = load_manifest(directory)
         listed = {e.file for e in manifest.entries}
         for name in manifest.pending_deletion:

@@ -5,17 +5,24 @@ holds; `find_latest` and `selected_checkpoint` are the quiet forms that return N
 Runs are named by id, "latest" (the run of the entry written last; legacy entries,
 written 0.0, count as oldest), "all" (every run, for "best" only) or "legacy" (the
 unnamed run of a manifest written before runs were recorded).
+
+A lookup checks the file it picked is the record the manifest lists (`integrity`):
+a file another record was copied over is refused by name. `resume_latest`, what
+`resume="auto"` reads, steps back past a newest record that is gone or damaged to
+the newest readable one of the same run, with a warning naming it.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NitroWarning, user_stacklevel
+from .integrity import MISSING, EntryProblem, check_listed, entry_problem
 from .manifest import ManifestEntry, read_manifest
 from .retention_checks import warn_mixed_metrics
 from .selectors import Best
@@ -119,8 +126,10 @@ def find_latest(checkpointer: Any, run_dir: str, *, run: Any = "recent") -> str 
     mine = _recent(read_manifest(directory), run)
     if not mine:
         return None
-    path = os.path.join(directory, newest_of(mine).file)
-    return path if os.path.isfile(path) else None
+    newest = newest_of(mine)
+    if entry_problem(directory, newest) is not None:
+        return None
+    return os.path.join(directory, newest.file)
 
 
 @dataclass(frozen=True)
@@ -140,22 +149,23 @@ def selected_checkpoint(
     """The best of one run's checkpoints by the checkpointer's metric and mode.
 
     The quiet form: None with no checkpointer, no scored entry under that pair, or a
-    missing winning file; it never warns. `run` is as for `find_latest`.
+    winning file that is gone, damaged or not the record listed; it never warns.
+    `run` is as for `find_latest`.
     """
     if checkpointer is None:
         return None
     directory = source_directory(checkpointer, run_dir)
-    mine = _recent(read_manifest(directory), run)
+    mine = _recent(read_scored(directory, checkpointer), run)
     ranking = ranking_for(checkpointer, mine)
     if ranking is None:
         return None
     picked = rank_best(mine, ranking)
     if not picked:
         return None
-    path = os.path.join(directory, picked[0].file)
-    if not os.path.isfile(path):
-        return None
     best = picked[0]
+    if entry_problem(directory, best) is not None:
+        return None
+    path = os.path.join(directory, best.file)
     return SelectedCheckpoint(path, best.epoch, best.metric, best.score, best.run)
 
 
@@ -221,14 +231,16 @@ def resolve_checkpoint(
 
     `which` is "latest" (the run's newest retained record) or "best" (the best by the
     checkpointer's current metric and mode, else `monitor`, else the pair the newest
-    scored entry was written under; across every run for run "all"). A "best" over
+    scored entry was written under; across every run for run "all"). The file must
+    be the record listed: one gone, damaged or replaced by another record raises,
+    naming it. A "best" over
     entries scored under another pair warns that they were not ranked, and a run
     with none under the current pair raises, naming those it has. `entries`: the
     directory's manifest when the caller has read it already.
     """
     directory = source_directory(checkpointer, run_dir)
     if entries is None:
-        entries = read_manifest(directory)
+        entries = read_scored(directory, checkpointer, monitor)
     pool = run_pool(entries, directory, run, which, what)
     spelled = f"{what}=({run!r}, {which!r})"
     if which == "latest":
@@ -252,11 +264,17 @@ def resolve_checkpoint(
                 f"Checkpointer(metric=..., mode=...) for one of those."
             )
         chosen = picked[0]
-    path = os.path.join(directory, chosen.file)
-    if not os.path.isfile(path):
+    problem = check_listed(directory, chosen)  # a record copied over it: refused
+    if problem is not None and problem.kind == MISSING:
         raise CheckpointError(
             f"{spelled}: the manifest of {directory!r} lists {chosen.file}, but the "
             f"file is gone. Restore it, or name another checkpoint."
+        )
+    if problem is not None:
+        raise CheckpointError(
+            f"{spelled}: the manifest of {directory!r} lists {chosen.file}, but the "
+            f"file is damaged: {problem.detail} Restore it, or name another "
+            f"checkpoint."
         )
     newest = newest_of([e for e in entries if e.run == chosen.run])
     return Found(chosen, directory, chosen == newest)
@@ -267,3 +285,78 @@ def _whose(run: Any, pool: Sequence[ManifestEntry]) -> str:
         return "the directory holds"
     label = run_label(pool[0].run) if pool else str(run)
     return f"run {label!r} has"
+
+
+def read_scored(
+    directory: str, checkpointer: Any, monitor: tuple[str, str] | None = None
+) -> list[ManifestEntry]:
+    """`read_manifest(directory)`; a lost manifest's rebuilt entries are scored by
+    the checkpointer's metric and mode, else `monitor`, from the metrics their
+    headers hold (unscored when neither is known)."""
+    metric = getattr(checkpointer, "metric", None)
+    if metric is not None:
+        return read_manifest(directory, metric=metric, mode=checkpointer.mode)
+    if monitor is not None:
+        return read_manifest(directory, metric=monitor[0], mode=monitor[1])
+    return read_manifest(directory)
+
+
+FELL_BACK = (
+    'resume="auto": the newest record of run {run} in {directory!r} cannot be '
+    "resumed: {problems}. Continuing the run from the newest readable one, epoch "
+    "{epoch} ({path}); the epochs after it are trained again."
+)
+
+
+def resume_latest(
+    checkpointer: Any,
+    run_dir: str,
+    *,
+    monitor: tuple[str, str] | None = None,
+    entries: Sequence[ManifestEntry] | None = None,
+) -> Found:
+    """What `resume="auto"` continues: the newest record of the directory's latest
+    run, or, when that file is gone or damaged, the newest readable record of the
+    same run, with a NitroWarning naming the ones passed over (as Orbax falls back
+    to the previous step). The record found continues its run.
+
+    Raises:
+        CheckpointError: the directory holds no checkpoint; a file holds another
+            record than the one listed (its lineage is another run's); no record
+            of the run is readable (each is named with why).
+    """
+    directory = source_directory(checkpointer, run_dir)
+    if entries is None:
+        entries = read_scored(directory, checkpointer, monitor)
+    pool = run_pool(entries, directory, "latest", "latest", "resume")
+    passed: list[EntryProblem] = []
+    for entry in sorted(pool, key=lambda e: (e.epoch, e.written), reverse=True):
+        problem = check_listed(directory, entry)
+        if problem is None:
+            if passed:
+                warnings.warn(
+                    FELL_BACK.format(
+                        run=run_label(entry.run),
+                        directory=directory,
+                        problems="; ".join(_problem_line(p) for p in passed),
+                        epoch=entry.epoch,
+                        path=os.path.join(directory, entry.file),
+                    ),
+                    NitroWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            return Found(entry, directory, is_run_newest=True)
+        passed.append(problem)
+    raise CheckpointError(
+        f'resume="auto": no record of run {run_label(pool[0].run)} in {directory!r} '
+        f"is readable: {'; '.join(_problem_line(p) for p in passed)}. Restore one, "
+        f"or start a fresh run (resume=False)."
+    )
+
+
+def _problem_line(problem: EntryProblem) -> str:
+    """`epoch-0003-....safetensors (epoch 3) is missing` / `... is damaged (why)`."""
+    name = f"{problem.entry.file} (epoch {problem.entry.epoch})"
+    if problem.kind == MISSING:
+        return f"{name} is missing"
+    return f"{name} is damaged ({problem.detail})"

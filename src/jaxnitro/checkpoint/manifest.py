@@ -14,15 +14,16 @@ but not yet deleted. The manifest lists the latter under `pending_deletion`, and
 next write in the directory deletes them.
 
 A manifest that is missing while records sit in the directory (deleted by hand,
-lost in a copy) is rebuilt in memory from the records' headers, with a warning:
-run, epoch, step and stop_reason come from each header, the write time from the
-file. What a header does not hold (which metric scored the record, and which way is
-better; the parent of a branched run) is left empty, so "best" ranks none of the
-rebuilt entries; `nitro ckpt --repair DIR --metric NAME --mode MODE` writes the
-rebuilt manifest with them scored. The checkpointer's own reads never rebuild (a
-record it does not list is never rotated away). A manifest path that is not a
-regular file (a directory, a FIFO) is refused by name, and only regular files are
-read as records.
+lost in a copy) is rebuilt from the records' headers, with a warning: run, epoch,
+step, stop_reason and checksum come from each header, the write time from the file.
+A header holds the epoch's validation metrics but not which of them scored the
+record, so a rebuilt entry is scored only when the reader knows the metric and mode
+(a lookup through a checkpointer or a monitor; `nitro ckpt --repair DIR --metric
+NAME --mode MODE`); the parent of a branched run is left empty. Lookups rebuild in
+memory; a checkpointer writes the rebuilt manifest back before its first record
+(`restore_lost_manifest`), so a run writing into such a directory keeps every
+record listed. A manifest path that is not a regular file (a directory, a FIFO) is
+refused by name, and only regular files are read as records.
 """
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import CheckpointError, NitroWarning, user_stacklevel
+from .header import RecordHeader
 from .io_retry import with_io_retry
-from .record import TMP_PREFIX, atomic_write, file_kind, json_object, read_header
+from .record import (
+    TMP_PREFIX,
+    atomic_write,
+    file_kind,
+    json_object,
+    read_header_checksummed,
+)
 
 RECORD_SUFFIX = ".safetensors"
 MANIFEST_NOT_FILE = (
@@ -49,12 +57,24 @@ MANIFEST_NOT_FILE = (
 )
 MANIFEST_REBUILT = (
     "{path} is missing, but {directory} holds {count} checkpoint record(s): the "
-    "manifest was rebuilt from their headers (run, epoch, step, stop_reason; the "
-    "write time from the file).{skipped} Which metric scored each record is not in "
-    'its header, so "best" ranks none of them. Run `nitro ckpt --repair '
-    "{directory}` (with --metric NAME --mode min|max to score them) to write it: "
-    "until then, a checkpoint written here starts a manifest that lists only the "
-    "records written from then on."
+    "manifest was rebuilt from their headers (run, epoch, step, stop_reason, "
+    "checksum; the write time from the file).{skipped}{scored} A run "
+    "checkpointing here writes it back before its first record; `nitro ckpt "
+    "--repair {directory}` writes it now."
+)
+MANIFEST_WRITTEN_BACK = (
+    "{path} was missing beside {count} checkpoint record(s) in {directory}: it was "
+    "rebuilt from their headers and written back before this run's first record, "
+    "so every record stays listed.{skipped}{scored}"
+)
+SCORED_BY = (
+    " Each is scored by the {metric} ({mode}) its header's metrics hold; one "
+    "whose header lacks it is unscored."
+)
+UNSCORED = (
+    " A header does not say which metric scored its record, so the rebuilt "
+    'entries are unscored and "best" ranks none of them (`nitro ckpt --repair '
+    "{directory} --metric NAME --mode min|max` scores them)."
 )
 
 MANIFEST = "manifest.json"
@@ -74,6 +94,9 @@ class ManifestEntry:
         metric, mode: what `score` measures and which way is better.
         written: the wall-clock `time.time()` of the write (0.0 for a legacy entry).
         parent: for a run branched from an earlier record, that record's path.
+        checksum: the record's checksum (`read_header_checksummed`), so a file
+            copied over its name is told apart; None for an entry from before
+            checksums were recorded.
     """
 
     file: str
@@ -86,6 +109,7 @@ class ManifestEntry:
     mode: str | None
     written: float
     parent: str | None
+    checksum: str | None = None
 
 
 class Manifest(NamedTuple):
@@ -104,14 +128,19 @@ def manifest_path(directory: str) -> str:
 
 
 def load_manifest(
-    directory: str, *, rebuild: bool = False, warn: bool = False
+    directory: str,
+    *,
+    rebuild: bool = False,
+    warn: bool = False,
+    metric: str | None = None,
+    mode: str | None = None,
 ) -> Manifest:
     """Parse the directory's manifest; an empty one when there is none.
 
     With `rebuild`, a missing manifest beside records is rebuilt in memory from
-    the records' headers (see `rebuild_entries`), with a NitroWarning when `warn`.
-    The checkpointer's own reads never rebuild: a record it does not list is never
-    rotated away, and one its run left unlisted by a crash is overwritten in place.
+    the records' headers (see `rebuild_entries`, which `metric` and `mode` score
+    by), with a NitroWarning when `warn`. The checkpointer's own reads never
+    rebuild: it writes a lost manifest back first (`restore_lost_manifest`).
 
     Raises:
         CheckpointError: the manifest is damaged, or its path is not a regular file.
@@ -120,7 +149,7 @@ def load_manifest(
     if text is None:
         if not rebuild:
             return Manifest([], [])
-        entries, skipped = rebuild_entries(directory)
+        entries, skipped = rebuild_entries(directory, metric=metric, mode=mode)
         if entries and warn:
             warnings.warn(
                 MANIFEST_REBUILT.format(
@@ -128,12 +157,51 @@ def load_manifest(
                     directory=directory,
                     count=len(entries),
                     skipped=_skipped_note(skipped),
+                    scored=_scored_note(directory, metric, mode),
                 ),
                 NitroWarning,
                 stacklevel=user_stacklevel(),
             )
         return Manifest(entries, [])
     return _parse(manifest_path(directory), text)
+
+
+def restore_lost_manifest(
+    directory: str,
+    *,
+    metric: str | None,
+    mode: str | None,
+    tmp_prefix: str = TMP_PREFIX,
+) -> bool:
+    """Before a checkpointer's first write: when the manifest is missing but
+    records sit beside it, rebuild it from their headers (scored by `metric` and
+    `mode`) and write it, with a NitroWarning, so the records stay listed. Returns
+    whether it did. A directory with no record is left alone.
+    """
+    if os.path.lexists(manifest_path(directory)) or not holds_records(directory):
+        return False
+    entries, skipped = rebuild_entries(directory, metric=metric, mode=mode)
+    if not entries:
+        return False
+    write_manifest(directory, entries, tmp_prefix=tmp_prefix)
+    warnings.warn(
+        MANIFEST_WRITTEN_BACK.format(
+            path=manifest_path(directory),
+            directory=directory,
+            count=len(entries),
+            skipped=_skipped_note(skipped),
+            scored=_scored_note(directory, metric, mode),
+        ),
+        NitroWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return True
+
+
+def _scored_note(directory: str, metric: str | None, mode: str | None) -> str:
+    if metric is None or mode is None:
+        return UNSCORED.format(directory=directory)
+    return SCORED_BY.format(metric=metric, mode=mode)
 
 
 def _read_manifest_text(directory: str) -> str | None:
@@ -237,9 +305,10 @@ def rebuild_entries(
     """Manifest entries for the records in `directory`, read from their headers.
 
     Only regular files named `*.safetensors` are read (never a FIFO, which would
-    block). An entry of `known` (a manifest being repaired) is kept as it is for a
-    file it lists; a record it does not list gets an entry from its header, scored
-    by `metrics[metric]` when `metric` (with `mode`) is given, else unscored.
+    block; never a lock or log file). An entry of `known` (a manifest being
+    repaired) is kept as it is for a file that still holds the record it lists; any
+    other record gets an entry from its header, scored by `metrics[metric]` when
+    `metric` (with `mode`) is given and the header holds it, else unscored.
 
     Returns:
         The entries, oldest write first, and one line per file left out (not
@@ -263,35 +332,50 @@ def rebuild_entries(
         if not stat.S_ISREG(info.st_mode):
             skipped.append(f"{name} (a {file_kind(info.st_mode)})")
             continue
-        if name in by_file:
-            entries.append(by_file[name])
-            continue
         try:
-            header = read_header(path)
+            header, checksum = read_header_checksummed(path)
         except CheckpointError as error:
             skipped.append(f"{name} ({error})")
+            continue
+        listed = by_file.get(name)
+        if listed is not None and is_listed_record(listed, header, checksum):
+            entries.append(listed)
             continue
         value = header.metrics.get(metric) if metric is not None else None
         score = None
         if isinstance(value, int | float) and not isinstance(value, bool):
             score = float(value)
-        scored = score is not None
+        scored = score is not None and mode is not None
         entries.append(
             ManifestEntry(
                 file=name,
                 epoch=header.epoch,
                 step=header.step,
-                score=score,
+                score=score if scored else None,
                 stop_reason=header.stop_reason,
                 run=header.run,
                 metric=metric if scored else None,
                 mode=mode if scored else None,
                 written=info.st_mtime,
                 parent=None,
+                checksum=checksum,
             )
         )
     entries.sort(key=lambda e: (e.written, e.epoch))
     return entries, skipped
+
+
+def is_listed_record(entry: ManifestEntry, header: RecordHeader, checksum: str) -> bool:
+    """Whether a file with `header` and `checksum` is the record `entry` lists. An
+    entry from before checksums were recorded cannot be checked, and passes."""
+    if entry.checksum is None:
+        return True
+    return (header.run, header.epoch, header.step, checksum) == (
+        entry.run,
+        entry.epoch,
+        entry.step,
+        entry.checksum,
+    )
 
 
 def repair_manifest(
@@ -299,8 +383,9 @@ def repair_manifest(
 ) -> tuple[list[ManifestEntry], list[str]]:
     """Rewrite `directory`'s manifest from the records there (`nitro ckpt
     --repair`): a readable manifest's entries are kept for the files that still
-    exist, a damaged one is replaced, and a record it does not list is added from
-    its header (scored by `metric`/`mode` when given).
+    hold the record listed, a damaged manifest is replaced, and any other record
+    is listed from its header (scored by `metric`/`mode` when given); a damaged
+    record is left out.
 
     Returns:
         The entries written, and the files left out (see `rebuild_entries`).
@@ -331,14 +416,23 @@ def repair_manifest(
     return entries, skipped
 
 
-def read_manifest(directory: str, *, warn: bool = True) -> list[ManifestEntry]:
+def read_manifest(
+    directory: str,
+    *,
+    warn: bool = True,
+    metric: str | None = None,
+    mode: str | None = None,
+) -> list[ManifestEntry]:
     """The checkpoints a run directory holds, without opening one (empty if none).
 
-    A lost manifest is rebuilt from the records' headers, with a NitroWarning unless
-    `warn` is False. Raises `CheckpointError`, naming the file, when the manifest is
-    damaged or its path is not a regular file.
+    A lost manifest is rebuilt from the records' headers (scored by `metric` and
+    `mode` when given), with a NitroWarning unless `warn` is False. Raises
+    `CheckpointError`, naming the file, when the manifest is damaged or its path
+    is not a regular file.
     """
-    return load_manifest(directory, rebuild=True, warn=warn).entries
+    return load_manifest(
+        directory, rebuild=True, warn=warn, metric=metric, mode=mode
+    ).entries
 
 
 def write_manifest(

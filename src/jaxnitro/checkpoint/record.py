@@ -24,6 +24,7 @@ its arrays.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -298,6 +299,24 @@ class _FileHeader:
 def read_header(path: str) -> RecordHeader:
     """The record's header, reading the file's header bytes only (no array)."""
     return _record_header(_read_file_header(path))
+
+
+def read_header_checksummed(path: str) -> tuple[RecordHeader, str]:
+    """The record's header and its checksum, which the manifest records: a file
+    whose checksum differs is not the record the manifest listed.
+
+    The checksum covers the record header (run, epoch, step, metrics, seed, ...)
+    and every tensor's name, dtype, shape and offsets, but not `stop_reason`, which
+    `Checkpointer.finalize` rewrites in place before it updates the manifest.
+    """
+    file_header = _read_file_header(path)
+    header = _record_header(file_header)
+    identity = {
+        "header": {**header.to_json(), "stop_reason": None},
+        "tensors": file_header.tensors,
+    }
+    text = json.dumps(identity, sort_keys=True, default=_json_default)
+    return header, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _read_file_header(path: str) -> _FileHeader:

@@ -11,7 +11,9 @@ or a `(run, which)` pair resolved through the run directory's manifest:
   `restore_best` only). Any other selector is taken only inside `Average`.
 
 `resume="auto"` is `("latest", "latest")`, except that a directory with nothing to
-resume starts a fresh run with a warning. A source that cannot be found raises,
+resume starts a fresh run with a warning, and a newest record that is gone or
+damaged is stepped back past, with a warning, to the newest readable one of the same
+run (`lookup.resume_latest`). A source that cannot be found raises,
 naming the directory and the runs it holds: it never falls back to fresh weights.
 """
 
@@ -26,11 +28,14 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError, NitroWarning, NotYetSupportedError
 from .averaging import Average, average_records, expected_count, keep_for
 from .checkpointer import Checkpointer
+from .integrity import entry_problem
 from .lookup import (
     newest_of,
     rank_best,
     ranking_for,
+    read_scored,
     resolve_checkpoint,
+    resume_latest,
     run_label,
     run_pool,
     runs_held,
@@ -107,6 +112,8 @@ def _entry_for_path(path: str) -> tuple[ManifestEntry | None, bool]:
         return None, False  # a damaged manifest beside it does not block a path
     for entry in entries:
         if entry.file == name:
+            if entry_problem(directory, entry) is not None:
+                return None, False  # not the record listed: a branch, not its run
             newest = newest_of([e for e in entries if e.run == entry.run])
             return entry, newest == entry
     return None, False
@@ -220,7 +227,7 @@ def _resolve_average(
     allow_short: bool,
 ) -> AverageSource:
     directory = source_directory(checkpointer, run_dir)
-    entries = read_manifest(directory)
+    entries = read_scored(directory, checkpointer, monitor)
     pool = run_pool(entries, directory, run, average, what)
     ranking = ranking_for(checkpointer, pool, monitor)
     ranker = ranking if ranking is not None else Checkpointer(keep=Last(1))
@@ -295,7 +302,7 @@ def resume_source(
         )
     if isinstance(resume, str) and resume == "auto":
         directory = source_directory(checkpointer, run_dir)
-        entries = read_manifest(directory)
+        entries = read_scored(directory, checkpointer, monitor)
         if not entries:
             warnings.warn(
                 f'resume="auto" found nothing to resume in {directory!r}; starting a '
@@ -304,16 +311,9 @@ def resume_source(
                 stacklevel=3,
             )
             return None
-        # ("latest", "latest"), resolved from the entries just read.
-        found = resolve_checkpoint(
-            checkpointer,
-            run_dir,
-            "latest",
-            "latest",
-            what="resume",
-            monitor=monitor,
-            entries=entries,
-        )
+        # ("latest", "latest") from the entries just read, stepping back past a
+        # newest record that is gone or damaged.
+        found = resume_latest(checkpointer, run_dir, monitor=monitor, entries=entries)
         log.info(
             'resume="auto": continuing run %s from epoch %d (%s)',
             run_label(found.entry.run),
