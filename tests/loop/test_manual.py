@@ -344,18 +344,8 @@ class Scheduled(TwoNets):
 
 
 def test_an_opt_schedule_binds_into_every_rule_with_the_field_absolutely():
-    class Seen(Scheduled):
-        def train_step(self, model, params, opt_state, state, *, x, y):
-            out = Scheduled.train_step(self, model, params, opt_state, state, x=x, y=y)
-            lr = {k: s.inner.hyperparams["learning_rate"] for k, s in opt_state.items()}
-            return {**out, "stats": {f"lr_{k}": v for k, v in lr.items()}}
-
-    logger = Lines()
-    nitro = nx.Nitro(
-        Seen(max_epochs=1), logger=logger, checkpointer=None, log_every_n_steps=1
-    )
-    nitro.train()
-    seen = [(m["lr_enc"], m["lr_head"]) for m, _, ctx in logger.lines if ctx == "train"]
+    lines = train_lines(Seen(max_epochs=1))
+    seen = [(m["learning_rate_enc"], m["learning_rate_head"]) for m in lines]
     expected = [0.1 * 0.5**t for t in range(4)]
     np.testing.assert_allclose([s[0] for s in seen], expected, rtol=1e-6)
     np.testing.assert_allclose([s[1] for s in seen], expected, rtol=1e-6)
@@ -369,17 +359,81 @@ def test_an_opt_schedule_no_rule_exposes_is_refused():
         def schedules(self):
             return {"learning_rate": 0.01}
 
-    with pytest.raises(nx.ConfigError, match="no rule there exposes it"):
+    with pytest.raises(nx.ConfigError, match="build the rule with optax.inject"):
         nx.Nitro(Plain(), **quiet())
 
 
-def test_an_opt_schedule_on_a_subtree_path_is_not_supported_yet():
+class Seen(Scheduled):
+    """Scheduled, reporting each state's learning rate and b1 as it entered the step."""
+
+    def train_step(self, model, params, opt_state, state, *, x, y):
+        out = Scheduled.train_step(self, model, params, opt_state, state, x=x, y=y)
+        stats = {
+            f"{name}_{k}": s.inner.hyperparams[name]
+            for k, s in opt_state.items()
+            for name in ("learning_rate", "b1")
+            if name in s.inner.hyperparams
+        }
+        return {**out, "stats": stats}
+
+
+def train_lines(e, **kw):
+    logger = Lines()
+    nitro = nx.Nitro(e, logger=logger, checkpointer=None, log_every_n_steps=1, **kw)
+    nitro.train()
+    return [m for m, _, ctx in logger.lines if ctx == "train"]
+
+
+def test_an_opt_schedule_on_a_subtree_path_binds_into_that_subtree_only():
+    class Path(Seen):
+        def schedules(self):
+            return {
+                "opt.head.learning_rate": lambda total: lambda t: 0.01 * (t + 1),
+                "opt.b1": 0.5,  # a field only adam exposes: every rule that has it
+            }
+
+    lines = train_lines(Path(max_epochs=1))
+    np.testing.assert_allclose(
+        [m["learning_rate_head"] for m in lines], [0.01, 0.02, 0.03, 0.04], rtol=1e-6
+    )
+    # The enc subtree keeps the value its rule was built with.
+    assert [m["learning_rate_enc"] for m in lines] == [1.0] * 4
+    assert [m["b1_head"] for m in lines] == [0.5] * 4
+    # A varying value is logged as it binds: schedule/<subtree>/<field>.
+    np.testing.assert_allclose(
+        [m["schedule/head/learning_rate"] for m in lines], [0.01, 0.02, 0.03, 0.04]
+    )
+
+
+def test_a_subtree_path_beats_the_bare_key_there():
+    class Both(Seen):
+        def schedules(self):
+            return {"opt.learning_rate": 0.2, "opt.enc.learning_rate": 0.05}
+
+    (first, *_) = train_lines(Both(max_epochs=1))
+    assert first["learning_rate_enc"] == pytest.approx(0.05)
+    assert first["learning_rate_head"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        (
+            "opt.body.learning_rate",
+            "no subtree of the optimizer states holding an OptState 'body'. The "
+            "subtrees are: enc, head",
+        ),
+        ("opt.enc.b1", "no rule of 'enc' has a field `b1`. The rule fields are: "),
+    ],
+)
+def test_a_subtree_path_that_binds_nowhere_is_refused(key, message):
     class Path(Scheduled):
         def schedules(self):
-            return {"opt.head.learning_rate": 0.01}
+            return {key: 0.5}
 
-    with pytest.raises(nx.NotYetSupportedError, match="opt.head.learning_rate"):
+    with pytest.raises(nx.ConfigError) as info:
         nx.Nitro(Path(), **quiet())
+    assert message in str(info.value)
 
 
 def test_early_stopping_ends_a_manual_run_on_its_validation_loss():

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from ..run.handle import Nitro
     from ..run.state import TrainState
 
-DEFAULT_GROUP = "default"  # a manual run's plan has this one group
 RETURN_KEYS = ("loss", "params", "state", "opt_state", "stats")
 RETURN_SHAPE = (
     "train_step must return a dict with exactly the keys loss, params, state, "
@@ -114,18 +113,21 @@ def _check_structure(name: str, given: Any, returned: Any) -> None:
 
 
 def manual_step_fn(
-    ctx: TraceContext, names: tuple[str, ...], scheduled: tuple[str, ...]
+    ctx: TraceContext,
+    names: tuple[str, ...],
+    scheduled: tuple[tuple[str | None, str], ...],
 ) -> Callable[..., Any]:
     """The manual step program's traced function: `train_step` on one batch, in
-    train mode, its return checked. `scheduled`: the rule fields the run's
-    schedules set; their values for this step (in `hp`, the plan's step inputs)
-    are bound into the optimizer states first (`bind_hyperparams`)."""
+    train mode, its return checked. `scheduled`: the `(subtree, field)` targets of
+    the run's opt schedules (`OptimizerPlan.manual_targets`); their values for
+    this step (`hp["manual"]`, in that order) are bound into the optimizer states
+    first (`bind_hyperparams`)."""
 
     def step(device_values, weights, state, batch, hp):
         opt_state = weights.opt_state
         if scheduled:
-            values = hp["groups"][DEFAULT_GROUP]
-            opt_state = bind_hyperparams(opt_state, {k: values[k] for k in scheduled})
+            values = dict(zip(scheduled, hp["manual"], strict=True))
+            opt_state = bind_hyperparams(opt_state, values)
         view = ctx.make_view(device_values)
         with training_mode(True):
             result = ctx.hooks["train_step"](
@@ -180,9 +182,7 @@ def manual_program(
     names = nitro.prepared.routing.train_fields
     plan = nitro.prepared.plan
     assert plan is not None
-    scheduled = tuple(
-        sorted({s.target.name for s in plan.schedules if s.target.namespace == "opt"})
-    )
+    scheduled = plan.manual_targets
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     announce = nitro.executables.announcer()
     args = (values, state.weights, state.model_state, batch, hp)

@@ -8,7 +8,9 @@ static pytree metadata. So a state crosses a compiled program's boundary as it i
 `strip_rules` and `merge_rules` remain for inspecting or saving the bare states
 outside the framework. A schedule's opt key binds into the states
 (`bind_hyperparams`): rules built with `optax.inject_hyperparams` expose their
-hyperparameters as state arrays, so a scheduled value is an input of the step.
+hyperparameters as state arrays, so a scheduled value is an input of the step. A
+bare key (`opt.learning_rate`) sets the field on every rule that has it, a path
+(`opt.gen.learning_rate`) on the rules under one top-level key of the states.
 
     opt = {"gen": setup_optimizer(optax.adam(1e-3), params["gen"]), ...}
     loss, grads = backward(gen_loss, params["gen"], params["disc"], batch)
@@ -176,33 +178,68 @@ def place_opt_states(opt_state: Any) -> Any:
     return jax.tree.map(jnp.array, opt_state)
 
 
-def hyperparameter_names(opt_state: Any) -> set[str]:
-    """The hyperparameters the `OptState`s of `opt_state` expose to schedules: those
-    of rules built with `optax.inject_hyperparams`."""
-    names: set[str] = set()
-    for node in jax.tree.leaves(opt_state, is_leaf=_is_opt_state):
+# The subtree name of an optimizer state that is itself an OptState (no subtrees).
+WHOLE_TREE = "default"
+
+
+def _subtree(path: tuple[Any, ...]) -> str:
+    """The top-level key of a key path into the optimizer-state tree, as a schedule
+    path names it (`opt.<subtree>.<field>`): a dict key, an attribute, an index."""
+    if not path:
+        return WHOLE_TREE
+    top = path[0]
+    for attribute in ("key", "name", "idx"):
+        if hasattr(top, attribute):
+            return str(getattr(top, attribute))
+    return str(top)
+
+
+def hyperparameters_by_subtree(opt_state: Any) -> dict[str, tuple[str, ...]]:
+    """What schedules may set in manual mode: for each top-level subtree of the
+    optimizer states (`"gen"` of `{"gen": ..., "disc": ...}`) holding an
+    `OptState`, the hyperparameters its rules expose (those built with
+    `optax.inject_hyperparams`), sorted. A state that is one `OptState` is the
+    subtree "default"."""
+    found: dict[str, set[str]] = {}
+    leaves, _ = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=_is_opt_state)
+    for path, node in leaves:
         if _is_opt_state(node):
-            names.update(getattr(node.inner, "hyperparams", None) or {})
-    return names
+            names = getattr(node.inner, "hyperparams", None) or {}
+            found.setdefault(_subtree(path), set()).update(names)
+    return {subtree: tuple(sorted(names)) for subtree, names in found.items()}
 
 
-def bind_hyperparams(opt_state: Any, values: Mapping[str, Any]) -> Any:
-    """`opt_state` with each hyperparameter named in `values` set, absolutely, on
-    every `OptState` whose rule has it (`optax.inject_hyperparams`); traced, so a
-    new value compiles nothing. The tree structure is unchanged."""
+def bind_hyperparams(
+    opt_state: Any, values: Mapping[tuple[str | None, str], Any]
+) -> Any:
+    """`opt_state` with scheduled hyperparameters set, absolutely; traced, so a new
+    value compiles nothing, and the tree structure is unchanged.
 
-    def bind(node: Any) -> Any:
+    `values` maps `(subtree, name)` to a value: a subtree of None sets `name` on
+    every `OptState` whose rule has it (`optax.inject_hyperparams`), a subtree name
+    only on those under that top-level key, and beats the bare one there.
+    """
+    bare = {name: v for (subtree, name), v in values.items() if subtree is None}
+    pathed: dict[str, dict[str, Any]] = {}
+    for (subtree, name), value in values.items():
+        if subtree is not None:
+            pathed.setdefault(subtree, {})[name] = value
+
+    def bind(path: tuple[Any, ...], node: Any) -> Any:
         hyper = (
             getattr(node.inner, "hyperparams", None) if _is_opt_state(node) else None
         )
-        if not hyper or not any(name in hyper for name in values):
+        if not hyper:
+            return node
+        wanted = {**bare, **pathed.get(_subtree(path), {})}
+        if not any(name in hyper for name in wanted):
             return node
         new = {
-            name: jnp.asarray(values[name], jnp.result_type(old))
-            if name in values
+            name: jnp.asarray(wanted[name], jnp.result_type(old))
+            if name in wanted
             else old
             for name, old in hyper.items()
         }
         return OptState(node.tx, node.inner._replace(hyperparams=new))
 
-    return jax.tree.map(bind, opt_state, is_leaf=_is_opt_state)
+    return jax.tree_util.tree_map_with_path(bind, opt_state, is_leaf=_is_opt_state)

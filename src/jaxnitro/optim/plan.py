@@ -89,6 +89,8 @@ class OptimizerPlan:
     perturb_masks: dict[str, Any] | None = None
     ema: EMA | None = None
     experiment: Any = None  # the real experiment, for grad_rule(self, hp)
+    # Manual mode: opt schedules bind into the experiment's own optimizer states.
+    manual: bool = False
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.base_lr) or self.base_lr <= 0:
@@ -106,7 +108,7 @@ class OptimizerPlan:
         self._varying = tuple(s for s in self.schedules if not s.constant)
         self._cached: dict[str, Any] | None = None
         # The train line's keys, resolved once: it is built on every logged step.
-        self._logged = _log_keys(self._varying, self.groups)
+        self._logged = _log_keys(self._varying, self.groups, manual=self.manual)
 
     # --- structure ------------------------------------------------------------------
     @property
@@ -116,6 +118,21 @@ class OptimizerPlan:
     @property
     def perturbs(self) -> bool:
         return isinstance(self.grad_rule, PerturbRule)
+
+    @property
+    def manual_targets(self) -> tuple[tuple[str | None, str], ...]:
+        """Manual mode's opt schedules as `(subtree, field)`, subtree None for a
+        bare key, in the order `step_inputs()["manual"]` holds their values."""
+        if not self.manual:
+            return ()
+        targets = {
+            (s.target.group, s.target.name)
+            for s in self.schedules
+            if s.target.namespace == "opt"
+        }
+        return tuple(
+            sorted(targets, key=lambda t: (t[0] or "", t[0] is not None, t[1]))
+        )
 
     @property
     def is_constant(self) -> bool:
@@ -189,6 +206,11 @@ class OptimizerPlan:
         if self.ema is not None:
             inputs["ema"] = self.ema.step_inputs(step)
         inputs["grad"] = self.grad_inputs(step, values)
+        if self.manual_targets:  # absolute values, bound into the optimizer states
+            inputs["manual"] = tuple(
+                np.float32(values[Target("opt", name, group)])
+                for group, name in self.manual_targets
+            )
         if self.is_constant:
             self._cached = inputs
         return inputs
@@ -311,15 +333,23 @@ class OptimizerPlan:
 
 
 def _log_keys(
-    varying: Iterable[BoundSchedule], groups: tuple[GroupPlan, ...]
+    varying: Iterable[BoundSchedule],
+    groups: tuple[GroupPlan, ...],
+    *,
+    manual: bool = False,
 ) -> dict[str, tuple[GroupPlan | None, Target]]:
     """Each varying schedule's train-line keys: one per group a rule field reaches,
-    with the group that scales it, and one for any other target."""
+    with the group that scales it, and one for any other target. In manual mode an
+    opt value is logged as it binds: `schedule/<subtree>/<field>`, or
+    `schedule/opt/<field>` for a bare key."""
     keys: dict[str, tuple[GroupPlan | None, Target]] = {}
     for s in varying:
         t = s.target
         if t.namespace != "opt":
             keys[t.log_key()] = (None, t)
+            continue
+        if manual:
+            keys[t.log_key(t.group or "opt")] = (None, t)
             continue
         for g in groups:
             reaches = (

@@ -247,6 +247,22 @@ class Bindable:
     candidates: dict[str, list[Target]] = field(default_factory=dict)
     other_fields: dict[str, str] = field(default_factory=dict)
     """The experiment's fields no schedule binds to, by name: their marker."""
+    manual: bool = False
+    """Manual mode: the groups are the subtrees of the experiment's optimizer
+    states, and their rule fields the hyperparameters those expose."""
+
+    @property
+    def rule_hint(self) -> str:
+        """What a refusal of a rule field adds: in manual mode, how a rule exposes
+        its hyperparameters to schedules."""
+        if not self.manual:
+            return ""
+        return (
+            " In manual mode a schedule sets a hyperparameter the optimizer states "
+            "setup_optimizers built expose: build the rule with "
+            "optax.inject_hyperparams, e.g. setup_optimizer(optax.inject_hyperparams"
+            "(optax.adam)(learning_rate=1e-3), params)."
+        )
 
     def bare(self, key: str) -> list[Target]:
         found: list[Target] = []
@@ -292,7 +308,8 @@ def _check_opt_field(bindable: Bindable, target: Target, key: str, entry: Any) -
         known = sorted({f for g in groups for f in bindable.rule_fields.get(g, ())})
         raise ConfigError(
             f"Schedule `{key}`: no rule of {', '.join(map(repr, groups))} has a field "
-            f"`{target.name}`. The rule fields are: {', '.join(known)}."
+            f"`{target.name}`. The rule fields are: {', '.join(known) or 'none'}."
+            f"{bindable.rule_hint}"
         )
     if target.name == "weight_decay" and bindable.per_group_weight_decay:
         raise ConfigError(
@@ -352,7 +369,7 @@ def bind_schedules(
                     f"no Device field ({', '.join(bindable.device_fields) or 'none'}) "
                     f"and no gradient-rule field "
                     f"({', '.join(bindable.grad_fields) or 'none'})."
-                    f"{did_you_mean(key, known)}"
+                    f"{did_you_mean(key, known)}{bindable.rule_hint}"
                 )
             if len(found) > 1:
                 spelled = ", ".join(f"{t.namespace}.{t.name}" for t in found)
@@ -393,9 +410,15 @@ def _namespaced(path: tuple[str, ...], key: str, bindable: Bindable) -> Target:
     if namespace == "opt" and len(rest) == 2:
         group, name = rest
         if group not in bindable.groups:
+            kind = (
+                "subtree of the optimizer states holding an OptState"
+                if bindable.manual
+                else "parameter group"
+            )
             raise ConfigError(
-                f"Schedule `{key}`: there is no parameter group {group!r}. The groups "
-                f"are: {', '.join(bindable.groups)}."
+                f"Schedule `{key}`: there is no {kind} {group!r}. The "
+                f"{'subtrees' if bindable.manual else 'groups'} are: "
+                f"{', '.join(bindable.groups)}."
             )
         return Target("opt", name, group)
     if len(rest) != 1:

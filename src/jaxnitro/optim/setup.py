@@ -11,7 +11,7 @@ ones may take the group argument or not, and `learning_rate`, `weight_decay` and
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,9 @@ class PlanInputs:
     total: int
     monitor: tuple[str, str] | None
     device_fields: tuple[str, ...]
+    # Manual mode: what each subtree of the experiment's optimizer states exposes
+    # to schedules (`optim.manual.hyperparameters_by_subtree`); None otherwise.
+    manual_fields: Mapping[str, tuple[str, ...]] | None = None
 
 
 # The accessors `group_value` reads, which a field of the same name may set; every
@@ -196,6 +199,15 @@ def build_plan(
             **dict.fromkeys(graphconst_fields(type(e)), "GraphConst"),
         },
     )
+    if inputs.manual_fields is not None:
+        # Manual mode: an opt key binds into the optimizer states' exposed
+        # hyperparameters, a path `opt.<subtree>.<field>` into one subtree.
+        bindable.groups = tuple(inputs.manual_fields)
+        bindable.rule_fields = dict(inputs.manual_fields)
+        bindable.nonschedulable = {}
+        bindable.open_groups = ()
+        bindable.per_group_weight_decay = False
+        bindable.manual = True
     rule, rule_fn = _grad_rule(e)
     bindable.grad_fields = rule.schedulable
     bound = bind_schedules(
@@ -276,6 +288,7 @@ def build_plan(
         perturb_masks=masks,
         ema=inputs.ema,
         experiment=e,
+        manual=inputs.manual_fields is not None,
     )
     if level == 2:
         hp = plan.step_inputs(0)

@@ -63,6 +63,7 @@ from ..experiment.view import (
 )
 from ..logging import protocol as logproto
 from ..observe.progress import Progress
+from ..optim.manual import hyperparameters_by_subtree
 from ..optim.plan import OptimizerPlan
 from ..optim.setup import PlanInputs, anchor_checksums, build_plan
 from ..optim.stopping import bind_stopper
@@ -79,7 +80,6 @@ from .setup_checks import w0_provider
 from .setup_manual import (
     check_manual_config,
     check_manual_plan,
-    check_manual_schedules,
     is_manual,
     manual_hooks,
     manual_opt_states,
@@ -327,17 +327,20 @@ class SetupSequence:
             load_ema=self._run_config.load_ema,
         )
         self._train_state = restored._replace(step=step, epoch=epoch)
-        self._setup_optimization(fresh, self._run_config.w0)
-        if self._manual and self._plan is not None:
-            check_manual_plan(cls, self._plan)
-            opt_state = manual_opt_states(
+        # Manual mode: the experiment's optimizer states, which its opt schedules
+        # bind into, so the plan resolves those against what the states expose.
+        manual_states = None
+        if self._manual and "train" in self.data:
+            manual_states = manual_opt_states(
                 self._experiment,
                 self._model,
                 self._train_state.params,
                 self._train_state.model_state,
             )
-            check_manual_schedules(self._plan, opt_state)
-            self._train_state = self._train_state.with_weights(opt_state=opt_state)
+        self._setup_optimization(fresh, self._run_config.w0, manual_states)
+        if manual_states is not None and self._plan is not None:
+            check_manual_plan(cls, self._plan)
+            self._train_state = self._train_state.with_weights(opt_state=manual_states)
         self._restore_best = restore.check_restore_best(self._run_config, self.data)
         restore.check_restore_optimizer(self._run_config, self.data)
         if self._record is not None:
@@ -429,8 +432,12 @@ class SetupSequence:
             )
         return monitor
 
-    def _setup_optimization(self, fresh: Any, w0_option: Any) -> None:
-        """The optimizer plan and the early-stopping policy."""
+    def _setup_optimization(
+        self, fresh: Any, w0_option: Any, manual_states: Any = None
+    ) -> None:
+        """The optimizer plan and the early-stopping policy; `manual_states`: a
+        manual run's optimizer states, whose exposed hyperparameters its opt
+        schedules bind to."""
         monitor = self._resolve_monitor()
         c = self._run_config
         self._plan: OptimizerPlan | None = None
@@ -469,6 +476,9 @@ class SetupSequence:
                 total=self.total_steps,
                 monitor=monitor,
                 device_fields=device_fields(self._cls),
+                manual_fields=None
+                if manual_states is None
+                else hyperparameters_by_subtree(manual_states),
             ),
         )
         for schedule in self._plan.schedules:

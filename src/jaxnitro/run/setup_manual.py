@@ -15,11 +15,10 @@ from ..errors import (
     ConfigError,
     HookError,
     NitroWarning,
-    NotYetSupportedError,
     user_stacklevel,
 )
 from ..experiment.hooks import has_hook, hook_function
-from ..optim.manual import hyperparameter_names, place_opt_states
+from ..optim.manual import place_opt_states
 from ..optim.plan import OptimizerPlan
 from .config import RunConfig
 
@@ -84,48 +83,6 @@ def check_manual_config(cls: type, config: RunConfig) -> None:
         raise ConfigError(MANUAL_ACCUM.format(cls=cls.__name__, accum=config.accum))
     if config.ema is not None:
         raise ConfigError(MANUAL_EMA.format(cls=cls.__name__, ema=config.ema))
-    for path in _schedule_paths(config.schedules):
-        if path[0] == "opt" and len(path) > 2:
-            key = ".".join(path)
-            raise NotYetSupportedError(
-                f"Schedule `{key}`: in manual mode an opt key binds into the "
-                f"optimizer states, and a path into that tree (one subtree) is not "
-                f"supported yet. Schedule `opt.{path[-1]}`, which sets the field on "
-                f"every rule that has it, or set it inside train_step."
-            )
-
-
-def _schedule_paths(table: Any) -> list[tuple[str, ...]]:
-    """Every key of a schedules table as a path (nested dicts and dotted keys)."""
-    paths: list[tuple[str, ...]] = []
-
-    def walk(prefix: tuple[str, ...], value: Any) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk((*prefix, *str(key).split(".")), inner)
-        else:
-            paths.append(prefix)
-
-    if isinstance(table, dict):
-        walk((), table)
-    return paths
-
-
-def check_manual_schedules(plan: OptimizerPlan, opt_state: Any) -> None:
-    """Refuse an opt schedule no optimizer state can take: in manual mode it binds
-    into every `OptState` whose rule exposes the field (`optax.inject_hyperparams`)."""
-    exposed = hyperparameter_names(opt_state)
-    for schedule in plan.schedules:
-        target = schedule.target
-        if target.namespace == "opt" and target.name not in exposed:
-            raise ConfigError(
-                f"Schedule `{schedule.key}` sets `{target.name}` on the optimizer "
-                f"states setup_optimizers built (manual mode), but no rule there "
-                f"exposes it (they expose: {', '.join(sorted(exposed)) or 'nothing'}). "
-                f"Build the rule with optax.inject_hyperparams, e.g. "
-                f"setup_optimizer(optax.inject_hyperparams(optax.adam)"
-                f"(learning_rate=1e-3), params), so its hyperparameters are inputs."
-            )
 
 
 def check_manual_plan(cls: type, plan: OptimizerPlan) -> None:
