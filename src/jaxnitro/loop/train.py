@@ -119,14 +119,22 @@ def _checkpoint(
     if state.ema is not None:
         trees["ema"] = state.ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
-    ckpt.save(
-        epoch=epoch,
-        step=nitro.current_step,
-        metrics=scalars,
-        trees=trees,
-        header=header,
-        stop_reason=reason,
-    )
+    # A large record takes seconds to write: the progress line says so meanwhile.
+    progress = nitro.progress()
+    if progress is not None:
+        progress.phase("writing checkpoint")
+    try:
+        ckpt.save(
+            epoch=epoch,
+            step=nitro.current_step,
+            metrics=scalars,
+            trees=trees,
+            header=header,
+            stop_reason=reason,
+        )
+    finally:
+        if progress is not None:
+            progress.phase("")
 
 
 def _qualified(obj: Any) -> str | None:
@@ -214,7 +222,9 @@ def run_training(nitro: Nitro) -> None:
         carried = _carried_loss(nitro, skip)
         for epoch in range(first, max_epochs + 1):
             nitro.commit_state(nitro.train_state._replace(epoch=epoch))
-            nitro.set_phase(phases.TrainStepping())
+            # Monitors see every epoch start, with `info.epoch_started`, even when
+            # the run stays in TrainStepping between epochs (no validation).
+            nitro.phase_recorder.enter(phases.TrainStepping(), epoch_started=epoch)
             started = time.perf_counter()
             log = run_epoch(
                 nitro,

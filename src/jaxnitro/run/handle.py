@@ -850,7 +850,7 @@ class Nitro:
         """
         self.status.stop_requested = True
 
-    def set_device(self, **values: Any) -> Nitro:
+    def set_device(self, *field_value: Any, **values: Any) -> Nitro:
         """Write Device fields of the live handle; compiles nothing.
 
         Each value is converted to the field's dtype on the host and placed on the
@@ -860,6 +860,8 @@ class Nitro:
         written when any value is refused.
 
         Args:
+            *field_value: one field as `(name, value)`, the positional form
+                (`nitro.set_device("temperature", 2.0)`).
             **values: Device field name to its new value: a Python number or a
                 NumPy or JAX array with the field's shape (a scalar for a 0-d
                 field), cast to the field's dtype (a float is rounded to a float32
@@ -869,7 +871,9 @@ class Nitro:
             This handle, so calls chain (`nitro.set_device(t=2.0).predict(b)`).
 
         Raises:
-            ConfigError: a name that is no field; a GraphConst field (it bakes into
+            ConfigError: a positional form other than one (name, value) pair, or
+                one naming a field the keywords name too; a name that is no
+                field; a GraphConst field (it bakes into
                 the compiled graph: build a new Nitro) or a Host field (no program
                 reads it); a scheduled field (the schedule overwrites it every
                 step); a value that is not numeric, or that the field's dtype
@@ -881,7 +885,10 @@ class Nitro:
 
             for t in (0.5, 1.0, 2.0):                   # zero compiles
                 logits = nitro.set_device(temperature=t).predict(batch)
+            nitro.set_device("temperature", 1.0)        # the positional form
         """
+        if field_value:
+            values = _positional_field(field_value, values)
         cls = self._prepared.cls
         updates = {}
         for name, value in values.items():
@@ -1093,3 +1100,22 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
         if preset is None:
             return Nitro(experiment, **kwargs).train()
         return Nitro(experiment, preset, **kwargs).train()
+
+
+def _positional_field(
+    field_value: tuple[Any, ...], values: dict[str, Any]
+) -> dict[str, Any]:
+    """`set_device(name, value)` as the keyword form's dict."""
+    if len(field_value) != 2 or not isinstance(field_value[0], str):
+        raise ConfigError(
+            f"set_device takes one field positionally as (name, value), such as "
+            f'set_device("temperature", 2.0), or keywords (temperature=2.0); got '
+            f"{len(field_value)} positional argument(s): {field_value!r}."
+        )
+    name, value = field_value
+    if name in values:
+        raise ConfigError(
+            f"set_device: `{name}` is given both positionally and as a keyword; "
+            f"give it once."
+        )
+    return {name: value, **values}

@@ -41,6 +41,7 @@ from ..errors import (
 from ..experiment.hooks import (
     RUNTIME_HOOKS,
     check_required_hooks,
+    filename_hook,
     freeze_hooks,
     has_hook,
     hook_fingerprints,
@@ -551,7 +552,13 @@ class SetupSequence:
                 run_id = new_run_id()
                 parent = resume.path if resume is not None else None
             self._run_id: str | None = run_id
-            ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
+            ckpt.bind(
+                directory=run_dir,
+                monitor=monitor,
+                run=run_id,
+                parent=parent,
+                filename=filename_hook(self._experiment),
+            )
             if trains and ckpt.dir is not None:
                 # Quietly: a lost manifest, rebuilt, is written at the first save.
                 entries = read_manifest(ckpt.dir, warn=False)
