@@ -52,6 +52,7 @@ PLAIN_KEYWORDS = (
     "load_ema",
     "compile_options",
     "preset",
+    "profile",
 )
 RUN_KEYWORDS = ACCESSOR_KEYWORDS + PLAIN_KEYWORDS
 

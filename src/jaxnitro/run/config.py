@@ -32,6 +32,7 @@ import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..errors import ConfigError, NotYetSupportedError
+from ..observe.profiling import check_profile
 from ..optim.ema import EMA
 from ..optim.setup import check_ema
 from .accessors import ACCESSOR_KEYWORDS, PLAIN_KEYWORDS, SOURCES, Source, resolve
@@ -56,6 +57,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "load_ema": False,
     "compile_options": None,
     "preset": None,
+    "profile": None,
 }
 
 INT_REQUIRED = (
@@ -224,6 +226,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "ema": lambda value, source: check_ema(value),
     "restore_optimizer": _flag,
     "load_ema": _flag,
+    "profile": lambda value, source: check_profile(value),
 }
 
 
@@ -266,6 +269,8 @@ class RunConfig:
         load_ema: whether `weights=` loads the record's EMA as the weights.
         compile_options: XLA compiler options, accepted by XLA when built.
         preset: the named preset this run was built from, if any.
+        profile: `(first_step, n_steps)`, the optimizer steps traced with
+            `jax.profiler` into `<run_dir>/profile/`, or None.
         sources: where each field's value came from: "keyword", "method", "field",
             "default", or "record" (what a resume adopted from the record).
 
@@ -309,6 +314,7 @@ class RunConfig:
     load_ema: bool
     compile_options: Mapping[str, bool | int | float | str]
     preset: str | None
+    profile: tuple[int, int] | None
     sources: Mapping[str, Source]
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ optimizer state is allocated until a verb needs it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ from ..observe.history import MetricHistory
 from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import reports, restore
+from . import costs, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .prepared import Prepared
@@ -158,6 +158,10 @@ class Nitro:
             trivial program with them.
         preset (str): in the instance form, the recipe name to record; it must be a
             preset of the experiment's class.
+        profile (tuple[int, int]): `(first_step, n_steps)`: write a
+            `jax.profiler` trace of those optimizer steps (1-based, over the whole
+            run) into `<run_dir>/profile/`, for TensorBoard's profile plugin or
+            Perfetto. None (the default) profiles nothing.
         checkpoint: the deprecated spelling of `weights=`; it warns.
 
     Attributes:
@@ -504,6 +508,32 @@ class Nitro:
     def binding_report(self) -> str:
         """Where each configured value bound, the data, and the routed fields."""
         return reports.binding_report(self)
+
+    def cost_report(self, file: TextIO | None = None) -> list[dict[str, Any]]:
+        """Print each compiled program's cost by XLA's analysis, and the step's rate.
+
+        One line per program this handle compiled (its FLOPs and bytes moved per
+        call, from `Compiled.cost_analysis()`), then the optimizer step: its mean
+        measured time over the last epoch trained (stepping only), its FLOPs and
+        bytes, and the FLOP/s and bytes/s it achieved.
+
+        Args:
+            file: where to print; standard output by default.
+
+        Returns:
+            list[dict]: a row per program (`program`, `flops`, `bytes`), then one
+            for the optimizer step once an epoch was trained (also `seconds`,
+            `flops_per_second`, `bytes_per_second`). A figure XLA does not give is
+            None.
+
+        Example::
+
+            nitro.train()
+            nitro.cost_report()
+            # train_step       1.2 MFLOP      412 kB
+            # optimizer step: 0.61 ms measured (last epoch), ... 1.97 GFLOP/s ...
+        """
+        return costs.cost_report(self, file)
 
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
