@@ -34,6 +34,7 @@ from ..observe import phases
 from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..optim.schedules import check_plateau_metrics
 from ..run.restore import finish_restore_best, optimizer_state
+from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
 from .evaluate import evaluate_split
 from .steps import EpochLog, run_epoch
@@ -317,6 +318,9 @@ def run_training(nitro: Nitro) -> None:
         _fail(nitro, error, finalize=False, finish_logger=False)
         raise
     nitro.set_phase(phases.Done())
+    uncut = nitro.prepared.uncut_sizes
+    if uncut is not None:
+        print_smoke_report(nitro, uncut)
 
 
 def _prepare_profile(nitro: Nitro) -> None:

@@ -28,6 +28,7 @@ from ..checkpoint.retention_checks import check_keep, setup_warnings
 from ..checkpoint.sources import ResolvedSource
 from ..compile.cache import configure_persistent_cache
 from ..compile.programs import TraceContext
+from ..data.first_batches import first_batches
 from ..data.prefetch import auto_prefetch, check_prefetch
 from ..data.sources import (
     check_split,
@@ -86,6 +87,7 @@ from .setup_manual import (
     manual_opt_states,
 )
 from .setup_routing import probe_routing
+from .smoke import smoke_batches
 from .state import TrainState
 from .status import RunStatus
 
@@ -157,6 +159,7 @@ class SetupSequence:
             resumed_from_epoch=self._resumed_from_epoch,
             total_steps=self.total_steps,
             manual=self._manual,
+            uncut_sizes=self._uncut_sizes,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -246,6 +249,16 @@ class SetupSequence:
                 f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
             )
         self.data: dict[str, Any] = dict(data)
+        self._uncut_sizes: dict[str, int] | None = None
+        if self._run_config.smoke:  # the first batches of each split, checked as cut
+            self._uncut_sizes = {
+                name: check_split(name, s) for name, s in self.data.items()
+            }
+            accum = self._run_config.accum
+            self.data = {
+                name: first_batches(s, smoke_batches(name, accum))
+                for name, s in self.data.items()
+            }
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
