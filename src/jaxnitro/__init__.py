@@ -18,6 +18,7 @@ An experiment is a class with marked fields plus hooks; `Nitro(e)` runs setup on
 from ._version import __version__ as __version__
 from .checkpoint.averaging import Average as Average
 from .checkpoint.checkpointer import Checkpointer as Checkpointer
+from .checkpoint.checkpointer import load_checkpoint as load_checkpoint
 from .checkpoint.compat import (
     check_record_tree_compatible as check_record_tree_compatible,
 )
@@ -25,6 +26,7 @@ from .checkpoint.filenames import checkpoint_filename as checkpoint_filename
 from .checkpoint.info import checkpoint_info as checkpoint_info
 from .checkpoint.io_retry import with_io_retry as with_io_retry
 from .checkpoint.lookup import find_latest as find_latest
+from .checkpoint.lookup import resolve_checkpoint as resolve_checkpoint
 from .checkpoint.lookup import selected_checkpoint as selected_checkpoint
 from .checkpoint.manifest import ManifestEntry as ManifestEntry
 from .checkpoint.manifest import read_manifest as read_manifest
@@ -37,7 +39,9 @@ from .checkpoint.selectors import Epochs as Epochs
 from .checkpoint.selectors import Every as Every
 from .checkpoint.selectors import Last as Last
 from .checkpoint.selectors import Selector as Selector
+from .checkpoint.source_checks import check_source as check_source
 from .checkpoint.sources import average_checkpoints as average_checkpoints
+from .checkpoint.sources import resolve_source as resolve_source
 from .checkpoint.sources import resolve_weights_source as resolve_weights_source
 from .checkpoint.topk import TopKCheckpointer as TopKCheckpointer
 from .compile.cache import cache_reset as cache_reset
@@ -81,6 +85,7 @@ from .experiment.traits import NO_DEFAULT as NO_DEFAULT
 from .experiment.traits import FieldMeta as FieldMeta
 from .experiment.traits import config_metadata as config_metadata
 from .experiment.traits import device_fields as device_fields
+from .experiment.traits import dispatch_variant as dispatch_variant
 from .experiment.traits import host_fields as host_fields
 from .experiment.view import assert_graphconst_hashable as assert_graphconst_hashable
 from .experiment.view import compile_view as compile_view
@@ -171,4 +176,5 @@ from .optim.stopping import EarlyStopping as EarlyStopping
 from .run.config import RunConfig as RunConfig
 from .run.handle import Nitro as Nitro
 from .run.handle import train as train
+from .run.setup_checks import check_compile_options as check_compile_options
 from .watch import check_control_readback as check_control_readback

@@ -150,9 +150,34 @@ def test_a_custom_filename_function_names_the_records(tmp_path):
     ckpt = bound(tmp_path, keep=Last(1), name=lambda *, epoch, **kw: f"e{epoch}")
     write(ckpt, 1, 0.5)
     assert record_files(tmp_path) == ["e1.safetensors"]
-    bad = bound(tmp_path, keep=Last(1), name=lambda **kw: "../escape")
+    # A bad name is found when setup binds the checkpointer, not after an epoch.
     with pytest.raises(nx.ConfigError, match="returned '../escape'; it must return"):
-        write(bad, 2, 0.5)
+        bound(tmp_path, keep=Last(1), name=lambda **kw: "../escape")
+    with pytest.raises(nx.ConfigError, match=r"name function failed on sample values"):
+        bound(tmp_path, keep=Last(1), name=lambda *, epoch: f"e{epoch}")
+
+
+def test_a_bound_filename_hook_names_records_unless_name_was_given(tmp_path):
+    calls = []
+
+    def hook(**names):
+        calls.append(names)
+        return f"hook-{names['epoch']}"
+
+    ckpt = Checkpointer(keep=Last(2))
+    ckpt.bind(
+        directory=str(tmp_path), monitor=None, run="r1", parent=None, filename=hook
+    )
+    write(ckpt, 1, None)
+    assert record_files(tmp_path) == ["hook-1.safetensors"]
+    assert calls[-1] == {"epoch": 1, "step": 4, "metric": None, "score": None}
+    assert ckpt.name is None  # the bound hook does not become the user's name
+    named = Checkpointer(keep=Last(1), name=lambda *, epoch, **kw: f"mine{epoch}")
+    named.bind(
+        directory=str(tmp_path / "b"), monitor=None, run="r", parent=None, filename=hook
+    )
+    write(named, 2, None)
+    assert record_files(tmp_path / "b") == ["mine2.safetensors"]
 
 
 # ------------------------------------------------------------- TopKCheckpointer -----
@@ -414,3 +439,25 @@ def test_a_filename_with_no_free_variant_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpointer_module.os.path, "exists", lambda path: True)
     with pytest.raises(nx.CheckpointError, match="Cannot find a free checkpoint file"):
         write(ckpt, 1, 0.5)
+
+
+def test_load_checkpoint_reads_a_record_through_its_checkpointer(tmp_path):
+    ckpt = bound(tmp_path, keep=Last(1))
+    write(ckpt, 3, 0.25, value=7.0)
+    (name,) = record_files(tmp_path)
+    record = nx.load_checkpoint(ckpt, tmp_path / name)
+    assert isinstance(record, Record)
+    assert (record.header.epoch, record.header.step) == (3, 12)
+    np.testing.assert_array_equal(record.arrays["device/['scale']"], np.float32(7.0))
+    assert nx.load_checkpoint(None, tmp_path / name) is None
+
+    class Elsewhere:  # a checkpointer with another storage backend
+        def load(self, path):
+            return ("loaded", path)
+
+    assert nx.load_checkpoint(Elsewhere(), "key") == ("loaded", "key")
+    with pytest.raises(nx.ConfigError, match="str has no load\\(path\\) method"):
+        nx.load_checkpoint("runs", tmp_path / name)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a record")
+    with pytest.raises(nx.CheckpointError, match="junk.safetensors"):
+        nx.load_checkpoint(ckpt, tmp_path / "junk.safetensors")

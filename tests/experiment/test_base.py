@@ -391,3 +391,36 @@ def test_an_unknown_field_keyword_is_refused_naming_the_fields():
     message = str(info.value)
     assert "Marked has no field `widht` (got widht=3). Did you mean `width`?" in message
     assert "Its fields: " in message
+
+
+class Variants(Tiny):
+    head: nx.GraphConst[str] = "linear"
+    mode: str = "fast"
+
+    def forward(self, model, params, state, *, x):
+        heads = {"linear": lambda h: h, "double": lambda h: 2.0 * h}
+        pick = nx.dispatch_variant(self, "head", choices=tuple(heads))
+        return heads[pick](super().forward(model, params, state, x=x)[0]), state
+
+
+def test_dispatch_variant_folds_a_graphconst_branch_at_trace_time():
+    quiet = {"logger": None, "checkpointer": None}
+    batch = {"x": np.ones((4, 8), np.float32)}
+    linear = nx.Nitro(Variants(), **quiet).predict(batch)
+    doubled = nx.Nitro(Variants(head="double"), **quiet).predict(batch)
+    np.testing.assert_allclose(doubled, 2.0 * linear, rtol=1e-6)
+    assert nx.dispatch_variant(Variants(), "mode") == "fast"  # a Host field, on host
+
+
+@pytest.mark.parametrize(
+    "field, choices, message",
+    [
+        ("haed", None, "Variants has no field 'haed'. Did you mean `head`?"),
+        ("smoothing", None, "Variants.smoothing is a Device field, a traced input"),
+        ("head", ("mlp", "cnn"), "Variants.head='linear' is not one of the variants"),
+    ],
+)
+def test_dispatch_variant_refusals(field, choices, message):
+    with pytest.raises(nx.ConfigError) as info:
+        nx.dispatch_variant(Variants(), field, choices=choices)
+    assert message in str(info.value)

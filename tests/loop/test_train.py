@@ -445,3 +445,43 @@ def test_a_run_count_of_the_wrong_type_names_its_source_and_the_fix():
         r"whole number",
     ):
         nx.Nitro(Tiny(), max_epochs="3", **quiet())
+
+
+def test_monitors_see_every_epoch_start_and_progress_shows_the_checkpoint_write(
+    tmp_path,
+):
+    class NoVal(Tiny):  # stays in TrainStepping from one epoch to the next
+        max_epochs: int = 3
+
+        def build_data(self, dist):
+            return {"train": make_batches(32, 16)}
+
+    starts, verbs = [], []
+    nitro = nx.Nitro(
+        NoVal(),
+        logger=None,
+        run_dir=str(tmp_path),
+        checkpointer=nx.Checkpointer(keep=nx.Last(1)),
+    )
+    nx.register_phase_monitor(
+        lambda phase, step, epoch, info: starts.append(
+            (type(phase).__name__, epoch, info.get("epoch_started"))
+        ),
+        nitro=nitro,
+    )
+    previous = nx.progress_reporter(
+        lambda verb, label, *rest: verbs.append((verb, label))
+    )
+    try:
+        nitro.train()
+    finally:
+        nx.progress_reporter(previous)
+    assert [s for s in starts if s[2] is not None] == [
+        ("TrainStepping", 1, 1),
+        ("TrainStepping", 2, 2),
+        ("TrainStepping", 3, 3),
+    ]
+    phases = [label for verb, label in verbs if verb == "phase"]
+    assert phases.count("writing checkpoint") == 3
+    at = verbs.index(("phase", "writing checkpoint"))
+    assert verbs[at + 1] == ("phase", "")  # and the line goes back to its work

@@ -53,6 +53,31 @@ def test_set_device_writes_and_compiles_nothing():
     assert nitro.device_value("temperature") == 2.0
     nitro.set_device(class_weights=[1.0, 2.0, 3.0], steps=4.0)
     assert nitro.device_value("steps") == 4
+    # The positional form writes one field, and may join keywords.
+    assert nitro.set_device("temperature", 1.0, steps=5) is nitro
+    np.testing.assert_allclose(nitro.predict(batch), first, rtol=1e-5)
+    assert nitro.device_value("steps") == 5
+
+
+@pytest.mark.parametrize(
+    "args, kw, message",
+    [
+        (("temperature",), {}, "one field positionally as (name, value)"),
+        (
+            (2.0, "temperature"),
+            {},
+            "got 2 positional argument(s): (2.0, 'temperature')",
+        ),
+        (("temperature", 2.0), {"temperature": 3.0}, "given both positionally and"),
+        (("width", 4), {}, "`width` is GraphConst"),
+    ],
+)
+def test_set_device_positional_refusals(args, kw, message):
+    nitro = nx.Nitro(WithArrays(), **quiet())
+    with pytest.raises(nx.ConfigError) as info:
+        nitro.set_device(*args, **kw)
+    assert message in str(info.value)
+    assert nitro.device_value("temperature") == 1.0  # nothing written
 
 
 @pytest.mark.parametrize(
@@ -204,7 +229,7 @@ def test_unknown_run_keyword_is_refused():
 
 
 def test_an_unknown_run_keyword_suggests_the_near_one():
-    with pytest.raises(nx.ConfigError, match="preset\\. Did you mean `max_epochs`\\?$"):
+    with pytest.raises(nx.ConfigError, match="\\. Did you mean `max_epochs`\\?$"):
         nx.Nitro(Tiny(), max_epoch=3)
     with pytest.raises(
         nx.ConfigError,
@@ -338,3 +363,44 @@ def test_a_scheduled_integer_device_value_reaches_the_field():
     nitro = nx.Nitro(WithArrays(max_epochs=1), schedules=schedules, **quiet())
     nitro.train()
     assert nitro.device_value("steps") == 7
+
+
+class NamedRecords(Tiny):
+    max_epochs: int = 2
+
+    def checkpoint_filename(self, *, epoch, score=None, **names):
+        return f"e{epoch:04d}_{score or 0.0:.4f}"
+
+
+def test_the_experiments_checkpoint_filename_names_records_and_is_looked_up_per_write(
+    tmp_path, monkeypatch
+):
+    from checkpoint_fixtures import record_files
+
+    class Renamed(NamedRecords):
+        pass
+
+    nitro = nx.Nitro(Renamed(), run_dir=str(tmp_path), logger=None)
+
+    def redefine_in_epoch_2(phase, step, epoch, info):
+        if epoch == 2:  # a method redefined on a live run's class names its next record
+            monkeypatch.setattr(
+                Renamed,
+                "checkpoint_filename",
+                lambda self, *, epoch, **kw: f"new{epoch}",
+            )
+
+    nx.register_phase_monitor(redefine_in_epoch_2, nitro=nitro)
+    nitro.train()
+    names = record_files(tmp_path)
+    assert len(names) == 2 and names[1] == "new2.safetensors"
+    assert re.fullmatch(r"e0001_\d\.\d{4}\.safetensors", names[0])
+
+
+def test_a_broken_checkpoint_filename_hook_fails_at_setup(tmp_path):
+    class Broken(Tiny):
+        def checkpoint_filename(self, *, epoch):
+            return f"e{epoch}"
+
+    with pytest.raises(nx.ConfigError, match="checkpoint_filename failed on sample"):
+        nx.Nitro(Broken(), run_dir=str(tmp_path), logger=None)

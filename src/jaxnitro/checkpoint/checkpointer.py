@@ -51,6 +51,7 @@ from .manifest import (
 )
 from .record import (
     TMP_PREFIX,
+    Record,
     read_header,
     read_header_checksummed,
     rewrite_header,
@@ -98,7 +99,9 @@ class Checkpointer:
         dir: the directory; None is filled with the run directory at setup.
         name: the filename function `name(epoch=, step=, metric=, score=) -> str`,
             returning a bare filename (the record suffix is appended when it is
-            missing); None uses `checkpoint_filename`.
+            missing); None is filled at setup with the experiment's
+            `checkpoint_filename` hook (by default `jaxnitro.checkpoint_filename`),
+            looked up at every write, so a redefined hook names the next record.
         scope: "run" (default) applies retention to this run's files only; "dir"
             lets Best rank, and rotation delete, every run's files (see the module).
 
@@ -181,6 +184,8 @@ class Checkpointer:
         self.parent: str | None = None
         self._follows_monitor = metric is None
         self._follows_run_dir = dir is None
+        # Filled by `bind` with the experiment's hook while `name` is None.
+        self._bound_name: Callable[..., str] | None = None
         self._last_saved: ManifestEntry | None = None
         self._recovered = False
 
@@ -238,6 +243,7 @@ class Checkpointer:
         monitor: tuple[str, str] | None,
         run: str | None,
         parent: str | None,
+        filename: Callable[..., str] | None = None,
     ) -> None:
         """Fill in what setup resolves: the directory, the metric and the run id.
 
@@ -251,7 +257,10 @@ class Checkpointer:
             run: the id of the run the records are written for (None: the
                 unnamed run of a manifest from before run ids).
             parent: for a run branched from an earlier record, that record's path.
+            filename: the experiment's filename hook, called as `name` is; used
+                unless `name` was given. None keeps `checkpoint_filename`.
         """
+        self._bound_name = filename
         if self._follows_run_dir:
             self.dir = os.fspath(directory)
         if self._follows_monitor:
@@ -260,6 +269,26 @@ class Checkpointer:
         self.parent = parent
         self._last_saved = None
         self._recovered = False
+        self._check_filename()
+
+    def _check_filename(self) -> None:
+        """Call the filename function once with sample values, so a broken one
+        fails at setup rather than after the first epoch."""
+        score = None if self.metric is None else 0.5
+        sample: dict[str, Any] = {"epoch": 1, "step": 1, "metric": self.metric}
+        sample["score"] = score
+        try:
+            self._filename(epoch=1, step=1, metric=self.metric, score=score)
+        except ConfigError:
+            raise
+        except Exception as error:
+            who = "name function" if self.name is not None else "checkpoint_filename"
+            spelled = ", ".join(f"{k}={v!r}" for k, v in sample.items())
+            raise ConfigError(
+                f"The checkpointer's {who} failed on sample values ({spelled}): "
+                f"{type(error).__name__}: {error}. It is called with the keywords "
+                f"epoch, step, metric and score; accept **names for any added later."
+            ) from error
 
     def entries(self) -> list[ManifestEntry]:
         """Every entry of the directory's manifest, every run's.
@@ -274,6 +303,15 @@ class Checkpointer:
         """
         # A lost manifest's rebuilt entries are scored as this checkpointer ranks.
         return read_manifest(self._directory(), metric=self.metric, mode=self.mode)
+
+    def load(self, path: str | os.PathLike[str]) -> Record:
+        """Read the record at `path`: its header (checked first) and its arrays.
+
+        A record of another format version, or a header that is damaged or not a
+        jaxnitro record, raises `CheckpointError` naming the file; keys a record
+        of this format written before they existed read as their defaults.
+        """
+        return Record(os.fspath(path))
 
     def _directory(self) -> str:
         if self.dir is None:
@@ -422,14 +460,16 @@ class Checkpointer:
     def _filename(
         self, *, epoch: int, step: int, metric: str | None, score: float | None
     ) -> str:
-        if self.name is None:
+        function = self.name if self.name is not None else self._bound_name
+        if function is None:
             return checkpoint_filename(
                 epoch=epoch, step=step, metric=metric, score=score
             )
-        name = self.name(epoch=epoch, step=step, metric=metric, score=score)
+        name = function(epoch=epoch, step=step, metric=metric, score=score)
         if not isinstance(name, str) or not name or os.path.basename(name) != name:
+            who = "name function" if self.name is not None else "checkpoint_filename"
             raise ConfigError(
-                f"The checkpointer's name function returned {name!r}; it must return "
+                f"The checkpointer's {who} returned {name!r}; it must return "
                 f"a filename without a directory, such as 'epoch-0003.safetensors'."
             )
         return name if name.endswith(RECORD_SUFFIX) else name + RECORD_SUFFIX
@@ -574,3 +614,41 @@ class Checkpointer:
             watcher=f"The checkpointer ranks by `{self.metric}`",
             hint=" Set `monitor` to one of them.",
         )
+
+
+def load_checkpoint(checkpointer: Any, path: str | os.PathLike[str]) -> Record | None:
+    """Load the record at `path` through the checkpointer that wrote it.
+
+    It asks the checkpointer (`checkpointer.load(path)`) rather than reading the
+    file itself, so a checkpointer with another storage backend can implement it;
+    `Checkpointer.load` reads the file, refusing a damaged or foreign one and a
+    record of another format version by name.
+
+    Args:
+        checkpointer: a `Checkpointer`, any object with a `load(path)` method, or
+            None.
+        path: the record's path.
+
+    Returns:
+        Record | None: the record (`.header`, a `RecordHeader`;
+        `.arrays`, the stored arrays by key), or None when `checkpointer` is None.
+
+    Raises:
+        CheckpointError: the file is missing, damaged or not a record.
+        ConfigError: `checkpointer` has no `load` method.
+
+    Example::
+
+        path = "runs/exp/epoch-0003-step-12.safetensors"
+        record = nx.load_checkpoint(nitro.checkpointer, path)
+        record.header.epoch, sorted(record.arrays)[:2]
+    """
+    if checkpointer is None:
+        return None
+    load = getattr(checkpointer, "load", None)
+    if not callable(load):
+        raise ConfigError(
+            f"load_checkpoint: {type(checkpointer).__name__} has no load(path) "
+            f"method; pass a Checkpointer, an object with load(path), or None."
+        )
+    return load(path)  # type: ignore[no-any-return]

@@ -30,9 +30,29 @@ def normalize_which(which: Any) -> Any:
 
 
 def check_source(source: Any, what: str, *, restore_optimizer: bool = False) -> None:
-    """Refuse a source of the wrong shape before anything is built.
+    """Refuse a checkpoint source of the wrong shape before anything is built.
 
-    `what` is "weights", "resume" or how another caller names it ("restore_best").
+    The shapes `weights=` and `resume=` take: None, a path, or a `(run, which)`
+    pair, where run is "latest", "all", a run id or a Nitro, and which is "best",
+    "latest", "current" (a handle's in-memory state) or an `Average`. `weights`
+    also takes a bare Nitro; `resume` takes False and "auto". A refusal names the
+    form to use instead (a bare "best" names no run, say).
+
+    Args:
+        source: the source as the user gave it.
+        what: "weights", "resume" or how another caller names it ("restore_best").
+        restore_optimizer: whether the weights load restores the optimizer state
+            too (an in-memory handle source cannot).
+
+    Raises:
+        ConfigError: a source of the wrong shape, with the form to use.
+
+    Example:
+        >>> check_source(("latest", "best"), "weights")
+        >>> check_source("best", "weights")
+        Traceback (most recent call last):
+        ...
+        jaxnitro.errors.ConfigError: weights="best" is ambiguous about the run: ...
     """
     if source is None or (what == "resume" and (source is False or source == "auto")):
         return

@@ -191,8 +191,31 @@ def resolve_source(
 ) -> ResolvedSource:
     """Resolve a source that must be one record file: a path or `(run, which)`.
 
-    An `Average` or a live handle is refused here (`resolve_weights_source` takes
-    them): resume always reads one record.
+    A path is itself; `(run, "latest" | "best")` is resolved through the manifest
+    of the checkpointer's directory (its `dir`, else `run_dir`) by
+    `resolve_checkpoint`. It raises rather than fall back to fresh weights when the
+    record cannot be found. An `Average` or a live handle is refused here
+    (`resolve_weights_source` takes them): resume always reads one record.
+
+    Args:
+        source: a source `check_source` accepts.
+        run_dir: the run directory read when the checkpointer has no `dir`.
+        checkpointer: the run's checkpointer (its metric and mode decide "best"),
+            or None.
+        what: how the caller names the source in messages ("weights", "resume").
+        monitor: the `(metric, mode)` "best" ranks by when the checkpointer has
+            none.
+        restore_optimizer: whether the optimizer state is restored too.
+
+    Returns:
+        ResolvedSource: `.path`, `.entry` (its manifest entry, when listed) and
+        `.is_run_newest` (whether a resume of it continues its run); `.load()`
+        reads the record.
+
+    Raises:
+        CheckpointError: no such file, or no record the pair names (the message
+            lists what the directory holds).
+        NotYetSupportedError: an average or a live handle.
     """
     resolved = resolve_weights_source(
         source,

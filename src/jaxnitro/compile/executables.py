@@ -40,7 +40,7 @@ class Executables:
 
     def __init__(self, owner: PhaseOwner) -> None:
         self._owner = owner
-        self._found: dict[Hashable, Any] = {}
+        self._found: dict[tuple[str, Hashable], Any] = {}
         self._checked: set[Hashable] = set()
 
     def get(self, kind: str, memo: Hashable, build: Callable[[], Any]) -> Any:
@@ -62,6 +62,11 @@ class Executables:
                 if bar is not None:
                     bar.phase("")
         return found
+
+    def compiled(self) -> list[tuple[str, Any]]:
+        """`(kind, executable)` for every program this handle has looked up, in the
+        order it first needed them."""
+        return [(kind, found) for (kind, _memo), found in self._found.items()]
 
     def check_once(self, check: Hashable, run: Callable[[], None]) -> None:
         """Run `run`, a check of a program's outputs worth doing on its first call

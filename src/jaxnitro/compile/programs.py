@@ -132,11 +132,23 @@ class TraceContext:
         def build() -> Any:
             if on_compile is not None:
                 on_compile(kind)
-            lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+            program = _named(fn, kind)
+            lowered = jax.jit(program, donate_argnums=donate).lower(*args)
             options = self.compile_options or None
             return lowered.compile(compiler_options=options)
 
         return cache.get_or_compile(key, build)
+
+
+def _named(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """`fn` under the program's kind, so XLA's module (`jit_train_step`) and every
+    profiler trace and HLO dump name the program, not an inner closure."""
+
+    def program(*args: Any) -> Any:
+        return fn(*args)
+
+    program.__name__ = program.__qualname__ = kind
+    return program
 
 
 def call_forward(

@@ -452,6 +452,44 @@ class Experiment:
 
         return Checkpointer()
 
+    def checkpoint_filename(
+        self,
+        *,
+        epoch: int,
+        step: int,
+        metric: str | None = None,
+        score: float | None = None,
+        **names: Any,
+    ) -> str:
+        """The filename of a checkpoint record; a hook an experiment may redefine.
+
+        A `Checkpointer` built without `name=` is bound to this hook at setup and
+        looks it up at every write, so a method redefined on the class names the
+        next record of a live run. The record suffix (".safetensors") is appended
+        when the name lacks it; the name must not contain a directory. Setup calls
+        it once with sample values, so a hook that fails fails before training.
+
+        Args:
+            epoch: the epoch the record is written after (1-based).
+            step: the optimizer step count.
+            metric: the metric the record is scored by, or None (no val split).
+            score: its value, or None.
+            **names: keywords added later; accept them so a new one is no error.
+
+        Returns:
+            str: `jaxnitro.checkpoint_filename(...)` by default, such as
+            "epoch-0006-step-4500-loss=0.0416831.safetensors".
+
+        Example::
+
+            class MyExp(nx.Experiment):
+                def checkpoint_filename(self, *, epoch, score=None, **names):
+                    return f"e{epoch:04d}_{score or 0.0:.4f}.safetensors"
+        """
+        from ..checkpoint.filenames import checkpoint_filename
+
+        return checkpoint_filename(epoch=epoch, step=step, metric=metric, score=score)
+
     def early_stop(self) -> Any:
         """The early-stopping rule; default none.
 

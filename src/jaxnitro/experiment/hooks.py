@@ -44,6 +44,22 @@ def has_hook(cls: type, name: str) -> bool:
     return callable(getattr(cls, name, None))
 
 
+def filename_hook(experiment: Any) -> Callable[..., str] | None:
+    """The experiment's `checkpoint_filename` as a Checkpointer's name function.
+
+    The method is looked up on the class at every call, so one redefined on a
+    live run's class names its next record. None for a class without the hook.
+    """
+    cls = type(experiment)
+    if not callable(getattr(cls, "checkpoint_filename", None)):
+        return None
+
+    def filename(**names: Any) -> str:
+        return hook_function(cls, "checkpoint_filename")(experiment, **names)  # type: ignore[no-any-return]
+
+    return filename
+
+
 def hook_function(cls: type, name: str) -> Callable[..., Any]:
     """The function implementing hook `name`, called as `fn(experiment, ...)`."""
     if has_hook(cls, name):

@@ -24,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
+from ..watch import did_you_mean
 from .markers import Kind
 
 
@@ -119,3 +121,59 @@ def config_metadata(cls: type) -> dict[str, FieldMeta]:
         )
         for name in field_names(cls)
     }
+
+
+def dispatch_variant(
+    experiment: Any, field: str, *, choices: tuple[Any, ...] | None = None
+) -> Any:
+    """The value of a variant selector field, checked to fold at trace time.
+
+    A hook that branches on a field (`build_model` picking an architecture,
+    `forward` a head) must branch on a value fixed when the program is traced: a
+    GraphConst field, which is part of the compile-cache key, so each variant is
+    its own program; or a Host field outside traced hooks. A Device field is a
+    traced input, whose value is unknown while tracing, so it is refused here
+    rather than failing inside `jax.jit` with a tracer-conversion error.
+
+    Args:
+        experiment: the experiment (`self` in a hook).
+        field: the selector field's name.
+        choices: the values the hook implements; another value is refused with
+            the list, naming the field.
+
+    Returns:
+        The field's value, to branch or look up a builder on.
+
+    Raises:
+        ConfigError: no such field (with the near names), a Device field, or a
+            value outside `choices`.
+
+    Example:
+        >>> import jaxnitro as nx
+        >>> class E(nx.Experiment):
+        ...     model_kind: nx.GraphConst[str] = "mlp"
+        >>> builders = {"mlp": "an MLP", "cnn": "a CNN"}
+        >>> builders[nx.dispatch_variant(E(), "model_kind", choices=tuple(builders))]
+        'an MLP'
+    """
+    cls = type(experiment)
+    names = field_names(cls)
+    if field not in names:
+        raise ConfigError(
+            f"dispatch_variant: {cls.__name__} has no field {field!r}."
+            f"{did_you_mean(field, names)}"
+        )
+    if field in device_fields(cls):
+        raise ConfigError(
+            f"dispatch_variant: {cls.__name__}.{field} is a Device field, a traced "
+            f"input whose value is unknown while the program is traced, so it "
+            f"cannot pick a branch. Mark it GraphConst (each value compiles its own "
+            f"program), or select with jnp.where/jax.lax.switch on the traced value."
+        )
+    value = getattr(experiment, field)
+    if choices is not None and value not in choices:
+        raise ConfigError(
+            f"dispatch_variant: {cls.__name__}.{field}={value!r} is not one of the "
+            f"variants this hook implements: {', '.join(map(repr, choices))}."
+        )
+    return value

@@ -381,6 +381,7 @@ def _steps(
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
     delivered: int | None = 0
+    profiler = nitro.status.profiler  # None unless the run keyword profile= is set
     try:
         for index, (full, routed) in enumerate(feed):
             _check_batch(routed, names, expected, index, epoch)
@@ -396,6 +397,8 @@ def _steps(
                 step_values = plan.schedule_values(step)
                 hp = plan.step_inputs(step, step_values)
                 device = None
+                if profiler is not None:
+                    profiler.at_step(step, weights)
             if nitro.device_values() is not device:  # set_device may replace it
                 device = nitro.device_values()
                 values = _device_inputs(nitro, device, step_values)

@@ -9,6 +9,8 @@ by raising ("error").
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -29,8 +31,10 @@ from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..observe import phases
+from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..optim.schedules import check_plateau_metrics
 from ..run.restore import finish_restore_best, optimizer_state
+from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
 from .evaluate import evaluate_split
 from .steps import EpochLog, run_epoch
@@ -119,14 +123,22 @@ def _checkpoint(
     if state.ema is not None:
         trees["ema"] = state.ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
-    ckpt.save(
-        epoch=epoch,
-        step=nitro.current_step,
-        metrics=scalars,
-        trees=trees,
-        header=header,
-        stop_reason=reason,
-    )
+    # A large record takes seconds to write: the progress line says so meanwhile.
+    progress = nitro.progress()
+    if progress is not None:
+        progress.phase("writing checkpoint")
+    try:
+        ckpt.save(
+            epoch=epoch,
+            step=nitro.current_step,
+            metrics=scalars,
+            trees=trees,
+            header=header,
+            stop_reason=reason,
+        )
+    finally:
+        if progress is not None:
+            progress.phase("")
 
 
 def _qualified(obj: Any) -> str | None:
@@ -207,6 +219,7 @@ def run_training(nitro: Nitro) -> None:
         return
     nitro.status.stop_reason = None  # a pending stop request is honoured, not reset
     _ensure_optimizer_state(nitro)
+    _prepare_profile(nitro)
     reason = "error"
     try:
         # A stop partway through an epoch left it unfinished: it continues first.
@@ -214,14 +227,20 @@ def run_training(nitro: Nitro) -> None:
         carried = _carried_loss(nitro, skip)
         for epoch in range(first, max_epochs + 1):
             nitro.commit_state(nitro.train_state._replace(epoch=epoch))
-            nitro.set_phase(phases.TrainStepping())
-            started = time.perf_counter()
+            # Monitors see every epoch start, with `info.epoch_started`, even when
+            # the run stays in TrainStepping between epochs (no validation).
+            nitro.phase_recorder.enter(phases.TrainStepping(), epoch_started=epoch)
+            started, steps_before = time.perf_counter(), nitro.current_step
             log = run_epoch(
                 nitro,
                 epoch,
                 skip=skip if epoch == first else 0,
                 carried=carried if epoch == first else (0.0, 0),
             )
+            stepped = nitro.current_step - steps_before
+            if stepped:  # the loop read each step's loss back: the device is done
+                seconds = time.perf_counter() - started
+                nitro.status.step_seconds = seconds / stepped
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro.sync_scheduled_devices()
@@ -281,6 +300,8 @@ def run_training(nitro: Nitro) -> None:
     except BaseException as error:
         _fail(nitro, error, finalize=True)
         raise
+    finally:
+        _stop_profile(nitro)
     nitro.status.stop_reason = reason
     try:
         _finalize_checkpoints(nitro, reason)
@@ -297,6 +318,25 @@ def run_training(nitro: Nitro) -> None:
         _fail(nitro, error, finalize=False, finish_logger=False)
         raise
     nitro.set_phase(phases.Done())
+    uncut = nitro.prepared.uncut_sizes
+    if uncut is not None:
+        print_smoke_report(nitro, uncut)
+
+
+def _prepare_profile(nitro: Nitro) -> None:
+    """Make the `profile=` keyword's profiler, once per handle."""
+    profile = nitro.config.profile
+    if profile is not None and nitro.status.profiler is None:
+        directory = os.path.join(nitro.run_dir, PROFILE_DIRNAME)
+        nitro.status.profiler = StepProfiler(*profile, directory)
+
+
+def _stop_profile(nitro: Nitro) -> None:
+    """End a trace the run's end cut short; on an error path, quietly."""
+    profiler = nitro.status.profiler
+    if profiler is not None:
+        with contextlib.suppress(Exception):  # never mask how the run ended
+            profiler.stop(nitro.train_state.weights)
 
 
 def _trained_this_epoch(nitro: Nitro) -> int:

@@ -43,7 +43,10 @@ class PhaseInfo(Mapping[str, Any]):
 
     Read it as attributes (`info.logger`, as the spec writes it) or as a mapping
     (`info.get("metrics")`). `metrics` is present only on the transition out of
-    EvalStepping; `nitro` and `logger` are None while `Nitro(e)` is being built.
+    EvalStepping; `epoch_started` (the epoch's number) only when TrainStepping is
+    published at the start of a training epoch, which happens every epoch, even
+    when the run was already in TrainStepping; `nitro` and `logger` are None while
+    `Nitro(e)` is being built.
 
     Example:
         >>> info = PhaseInfo(logger="lg", metrics={"loss": 0.5})

@@ -123,6 +123,32 @@ def progress_reporter(f: ProgressReporter | None) -> ProgressReporter | None:
     """Install `f` as the progress reporter; return the previous one.
 
     None switches progress output off; `default_progress_reporter` is the default.
+    `f` is called as `f(verb, label, total, epoch, max_epochs)` with the verbs the
+    module describes ("begin", "step", "end", "done", "phase", "note").
+
+    A reporter that raises is switched off with a `NitroWarning` and the run goes
+    on. It then gets one trailing `f("done", "", 0, 0, 0)`, so a reporter drawing
+    a live line or bar can close it (an error from that call is ignored), and no
+    call after that; `current_progress_reporter()` is None until one is installed.
+
+    Args:
+        f: the reporter, or None for no progress output.
+
+    Returns:
+        The reporter installed before (None when progress was off).
+
+    Raises:
+        TypeError: `f` is neither callable nor None.
+
+    Example:
+        >>> seen = []
+        >>> previous = progress_reporter(lambda verb, label, *rest: seen.append(verb))
+        >>> with Progress() as progress:
+        ...     progress.begin("train", 2)
+        ...     progress.step()
+        >>> _ = progress_reporter(previous)
+        >>> seen
+        ['begin', 'step', 'end', 'done']
     """
     global _reporter
     if f is not None and not callable(f):

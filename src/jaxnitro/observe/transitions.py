@@ -80,6 +80,12 @@ class PhaseRecorder:
         self.publish(phase, **info)
         return True
 
+    def enter(self, phase: Phase, **info: Any) -> None:
+        """Record `phase` and publish it, even when it is the current phase: an
+        event that repeats within a phase (the start of each training epoch)."""
+        if not self.set(phase, **info):
+            self.publish(phase, **info)
+
     def restore(self, phase: Phase, **info: Any) -> None:
         """Go back to `phase` without publishing it (after an evaluation or a compile
         outside training, or one that failed): the handle again reports how its run

@@ -52,6 +52,8 @@ PLAIN_KEYWORDS = (
     "load_ema",
     "compile_options",
     "preset",
+    "profile",
+    "smoke",
 )
 RUN_KEYWORDS = ACCESSOR_KEYWORDS + PLAIN_KEYWORDS
 
@@ -76,9 +78,20 @@ _LATER_HOOKS: dict[str, str] = {}
 _LATER_VALUES: dict[str, tuple[Any, str]] = {}
 
 
-# Where a run value came from; "record" is a value a resume adopted from its record.
-Source = Literal["keyword", "method", "field", "default", "record"]
-SOURCES: tuple[Source, ...] = ("keyword", "method", "field", "default", "record")
+# Where a run value came from; "record" is a value a resume adopted from its record,
+# "smoke" one a smoke run set, "environment" a setting read from the environment.
+Source = Literal[
+    "keyword", "method", "field", "default", "record", "smoke", "environment"
+]
+SOURCES: tuple[Source, ...] = (
+    "keyword",
+    "method",
+    "field",
+    "default",
+    "record",
+    "smoke",
+    "environment",
+)
 
 
 @dataclass(frozen=True)

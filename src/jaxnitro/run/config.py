@@ -32,10 +32,19 @@ import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..errors import ConfigError, NotYetSupportedError
+from ..observe.profiling import check_profile
 from ..optim.ema import EMA
 from ..optim.setup import check_ema
-from .accessors import ACCESSOR_KEYWORDS, PLAIN_KEYWORDS, SOURCES, Source, resolve
+from .accessors import (
+    ACCESSOR_KEYWORDS,
+    NOT_PASSED,
+    PLAIN_KEYWORDS,
+    SOURCES,
+    Source,
+    resolve,
+)
 from .setup_checks import check_compile_options, check_monitor
+from .smoke import smoke_checkpointer, smoke_logger, smoke_requested, smoke_run_dir
 
 # Accessors that construct an object: called once, after the settings are checked,
 # so a refused configuration constructs no logger (which may open a run somewhere).
@@ -56,6 +65,8 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "load_ema": False,
     "compile_options": None,
     "preset": None,
+    "profile": None,
+    "smoke": None,  # read by smoke_requested: the keyword, else NITRO_SMOKE
 }
 
 INT_REQUIRED = (
@@ -224,6 +235,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "ema": lambda value, source: check_ema(value),
     "restore_optimizer": _flag,
     "load_ema": _flag,
+    "profile": lambda value, source: check_profile(value),
 }
 
 
@@ -266,8 +278,13 @@ class RunConfig:
         load_ema: whether `weights=` loads the record's EMA as the weights.
         compile_options: XLA compiler options, accepted by XLA when built.
         preset: the named preset this run was built from, if any.
+        profile: `(first_step, n_steps)`, the optimizer steps traced with
+            `jax.profiler` into `<run_dir>/profile/`, or None.
+        smoke: whether this is a smoke run (`jaxnitro.run.smoke`): one epoch on
+            two batches of every split, in a temporary directory.
         sources: where each field's value came from: "keyword", "method", "field",
-            "default", or "record" (what a resume adopted from the record).
+            "default", "record" (what a resume adopted from the record), "smoke"
+            (what a smoke run set) or "environment" (`NITRO_SMOKE`).
 
     Example:
         >>> from jaxnitro import Experiment
@@ -309,6 +326,8 @@ class RunConfig:
     load_ema: bool
     compile_options: Mapping[str, bool | int | float | str]
     preset: str | None
+    profile: tuple[int, int] | None
+    smoke: bool
     sources: Mapping[str, Source]
 
     def __post_init__(self) -> None:
@@ -346,11 +365,20 @@ class RunConfig:
         for name, check in _CHECKS.items():
             if name in values:
                 values[name] = check(values[name], sources[name])
+        values["smoke"], sources["smoke"] = smoke_requested(keywords)
+        if values["smoke"]:
+            values["max_epochs"], values["run_dir"] = 1, smoke_run_dir()
+            sources["max_epochs"] = sources["run_dir"] = "smoke"
         for name in CONSTRUCTED:
+            if values["smoke"] and keywords.get(name, NOT_PASSED) is not None:
+                # Never the experiment's own: a tracking logger may open a run.
+                made = smoke_logger() if name == "logger" else smoke_checkpointer()
+                values[name], sources[name] = made, "smoke"
+                continue
             found = resolve(experiment, name, keywords)
             values[name], sources[name] = found.value, found.source
         for name in PLAIN_KEYWORDS:
-            if name in NOT_FIELDS:
+            if name in NOT_FIELDS or name == "smoke":
                 continue
             given = keywords.get(name, _PLAIN_DEFAULTS[name])
             passed = name in keywords and given is not None

@@ -16,7 +16,7 @@ optimizer state is allocated until a verb needs it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ from ..observe.history import MetricHistory
 from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import reports, restore
+from . import costs, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .prepared import Prepared
@@ -158,6 +158,10 @@ class Nitro:
             trivial program with them.
         preset (str): in the instance form, the recipe name to record; it must be a
             preset of the experiment's class.
+        profile (tuple[int, int]): `(first_step, n_steps)`: write a
+            `jax.profiler` trace of those optimizer steps (1-based, over the whole
+            run) into `<run_dir>/profile/`, for TensorBoard's profile plugin or
+            Perfetto. None (the default) profiles nothing.
         checkpoint: the deprecated spelling of `weights=`; it warns.
 
     Attributes:
@@ -505,6 +509,32 @@ class Nitro:
         """Where each configured value bound, the data, and the routed fields."""
         return reports.binding_report(self)
 
+    def cost_report(self, file: TextIO | None = None) -> list[dict[str, Any]]:
+        """Print each compiled program's cost by XLA's analysis, and the step's rate.
+
+        One line per program this handle compiled (its FLOPs and bytes moved per
+        call, from `Compiled.cost_analysis()`), then the optimizer step: its mean
+        measured time over the last epoch trained (stepping only), its FLOPs and
+        bytes, and the FLOP/s and bytes/s it achieved.
+
+        Args:
+            file: where to print; standard output by default.
+
+        Returns:
+            list[dict]: a row per program (`program`, `flops`, `bytes`), then one
+            for the optimizer step once an epoch was trained (also `seconds`,
+            `flops_per_second`, `bytes_per_second`). A figure XLA does not give is
+            None.
+
+        Example::
+
+            nitro.train()
+            nitro.cost_report()
+            # train_step       1.2 MFLOP      412 kB
+            # optimizer step: 0.61 ms measured (last epoch), ... 1.97 GFLOP/s ...
+        """
+        return costs.cost_report(self, file)
+
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
         reports.log_setup(self)
@@ -850,7 +880,7 @@ class Nitro:
         """
         self.status.stop_requested = True
 
-    def set_device(self, **values: Any) -> Nitro:
+    def set_device(self, *field_value: Any, **values: Any) -> Nitro:
         """Write Device fields of the live handle; compiles nothing.
 
         Each value is converted to the field's dtype on the host and placed on the
@@ -860,6 +890,8 @@ class Nitro:
         written when any value is refused.
 
         Args:
+            *field_value: one field as `(name, value)`, the positional form
+                (`nitro.set_device("temperature", 2.0)`).
             **values: Device field name to its new value: a Python number or a
                 NumPy or JAX array with the field's shape (a scalar for a 0-d
                 field), cast to the field's dtype (a float is rounded to a float32
@@ -869,7 +901,9 @@ class Nitro:
             This handle, so calls chain (`nitro.set_device(t=2.0).predict(b)`).
 
         Raises:
-            ConfigError: a name that is no field; a GraphConst field (it bakes into
+            ConfigError: a positional form other than one (name, value) pair, or
+                one naming a field the keywords name too; a name that is no
+                field; a GraphConst field (it bakes into
                 the compiled graph: build a new Nitro) or a Host field (no program
                 reads it); a scheduled field (the schedule overwrites it every
                 step); a value that is not numeric, or that the field's dtype
@@ -881,7 +915,10 @@ class Nitro:
 
             for t in (0.5, 1.0, 2.0):                   # zero compiles
                 logits = nitro.set_device(temperature=t).predict(batch)
+            nitro.set_device("temperature", 1.0)        # the positional form
         """
+        if field_value:
+            values = _positional_field(field_value, values)
         cls = self._prepared.cls
         updates = {}
         for name, value in values.items():
@@ -1093,3 +1130,22 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
         if preset is None:
             return Nitro(experiment, **kwargs).train()
         return Nitro(experiment, preset, **kwargs).train()
+
+
+def _positional_field(
+    field_value: tuple[Any, ...], values: dict[str, Any]
+) -> dict[str, Any]:
+    """`set_device(name, value)` as the keyword form's dict."""
+    if len(field_value) != 2 or not isinstance(field_value[0], str):
+        raise ConfigError(
+            f"set_device takes one field positionally as (name, value), such as "
+            f'set_device("temperature", 2.0), or keywords (temperature=2.0); got '
+            f"{len(field_value)} positional argument(s): {field_value!r}."
+        )
+    name, value = field_value
+    if name in values:
+        raise ConfigError(
+            f"set_device: `{name}` is given both positionally and as a keyword; "
+            f"give it once."
+        )
+    return {name: value, **values}

@@ -70,6 +70,8 @@ class Prepared:
         total_steps: the schedule horizon, max_epochs * (train batches // accum).
         manual: whether `train()` runs the experiment's own `train_step` (manual
             mode), as `manual_training()` said at construction.
+        uncut_sizes: in a smoke run, each split's batch count before the run cut
+            it to its first batches; None otherwise.
     """
 
     cls: type
@@ -92,3 +94,4 @@ class Prepared:
     resumed_from_epoch: int | None
     total_steps: int
     manual: bool = False
+    uncut_sizes: Mapping[str, int] | None = None

@@ -28,6 +28,7 @@ from ..checkpoint.retention_checks import check_keep, setup_warnings
 from ..checkpoint.sources import ResolvedSource
 from ..compile.cache import configure_persistent_cache
 from ..compile.programs import TraceContext
+from ..data.first_batches import first_batches
 from ..data.prefetch import auto_prefetch, check_prefetch
 from ..data.sources import (
     check_split,
@@ -41,6 +42,7 @@ from ..errors import (
 from ..experiment.hooks import (
     RUNTIME_HOOKS,
     check_required_hooks,
+    filename_hook,
     freeze_hooks,
     has_hook,
     hook_fingerprints,
@@ -85,6 +87,7 @@ from .setup_manual import (
     manual_opt_states,
 )
 from .setup_routing import probe_routing
+from .smoke import smoke_batches
 from .state import TrainState
 from .status import RunStatus
 
@@ -156,6 +159,7 @@ class SetupSequence:
             resumed_from_epoch=self._resumed_from_epoch,
             total_steps=self.total_steps,
             manual=self._manual,
+            uncut_sizes=self._uncut_sizes,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -245,6 +249,16 @@ class SetupSequence:
                 f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
             )
         self.data: dict[str, Any] = dict(data)
+        self._uncut_sizes: dict[str, int] | None = None
+        if self._run_config.smoke:  # the first batches of each split, checked as cut
+            self._uncut_sizes = {
+                name: check_split(name, s) for name, s in self.data.items()
+            }
+            accum = self._run_config.accum
+            self.data = {
+                name: first_batches(s, smoke_batches(name, accum))
+                for name, s in self.data.items()
+            }
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
@@ -561,7 +575,13 @@ class SetupSequence:
                 run_id = new_run_id()
                 parent = resume.path if resume is not None else None
             self._run_id: str | None = run_id
-            ckpt.bind(directory=run_dir, monitor=monitor, run=run_id, parent=parent)
+            ckpt.bind(
+                directory=run_dir,
+                monitor=monitor,
+                run=run_id,
+                parent=parent,
+                filename=filename_hook(self._experiment),
+            )
             if trains and ckpt.dir is not None:
                 # Quietly: a lost manifest, rebuilt, is written at the first save.
                 entries = read_manifest(ckpt.dir, warn=False)

@@ -44,7 +44,29 @@ def check_monitor(monitor: Any) -> tuple[str, str]:
 
 
 def check_compile_options(options: Any) -> dict[str, Any]:
-    """XLA compiler options, validated now by compiling a trivial program with them."""
+    """Validate `compile_options` (XLA compiler options) before any compile.
+
+    Every program a handle compiles gets these options, and they are part of each
+    program's compile-cache key. They are checked here by compiling a trivial
+    program with them (once per process for a set XLA accepted), so an unknown
+    option or a bad value is refused when the handle is built, not minutes later
+    at the first compile.
+
+    Args:
+        options: a dict of XLA option name to a bool, int, float or str value, such
+            as `{"xla_cpu_enable_fast_math": False}`; None for none.
+
+    Returns:
+        dict: the options, as every program's compile call receives them.
+
+    Raises:
+        ConfigError: not a dict, a key or value of the wrong type, or options XLA
+            refuses (its message included).
+
+    Example:
+        >>> check_compile_options(None)
+        {}
+    """
     if options is None:
         return {}
     if not isinstance(options, Mapping):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint.record import Record
+from ..observe.profiling import StepProfiler
 
 
 @dataclass
@@ -35,6 +36,10 @@ class RunStatus:
         eval_width: the eval programs' batch width: setup probes it (the first
             batch of val, else test, else any split); with no data, the first
             batch evaluated or predicted fixes it.
+        profiler: the `profile=` trace of chosen steps, made by the first
+            `train()`; None without the keyword.
+        step_seconds: the mean wall time of one optimizer step in the last epoch
+            trained (its stepping only, not its validation); None before one.
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -45,3 +50,5 @@ class RunStatus:
     restored_best: bool = False
     released_by: str | None = None
     eval_width: int | None = None
+    profiler: StepProfiler | None = None
+    step_seconds: float | None = None

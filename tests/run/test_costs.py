@@ -1,0 +1,46 @@
+"""nitro.cost_report(): XLA's cost analysis of each program, against the clock."""
+
+import io
+
+from experiments import Tiny, make_batches
+
+import jaxnitro as nx
+
+
+def test_cost_report_lists_each_program_and_the_achieved_step_rate():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    out = io.StringIO()
+    assert nitro.cost_report(file=out) == []
+    assert "no program compiled yet" in out.getvalue()
+    nitro.train()
+    out = io.StringIO()
+    rows = nitro.cost_report(file=out)
+    text = out.getvalue()
+    by_program = {row["program"]: row for row in rows}
+    step = by_program["train_step"]
+    # The MLP 8-16-3 at batch 16: the forward matmuls alone are 2*16*(8*16+16*3).
+    assert step["flops"] > 2 * 16 * (8 * 16 + 16 * 3)
+    assert step["bytes"] > 0
+    assert "eval_forward" in by_program  # validation compiled its programs too
+    measured = by_program["optimizer step"]
+    assert measured["seconds"] == nitro.status.step_seconds > 0
+    assert measured["flops"] == step["flops"]
+    assert measured["flops_per_second"] == step["flops"] / measured["seconds"]
+    assert "train_step" in text and "achieved" in text
+
+
+def test_with_accumulation_the_step_costs_accum_gradients_and_one_optimizer_call():
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None, accum=2)
+    nitro.train()
+    rows = {row["program"]: row for row in nitro.cost_report(file=io.StringIO())}
+    expected = 2 * rows["gradient"]["flops"] + rows["optimizer"]["flops"]
+    assert rows["optimizer step"]["flops"] == expected
+
+
+def test_before_an_epoch_is_trained_the_step_time_is_not_measured():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    nitro.predict(make_batches(4, 4)[0])
+    out = io.StringIO()
+    rows = nitro.cost_report(file=out)
+    assert [row["program"] for row in rows] == ["eval_forward"]
+    assert "step time: not measured yet" in out.getvalue()
