@@ -162,7 +162,7 @@ def _import_file(path: Path, root: Path) -> ModuleType:
             else:
                 sys.modules[module_name] = previous
             raise ConfigError(
-                f"importing {path} raised {type(error).__name__}: {error}. Fix the file "
-                f"and start the run again."
+                f"importing {path} raised {type(error).__name__}: {error}. Fix "
+                f"the file and start the run again."
             ) from error
     return module
