@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -173,8 +175,9 @@ def build_server(tools: AgentTools) -> Any:
     def nitro_history(run: str) -> dict[str, Any]:
         return tools.history(run)
 
-    def nitro_runs(run_dir: str) -> list[dict[str, Any]]:
-        return tools.runs(run_dir)
+    def nitro_runs(run_dir: str) -> dict[str, Any]:
+        # One object, not a bare list: the SDK sends a list as one content per item.
+        return {"run_dir": run_dir, "runs": tools.runs(run_dir)}
 
     def nitro_cache() -> dict[str, int]:
         return tools.cache()
@@ -221,11 +224,24 @@ def serve(
     server = build_server(tools)
     import anyio
 
+    # A client that closes stdin and then sends SIGTERM (the SDK's own client does,
+    # two seconds later) still gets the graceful stop below.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     try:
         anyio.run(server.run_stdio_async)
+    except KeyboardInterrupt:
+        pass
     finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
         left = tools.shutdown(shutdown_timeout)
     return left
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM: leave the serving loop as Ctrl+C would, into the graceful stop."""
+    raise KeyboardInterrupt
 
 
 _SOURCE_KEYS = ("run", "experiment", "preset", "overrides", "run_dir", "keywords")

@@ -67,6 +67,11 @@ class AgentTools:
                 f"the agent server's root {str(root)!r} is not a directory. Pass "
                 f"--root DIR naming the folder that holds the experiment files."
             )
+        if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+            raise ConfigError(
+                f"max_runs (nitro mcp --max-runs) must be an int >= 1, got "
+                f"{max_runs!r}: how many background runs may be active at once."
+            )
         self.registry = RunRegistry(max_active=max_runs)
 
     # ------------------------------------------------------------ process -------
