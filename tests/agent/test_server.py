@@ -135,7 +135,8 @@ def test_refusals_are_tool_errors_and_the_server_goes_on(tmp_path):
                 overrides={"width": "__import__('os')"},
             )
             assert "declared int but got" in text
-            failed = await call(client, "nitro_train", experiment="tiny_agent.py:Broken")
+            broken = "tiny_agent.py:Broken"
+            failed = await call(client, "nitro_train", experiment=broken)
             while (status := await call(client, "nitro_status", run=failed["run"]))[
                 "state"
             ] != "failed":
@@ -182,9 +183,10 @@ def test_a_stdio_server_process_drives_a_run_and_stops_its_runs_on_exit(tmp_path
             started = await call(
                 client, "nitro_train", experiment="tiny_agent.py:Slow", run_dir="left"
             )
-            while (await call(client, "nitro_status", run=started["run"]))[
-                "step"
-            ] in (None, 0):
+            while (await call(client, "nitro_status", run=started["run"]))["step"] in (
+                None,
+                0,
+            ):
                 await anyio.sleep(0.05)
 
     anyio.run(main)
@@ -198,7 +200,7 @@ def test_a_stdio_server_process_drives_a_run_and_stops_its_runs_on_exit(tmp_path
     ("argv", "message"),
     [
         (["--root", "missing"], "root 'missing' is not a directory"),
-        (["--max-runs", "0"], "max_runs (nitro mcp --max-runs) must be an int >= 1, got 0"),
+        (["--max-runs", "0"], "(nitro mcp --max-runs) must be an int >= 1, got 0"),
     ],
 )
 def test_nitro_mcp_refuses_a_bad_root_or_limit_before_serving(argv, message, capsys):
