@@ -208,3 +208,21 @@ def test_nitro_mcp_refuses_a_bad_root_or_limit_before_serving(argv, message, cap
 
     assert main(["mcp", *argv]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_the_readme_client_configuration_starts_nitro_mcp():
+    import re
+
+    from jaxnitro.cli import build_parser
+
+    readme = (SRC.parent / "README.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    [block] = [b for b in blocks if "mcpServers" in b]
+    server = json.loads(block)["mcpServers"]["jaxnitro"]
+    assert server["command"].endswith("/nitro")
+    args = build_parser().parse_args(server["args"])
+    assert (args.command, args.root, args.max_runs) == (
+        "mcp",
+        "/path/to/experiments",
+        2,
+    )
