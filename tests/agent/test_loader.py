@@ -4,7 +4,7 @@ import pytest
 from agent_root import make_root
 
 from jaxnitro.agent.loader import build_experiment, experiment_class, under_root
-from jaxnitro.errors import ConfigError
+from jaxnitro.errors import ConfigError, NotYetSupportedError
 
 
 @pytest.fixture
@@ -49,6 +49,11 @@ def test_a_preset_applies_with_overrides_winning(root):
 def test_a_bad_name_is_refused_with_the_reason(root, name, match):
     with pytest.raises(ConfigError, match=match):
         experiment_class(root, name)
+
+
+def test_a_run_file_is_refused_until_run_files_can_run(root):
+    with pytest.raises(NotYetSupportedError, match="once `sexpgpu run` lands"):
+        experiment_class(root, "mnist.sx")
 
 
 def test_a_symlink_out_of_the_root_is_refused(root, tmp_path):

@@ -48,7 +48,8 @@ async def error_of(client, tool, **arguments):
 
 async def train_stop_history_export(client, root):
     """The agent's round trip: train, watch it compile then step, stop, read the
-    history, export. Returns the training's final status."""
+    history, export. Returns the training's final status. The compile cache must
+    be cold (a hit announces no compile phase)."""
     started = await call(client, "nitro_train", experiment="tiny_agent.py:Slow")
     run = started["run"]
     deadline = time.monotonic() + 120
@@ -88,6 +89,7 @@ async def train_stop_history_export(client, root):
 def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
     root = make_root(tmp_path)
     tools = AgentTools(root)
+    nx.cache_reset()
 
     async def main():
         async with Client(build_server(tools)) as client:

@@ -27,6 +27,7 @@ def wait_for(tools, run_id, done, timeout=60.0):
 
 
 def test_train_returns_at_once_and_status_follows_the_run(tools):
+    nx.cache_reset()  # a cold cache, so the run compiles (and shows it)
     started = tools.train("tiny_agent.py:TinyAgent", keywords={"max_epochs": 2})
     assert (started["run"], started["state"]) == ("r1", "starting")
     status = finish(tools, "r1")
@@ -95,6 +96,8 @@ def test_eval_verbs_work_on_a_trained_runs_handle(tools):
     one = tools.predict(inputs={"x": [[0.0] * 8]}, run=trained)["run"]
     assert finish(tools, one)["result"]["outputs"]["output"]["rows"] == 1
     exported = finish(tools, tools.export("v1", run=trained)["run"])
+    with pytest.raises(ConfigError, match="exists already"):
+        tools.export("v1", run=trained)
     assert exported["result"]["path"] == str(tools.root / "export" / "v1")
     bundle = nx.load_bundle(exported["result"]["path"])
     x = np.zeros((1, 8), np.float32)
@@ -127,6 +130,11 @@ def test_an_eval_verb_can_build_a_new_handle(tools):
         (lambda t: t.validate(), "takes either run .* not neither"),
         (lambda t: t.export("v1", dir="/tmp", run="r1"), "outside the server's root"),
         (lambda t: t.runs("/"), "outside the server's root"),
+        (lambda t: t.export("../v1", run="r1"), "without a slash"),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", keywords={"resume": "/x"}),
+            "a checkpoint path is not accepted",
+        ),
         (lambda t: t.status("r7"), "no run 'r7' on this server"),
         (lambda t: t.predict(inputs={"x": 3}, run="r1"), "must be a list of rows"),
     ],

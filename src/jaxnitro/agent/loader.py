@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotYetSupportedError
 from ..experiment.base import Experiment
 from ..experiment.presets import from_preset
 from ..experiment.view import check_field_names
@@ -76,10 +76,17 @@ def experiment_class(root: str | os.PathLike[str], name: str) -> type[Experiment
     qualname, so a second run of unchanged hooks hits it.
 
     Raises:
+        NotYetSupportedError: a run file (`.sx`), until run files can be run.
         ConfigError: a malformed name, a path outside the root, a missing file, a
             file that fails to import (its error quoted), a missing class, or a class
             that is not an Experiment subclass.
     """
+    if str(name).endswith(".sx"):
+        raise NotYetSupportedError(
+            f"experiment {name!r} is a run file; the agent server runs run files "
+            f"once `sexpgpu run` lands. Name a Python experiment instead: "
+            f"`path/to/file.py:ClassName`."
+        )
     file_part, sep, class_name = str(name).rpartition(":")
     if not sep or not file_part.endswith(".py") or not class_name.isidentifier():
         raise ConfigError(BAD_NAME.format(name=name))

@@ -160,6 +160,17 @@ class AgentTools:
     ) -> dict[str, Any]:
         """Start exporting the handle's model as a StableHLO bundle `dir/name`."""
         target = under_root(self.root, dir)
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise ConfigError(
+                f"export name={name!r} must be a non-empty folder name without a "
+                f"slash, such as 'my_model_v1'."
+            )
+        bundle = under_root(self.root, target / name)
+        if bundle.exists():
+            raise ConfigError(
+                f"export: {bundle} exists already. A bundle is never overwritten: "
+                f"pass another name (e.g. a version suffix)."
+            )
         sizes = tuple(batch_sizes or (1,))
         return self._eval_verb(
             "export",
@@ -342,6 +353,12 @@ def _checked_keywords(keywords: dict[str, Any] | None) -> dict[str, Any]:
             raise ConfigError(
                 f"run keyword {key}={value!r} is a {type(value).__name__}; pass a "
                 f"JSON scalar (a number, a string, true/false or null)."
+            )
+        if key == "resume" and value not in (True, False, "auto"):
+            raise ConfigError(
+                f"run keyword resume={value!r}: a client may pass true, false or "
+                f'"auto" (resume from this run_dir); a checkpoint path is not '
+                f"accepted, as it could name a file outside the root."
             )
     return values
 
