@@ -228,3 +228,11 @@ def test_the_readme_client_configuration_starts_nitro_mcp():
         "/path/to/experiments",
         2,
     )
+
+
+def test_nitro_mcp_without_the_sdk_names_the_extra(tmp_path, monkeypatch, capsys):
+    from jaxnitro.cli import main
+
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
+    assert main(["mcp", "--root", str(tmp_path)]) == 1
+    assert "pip install 'jaxnitro[mcp]'" in capsys.readouterr().err
