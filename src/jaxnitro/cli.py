@@ -10,6 +10,8 @@
     nitro ckpt --repair DIR   rewrite DIR's manifest.json from the records' headers
                           (--metric NAME --mode min|max: score the records added)
     nitro serve BUNDLE    an exported bundle over HTTP (`--host`, `--port`)
+    nitro mcp             the nitro_* agent tools over MCP on stdio (`--root DIR`,
+                          `--max-runs N`; the `mcp` extra)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
 
@@ -105,6 +107,29 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         default=5.0,
         help="how long a request waits for others to batch with (5 ms)",
     )
+    agent = commands.add_parser(
+        "mcp",
+        help="serve the nitro_* agent tools over MCP on stdio (the `mcp` extra)",
+        description=(
+            "An MCP server on stdin/stdout exposing nitro_* tools: start training, "
+            "validation, evaluation, prediction and export as background runs, poll "
+            "their status, stop them, read history. Experiments are named "
+            "path/to/file.py:ClassName under --root; nothing outside it is read or "
+            "written. Closing the connection stops the runs gracefully."
+        ),
+    )
+    agent.add_argument(
+        "--root", default=".", help="the folder experiments and runs live under (.)"
+    )
+    agent.add_argument(
+        "--max-runs", type=int, default=2, help="background runs active at once (2)"
+    )
+    agent.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the runs to stop when the client leaves (60)",
+    )
     from .runfile.commands import add_commands
 
     add_commands(commands)
@@ -137,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _runs(args.run_dir)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "mcp":
+            return _mcp(args)
         if args.repair:
             return _repair(args.path, args.metric, args.mode)
         return _ckpt(args.path, *args.pair)
@@ -268,6 +295,27 @@ def _serve(args: argparse.Namespace) -> int:
     except NitroError as error:  # a missing extra, a bundle load_bundle refuses
         print(f"nitro serve: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from .agent.server import serve
+
+    try:
+        left = serve(
+            args.root,
+            max_runs=args.max_runs,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except NitroError as error:  # a missing extra, a bad root or --max-runs
+        print(f"nitro mcp: {error}", file=sys.stderr)
+        return 1
+    if left:
+        print(
+            f"nitro mcp: runs {', '.join(left)} were still running after "
+            f"{args.shutdown_timeout:g} s; they end with the process.",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -1,0 +1,175 @@
+"""Experiments named by an agent: `path/to/file.py:ClassName`, resolved under a root.
+
+The MCP server reads and writes nothing outside its root. A client names an
+experiment as a Python file under the root and a class in it; the file is imported as
+a module under a fresh name (the only code the server ever runs for a client), the
+class is picked, and the preset and overrides are applied through the experiment's own
+field checks. Override values are JSON scalars taken as given, never evaluated.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> under_root(root, "../etc/passwd")
+    Traceback (most recent call last):
+    ...
+    jaxnitro.errors.ConfigError: path '../etc/passwd' resolves to ..., outside ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import ConfigError, NotYetSupportedError
+from ..experiment.base import Experiment
+from ..experiment.presets import from_preset
+from ..experiment.view import check_field_names
+
+OUTSIDE_ROOT = (
+    "path {path!r} resolves to {resolved}, outside the server's root {root} "
+    "(symbolic links are followed). The agent server reads and writes only under its "
+    "root: pass a path relative to it, or start `nitro mcp --root DIR` higher up."
+)
+BAD_NAME = (
+    "experiment {name!r} is not of the form `path/to/file.py:ClassName`. Name a "
+    "Python file under the server's root and the Experiment subclass in it, e.g. "
+    '"experiments/mnist.py:MnistMLP".'
+)
+NOT_SCALAR = (
+    "override {key}={value!r} is a {kind}; overrides are JSON scalars (a number, a "
+    "string, true/false or null), set on the experiment's field as given. Pass one "
+    "value per field."
+)
+SCALARS = (bool, int, float, str, type(None))
+
+_import_lock = threading.Lock()
+
+
+def under_root(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """`path` (relative to `root`, or absolute) resolved, refused outside `root`.
+
+    Symbolic links are resolved first, so a link that points out of the root is
+    refused like a `..` that climbs out of it.
+
+    Raises:
+        ConfigError: the resolved path is not `root` or inside it.
+    """
+    base = Path(root).resolve()
+    resolved = (base / Path(path)).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise ConfigError(
+            OUTSIDE_ROOT.format(path=str(path), resolved=resolved, root=base)
+        )
+    return resolved
+
+
+def experiment_class(root: str | os.PathLike[str], name: str) -> type[Experiment]:
+    """Import the file `name` names (`file.py:ClassName`) and return its class.
+
+    Each call imports the file afresh, so an edited file is read again, under a
+    module name fixed by its path: the compile cache keys a class by module and
+    qualname, so a second run of unchanged hooks hits it.
+
+    Raises:
+        NotYetSupportedError: a run file (`.sx`), until run files can be run.
+        ConfigError: a malformed name, a path outside the root, a missing file, a
+            file that fails to import (its error quoted), a missing class, or a class
+            that is not an Experiment subclass.
+    """
+    if str(name).endswith(".sx"):
+        raise NotYetSupportedError(
+            f"experiment {name!r} is a run file; the agent server runs run files "
+            f"once `sexpgpu run` lands. Name a Python experiment instead: "
+            f"`path/to/file.py:ClassName`."
+        )
+    file_part, sep, class_name = str(name).rpartition(":")
+    if not sep or not file_part.endswith(".py") or not class_name.isidentifier():
+        raise ConfigError(BAD_NAME.format(name=name))
+    path = under_root(root, file_part)
+    if not path.is_file():
+        raise ConfigError(
+            f"experiment file {file_part!r} does not exist under the server's root "
+            f"({path}). Pass a path relative to the root."
+        )
+    module = _import_file(path, Path(root).resolve())
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        found = sorted(
+            n
+            for n, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, Experiment) and v is not Experiment
+        )
+        raise ConfigError(
+            f"{file_part} has no class {class_name!r}. Experiment classes in it: "
+            f"{', '.join(found) or 'none'}."
+        )
+    if not (isinstance(cls, type) and issubclass(cls, Experiment)):
+        raise ConfigError(
+            f"{file_part}:{class_name} is a {type(cls).__name__}, not a subclass of "
+            f"jaxnitro.Experiment. Name the experiment class."
+        )
+    return cls
+
+
+def build_experiment(
+    cls: type[Experiment],
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Experiment:
+    """An instance of `cls`: its preset (if named) with `overrides` winning.
+
+    Raises:
+        ConfigError: an unknown preset, an unknown field, a value that is not a JSON
+            scalar, or one the field refuses (the experiment's own message).
+    """
+    values = dict(overrides or {})
+    for key, value in values.items():
+        if not isinstance(value, SCALARS):
+            raise ConfigError(
+                NOT_SCALAR.format(key=key, value=value, kind=type(value).__name__)
+            )
+    if preset is not None:
+        return from_preset(cls, preset, **values)
+    check_field_names(cls, values, "The override", "Pass field names of the class.")
+    return cls(**values)
+
+
+def module_name_for(path: Path, root: Path) -> str:
+    """The module name a file under `root` is imported as: stable for one path,
+    distinct between paths (a hash of the path relative to the root)."""
+    relative = path.relative_to(root).as_posix()
+    digest = hashlib.sha256(relative.encode()).hexdigest()[:10]
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    return f"jaxnitro_agent_{stem}_{digest}"
+
+
+def _import_file(path: Path, root: Path) -> ModuleType:
+    """Import `path` afresh as the module `module_name_for(path, root)`."""
+    module_name = module_name_for(path, root)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path} cannot be imported as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running, as dataclasses and the code fingerprints look a
+    # class's module up through sys.modules by its __module__. A run that holds the
+    # previous import keeps its own classes.
+    with _import_lock:
+        previous = sys.modules.get(module_name)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except (Exception, SystemExit) as error:
+            if previous is None:
+                del sys.modules[module_name]
+            else:
+                sys.modules[module_name] = previous
+            raise ConfigError(
+                f"importing {path} raised {type(error).__name__}: {error}. Fix "
+                f"the file and start the run again."
+            ) from error
+    return module

@@ -1,0 +1,238 @@
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from agent_root import make_root
+
+import jaxnitro as nx
+from jaxnitro.agent.server import DESCRIPTIONS, build_server
+from jaxnitro.agent.tools import AgentTools
+
+pytest.importorskip("mcp")  # the `mcp` extra; the test extra installs it
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+SRC = Path(nx.__file__).parent.parent
+TOOL_NAMES = {
+    "nitro_setup",
+    "nitro_train",
+    "nitro_validate",
+    "nitro_evaluate",
+    "nitro_predict",
+    "nitro_export",
+    "nitro_status",
+    "nitro_stop",
+    "nitro_logger",
+    "nitro_history",
+    "nitro_runs",
+    "nitro_cache",
+}
+
+
+async def call(client, tool, **arguments):
+    """A tool's JSON result; a tool error fails with its text."""
+    result = await client.call_tool(tool, arguments)
+    text = result.content[0].text
+    assert not result.is_error, text
+    return json.loads(text)
+
+
+async def error_of(client, tool, **arguments):
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    return result.content[0].text
+
+
+async def train_stop_history_export(client, root):
+    """The agent's round trip: train, watch it compile then step, stop, read the
+    history, export. Returns the training's final status. The compile cache must
+    be cold (a hit announces no compile phase)."""
+    started = await call(client, "nitro_train", experiment="tiny_agent.py:Slow")
+    run = started["run"]
+    deadline = time.monotonic() + 120
+    while True:
+        status = await call(client, "nitro_status", run=run)
+        assert status["state"] in ("starting", "running"), status
+        if status["phase"] == "TrainStepping" and status["step"] > 0:
+            break
+        assert time.monotonic() < deadline, status
+        await anyio.sleep(0.02)
+    assert any(p.endswith("Compiling") for p in status["phases"])
+    compiled = status["phases"].index("GradientCompiling")
+    assert "TrainStepping" in status["phases"][compiled:]
+    assert (await call(client, "nitro_stop", run=run))["stopping"] is True
+    while status["state"] != "done":
+        assert time.monotonic() < deadline, status
+        await anyio.sleep(0.05)
+        status = await call(client, "nitro_status", run=run)
+    assert status["stop_reason"] == "requested"
+    history = await call(client, "nitro_history", run=run)
+    assert [row["epoch"] for row in history["rows"]] == list(
+        range(1, status["epoch"] + 1)
+    )
+    assert "train_loss" in history["text"]
+    export = (await call(client, "nitro_export", name="v1", run=run))["run"]
+    while (exported := await call(client, "nitro_status", run=export))["state"] != (
+        "done"
+    ):
+        assert exported["state"] != "failed", exported["traceback"]
+        assert time.monotonic() < deadline
+        await anyio.sleep(0.05)
+    assert exported["result"]["path"] == str(root / "export" / "v1")
+    assert (root / "export" / "v1").is_dir()
+    return status
+
+
+def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
+    root = make_root(tmp_path)
+    tools = AgentTools(root)
+    nx.cache_reset()
+
+    async def main():
+        async with Client(build_server(tools)) as client:
+            listed = await client.list_tools()
+            assert {t.name for t in listed.tools} == TOOL_NAMES
+            await train_stop_history_export(client, root)
+            logger = await call(client, "nitro_logger", run="r1")
+            assert logger["path"].endswith("runs/Slow/metrics.jsonl")
+            listing = await call(client, "nitro_runs", run_dir="runs/Slow")
+            [summary] = listing["runs"]
+            assert summary["checkpoints"] >= 1
+            assert set(await call(client, "nitro_cache")) == {
+                "hits",
+                "misses",
+                "entries",
+            }
+            assert (await call(client, "nitro_setup"))["backend"] == "cpu"
+
+    try:
+        anyio.run(main)
+    finally:
+        assert tools.shutdown(60) == []
+
+
+def test_refusals_are_tool_errors_and_the_server_goes_on(tmp_path):
+    root = make_root(tmp_path)
+    outside = tmp_path / "outside.py"
+    outside.write_text("import os\nos.remove(__file__)\n")
+    (root / "link.py").symlink_to(outside)
+    tools = AgentTools(root, max_runs=1)
+
+    async def main():
+        async with Client(build_server(tools)) as client:
+            text = await error_of(client, "nitro_train", experiment="../outside.py:X")
+            assert "nitro_train: path '../outside.py' resolves to" in text
+            assert "outside the server's root" in text
+            text = await error_of(client, "nitro_train", experiment="link.py:X")
+            assert "outside the server's root" in text
+            text = await error_of(client, "nitro_train", experiment="tiny_agent.py:No")
+            assert "has no class 'No'" in text
+            text = await error_of(
+                client,
+                "nitro_train",
+                experiment="tiny_agent.py:TinyAgent",
+                overrides={"width": "__import__('os')"},
+            )
+            assert "declared int but got" in text
+            broken = "tiny_agent.py:Broken"
+            failed = await call(client, "nitro_train", experiment=broken)
+            while (status := await call(client, "nitro_status", run=failed["run"]))[
+                "state"
+            ] != "failed":
+                await anyio.sleep(0.05)
+            assert "loss exploded on purpose" in status["traceback"]
+            slow = await call(client, "nitro_train", experiment="tiny_agent.py:Slow")
+            text = await error_of(
+                client, "nitro_train", experiment="tiny_agent.py:TinyAgent"
+            )
+            assert "at most 1 at once" in text
+            await call(client, "nitro_stop", run=slow["run"])
+
+    try:
+        anyio.run(main)
+    finally:
+        assert tools.shutdown(60) == []
+    assert outside.exists()  # the file outside the root was never imported
+
+
+def test_every_tool_has_a_description():
+    assert set(DESCRIPTIONS) == TOOL_NAMES
+    assert "configures nothing" in DESCRIPTIONS["nitro_setup"]
+
+
+@pytest.mark.slow  # a server process of its own, spoken to over stdio
+def test_a_stdio_server_process_drives_a_run_and_stops_its_runs_on_exit(tmp_path):
+    root = make_root(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "JAX_PLATFORMS": "cpu",
+        "JAXNITRO_COMPILATION_CACHE": "off",
+    }
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "jaxnitro.cli", "mcp", "--root", str(root), "--max-runs", "2"],
+        env=env,
+    )
+
+    async def main():
+        async with Client(params) as client:
+            await train_stop_history_export(client, root)
+            # Left running when the client goes: the server stops it gracefully.
+            started = await call(
+                client, "nitro_train", experiment="tiny_agent.py:Slow", run_dir="left"
+            )
+            while (await call(client, "nitro_status", run=started["run"]))["step"] in (
+                None,
+                0,
+            ):
+                await anyio.sleep(0.05)
+
+    anyio.run(main)
+    # The run left running was stopped, not killed: its last record says so.
+    last = nx.read_manifest(str(root / "left"))[-1]
+    assert last.stop_reason == "requested"
+    assert 1 <= last.epoch < 50
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--root", "missing"], "root 'missing' is not a directory"),
+        (["--max-runs", "0"], "(nitro mcp --max-runs) must be an int >= 1, got 0"),
+    ],
+)
+def test_nitro_mcp_refuses_a_bad_root_or_limit_before_serving(argv, message, capsys):
+    from jaxnitro.cli import main
+
+    assert main(["mcp", *argv]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_the_readme_client_configuration_starts_nitro_mcp():
+    import re
+
+    from jaxnitro.cli import build_parser
+
+    readme = (SRC.parent / "README.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    [block] = [b for b in blocks if "mcpServers" in b]
+    server = json.loads(block)["mcpServers"]["jaxnitro"]
+    assert server["command"].endswith("/nitro")
+    args = build_parser().parse_args(server["args"])
+    assert (args.command, args.root, args.max_runs) == (
+        "mcp",
+        "/path/to/experiments",
+        2,
+    )
+
+
+def test_nitro_mcp_without_the_sdk_names_the_extra(tmp_path, monkeypatch, capsys):
+    from jaxnitro.cli import main
+
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
+    assert main(["mcp", "--root", str(tmp_path)]) == 1
+    assert "pip install 'jaxnitro[mcp]'" in capsys.readouterr().err
