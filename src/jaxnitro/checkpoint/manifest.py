@@ -151,17 +151,7 @@ def load_manifest(
             return Manifest([], [])
         entries, skipped = rebuild_entries(directory, metric=metric, mode=mode)
         if entries and warn:
-            warnings.warn(
-                MANIFEST_REBUILT.format(
-                    path=manifest_path(directory),
-                    directory=directory,
-                    count=len(entries),
-                    skipped=_skipped_note(skipped),
-                    scored=_scored_note(directory, metric, mode),
-                ),
-                NitroWarning,
-                stacklevel=user_stacklevel(),
-            )
+            _warn_rebuilt(MANIFEST_REBUILT, directory, entries, skipped, metric, mode)
         return Manifest(entries, [])
     return _parse(manifest_path(directory), text)
 
@@ -184,8 +174,21 @@ def restore_lost_manifest(
     if not entries:
         return False
     write_manifest(directory, entries, tmp_prefix=tmp_prefix)
+    _warn_rebuilt(MANIFEST_WRITTEN_BACK, directory, entries, skipped, metric, mode)
+    return True
+
+
+def _warn_rebuilt(
+    template: str,
+    directory: str,
+    entries: list[ManifestEntry],
+    skipped: Sequence[str],
+    metric: str | None,
+    mode: str | None,
+) -> None:
+    """Warn that a lost manifest was rebuilt from `entries` (`template` says how)."""
     warnings.warn(
-        MANIFEST_WRITTEN_BACK.format(
+        template.format(
             path=manifest_path(directory),
             directory=directory,
             count=len(entries),
@@ -195,7 +198,6 @@ def restore_lost_manifest(
         NitroWarning,
         stacklevel=user_stacklevel(),
     )
-    return True
 
 
 def _scored_note(directory: str, metric: str | None, mode: str | None) -> str:
