@@ -107,6 +107,9 @@ def _checkpoint(
         epoch_loss=nitro.status.held_stop,
         # The run started from these averaged weights (None: it did not).
         averaged_from=nitro.averaged_from,
+        # What a resume compares: the hooks' code and the train data's shape.
+        hook_fingerprints=dict(nitro.prepared.hook_prints),
+        data_signature=_json_copy(nitro.prepared.data_signature),
     )
     state = nitro.train_state
     trees = {
@@ -127,6 +130,11 @@ def _checkpoint(
         header=header,
         stop_reason=reason,
     )
+
+
+def _json_copy(signature: Any) -> dict[str, Any] | None:
+    """A data signature as a plain dict (the header's type), or None."""
+    return None if signature is None else dict(signature)
 
 
 def _qualified(obj: Any) -> str | None:

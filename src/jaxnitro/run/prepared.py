@@ -10,7 +10,7 @@ Device values, which live on the handle; the training state lives in `TrainState
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..compile.programs import GradientFields, TraceContext
@@ -33,6 +33,8 @@ class Routing:
         sample_shapes: each field's per-sample shape in the first batch seen, to
             explain a shape mismatch later.
         residency: where each metric hook runs, "host" or "device".
+        sample_dtypes: each field's dtype in the same batch, by name (a resume
+            compares the train fields' with the record's).
     """
 
     fields: Mapping[str, HookFields]
@@ -41,6 +43,7 @@ class Routing:
     train_batch: int | None
     sample_shapes: Mapping[str, tuple[int, ...]]
     residency: Mapping[str, str]
+    sample_dtypes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class Prepared:
         total_steps: the schedule horizon, max_epochs * (train batches // accum).
         manual: whether `train()` runs the experiment's own `train_step` (manual
             mode), as `manual_training()` said at construction.
+        data_signature: the train data's shape as a record keeps it
+            (`run.resume_inputs.data_signature`), or None without a train split.
     """
 
     cls: type
@@ -92,3 +97,4 @@ class Prepared:
     resumed_from_epoch: int | None
     total_steps: int
     manual: bool = False
+    data_signature: Mapping[str, Any] | None = None

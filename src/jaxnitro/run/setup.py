@@ -75,6 +75,7 @@ from .accessors import (
 from .config import RunConfig
 from .derived import convert_derived, derived_from_record
 from .prepared import Prepared
+from .resume_inputs import check_resume_flag, check_resumed_inputs, data_signature
 from .setup_checks import w0_provider
 from .setup_manual import (
     check_manual_config,
@@ -156,6 +157,7 @@ class SetupSequence:
             resumed_from_epoch=self._resumed_from_epoch,
             total_steps=self.total_steps,
             manual=self._manual,
+            data_signature=self._data_signature,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -192,6 +194,7 @@ class SetupSequence:
 
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
+        check_resume_flag(self._run_config)
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
@@ -300,6 +303,16 @@ class SetupSequence:
             self._split_sizes,
             self._run_config,
         )
+        self._data_signature = data_signature(self._split_sizes, self._routing)
+        if self._resume is not None and self._record is not None:
+            # Before the model is built: a refused resume costs no build.
+            check_resumed_inputs(
+                self._record.header,
+                self._record.path,
+                hook_prints=self._hook_prints,
+                signature=self._data_signature,
+                allow_changed_data=self._run_config.resume_changed_data,
+            )
         # Every split gets its prefetch settings now, after the probe and the checks
         # above saw the collection as build_data returned it.
         self.data = auto_prefetch(self.data)
