@@ -555,7 +555,8 @@ class Nitro:
 
         Raises:
             ConfigError: any keyword; a handle that ended its last `train()` holding
-                its `restore_best` weights; a released split; no train split; a
+                its `restore_best` weights; a checkpointer directory setup could
+                not write; a released split; no train split; a
                 train batch of another size mid-epoch; an epoch whose batch count
                 does not divide by accum, or that delivers other than `len()`
                 batches; a validation metric named like a history column (epoch,
@@ -598,6 +599,8 @@ class Nitro:
                 f'Nitro(e, resume="auto", max_epochs=N).'
             )
         self._check_stale("train")
+        if self._prepared.unwritable is not None:  # setup's probe could not write
+            raise ConfigError(self._prepared.unwritable)
         restore.refuse_after_restore_best(self)
         self._refuse_released("train()", ("train", "val"))
         self._run_entry(lambda: run_training(self))

@@ -75,6 +75,9 @@ class Prepared:
             mode), as `manual_training()` said at construction.
         data_signature: the train data's shape as a record keeps it
             (`run.resume_inputs.data_signature`), or None without a train split.
+        unwritable: why `train()` is refused before any work: the setup probe
+            could not write the checkpointer's directory of a handle that loads
+            weights (built perhaps only to evaluate); None when it can.
     """
 
     cls: type
@@ -98,3 +101,4 @@ class Prepared:
     total_steps: int
     manual: bool = False
     data_signature: Mapping[str, Any] | None = None
+    unwritable: str | None = None

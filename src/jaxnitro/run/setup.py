@@ -88,6 +88,7 @@ from .setup_manual import (
 from .setup_routing import probe_routing
 from .state import TrainState
 from .status import RunStatus
+from .write_probe import probe_outputs
 
 log = logging.getLogger("jaxnitro")
 
@@ -158,6 +159,7 @@ class SetupSequence:
             total_steps=self.total_steps,
             manual=self._manual,
             data_signature=self._data_signature,
+            unwritable=self._unwritable,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -369,6 +371,13 @@ class SetupSequence:
             compile_options=dict(self._run_config.compile_options),
         )
         self._bind_run(run_dir)
+        # The output directories can be written: found now, not after an epoch.
+        self._unwritable = probe_outputs(
+            self._checkpointer,
+            self._logger,
+            trains="train" in self.data,
+            loads=self._record is not None or self._weights is not None,
+        )
         configure_persistent_cache()
 
     def _setup_phase(self, label: str) -> None:
