@@ -364,3 +364,20 @@ def test_another_write_error_is_not_taken_for_a_full_disk(tmp_path, monkeypatch)
             record_header(epoch=1, step=1),
         )
     assert os.listdir(tmp_path) == []
+
+
+def test_a_header_rewrite_without_room_leaves_the_record_as_it_was(good, monkeypatch):
+    before = good.read_bytes()
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_module.shutil, "copyfileobj", full)
+    with pytest.raises(
+        nx.CheckpointError,
+        match=rf"Cannot write the checkpoint {good}: No space left on device\. The "
+        r"record needs about [\d,]+ bytes",
+    ):
+        record_module.rewrite_header(str(good), lambda h: h)
+    assert good.read_bytes() == before
+    assert os.listdir(good.parent) == [good.name]

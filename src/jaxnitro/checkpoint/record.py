@@ -178,18 +178,26 @@ def write_arrays(
     """
     text = _header_text(header)
     host = {k: np.require(np.asarray(v), requirements="C") for k, v in arrays.items()}
+    _write_with_room(
+        path,
+        lambda tmp: save_file(host, tmp, metadata={_META_KEY: text}),
+        needed=8 + len(text) + sum(a.nbytes for a in host.values()),
+        prefix=tmp_prefix,
+    )
+
+
+def _write_with_room(
+    path: str, write: Callable[[str], None], *, needed: int, prefix: str
+) -> None:
+    """`atomic_write`, with a write that finds no room (`space_errno`) raised as
+    CheckpointError naming the path, the `needed` bytes and the bytes free."""
     try:
-        atomic_write(
-            path,
-            lambda tmp: save_file(host, tmp, metadata={_META_KEY: text}),
-            prefix=tmp_prefix,
-        )
+        atomic_write(path, write, prefix=prefix)
     except (OSError, SafetensorError) as error:
         code = space_errno(error)
         if code is None:
             raise
         # atomic_write removed its temporary file: the earlier records are intact.
-        needed = 8 + len(text) + sum(a.nbytes for a in host.values())
         raise CheckpointError(
             NO_SPACE.format(
                 path=path,
@@ -424,7 +432,8 @@ def rewrite_header(
     """Rewrite a record's header as `update(header)`, atomically.
 
     The tensor bytes are copied unchanged (their offsets are relative to the end of
-    the header), so no array is decoded.
+    the header), so no array is decoded. A disk without room raises CheckpointError
+    as `write_arrays` does, and the record is left as it was.
     """
     header = _read_file_header(path)
     raw: dict[str, Any] = {
@@ -444,7 +453,9 @@ def rewrite_header(
             src.seek(header.data_start)
             shutil.copyfileobj(src, dst)
 
-    atomic_write(path, write, prefix=tmp_prefix)
+    tensor_bytes = os.path.getsize(path) - header.data_start
+    needed = 8 + len(text) + tensor_bytes
+    _write_with_room(path, write, needed=needed, prefix=tmp_prefix)
 
 
 class Record:
