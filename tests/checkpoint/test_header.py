@@ -50,6 +50,8 @@ def full_header() -> RecordHeader:
         plateau={"opt.lr": {"scale": 0.5, "bad_epochs": 0}},
         epoch_loss={"epoch": 3, "step": 12, "batches": 2, "sum": 1.5, "count": 2},
         averaged_from={"epochs": [1, 2], "files": ["a", "b"]},
+        hook_fingerprints={"forward": "f0", "loss": "l0"},
+        data_signature={"splits": {"train": 4}, "batch_size": 8, "fields": {}},
         run="run-1",
         metrics={"loss": 0.25, "acc": 0.75},
         stop_reason="early_stop",
@@ -69,6 +71,9 @@ def test_a_header_round_trips_through_its_json():
     assert RecordHeader.from_json(through_json(obj), path=PATH) == header
     plain = record_header(epoch=1, step=4)
     assert "averaged_from" not in plain.to_json()  # left out when None, as before
+    # Left out when None too, so an average's record reads in an older build.
+    assert "hook_fingerprints" not in plain.to_json()
+    assert "data_signature" not in plain.to_json()
     assert RecordHeader.from_json(through_json(plain.to_json()), path=PATH) == plain
 
 
@@ -94,6 +99,8 @@ def test_every_optional_key_has_a_default_and_reads_as_it():
         "plateau": {},
         "epoch_loss": None,
         "averaged_from": None,
+        "hook_fingerprints": None,  # an older record: a resume compares no code
+        "data_signature": None,  # nor data
     }
     assert (header.epoch, header.seed, header.run) == (3, 7, "run-1")
 

@@ -308,3 +308,76 @@ def test_process_umask_reads_the_umask_without_changing_it(monkeypatch, proc):
         assert os.umask(0o037) == 0o037  # left as it was
     finally:
         os.umask(previous)
+
+
+def filling_then_failing(error):
+    """A `save_file` that writes part of the file, then fails with `error`, as a
+    write that runs out of disk does."""
+
+    def save(tensors, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 100)
+        raise error
+
+    return save
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (
+            # What safetensors raises on a full disk: its own error, not an OSError.
+            record_module.SafetensorError(
+                "Error while serializing: I/O error: No space left on device "
+                "(os error 28)"
+            ),
+            "No space left on device",
+        ),
+        (OSError(errno.EFBIG, "File too large"), "File too large"),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded"),
+    ],
+)
+def test_a_write_without_room_names_the_path_the_bytes_and_the_free_space(
+    tmp_path, monkeypatch, error, reason
+):
+    path = str(tmp_path / "epoch-0001.safetensors")
+    monkeypatch.setattr(record_module, "save_file", filling_then_failing(error))
+    params = {"w": np.zeros((256, 4), np.float32)}  # 4096 bytes of arrays
+    with pytest.raises(nx.CheckpointError) as caught:
+        save_record(path, {"params": params}, record_header(epoch=1, step=4))
+    text = str(caught.value)
+    assert text.startswith(f"Cannot write the checkpoint {path}: {reason}.")
+    needed = int(text.split("needs about ")[1].split(" bytes")[0].replace(",", ""))
+    assert 4096 + 8 < needed < 4096 + 8 + 2000  # the arrays and the header
+    assert "bytes (" in text.split("has ")[1] and "free" in text
+    assert "Free space on that disk" in text and "then resume" in text
+    assert os.listdir(tmp_path) == []  # the partial temporary file is gone
+
+
+def test_another_write_error_is_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(record_module, "save_file", filling_then_failing(denied))
+    with pytest.raises(PermissionError):
+        save_record(
+            str(tmp_path / "r.safetensors"),
+            {"params": params_at(1.0)},
+            record_header(epoch=1, step=1),
+        )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_header_rewrite_without_room_leaves_the_record_as_it_was(good, monkeypatch):
+    before = good.read_bytes()
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_module.shutil, "copyfileobj", full)
+    with pytest.raises(
+        nx.CheckpointError,
+        match=rf"Cannot write the checkpoint {good}: No space left on device\. The "
+        r"record needs about [\d,]+ bytes",
+    ):
+        record_module.rewrite_header(str(good), lambda h: h)
+    assert good.read_bytes() == before
+    assert os.listdir(good.parent) == [good.name]

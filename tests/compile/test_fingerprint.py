@@ -509,3 +509,41 @@ def test_global_names_decodes_load_global_and_reads_nested_code():
         "GLOBAL_AT_TOP",
         "len",
     }
+
+
+HASH_SEED_SCRIPT = """
+from jaxnitro.compile.fingerprint import fingerprint
+KINDS = frozenset({"alpha", "beta", "gamma", "delta"})
+def literal(x):
+    return x in {"alpha", "beta", "gamma", "delta", "eps"}
+def named(x):
+    return x in KINDS
+print(fingerprint(literal, contents=False), fingerprint(named))
+"""
+
+
+@pytest.mark.slow
+def test_a_fingerprint_is_the_same_in_every_process(tmp_path):
+    # A resume compares the fingerprints a record kept with a new process's: a set
+    # literal or frozenset, whose order follows the per-process string hash, must
+    # not read as changed code.
+    import os
+    import subprocess
+
+    script = tmp_path / "prints.py"
+    script.write_text(HASH_SEED_SCRIPT)
+    outputs = {
+        subprocess.run(
+            [sys.executable, str(script)],
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(sys.path),  # this checkout's jaxnitro
+                "PYTHONHASHSEED": str(seed),
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3, 4)
+    }
+    assert len(outputs) == 1

@@ -2,6 +2,7 @@
 
 import gc
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -485,3 +486,33 @@ def test_monitors_see_every_epoch_start_and_progress_shows_the_checkpoint_write(
     assert phases.count("writing checkpoint") == 3
     at = verbs.index(("phase", "writing checkpoint"))
     assert verbs[at + 1] == ("phase", "")  # and the line goes back to its work
+
+
+class FailingFinish(QuietLogger):
+    """A logger whose finish fails, as one writing to the same full disk would."""
+
+    def finish(self, status):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_logger_failing_at_shutdown_never_masks_a_full_disk(tmp_path, monkeypatch):
+    from jaxnitro.checkpoint import record as record_module
+
+    full = record_module.SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
+    )
+
+    def no_room(tensors, path, metadata=None):
+        raise full
+
+    monkeypatch.setattr(record_module, "save_file", no_room)
+    nitro = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=FailingFinish())
+    with pytest.raises(nx.CheckpointError) as caught:
+        nitro.train()
+    assert str(caught.value).startswith("Cannot write the checkpoint ")
+    assert "No space left on device" in str(caught.value)
+    assert any(
+        "logger's finish('error') also failed" in n for n in caught.value.__notes__
+    )
+    assert nitro.stop_reason == "error"
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".safetensors")]

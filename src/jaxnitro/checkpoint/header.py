@@ -83,6 +83,17 @@ class RecordHeader:
         averaged_from: what an average averaged: spec, run, dir, files, epochs,
             weights and state_from (object). Default None, and the key is left out
             of the JSON then: a record of a run that did not start from an average.
+        hook_fingerprints: the code fingerprint of each hook the run trained with,
+            by hook name (object of strings), as the stale-handle check computes
+            them; a resume warns naming the hooks whose code changed. Default None
+            (absent, and left out of the JSON then): a record from before they
+            were kept, or an average.
+        data_signature: the shape of the data the run trained on: the train and
+            val split sizes in batches (`splits`), the train batch size
+            (`batch_size`) and each train field's per-sample shape and dtype
+            (`fields`) (object). A resume refuses a change unless told it is
+            meant. Default None (absent, and left out of the JSON then): a record
+            from before it was kept, or an average.
         run: the checkpoint run id the manifest lists the record under (string, or
             null for a run with no id and for an average).
         metrics: the epoch's scalar validation metrics (object; `{}` with no val
@@ -125,6 +136,8 @@ class RecordHeader:
     plateau: JsonObject = field(default_factory=dict)
     epoch_loss: JsonObject | None = None
     averaged_from: JsonObject | None = None
+    hook_fingerprints: dict[str, str] | None = None
+    data_signature: JsonObject | None = None
     # Filled in by `Checkpointer.save` (run, metrics, stop_reason) and by
     # `save_record` (prng_keys): defaults for the writer, required in a file.
     run: str | None = None
@@ -205,13 +218,19 @@ OPTIONAL_KEYS = frozenset(
         "plateau",
         "epoch_loss",
         "averaged_from",
+        "hook_fingerprints",
+        "data_signature",
     }
 )
 """Keys a format-1 record may lack: added after the format's first release, or left
 out by the writer (`averaged_from` of an ordinary run, `logger_state` of an average).
 Each reads as its field's default. Every other key is required."""
 
-_LEFT_OUT_WHEN_NONE = frozenset({"averaged_from"})
+# Left out of the JSON when None, so a record without them reads in a build from
+# before the key was added.
+_LEFT_OUT_WHEN_NONE = frozenset(
+    {"averaged_from", "hook_fingerprints", "data_signature"}
+)
 
 # Written by builds before `optimizer_layout` replaced it (the optimizer's repr); it
 # carried nothing a reader used, so such a record reads without it.

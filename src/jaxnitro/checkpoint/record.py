@@ -24,9 +24,11 @@ its arrays.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import struct
@@ -37,6 +39,7 @@ from typing import Any, NoReturn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
@@ -166,14 +169,98 @@ def write_arrays(
     *,
     tmp_prefix: str = TMP_PREFIX,
 ) -> None:
-    """Write flat `arrays` (keys as `save_record` names them), `header` atomically."""
+    """Write flat `arrays` (keys as `save_record` names them), `header` atomically.
+
+    Raises:
+        CheckpointError: the disk or quota is full or the file too large, naming
+            the path, the bytes the record needs and the bytes free; the partial
+            file is removed first.
+        OSError: any other write failure (a transient one is retried first).
+    """
     text = _header_text(header)
     host = {k: np.require(np.asarray(v), requirements="C") for k, v in arrays.items()}
-    atomic_write(
+    _write_with_room(
         path,
         lambda tmp: save_file(host, tmp, metadata={_META_KEY: text}),
+        needed=8 + len(text) + sum(a.nbytes for a in host.values()),
         prefix=tmp_prefix,
     )
+
+
+def _write_with_room(
+    path: str, write: Callable[[str], None], *, needed: int, prefix: str
+) -> None:
+    """`atomic_write`, with a write that finds no room (`space_errno`) raised as
+    CheckpointError naming the path, the `needed` bytes and the bytes free."""
+    try:
+        atomic_write(path, write, prefix=prefix)
+    except (OSError, SafetensorError) as error:
+        code = space_errno(error)
+        if code is None:
+            raise
+        # atomic_write removed its temporary file: the earlier records are intact.
+        raise CheckpointError(
+            NO_SPACE.format(
+                path=path,
+                reason=os.strerror(code),
+                needed=_bytes(needed),
+                free=_bytes(free_bytes(os.path.dirname(os.path.abspath(path)))),
+            )
+        ) from error
+
+
+NO_SPACE = """\
+Cannot write the checkpoint {path}: {reason}. The record needs about {needed}; the \
+file system holding it has {free} free. The partial file was removed and the run's \
+earlier records are intact. Free space on that disk (or raise its quota), or pass a \
+run_dir on a larger one, then resume."""
+
+# The errors a checkpoint write meets when its disk (or quota, or file size limit)
+# has no room: the same write fails again until space is freed.
+SPACE_ERRNOS = frozenset(
+    code
+    for code in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None))
+    if code is not None
+)
+
+# safetensors reports an I/O error as a SafetensorError whose text ends "(os error N)".
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
+
+
+def space_errno(error: BaseException) -> int | None:
+    """The errno of `error` when it says the disk or quota is full or the file too
+    large (an OSError, or safetensors' error wrapping one); else None.
+
+    Example:
+        >>> import errno
+        >>> space_errno(OSError(errno.ENOSPC, "full")) == errno.ENOSPC
+        True
+        >>> space_errno(OSError(errno.EACCES, "denied")) is None
+        True
+    """
+    if isinstance(error, OSError):
+        return error.errno if error.errno in SPACE_ERRNOS else None
+    if isinstance(error, SafetensorError):
+        found = _OS_ERROR_CODE.search(str(error))
+        if found is not None and int(found.group(1)) in SPACE_ERRNOS:
+            return int(found.group(1))
+    return None
+
+
+def free_bytes(directory: str) -> int | None:
+    """The bytes free to this process on `directory`'s file system, or None when
+    they cannot be read."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _bytes(count: int | None) -> str:
+    """`4,000,512 bytes (3.8 MiB)`, or "an unknown amount" for None."""
+    if count is None:
+        return "an unknown amount"
+    return f"{count:,} bytes ({count / 2**20:.1f} MiB)"
 
 
 def _header_text(header: RecordHeader) -> str:
@@ -364,7 +451,8 @@ def rewrite_header(
     """Rewrite a record's header as `update(header)`, atomically.
 
     The tensor bytes are copied unchanged (their offsets are relative to the end of
-    the header), so no array is decoded.
+    the header), so no array is decoded. A disk without room raises CheckpointError
+    as `write_arrays` does, and the record is left as it was.
     """
     header = _read_file_header(path)
     raw: dict[str, Any] = {
@@ -384,7 +472,9 @@ def rewrite_header(
             src.seek(header.data_start)
             shutil.copyfileobj(src, dst)
 
-    atomic_write(path, write, prefix=tmp_prefix)
+    tensor_bytes = os.path.getsize(path) - header.data_start
+    needed = 8 + len(text) + tensor_bytes
+    _write_with_room(path, write, needed=needed, prefix=tmp_prefix)
 
 
 class Record:

@@ -154,7 +154,7 @@ class _Fingerprinter:
 
     def _code(self, code: types.CodeType) -> str:
         consts = [
-            self._code(c) if isinstance(c, types.CodeType) else repr(c)
+            self._code(c) if isinstance(c, types.CodeType) else _const_repr(c)
             for c in code.co_consts
         ]
         # The argument names too: swapping two parameters' names (and the body's
@@ -182,9 +182,11 @@ class _Fingerprinter:
             return f"{type(value).__name__}:{value!r}"
         if isinstance(value, bytes):
             return "bytes:" + hashlib.sha256(value).hexdigest()
-        if isinstance(value, tuple | frozenset):
+        if isinstance(value, tuple):
             inner = ",".join(self.value(v) for v in value)
             return f"{type(value).__name__}({inner})"
+        if isinstance(value, frozenset):  # sorted: its order follows string hashes
+            return f"frozenset({','.join(sorted(self.value(v) for v in value))})"
         if isinstance(value, list | dict | set | np.ndarray) and not self._contents:
             return f"mutable {type(value).__name__}"
         if isinstance(value, list):
@@ -244,6 +246,17 @@ class _Fingerprinter:
             )
         finally:
             self._active.discard(key)
+
+
+def _const_repr(const: Any) -> str:
+    """A code constant's repr, the same in every process: a frozenset (what `x in
+    {"a", "b"}` compiles to) iterates in an order that follows the per-process
+    string hash, so its items are sorted."""
+    if isinstance(const, frozenset):
+        return f"frozenset({{{', '.join(sorted(map(_const_repr, const)))}}})"
+    if isinstance(const, tuple):
+        return f"({', '.join(map(_const_repr, const))},)"
+    return repr(const)
 
 
 def _array_digest(array: np.ndarray) -> str:

@@ -111,6 +111,9 @@ def _checkpoint(
         epoch_loss=nitro.status.held_stop,
         # The run started from these averaged weights (None: it did not).
         averaged_from=nitro.averaged_from,
+        # What a resume compares: the hooks' code and the train data's shape.
+        hook_fingerprints=dict(nitro.prepared.hook_prints),
+        data_signature=_json_copy(nitro.prepared.data_signature),
     )
     state = nitro.train_state
     trees = {
@@ -139,6 +142,11 @@ def _checkpoint(
     finally:
         if progress is not None:
             progress.phase("")
+
+
+def _json_copy(signature: Any) -> dict[str, Any] | None:
+    """A data signature as a plain dict (the header's type), or None."""
+    return None if signature is None else dict(signature)
 
 
 def _qualified(obj: Any) -> str | None:

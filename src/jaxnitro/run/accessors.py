@@ -47,6 +47,7 @@ PLAIN_KEYWORDS = (
     "run_ref",
     "w0",
     "restore_optimizer",
+    "resume_changed_data",
     "restore_best",
     "eval_weights",
     "load_ema",

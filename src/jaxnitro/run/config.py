@@ -60,6 +60,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "resume": False,
     "w0": None,
     "restore_optimizer": False,
+    "resume_changed_data": False,
     "restore_best": False,
     "eval_weights": None,
     "load_ema": False,
@@ -234,6 +235,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "compile_options": _check_options,
     "ema": lambda value, source: check_ema(value),
     "restore_optimizer": _flag,
+    "resume_changed_data": _flag,
     "load_ema": _flag,
     "profile": lambda value, source: check_profile(value),
 }
@@ -271,6 +273,10 @@ class RunConfig:
         resume: the `resume=` source; False when not resuming.
         w0: what decay_anchor="w0" anchors to; None is the build_model parameters.
         restore_optimizer: whether `weights=` also restores the optimizer state.
+        resume_changed_data: whether a resume whose train data changed shape
+            (the train or val split size, the batch size, a train field's shape
+            or dtype) against its record goes on with a warning; by default it
+            is refused, naming each change.
         restore_best: whether train() ends holding the best checkpoint (or an
             `Average`).
         eval_weights: the weights evaluation reads, "ema" or "raw" (the default
@@ -321,6 +327,7 @@ class RunConfig:
     resume: Any
     w0: Any
     restore_optimizer: bool
+    resume_changed_data: bool
     restore_best: Any
     eval_weights: Literal["ema", "raw"]
     load_ema: bool

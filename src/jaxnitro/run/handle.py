@@ -146,6 +146,10 @@ class Nitro:
             loaded), or a parameter tree shaped like the parameters.
         restore_optimizer (bool): with `weights=` a checkpoint record, also restore
             its optimizer state; step, epoch and schedules still start fresh.
+        resume_changed_data (bool): let a resume go on, with a warning, when the
+            train data changed shape against its record (the train or val split
+            size, the batch size, a train field's per-sample shape or dtype),
+            which is refused by default naming each change.
         restore_best (bool | Average): True loads the run's own best checkpoint,
             `Average(selector)` the average of its checkpoints that the selector
             picks, when a `train()` that did not fail ends. Needs a train split and
@@ -197,16 +201,19 @@ class Nitro:
         RoutingError: a probed batch lacks a field `forward`, `loss` or
             `train_metrics` declares.
         CheckpointError: a `resume=` or `weights=` source cannot be found or read,
-            or its trees do not match this model leaf for leaf.
+            or its trees do not match this model leaf for leaf; a resume whose
+            train data changed shape against its record (without
+            `resume_changed_data=True`).
         NotYetSupportedError: n_devs other than 1, a `train_step` or
             `setup_optimizers` hook, or `resume=` from a live handle.
 
     Warns:
-        NitroWarning: a resume whose recorded seed differs; `resume="auto"` with
-            nothing to resume; a `weights=` record written with other GraphConst
-            values, or lacking a value `derive` produced; a checkpointer whose
-            retention can lose epochs or other runs' files, or that meets entries
-            scored under another metric.
+        NitroWarning: a resume whose recorded seed differs, whose hooks' code
+            changed, or whose data changed with `resume_changed_data=True`;
+            `resume="auto"` with nothing to resume; a `weights=` record written
+            with other GraphConst values, or lacking a value `derive` produced; a
+            checkpointer whose retention can lose epochs or other runs' files, or
+            that meets entries scored under another metric.
         DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
 
     Example:
@@ -578,7 +585,8 @@ class Nitro:
 
         Raises:
             ConfigError: any keyword; a handle that ended its last `train()` holding
-                its `restore_best` weights; a released split; no train split; a
+                its `restore_best` weights; a checkpointer directory setup could
+                not write; a released split; no train split; a
                 train batch of another size mid-epoch; an epoch whose batch count
                 does not divide by accum, or that delivers other than `len()`
                 batches; a validation metric named like a history column (epoch,
@@ -621,6 +629,8 @@ class Nitro:
                 f'Nitro(e, resume="auto", max_epochs=N).'
             )
         self._check_stale("train")
+        if self._prepared.unwritable is not None:  # setup's probe could not write
+            raise ConfigError(self._prepared.unwritable)
         restore.refuse_after_restore_best(self)
         self._refuse_released("train()", ("train", "val"))
         self._run_entry(lambda: run_training(self))

@@ -10,7 +10,7 @@ Device values, which live on the handle; the training state lives in `TrainState
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..compile.programs import GradientFields, TraceContext
@@ -33,6 +33,8 @@ class Routing:
         sample_shapes: each field's per-sample shape in the first batch seen, to
             explain a shape mismatch later.
         residency: where each metric hook runs, "host" or "device".
+        sample_dtypes: each field's dtype in the same batch, by name (a resume
+            compares the train fields' with the record's).
     """
 
     fields: Mapping[str, HookFields]
@@ -41,6 +43,7 @@ class Routing:
     train_batch: int | None
     sample_shapes: Mapping[str, tuple[int, ...]]
     residency: Mapping[str, str]
+    sample_dtypes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ class Prepared:
             mode), as `manual_training()` said at construction.
         uncut_sizes: in a smoke run, each split's batch count before the run cut
             it to its first batches; None otherwise.
+        data_signature: the train data's shape as a record keeps it
+            (`run.resume_inputs.data_signature`), or None without a train split.
+        unwritable: why `train()` is refused before any work: the setup probe
+            could not write the checkpointer's directory of a handle that loads
+            weights (built perhaps only to evaluate); None when it can.
     """
 
     cls: type
@@ -95,3 +103,5 @@ class Prepared:
     total_steps: int
     manual: bool = False
     uncut_sizes: Mapping[str, int] | None = None
+    data_signature: Mapping[str, Any] | None = None
+    unwritable: str | None = None

@@ -78,6 +78,7 @@ from .accessors import (
 from .config import RunConfig
 from .derived import convert_derived, derived_from_record
 from .prepared import Prepared
+from .resume_inputs import check_resume_flag, check_resumed_inputs, data_signature
 from .setup_checks import w0_provider
 from .setup_manual import (
     check_manual_config,
@@ -90,6 +91,7 @@ from .setup_routing import probe_routing
 from .smoke import smoke_batches
 from .state import TrainState
 from .status import RunStatus
+from .write_probe import probe_outputs
 
 log = logging.getLogger("jaxnitro")
 
@@ -160,6 +162,8 @@ class SetupSequence:
             total_steps=self.total_steps,
             manual=self._manual,
             uncut_sizes=self._uncut_sizes,
+            data_signature=self._data_signature,
+            unwritable=self._unwritable,
         )
         return SetupOutcome(
             config=self._run_config,
@@ -196,6 +200,7 @@ class SetupSequence:
 
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
+        check_resume_flag(self._run_config)
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
@@ -314,6 +319,16 @@ class SetupSequence:
             self._split_sizes,
             self._run_config,
         )
+        self._data_signature = data_signature(self._split_sizes, self._routing)
+        if self._resume is not None and self._record is not None:
+            # Before the model is built: a refused resume costs no build.
+            check_resumed_inputs(
+                self._record.header,
+                self._record.path,
+                hook_prints=self._hook_prints,
+                signature=self._data_signature,
+                allow_changed_data=self._run_config.resume_changed_data,
+            )
         # Every split gets its prefetch settings now, after the probe and the checks
         # above saw the collection as build_data returned it.
         self.data = auto_prefetch(self.data)
@@ -373,6 +388,13 @@ class SetupSequence:
             compile_options=dict(self._run_config.compile_options),
         )
         self._bind_run(run_dir)
+        # The output directories can be written: found now, not after an epoch.
+        self._unwritable = probe_outputs(
+            self._checkpointer,
+            self._logger,
+            trains="train" in self.data,
+            loads=self._record is not None or self._weights is not None,
+        )
         configure_persistent_cache()
 
     def _setup_phase(self, label: str) -> None:

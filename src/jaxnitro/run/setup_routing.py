@@ -46,6 +46,7 @@ def probe_routing(
     train_batch: int | None = None
     eval_width: int | None = None
     sample_shapes: dict[str, tuple[int, ...]] = {}
+    sample_dtypes: dict[str, str] = {}
     probes: dict[str, Any] = {}  # first batches already read, reused below
     if "train" in data:
         source = data["train"]
@@ -102,6 +103,7 @@ def probe_routing(
     first = probes.get("train", probes.get("eval"))
     if first is not None:  # what a sample looked like, to explain a mismatch
         sample_shapes = {k: tuple(np.shape(v))[1:] for k, v in first.items()}
+        sample_dtypes = {k: _dtype_name(v) for k, v in first.items()}
     routing = Routing(
         fields=fields,
         train_fields=train_fields,
@@ -109,8 +111,15 @@ def probe_routing(
         train_batch=train_batch,
         sample_shapes=sample_shapes,
         residency=residency,
+        sample_dtypes=sample_dtypes,
     )
     return routing, eval_width
+
+
+def _dtype_name(value: Any) -> str:
+    """A batch field's dtype by name, read without copying a device array."""
+    dtype = getattr(value, "dtype", None)
+    return str(dtype if dtype is not None else np.asarray(value).dtype)
 
 
 def _residency(experiment: Any, hook: str) -> str:
