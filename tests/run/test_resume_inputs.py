@@ -13,6 +13,7 @@ import pytest
 from experiments import Tiny, make_batches
 
 import jaxnitro as nx
+from jaxnitro.checkpoint.manifest import load_manifest, write_manifest
 from jaxnitro.checkpoint.record import read_header, rewrite_header
 
 
@@ -137,6 +138,13 @@ def test_a_record_without_the_new_keys_resumes_without_comparing(tmp_path, caplo
         lambda h: dataclasses.replace(h, hook_fingerprints=None, data_signature=None),
     )
     assert "data_signature" not in read_header(path).to_json()
+    # Such a record was listed before the manifest kept checksums, too.
+    manifest = load_manifest(str(tmp_path))
+    write_manifest(
+        str(tmp_path),
+        [dataclasses.replace(e, checksum=None) for e in manifest.entries],
+        manifest.pending_deletion,
+    )
     with caplog.at_level(logging.INFO, logger="jaxnitro"):
         nitro = resume(tmp_path, WiderBatches(max_epochs=2))
     assert nitro.current_epoch == 1
