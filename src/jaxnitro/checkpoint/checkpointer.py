@@ -25,11 +25,14 @@ first record and its manifest.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import CheckpointError, ConfigError
 from ..watch import read_watched
@@ -545,7 +548,12 @@ class Checkpointer:
         return True
 
     def _score(self, metrics: Mapping[str, Any]) -> float | None:
+        """The epoch's score; None (unscored: kept by no ranking selector) without
+        a metric, without validation, or when the metric is NaN or infinite, which
+        evaluation has warned of. A value that is no real number still raises."""
         if self.metric is None or not metrics:
+            return None
+        if _non_finite_number(metrics.get(self.metric)):
             return None
         return read_watched(
             metrics,
@@ -555,3 +563,14 @@ class Checkpointer:
             watcher=f"The checkpointer ranks by `{self.metric}`",
             hint=" Set `monitor` to one of them.",
         )
+
+
+def _non_finite_number(value: Any) -> bool:
+    """Whether `value` is a real scalar that is NaN or infinite (text, complex
+    values and arrays are not: `read_watched` refuses them by name)."""
+    if value is None or isinstance(value, str | bytes | complex) or np.ndim(value):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
