@@ -82,6 +82,11 @@ class Checkpointer:
     selectors for a training run with no val split, whose epochs have no score.
     Pass `checkpointer=None` to `Nitro` to write no checkpoints.
 
+    An epoch whose metric is NaN or infinite (evaluation warns of it) is unscored,
+    as an epoch without validation is: no `Best` ever ranks it, and a `Last` may
+    keep its record, listed with no score. Ranking it worst instead would let a
+    `Best(k)` with fewer than k scored epochs keep a diverged model as "best".
+
     Args:
         keep: a selector or a tuple of them; the union of what they pick is kept.
             The default, `(Best(3), Last(1))`, keeps the best 3 by the metric
