@@ -418,3 +418,14 @@ def test_a_non_finite_metric_outside_training_warns_without_an_epoch():
     expected = r"Split `test` scored non-finite metrics: `acc` = nan"
     with pytest.warns(nx.NitroWarning, match=expected):
         nitro.evaluate("test")
+
+
+def test_an_empty_batch_mid_split_is_refused_with_its_index():
+    val = make_batches(48, 16, seed=1)
+    val[1] = {k: v[:0] for k, v in val[1].items()}
+    nitro = nx.Nitro(
+        Tiny(), data={"train": make_batches(32, 16), "val": val}, **quiet()
+    )
+    expected = r"^Batch 1 of split `val` holds 0 samples"
+    with pytest.raises(nx.ConfigError, match=expected):
+        nitro.validate()

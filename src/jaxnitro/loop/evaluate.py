@@ -29,7 +29,7 @@ from ..compile.cache import program_cache
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
-from ..errors import HookError, NitroWarning, RoutingError, user_stacklevel
+from ..errors import ConfigError, HookError, NitroWarning, RoutingError, user_stacklevel
 from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
 from ..observe import phases
@@ -232,12 +232,19 @@ def _evaluate_split(
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished
+    index = 0  # the source batch the chunk belongs to
     try:
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
             if stoppable and not inside and nitro.status.stop_requested:
                 break
+            if item.n_real == 0:
+                raise ConfigError(
+                    f"Batch {index} of split `{split}` holds 0 samples (axis 0 of its "
+                    f"fields is 0): it would score nothing. Drop empty batches in "
+                    f"the source."
+                )
             chunk, keys = item.host, tuple(item.host)
             outputs = forward_padded(nitro, item.device, item.n_real)
             feed.release(item.device)  # dispatched: the runtime frees it after use
@@ -260,6 +267,7 @@ def _evaluate_split(
                 if bar is not None:
                     bar.step()
             inside = not item.ends_batch
+            index += item.ends_batch
     finally:
         feed.close()
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
