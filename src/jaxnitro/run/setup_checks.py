@@ -2,7 +2,8 @@
 
 Pure functions of the values they check: the monitor pair, the compile options (tried
 on a trivial program, so XLA refuses an unknown option now rather than minutes later),
-the routed fields of a probe batch, and what decay_anchor="w0" anchors to.
+the splits' batch counts, the probe batches (their routed fields, their size, the
+fields the eval hooks need), and what decay_anchor="w0" anchors to.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..data.transfer import is_numeric_dtype
 from ..errors import ConfigError, RoutingError, user_stacklevel
+from ..experiment.routing import HookFields
 from ..optim.decay import anchor_mismatch
 
 
@@ -131,7 +133,7 @@ def check_probe_size(name: str, size: int, which: str = "first") -> None:
 
 
 def check_eval_fields(
-    name: str, batch: Mapping[str, Any], hooks: Iterable[Any]
+    name: str, batch: Mapping[str, Any], hooks: Iterable[HookFields]
 ) -> None:
     """Refuse a split whose probed batch lacks a field an eval hook needs, naming
     the split: found now, not when the split is first evaluated (after an epoch)."""

@@ -1,4 +1,5 @@
-"""Routing and the split checks, resolved once at setup from one batch.
+"""Routing and the split checks, resolved once at setup from the first batch of
+each split (and the train split's last).
 
 Which batch fields each hook receives (`routing.HookFields`), the fields the training
 programs take, the train split's batch size with its accum and partial-batch checks,
