@@ -423,13 +423,12 @@ def test_bind_fills_what_was_left_to_setup_every_time(tmp_path):
     assert (fixed.dir, fixed.metric, fixed.mode) == (str(tmp_path), "loss", "min")
 
 
-def test_the_score_must_be_a_finite_value_of_the_metric_ranked_by(tmp_path):
+def test_the_score_must_be_a_real_value_of_the_metric_ranked_by(tmp_path):
+    # A NaN or inf is kept unscored instead (see the non-finite tests below).
     ckpt = bound(tmp_path, keep=Last(1))
     save = dict(step=1, trees={"params": {"w": np.zeros(1)}}, header=record_header())
     with pytest.raises(nx.CheckpointError, match="ranks by `loss`, but validation"):
         ckpt.save(epoch=1, metrics={"acc": 0.5}, **save)
-    with pytest.raises(nx.CheckpointError, match="`loss` is nan; the framework will"):
-        ckpt.save(epoch=1, metrics={"loss": float("nan")}, **save)
     with pytest.raises(nx.CheckpointError, match="`loss` is 'x', not a real number"):
         ckpt.save(epoch=1, metrics={"loss": "x"}, **save)
 
@@ -461,3 +460,25 @@ def test_load_checkpoint_reads_a_record_through_its_checkpointer(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a record")
     with pytest.raises(nx.CheckpointError, match="junk.safetensors"):
         nx.load_checkpoint(ckpt, tmp_path / "junk.safetensors")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), np.float32("nan")])
+def test_a_non_finite_score_is_kept_unscored_and_never_ranked(tmp_path, bad):
+    # Best(1) under "min": a NaN or inf never beats 0.5 nor evicts it; Last keeps
+    # the unscored epoch as the latest, with no score and no metric recorded.
+    ckpt = bound(tmp_path, keep=(Best(1), Last(1)))
+    assert write(ckpt, 1, 0.5)
+    assert write(ckpt, 2, bad)
+    entries = {e.epoch: e for e in read_manifest(str(tmp_path))}
+    assert sorted(entries) == [1, 2]
+    assert entries[1].score == 0.5
+    assert entries[2].score is None and entries[2].metric is None
+    assert write(ckpt, 3, 0.7)
+    assert sorted(e.epoch for e in read_manifest(str(tmp_path))) == [1, 3]
+
+
+def test_only_best_never_writes_a_non_finite_epoch(tmp_path):
+    ckpt = bound(tmp_path, keep=Best(2))
+    assert write(ckpt, 1, 0.5)
+    assert not write(ckpt, 2, float("nan"))
+    assert [e.epoch for e in read_manifest(str(tmp_path))] == [1]

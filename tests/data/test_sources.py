@@ -250,3 +250,19 @@ def test_the_data_api_the_spec_lists_is_public():
     assert nx.PrefetchStream is stream.PrefetchStream
     assert nx.batch_stream is prefetch.batch_stream
     assert nx.eval_stream is prefetch.eval_stream
+
+
+@pytest.mark.parametrize("split, flags", [("train", "True"), ("val", "False")])
+def test_a_split_given_as_a_dict_of_whole_arrays_points_to_array_source(split, flags):
+    arrays = {"x": np.zeros((64, 8), np.float32), "y": np.zeros((64,), np.int64)}
+    with pytest.raises(nx.ConfigError) as caught:
+        check_split(split, arrays)
+    message = str(caught.value)
+    assert message.startswith(
+        f"Split `{split}` is a dict of whole arrays (x: (64, 8) float32, y: (64,) "
+        f"int64), not a sequence of batches"
+    )
+    assert (
+        f"nx.ArraySource(arrays, batch_size=32, shuffle={flags}, drop_last={flags})"
+        in message
+    )

@@ -12,6 +12,7 @@ from toy_sources import FannedOut
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
+from jaxnitro.checkpoint.manifest import read_manifest
 from jaxnitro.compile.cache import program_cache
 
 
@@ -389,3 +390,42 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
     assert streamed["acc"] == inline["acc"]
     np.testing.assert_array_equal(streamed["confusion"], inline["confusion"])
     assert streamed["confusion"].sum() == 40
+
+
+class NanAccuracy(TinyMetrics):
+    def metrics(self, logits, *, y):
+        return {"acc": (np.nan, 1), "count": (len(y), 1)}
+
+
+def test_a_non_finite_validation_metric_warns_and_ranks_no_checkpoint(tmp_path):
+    nitro = nx.Nitro(NanAccuracy(max_epochs=2), run_dir=str(tmp_path), logger=None)
+    with pytest.warns(nx.NitroWarning) as caught:
+        nitro.train()
+    messages = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    assert [m.split(":")[0] for m in messages] == [
+        "Split `val` scored non-finite metrics at epoch 1",
+        "Split `val` scored non-finite metrics at epoch 2",
+    ]
+    assert "`acc` = nan" in messages[0] and "`count`" not in messages[0]
+    assert np.isnan(nitro.history[-1]["acc"])  # reported as it is
+    # The default keep (Best, Last): only the latest, unscored, is kept.
+    kept = [(e.epoch, e.score) for e in read_manifest(str(tmp_path))]
+    assert kept == [(2, None)]
+
+
+def test_a_non_finite_metric_outside_training_warns_without_an_epoch():
+    nitro = nx.Nitro(NanAccuracy(), logger=None, checkpointer=None)
+    expected = r"Split `test` scored non-finite metrics: `acc` = nan"
+    with pytest.warns(nx.NitroWarning, match=expected):
+        nitro.evaluate("test")
+
+
+def test_an_empty_batch_mid_split_is_refused_with_its_index():
+    val = make_batches(48, 16, seed=1)
+    val[1] = {k: v[:0] for k, v in val[1].items()}
+    nitro = nx.Nitro(
+        Tiny(), data={"train": make_batches(32, 16), "val": val}, **quiet()
+    )
+    expected = r"^Batch 1 of split `val` holds 0 samples"
+    with pytest.raises(nx.ConfigError, match=expected):
+        nitro.validate()

@@ -242,3 +242,66 @@ def test_an_early_exit_does_not_wait_for_workers_inside_a_slow_batch_at(phase):
     assert prefetch_threads()  # returned while the workers wait inside batch_at
     release.set()
     assert surviving_threads() == []
+
+
+def _train_on(batches, **kw):
+    nitro = nx.Nitro(
+        Tiny(), data={"train": batches}, logger=None, checkpointer=None, **kw
+    )
+    return nitro
+
+
+@pytest.mark.parametrize(
+    "change, what, received",
+    [
+        (lambda x: x.astype(np.int32), "dtype", "int32[16, 8]"),
+        (lambda x: x[:, :4], "shape", "float32[16, 4]"),
+    ],
+)
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_batch_changing_shape_or_dtype_mid_epoch_is_named_and_trains_nothing(
+    change, what, received, accum
+):
+    batches = make_batches(64, 16)
+    batches[2] = {**batches[2], "x": change(batches[2]["x"])}
+    nitro = _train_on(batches, accum=accum)
+    with pytest.raises(nx.ConfigError) as caught:
+        nitro.train()
+    assert str(caught.value).startswith(
+        f"Batch 2 of split `train` (epoch 1) changes the {what} of field `x`: "
+        f"expected float32[16, 8] as in the first batch, received {received}."
+    )
+    # The refused batch ran nothing: the state is the one after batches 0 and 1.
+    assert nitro.current_step == 2 // accum
+
+
+def test_a_divergence_on_non_finite_inputs_says_the_data_is_at_fault():
+    batches = make_batches(64, 16)
+    batches[1]["x"][3, 2] = np.nan
+    batches[1]["x"][5, 0] = np.inf
+    with pytest.raises(nx.DivergenceError) as caught:
+        _train_on(batches).train()
+    assert str(caught.value).startswith(
+        "The training loss is nan at step 2 of epoch 1 (batch 1 of the epoch). The "
+        "batch's inputs were already non-finite (`x` holds 1 NaN and 1 inf of 128 "
+        "values): the data, not the optimization, is at fault."
+    )
+
+
+class Overflowing(Tiny):
+    def learning_rate(self, group=None):
+        return 1e30
+
+
+def test_a_divergence_on_finite_inputs_says_the_model_diverged():
+    nitro = nx.Nitro(
+        Overflowing(),
+        data={"train": make_batches(64, 16)},
+        logger=None,
+        checkpointer=None,
+    )
+    with pytest.raises(nx.DivergenceError) as caught:
+        nitro.train()
+    message = str(caught.value)
+    assert "The batch's inputs were all finite, so the model diverged." in message
+    assert "with a lower learning rate" in message

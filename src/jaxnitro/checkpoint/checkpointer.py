@@ -25,11 +25,14 @@ back), never a kill between the first record and its manifest.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import CheckpointError, ConfigError
 from ..watch import read_watched
@@ -86,6 +89,11 @@ class Checkpointer:
     warns about this for a handle that trains, and refuses a keep of only `Best`
     selectors for a training run with no val split, whose epochs have no score.
     Pass `checkpointer=None` to `Nitro` to write no checkpoints.
+
+    An epoch whose metric is NaN or infinite (evaluation warns of it) is unscored,
+    as an epoch without validation is: no `Best` ever ranks it, and a `Last` may
+    keep its record, listed with no score. Ranking it worst instead would let a
+    `Best(k)` with fewer than k scored epochs keep a diverged model as "best".
 
     Args:
         keep: a selector or a tuple of them; the union of what they pick is kept.
@@ -604,7 +612,12 @@ class Checkpointer:
         return True
 
     def _score(self, metrics: Mapping[str, Any]) -> float | None:
+        """The epoch's score; None (unscored: kept by no ranking selector) without
+        a metric, without validation, or when the metric is NaN or infinite, which
+        evaluation has warned of. A value that is no real number still raises."""
         if self.metric is None or not metrics:
+            return None
+        if _non_finite_number(metrics.get(self.metric)):
             return None
         return read_watched(
             metrics,
@@ -652,3 +665,14 @@ def load_checkpoint(checkpointer: Any, path: str | os.PathLike[str]) -> Record |
             f"method; pass a Checkpointer, an object with load(path), or None."
         )
     return load(path)  # type: ignore[no-any-return]
+
+
+def _non_finite_number(value: Any) -> bool:
+    """Whether `value` is a real scalar that is NaN or infinite (text, complex
+    values and arrays are not: `read_watched` refuses them by name)."""
+    if value is None or isinstance(value, str | bytes | complex) or np.ndim(value):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False

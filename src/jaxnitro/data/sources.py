@@ -64,6 +64,8 @@ def check_split(name: str, source: Any) -> int:
     filter or an endless repeat) is refused naming the fix.
     """
     source = unwrap_source(source)
+    if isinstance(source, Mapping):  # iterating a dict yields its keys, not batches
+        raise ConfigError(whole_arrays_message(name, source))
     # Every Grain refusal here, before the routing probe reads a batch: a filter's
     # hole at batch 0 would otherwise surface as a confusing routing error.
     refusal = grain_refusal(source, name)
@@ -94,6 +96,30 @@ def check_split(name: str, source: Any) -> int:
                 f"{BATCH_HINT}"
             ) from None
     return int(count)
+
+
+def whole_arrays_message(name: str, split: Mapping[Any, Any]) -> str:
+    """The refusal of a split given as a dict of whole arrays, not of batches."""
+    fields = ", ".join(
+        f"{key}: {_shape_and_dtype(value)}" for key, value in list(split.items())[:6]
+    )
+    # An eval split keeps its order and every sample; a train split shuffles and
+    # drops the partial batch, which would compile a second gradient program.
+    flags = "True" if name == "train" else "False"
+    return (
+        f"Split `{name}` is a dict of whole arrays ({fields or 'empty'}), not a "
+        f"sequence of batches: iterating a dict yields its keys, so each batch would "
+        f"be a string. A split yields batch dicts such as {{'img': array, 'label': "
+        f"array}}. Batch the arrays with nx.ArraySource(arrays, batch_size=32, "
+        f"shuffle={flags}, drop_last={flags}), where `arrays` is this dict."
+    )
+
+
+def _shape_and_dtype(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{tuple(shape)} {getattr(value, 'dtype', '')}".rstrip()
 
 
 def check_source_options(source: Any, name: str, cfg: Any) -> None:

@@ -15,6 +15,9 @@ training.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +29,7 @@ from ..compile.cache import program_cache
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
-from ..errors import HookError, RoutingError
+from ..errors import ConfigError, HookError, NitroWarning, RoutingError, user_stacklevel
 from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
 from ..observe import phases
@@ -229,12 +232,19 @@ def _evaluate_split(
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished
+    index = 0  # the source batch the chunk belongs to
     try:
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
             if stoppable and not inside and nitro.status.stop_requested:
                 break
+            if item.n_real == 0:
+                raise ConfigError(
+                    f"Batch {index} of split `{split}` holds 0 samples (axis 0 of its "
+                    f"fields is 0): it would score nothing. Drop empty batches in "
+                    f"the source."
+                )
             chunk, keys = item.host, tuple(item.host)
             outputs = forward_padded(nitro, item.device, item.n_real)
             feed.release(item.device)  # dispatched: the runtime frees it after use
@@ -257,6 +267,7 @@ def _evaluate_split(
                 if bar is not None:
                     bar.step()
             inside = not item.ends_batch
+            index += item.ends_batch
     finally:
         feed.close()
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
@@ -277,7 +288,33 @@ def _evaluate_split(
         _refuse_collisions("finalize_metrics", combined, loss_part)
     refuse_unreduced(combined, metrics.concatenated)
     combined = {**dict(combined), **loss_part}
-    return {k: _plain_tree(v) for k, v in dict(combined).items()}
+    result = {k: _plain_tree(v) for k, v in dict(combined).items()}
+    training = isinstance(previous, phases.TrainStepping)
+    _warn_nonfinite(split, result, nitro.current_epoch if training else None)
+    return result
+
+
+def _warn_nonfinite(split: str, metrics: Mapping[str, Any], epoch: int | None) -> None:
+    """Warn of NaN or infinite scalar metrics: they are logged as they are, but the
+    checkpointer never ranks by one (the epoch's record is kept unscored)."""
+    bad = {
+        name: value
+        for name, value in metrics.items()
+        if isinstance(value, numbers.Real) and not math.isfinite(value)
+    }
+    if not bad:
+        return
+    shown = ", ".join(f"`{name}` = {value}" for name, value in bad.items())
+    when = f" at epoch {epoch}" if epoch is not None else ""
+    warnings.warn(
+        f"Split `{split}` scored non-finite metrics{when}: {shown}. They are "
+        f"reported as they are, but a non-finite value never ranks a checkpoint: "
+        f"the checkpointer keeps this epoch's record unscored (a Last selector may "
+        f"keep it; Best never picks it). Check the metrics hook for a division by "
+        f"zero, or the model for a diverged output.",
+        NitroWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 class _BatchParts:

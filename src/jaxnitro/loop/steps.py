@@ -7,7 +7,8 @@ micro-batch while the host waits. The batches come from the split's feed (`feed.
 routed host arrays on a CPU backend, which the executable places itself (an explicit
 `jax.device_put` of the batch dict cost a third of a dispatch-bound step), or device
 batches staged ahead by the prefetch stream on an accelerator, released as soon as the
-step that uses them is dispatched. A non-finite loss raises naming its step and epoch.
+step that uses them is dispatched. A non-finite loss raises naming its step and epoch,
+and whether the batch's inputs were already non-finite.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import numpy as np
 
 from ..compile.cache import program_cache
 from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
+from ..data.finite import describe_nonfinite, nonfinite_fields
+from ..data.signature import Signature, batch_signature, changed_field
 from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
 from ..logging import protocol as logproto
@@ -46,6 +49,7 @@ class _InFlight:
     outputs: Any
     host_batch: dict[str, Any]
     step: int
+    index: int
     ends_step: bool
     schedule_line: dict[str, float] | None
 
@@ -80,12 +84,7 @@ class EpochLog:
     def settle(self, item: _InFlight) -> None:
         loss = float(item.loss)
         if self.check and not math.isfinite(loss):
-            raise DivergenceError(
-                f"The training loss is {loss} at step {item.step} of epoch "
-                f"{self.epoch}. There is no rollback: resume from the last checkpoint "
-                f"with a lower learning rate, or pass check_divergence=False to "
-                f"continue from the diverged state."
-            )
+            raise DivergenceError(divergence_message(loss, item, self.epoch))
         self.loss_sum += loss
         self.loss_count += 1
         self.trained += 1
@@ -135,6 +134,29 @@ class EpochLog:
     def carried(self) -> tuple[float, int]:
         """The running loss sum and count, for the rest of an epoch a stop cut."""
         return self.loss_sum, self.loss_count
+
+
+def divergence_message(loss: float, item: _InFlight, epoch: int) -> str:
+    """The divergence error, saying whether the batch's inputs were already
+    non-finite: bad data wants fixing, not a lower learning rate. The inputs are
+    read only now, so finite batches cost the hot loop nothing."""
+    where = (
+        f"The training loss is {loss} at step {item.step} of epoch {epoch} (batch "
+        f"{item.index} of the epoch)."
+    )
+    found = nonfinite_fields(item.host_batch)
+    if found:
+        return (
+            f"{where} The batch's inputs were already non-finite "
+            f"({describe_nonfinite(found)}): the data, not the optimization, is at "
+            f"fault. There is no rollback: fix or filter those samples in the source "
+            f"and resume from the last checkpoint."
+        )
+    return (
+        f"{where} The batch's inputs were all finite, so the model diverged. There "
+        f"is no rollback: resume from the last checkpoint with a lower learning "
+        f"rate, or pass check_divergence=False to continue from the diverged state."
+    )
 
 
 def _scalar(value: Any) -> Any:
@@ -380,6 +402,7 @@ def _steps(
     hp: dict[str, Any] = {}
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
+    signature: Signature = {}
     delivered: int | None = 0
     profiler = nitro.status.profiler  # None unless the run keyword profile= is set
     try:
@@ -405,6 +428,7 @@ def _steps(
             if gradient is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
                     _check_epoch_count(nitro.data["train"], accum, epoch)
+                signature = batch_signature(routed)  # what the programs take
                 gradient, optimizer = training_programs(
                     nitro,
                     start._replace(
@@ -416,18 +440,31 @@ def _steps(
                     values,
                     hp,
                 )
-            if accum == 1:
-                weights, model_state, reported = gradient(
-                    values, weights, model_state, routed, hp
-                )
-                ends_step = True
-            else:
-                accumulator, model_state, reported = gradient(
-                    values, weights.params, model_state, accumulator, routed, hp["grad"]
-                )
-                ends_step = (index + 1) % accum == 0
-                if ends_step:
-                    weights, accumulator = optimizer(values, weights, accumulator, hp)
+            try:
+                if accum == 1:
+                    weights, model_state, reported = gradient(
+                        values, weights, model_state, routed, hp
+                    )
+                    ends_step = True
+                else:
+                    accumulator, model_state, reported = gradient(
+                        values,
+                        weights.params,
+                        model_state,
+                        accumulator,
+                        routed,
+                        hp["grad"],
+                    )
+                    ends_step = (index + 1) % accum == 0
+                    if ends_step:
+                        weights, accumulator = optimizer(
+                            values, weights, accumulator, hp
+                        )
+            except TypeError:  # an executable refusing its arguments: no step ran
+                refusal = changed_field(signature, routed, "train", index, epoch)
+                if refusal is not None:
+                    raise ConfigError(refusal) from None
+                raise
             # Built only for a step whose train line is logged (EpochLog.settle).
             logged = autolog and ends_step and (step + 1) % every == 0
             schedule_line = plan.scheduled_log(step_values) if logged else None
@@ -440,6 +477,7 @@ def _steps(
                 reported.outputs,
                 full,
                 step + 1,
+                index,
                 ends_step,
                 schedule_line,
             )

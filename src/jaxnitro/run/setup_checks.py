@@ -2,7 +2,8 @@
 
 Pure functions of the values they check: the monitor pair, the compile options (tried
 on a trivial program, so XLA refuses an unknown option now rather than minutes later),
-the routed fields of a probe batch, and what decay_anchor="w0" anchors to.
+the splits' batch counts, the probe batches (their routed fields, their size, the
+fields the eval hooks need), and what decay_anchor="w0" anchors to.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.transfer import is_numeric_dtype
-from ..errors import ConfigError, user_stacklevel
+from ..errors import ConfigError, RoutingError, user_stacklevel
+from ..experiment.routing import HookFields
 from ..optim.decay import anchor_mismatch
 
 
@@ -114,6 +116,55 @@ def check_numeric_fields(
                 f"transferred to the device. Keep bookkeeping such as names in fields "
                 f"no traced hook declares."
             )
+
+
+def check_split_counts(split_sizes: Mapping[str, int]) -> None:
+    """Refuse a split with no batches, before any is read.
+
+    An empty train split has nothing to train on; an empty val split would leave
+    every checkpoint unscored and the monitor watching nothing, silently.
+    """
+    for name, count in split_sizes.items():
+        if count > 0:
+            continue
+        if name == "train":
+            why = "training would run no step"
+        elif name == "val":
+            why = (
+                "validation would score nothing, so no checkpoint would be ranked and "
+                "the monitor would watch no metric"
+            )
+        else:
+            why = "evaluating it would score nothing"
+        raise ConfigError(
+            f"Split `{name}` has no batches (len() is 0): {why}. Give it batches "
+            f"(is its batch size larger than its sample count, with the partial "
+            f"batch dropped?), or leave the split out of build_data."
+        )
+
+
+def check_probe_size(name: str, size: int, which: str = "first") -> None:
+    """Refuse a probed batch of size 0: it trains or scores nothing, and a program
+    compiled for it would be compiled again for the next batch."""
+    if size == 0:
+        raise ConfigError(
+            f"The {which} batch of split `{name}` holds 0 samples (axis 0 of its "
+            f"fields is 0). Every batch needs at least one sample: drop empty "
+            f"batches in the source."
+        )
+
+
+def check_eval_fields(
+    name: str, batch: Mapping[str, Any], hooks: Iterable[HookFields]
+) -> None:
+    """Refuse a split whose probed batch lacks a field an eval hook needs, naming
+    the split: found now, not when the split is first evaluated (after an epoch)."""
+    keys = tuple(batch)
+    for fields in hooks:
+        try:
+            fields.select(keys)
+        except RoutingError as error:
+            raise RoutingError(f"Split `{name}` cannot be evaluated: {error}") from None
 
 
 def partial_batch_message(last: int, full: int) -> str:

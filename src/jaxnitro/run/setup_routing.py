@@ -1,4 +1,5 @@
-"""Routing and the split checks, resolved once at setup from one batch.
+"""Routing and the split checks, resolved once at setup from the first batch of
+each split (and the train split's last).
 
 Which batch fields each hook receives (`routing.HookFields`), the fields the training
 programs take, the train split's batch size with its accum and partial-batch checks,
@@ -19,7 +20,13 @@ from ..experiment.hooks import hook_function
 from ..experiment.routing import HookFields, hook_fields
 from .config import RunConfig
 from .prepared import Routing
-from .setup_checks import check_numeric_fields, partial_batch_message
+from .setup_checks import (
+    check_eval_fields,
+    check_numeric_fields,
+    check_probe_size,
+    check_split_counts,
+    partial_batch_message,
+)
 
 
 def probe_routing(
@@ -48,6 +55,7 @@ def probe_routing(
     sample_shapes: dict[str, tuple[int, ...]] = {}
     sample_dtypes: dict[str, str] = {}
     probes: dict[str, Any] = {}  # first batches already read, reused below
+    check_split_counts(split_sizes)
     if "train" in data:
         source = data["train"]
         batch, last = probe_split("train", source, last=True)
@@ -65,6 +73,7 @@ def probe_routing(
             train_fields = fields["train_step"].select(keys)
         check_numeric_fields(batch, train_fields, "train")
         train_batch = batch_size(batch, train_fields)
+        check_probe_size("train", train_batch)
         count, accum = split_sizes["train"], config.accum
         if count % accum:
             raise ConfigError(
@@ -73,12 +82,12 @@ def probe_routing(
                 f"optimizer step takes {accum} micro-batches. Change the batch "
                 f"size or accum so the batch count divides."
             )
-        if count == 0:
-            raise ConfigError("The train split has no batches.")
         if last is not None:
             last_size = batch_size(last, train_fields)
+            check_probe_size("train", last_size, "last")
             if last_size != train_batch:
                 raise ConfigError(partial_batch_message(last_size, train_batch))
+    _probe_eval_splits(fields, data, probes)
     # The eval programs' batch width: the first batch of val, else test, else
     # any split; with no data at all, the first batch predict is handed.
     usual = ("val", "test", "train")
@@ -120,6 +129,32 @@ def _dtype_name(value: Any) -> str:
     """A batch field's dtype by name, read without copying a device array."""
     dtype = getattr(value, "dtype", None)
     return str(dtype if dtype is not None else np.asarray(value).dtype)
+
+
+def _probe_eval_splits(
+    fields: Mapping[str, HookFields],
+    data: Mapping[str, Any],
+    probes: dict[str, Any],
+) -> None:
+    """Read the first batch of every split but train and check it: a batch of
+    size 0, and the fields the eval hooks need. `val` must carry what validation
+    runs (forward, and metrics, or the loss where metrics are not defined); any
+    other split what forward takes, since it may serve predict only."""
+    forward = fields["forward"]
+    if "metrics" in fields:
+        validation = (forward, fields["metrics"])
+    else:
+        validation = (forward, fields["loss"])
+    for name in data:
+        if name == "train":
+            continue
+        probe = probes.get(name)
+        if probe is None:
+            probe = first_batch(name, data[name])
+            probes[name] = probe
+        hooks = validation if name == "val" else (forward,)
+        check_eval_fields(name, probe, hooks)
+        check_probe_size(name, batch_size(probe, forward.select(tuple(probe))))
 
 
 def _residency(experiment: Any, hook: str) -> str:
