@@ -30,6 +30,7 @@ from .checkpoint.lookup import resolve_checkpoint as resolve_checkpoint
 from .checkpoint.lookup import selected_checkpoint as selected_checkpoint
 from .checkpoint.manifest import ManifestEntry as ManifestEntry
 from .checkpoint.manifest import read_manifest as read_manifest
+from .checkpoint.record import CheckpointRecord as CheckpointRecord
 from .checkpoint.retention_checks import warn_mixed_metrics as warn_mixed_metrics
 from .checkpoint.runs import RunSummary as RunSummary
 from .checkpoint.runs import checkpoint_run as checkpoint_run

@@ -26,7 +26,7 @@ from jaxnitro.checkpoint.manifest import (
     read_manifest,
     write_manifest,
 )
-from jaxnitro.checkpoint.record import Record, save_record
+from jaxnitro.checkpoint.record import CheckpointRecord, save_record
 from jaxnitro.checkpoint.retention_checks import (
     check_keep,
     missing_last_warning,
@@ -313,7 +313,7 @@ def test_a_record_this_run_left_unlisted_by_a_crash_is_overwritten_in_place(
     save_record(str(orphan), {"params": {"w": np.zeros(2)}}, record_header(**fields))
     write(ckpt, 1, 0.5)
     assert manifest_files(tmp_path) == [orphan.name]
-    assert Record(str(orphan)).arrays["params/['w']"].shape == (2, 3)
+    assert CheckpointRecord(str(orphan)).arrays["params/['w']"].shape == (2, 3)
 
 
 # ---------------------------------------------------------- stop_reason rewrite -----
@@ -322,12 +322,12 @@ def test_finalize_rewrites_the_last_kept_record_and_its_entry(tmp_path):
     write(ckpt, 1, 0.5)
     write(ckpt, 2, 0.6)
     last = tmp_path / [e for e in read_manifest(str(tmp_path)) if e.epoch == 2][0].file
-    arrays_before = Record(str(last)).arrays
+    arrays_before = CheckpointRecord(str(last)).arrays
     assert ckpt.finalize("error") is True
     assert checkpoint_info(last)["stop_reason"] == "error"
     entry = [e for e in read_manifest(str(tmp_path)) if e.epoch == 2][0]
     assert entry.stop_reason == "error"
-    after = Record(str(last))
+    after = CheckpointRecord(str(last))
     for key, value in arrays_before.items():
         np.testing.assert_array_equal(after.arrays[key], value)
     assert after.meta["epoch"] == 2 and after.meta["run"] == "r1"
@@ -445,7 +445,7 @@ def test_load_checkpoint_reads_a_record_through_its_checkpointer(tmp_path):
     write(ckpt, 3, 0.25, value=7.0)
     (name,) = record_files(tmp_path)
     record = nx.load_checkpoint(ckpt, tmp_path / name)
-    assert isinstance(record, Record)
+    assert isinstance(record, CheckpointRecord)
     assert (record.header.epoch, record.header.step) == (3, 12)
     np.testing.assert_array_equal(record.arrays["device/['scale']"], np.float32(7.0))
     assert nx.load_checkpoint(None, tmp_path / name) is None

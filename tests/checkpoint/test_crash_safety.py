@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from jaxnitro.checkpoint.manifest import load_manifest, read_manifest
-from jaxnitro.checkpoint.record import Record
+from jaxnitro.checkpoint.record import CheckpointRecord
 
 MAX_EPOCHS = 6
 WORKER = os.path.join(os.path.dirname(experiments.__file__), "crash_worker.py")
@@ -152,14 +152,16 @@ def check_directory(run_dir) -> set[str]:
     listed = {e.file for e in manifest.entries}
     assert listed <= records, f"entries without their file: {listed - records}"
     for entry in manifest.entries:
-        meta = Record(os.path.join(run_dir, entry.file)).meta
+        meta = CheckpointRecord(os.path.join(run_dir, entry.file)).meta
         assert (meta["epoch"], meta["run"]) == (entry.epoch, entry.run)
     newest: dict[str | None, int] = {}
     for entry in manifest.entries:
         newest[entry.run] = max(newest.get(entry.run, 0), entry.epoch)
     seen = set()
     for name in records - listed:
-        meta = Record(os.path.join(run_dir, name)).meta  # opens: never a torn file
+        meta = CheckpointRecord(
+            os.path.join(run_dir, name)
+        ).meta  # opens: never a torn file
         if name in manifest.pending_deletion:
             seen.add("pending")
         else:
@@ -174,7 +176,7 @@ def final_arrays(run_dir) -> dict[str, np.ndarray]:
     entries = read_manifest(str(run_dir))
     last = max(entries, key=lambda e: (e.epoch, e.written))
     assert last.epoch == MAX_EPOCHS
-    arrays = Record(os.path.join(run_dir, last.file)).arrays
+    arrays = CheckpointRecord(os.path.join(run_dir, last.file)).arrays
     return {k: v for k, v in arrays.items() if k.startswith(("params/", "opt_state/"))}
 
 

@@ -20,7 +20,7 @@ from jaxnitro.checkpoint.header import (
     OPTIONAL_KEYS,
     RecordHeader,
 )
-from jaxnitro.checkpoint.record import Record, read_header
+from jaxnitro.checkpoint.record import CheckpointRecord, read_header
 
 PATH = "runs/E/epoch-0003-step-12.safetensors"
 
@@ -225,7 +225,7 @@ def _copy(path, tmp_path):
 
 def test_a_written_record_reads_back_as_the_header_it_was_written_with(trained):
     header = read_header(str(trained))
-    assert header.to_json() == Record(str(trained)).meta
+    assert header.to_json() == CheckpointRecord(str(trained)).meta
     assert (header.epoch, header.step, header.seed) == (1, 4, 42)
     assert header.experiment == "experiments.Tiny"
     assert header.derived == () and header.stop_reason == "completed"

@@ -17,7 +17,7 @@ import jaxnitro as nx
 from jaxnitro.checkpoint import record as record_module
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
-from jaxnitro.checkpoint.record import Record, read_header, save_record
+from jaxnitro.checkpoint.record import CheckpointRecord, read_header, save_record
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def good(tmp_path):
 
 
 def readers():
-    return [Record, read_header, checkpoint_info]
+    return [CheckpointRecord, read_header, checkpoint_info]
 
 
 # ----------------------------------------------------------------- bad files -----
@@ -166,7 +166,7 @@ def test_an_unreadable_file_raises_naming_it(good, monkeypatch):
 
         monkeypatch.setattr(record_module, "load_file", failing)
         with pytest.raises(nx.CheckpointError, match=message):
-            Record(str(good))
+            CheckpointRecord(str(good))
 
 
 def test_damaged_tensor_data_the_header_cannot_see_raises_naming_the_file(tmp_path):
@@ -180,7 +180,7 @@ def test_damaged_tensor_data_the_header_cannot_see_raises_naming_the_file(tmp_pa
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
     assert read_header(str(path)).format_version == 1
     with pytest.raises(nx.CheckpointError, match="its arrays cannot be read"):
-        Record(str(path))
+        CheckpointRecord(str(path))
 
 
 class _Exploit:
@@ -248,7 +248,7 @@ def test_checkpoint_info_of_a_huge_sparse_record_reads_no_tensor_data(tmp_path):
 
 # ------------------------------------------------------------- tree mismatch -----
 def test_a_tree_mismatch_names_the_first_leaves_by_key_path_with_both_shapes(good):
-    record = Record(str(good))
+    record = CheckpointRecord(str(good))
     wider = {"w": np.zeros((2, 5), np.float32), "b": np.zeros(3, np.float32)}
     with pytest.raises(
         nx.CheckpointError,

@@ -29,7 +29,7 @@ from jaxnitro.checkpoint.checkpointer import Checkpointer
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.lookup import find_latest, selected_checkpoint
 from jaxnitro.checkpoint.manifest import read_manifest
-from jaxnitro.checkpoint.record import Record, save_record
+from jaxnitro.checkpoint.record import CheckpointRecord, save_record
 from jaxnitro.checkpoint.runs import checkpoint_run, runs
 from jaxnitro.checkpoint.selectors import Best, Epochs, Every, Last
 from jaxnitro.checkpoint.source_checks import check_source
@@ -311,7 +311,9 @@ def test_average_checkpoints_saves_an_ordinary_record_outside_the_manifest(
     info = checkpoint_info(target)
     assert info["averaged_from"]["files"] == [e.file for e in before][-2:]
     assert info["run"] is None and info["stop_reason"] is None
-    np.testing.assert_allclose(Record(str(target)).arrays["params/['w']"], 6.75)
+    np.testing.assert_allclose(
+        CheckpointRecord(str(target)).arrays["params/['w']"], 6.75
+    )
     with pytest.raises(nx.CheckpointError, match="the file exists; it refuses to"):
         average_checkpoints(str(averaged_run), ("r", Average(Last(2))), save=target)
     # The checkpointer keeps writing in the directory: the average is never touched.

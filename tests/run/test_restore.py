@@ -64,9 +64,9 @@ def test_weights_from_an_average_of_a_runs_checkpoints(tmp_path):
     run.train()
     records = sorted(nx.read_manifest(str(tmp_path)), key=lambda e: e.epoch)
     assert [e.epoch for e in records] == [1, 2, 3]
-    from jaxnitro.checkpoint.record import Record
+    from jaxnitro.checkpoint.record import CheckpointRecord
 
-    stored = [Record(str(tmp_path / e.file)) for e in records]
+    stored = [CheckpointRecord(str(tmp_path / e.file)) for e in records]
     expected = [
         np.mean([r.arrays[k] for r in stored], axis=0, dtype=np.float64).astype(
             np.float32

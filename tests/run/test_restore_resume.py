@@ -12,7 +12,7 @@ import pytest
 from experiments import QuietLogger, StopsAtStep, Tiny, make_batches
 
 import jaxnitro as nx
-from jaxnitro.checkpoint.record import Record
+from jaxnitro.checkpoint.record import CheckpointRecord
 
 
 class Scored(Tiny):
@@ -47,7 +47,7 @@ def test_a_record_holds_no_pickle_and_reads_back(tmp_path):
     nitro = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None)
     nitro.train()
     path = tmp_path / nx.read_manifest(str(tmp_path))[0].file
-    record = Record(str(path))
+    record = CheckpointRecord(str(path))
     assert set(k.split("/")[0] for k in record.arrays) == {
         "params",
         "opt_state",

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import CheckpointError, ConfigError
 from .header import RecordHeader
 from .manifest import ManifestEntry
-from .record import Record
+from .record import CheckpointRecord
 from .selectors import Best, Epochs, Every, Last, is_selector
 
 WEIGHTS = ("uniform",)
@@ -177,11 +177,12 @@ def average_records(
     state_entry: ManifestEntry,
     *,
     run_label: str,
-) -> Record:
+) -> CheckpointRecord:
     """Load `entries`' records from `directory` and average them into one record.
 
-    The result is an in-memory `Record` (path: the state pick's file) whose header
-    carries `averaged_from`: the spec, run, directory, files, epochs and weights.
+    The result is an in-memory `CheckpointRecord` (path: the state pick's file)
+    whose header carries `averaged_from`: the spec, run, directory, files, epochs
+    and weights.
     """
     if not entries:
         raise CheckpointError(f"{average!r} picked no checkpoint to average.")
@@ -193,7 +194,7 @@ def average_records(
     state_header: RecordHeader | None = None
     for index, entry in enumerate(entries):
         path = os.path.join(directory, entry.file)
-        record = Record(path)
+        record = CheckpointRecord(path)
         averaged = {k: v for k, v in record.arrays.items() if k.startswith(_AVERAGED)}
         if index == 0:
             reference, first_path = averaged, path
@@ -244,4 +245,6 @@ def average_records(
         # An average continues no logged run: nothing for a logger to reattach to.
         logger_state=None,
     )
-    return Record.in_memory(arrays, header, os.path.join(directory, state_entry.file))
+    return CheckpointRecord.in_memory(
+        arrays, header, os.path.join(directory, state_entry.file)
+    )

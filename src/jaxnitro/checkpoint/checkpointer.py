@@ -54,7 +54,7 @@ from .manifest import (
 )
 from .record import (
     TMP_PREFIX,
-    Record,
+    CheckpointRecord,
     read_header,
     read_header_checksummed,
     rewrite_header,
@@ -312,14 +312,14 @@ class Checkpointer:
         # A lost manifest's rebuilt entries are scored as this checkpointer ranks.
         return read_manifest(self._directory(), metric=self.metric, mode=self.mode)
 
-    def load(self, path: str | os.PathLike[str]) -> Record:
+    def load(self, path: str | os.PathLike[str]) -> CheckpointRecord:
         """Read the record at `path`: its header (checked first) and its arrays.
 
         A record of another format version, or a header that is damaged or not a
         jaxnitro record, raises `CheckpointError` naming the file; keys a record
         of this format written before they existed read as their defaults.
         """
-        return Record(os.fspath(path))
+        return CheckpointRecord(os.fspath(path))
 
     def _directory(self) -> str:
         if self.dir is None:
@@ -629,7 +629,9 @@ class Checkpointer:
         )
 
 
-def load_checkpoint(checkpointer: Any, path: str | os.PathLike[str]) -> Record | None:
+def load_checkpoint(
+    checkpointer: Any, path: str | os.PathLike[str]
+) -> CheckpointRecord | None:
     """Load the record at `path` through the checkpointer that wrote it.
 
     It asks the checkpointer (`checkpointer.load(path)`) rather than reading the
@@ -643,7 +645,7 @@ def load_checkpoint(checkpointer: Any, path: str | os.PathLike[str]) -> Record |
         path: the record's path.
 
     Returns:
-        Record | None: the record (`.header`, a `RecordHeader`;
+        CheckpointRecord | None: the record (`.header`, a `RecordHeader`;
         `.arrays`, the stored arrays by key), or None when `checkpointer` is None.
 
     Raises:

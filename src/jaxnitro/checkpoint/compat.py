@@ -86,7 +86,7 @@ def check_record_tree_compatible(
     """Refuse a record whose `prefix` tree does not fit `template`, leaf for leaf.
 
     Args:
-        arrays: the record's flat arrays (`Record.arrays`).
+        arrays: the record's flat arrays (`CheckpointRecord.arrays`).
         prefix: the stored tree, e.g. "params".
         template: the tree this run built (`build_model`'s parameters, say).
         what: how the message names the tree ("parameter", "optimizer state").

@@ -477,12 +477,23 @@ def rewrite_header(
     _write_with_room(path, write, needed=needed, prefix=tmp_prefix)
 
 
-class Record:
+class CheckpointRecord:
     """A loaded checkpoint: its header and the stored arrays by key.
 
     Opening a file checks its header first, so a damaged or foreign file, or a
     record header `RecordHeader.from_json` refuses, raises `CheckpointError` naming
-    it; nothing in a record is ever executed.
+    it; nothing in a record is ever executed. `load_checkpoint(checkpointer, path)`
+    and `Checkpointer.load` return one.
+
+    Attributes:
+        path: the file it was read from.
+        header: the record's `RecordHeader` (epoch, step, seed, metrics, ...).
+        arrays: every stored array by key, e.g. "params/['w1']", as NumPy arrays.
+
+    Example::
+
+        record = nx.CheckpointRecord("runs/exp/epoch-0003-step-12.safetensors")
+        record.header.epoch, record.arrays["params/['w1']"].shape
     """
 
     def __init__(self, path: str) -> None:
@@ -493,7 +504,7 @@ class Record:
     @classmethod
     def in_memory(
         cls, arrays: dict[str, np.ndarray], header: RecordHeader, path: str
-    ) -> Record:
+    ) -> CheckpointRecord:
         """A record that was never read from a file (an average, say)."""
         record = cls.__new__(cls)
         record.path = path

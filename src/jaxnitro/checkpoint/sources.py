@@ -42,7 +42,7 @@ from .lookup import (
     source_directory,
 )
 from .manifest import ManifestEntry, load_manifest, read_manifest
-from .record import Record, write_arrays
+from .record import CheckpointRecord, write_arrays
 from .retention_checks import warn_mixed_metrics
 from .selectors import Last
 from .source_checks import check_source, is_nitro, normalize_which
@@ -64,9 +64,9 @@ class ResolvedSource:
     entry: ManifestEntry | None
     is_run_newest: bool  # the newest record of its run: a resume continues that run
 
-    def load(self) -> Record:
+    def load(self) -> CheckpointRecord:
         """Open the record."""
-        return Record(self.path)
+        return CheckpointRecord(self.path)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class AverageSource:
     state_entry: ManifestEntry
     run: str | None
 
-    def load(self) -> Record:
+    def load(self) -> CheckpointRecord:
         """Average the picked records into one in-memory record."""
         return average_records(
             self.picks,
@@ -353,7 +353,7 @@ def average_checkpoints(
     *,
     checkpointer: Checkpointer | None = None,
     save: str | os.PathLike[str] | None = None,
-) -> Record:
+) -> CheckpointRecord:
     """The averaged record `weights=(run, Average(sel))` would load, on the host.
 
     With `save`, also written there as an ordinary record (`weights=save` loads it;
@@ -385,4 +385,4 @@ def average_checkpoints(
     if target is None:
         return record
     write_arrays(target, record.arrays, record.header)
-    return Record.in_memory(record.arrays, record.header, target)
+    return CheckpointRecord.in_memory(record.arrays, record.header, target)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checkpoint.derived import HOST_PREFIX, graphconst_from_json
-from ..checkpoint.record import Record
+from ..checkpoint.record import CheckpointRecord
 from ..errors import ConfigError, NitroWarning, user_stacklevel
 from ..experiment.traits import (
     config_metadata,
@@ -53,7 +53,7 @@ def convert_derived(
     return converted
 
 
-def derived_from_record(cls: type, record: Record) -> dict[str, Any]:
+def derived_from_record(cls: type, record: CheckpointRecord) -> dict[str, Any]:
     """The values derive produced for the run that wrote `record`, read back.
 
     A Device value is a stored array, a GraphConst value is in the record's

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..checkpoint.averaging import Average, check_keep_holds, short_average_message
 from ..checkpoint.lookup import selected_checkpoint
-from ..checkpoint.record import Record
+from ..checkpoint.record import CheckpointRecord
 from ..checkpoint.sources import (
     AverageSource,
     HandleSource,
@@ -61,7 +61,7 @@ class Located:
 
     resume: ResolvedSource | None
     weights: Any
-    record: Record | None
+    record: CheckpointRecord | None
     checkpoint_source: str | None
     averaged_from: dict[str, Any] | None
 
@@ -126,7 +126,7 @@ def locate(config: RunConfig, run_dir: str, monitor: tuple[str, str] | None) -> 
 def restore_weights(
     built: TrainState,
     source: Any,
-    record: Record | None,
+    record: CheckpointRecord | None,
     *,
     resuming: bool,
     load_ema: bool,
@@ -225,7 +225,9 @@ def _through_host(leaf: Any) -> Any:
     return jnp.asarray(np.asarray(leaf))
 
 
-def optimizer_state(record: Record | None, plan: OptimizerPlan, fresh: Any) -> Any:
+def optimizer_state(
+    record: CheckpointRecord | None, plan: OptimizerPlan, fresh: Any
+) -> Any:
     """The optimizer state training starts from: `record`'s (the one a resume or
     `restore_optimizer=True` keeps for train() to restore), else `fresh`."""
     if record is None:
@@ -351,7 +353,9 @@ def finish_restore_best(nitro: Nitro) -> None:
     nitro.status.restored_best = True
 
 
-def _restore_best_record(nitro: Nitro, choice: Any) -> tuple[Record, str | None] | None:
+def _restore_best_record(
+    nitro: Nitro, choice: Any
+) -> tuple[CheckpointRecord, str | None] | None:
     """The record restore_best loads and its file (None for an average), or None
     after warning that the run holds nothing to load."""
     ckpt = nitro.checkpointer
@@ -366,7 +370,7 @@ def _restore_best_record(nitro: Nitro, choice: Any) -> tuple[Record, str | None]
                 stacklevel=4,
             )
             return None
-        return Record(best.path), best.path
+        return CheckpointRecord(best.path), best.path
     source = resolve_weights_source(
         (nitro.checkpoint_run or "legacy", choice),
         nitro.run_dir,

@@ -23,7 +23,7 @@ from ..checkpoint.filenames import new_run_id
 from ..checkpoint.header import RecordHeader
 from ..checkpoint.lookup import run_label
 from ..checkpoint.manifest import read_manifest
-from ..checkpoint.record import Record
+from ..checkpoint.record import CheckpointRecord
 from ..checkpoint.retention_checks import check_keep, setup_warnings
 from ..checkpoint.sources import ResolvedSource
 from ..compile.cache import configure_persistent_cache
@@ -222,7 +222,7 @@ class SetupSequence:
         located = restore.locate(self._run_config, run_dir, self._resolve_monitor())
         self._resume: ResolvedSource | None = located.resume
         self._weights: Any = located.weights
-        self._record: Record | None = located.record
+        self._record: CheckpointRecord | None = located.record
         self._checkpoint_source = located.checkpoint_source
         self._averaged_from = located.averaged_from
         step = epoch = 0  # where training starts: a resume continues its position
@@ -412,7 +412,7 @@ class SetupSequence:
                     f"unmarked)."
                 )
 
-    def _check_record_config(self, e: Any, record: Record) -> None:
+    def _check_record_config(self, e: Any, record: CheckpointRecord) -> None:
         stored = record.header.graphconst
         current = graphconst_record(e)
         diff = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoint.record import Record
+from ..checkpoint.record import CheckpointRecord
 from ..observe.profiling import StepProfiler
 
 
@@ -46,7 +46,7 @@ class RunStatus:
     stop_requested: bool = False
     stop_reason: str | None = None
     held_stop: dict[str, Any] | None = None
-    pending_record: Record | None = None
+    pending_record: CheckpointRecord | None = None
     restored_best: bool = False
     released_by: str | None = None
     eval_width: int | None = None
