@@ -445,3 +445,8 @@ def test_early_stopping_ends_a_manual_run_on_its_validation_loss():
     nitro.train()
     assert nitro.stop_reason == "early_stop" and nitro.current_epoch == 3
     assert [row["epoch"] for row in nitro.history] == [1, 2, 3]
+
+
+def test_manual_mode_refuses_a_reduced_precision():
+    with pytest.raises(nx.ConfigError, match='precision="bf16" cannot reach the step'):
+        nx.Nitro(TwoNets(), precision="bf16", **quiet())

@@ -34,6 +34,7 @@ from ..optim.plan import OptimizerPlan
 from .boundary import StepOutputs
 from .cache import CompileCache, ProgramKey, abstract_signature, typed_key
 from .fingerprint import fingerprint
+from .precision import cast_floating, compute_dtype, like_dtypes
 
 
 class _Identity:
@@ -75,6 +76,8 @@ class TraceContext:
         model: the static model object `build_model` returned.
         graphconst: the GraphConst values, for the cache key.
         compile_options: XLA compiler options for every program, for the key too.
+        precision: "f32" or "bf16": the dtype `forward` computes in
+            (`compile.precision`), for the key too.
     """
 
     cls: type
@@ -84,6 +87,7 @@ class TraceContext:
     model: Any
     graphconst: tuple[tuple[str, Any], ...]
     compile_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = "f32"
 
     def make_view(self, device_values: Mapping[str, Any]) -> Any:
         return replace_fields(self.view, **device_values)
@@ -106,7 +110,7 @@ class TraceContext:
             code=self.code_fingerprint(traced),
             model=model_key(self.model),
             signature=abstract_signature(args),
-            baked=tuple(sorted(baked.items())),
+            baked=tuple(sorted({**baked, "precision": self.precision}.items())),
             compile_options=tuple(sorted(self.compile_options.items())),
         )
 
@@ -154,7 +158,19 @@ def _named(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
 def call_forward(
     ctx: TraceContext, view: Any, params: Any, state: Any, batch: Mapping[str, Any]
 ) -> tuple[Any, Any]:
-    """Call the frozen forward hook and check it returned `(outputs, new_state)`."""
+    """Call the frozen forward hook and check it returned `(outputs, new_state)`.
+
+    Under a reduced precision (`compile.precision`) the parameters, the batch's
+    floating fields and the floating Device fields are cast to the compute dtype
+    as forward reads them, and its floating outputs come back as float32; the new
+    model state keeps the state's own dtypes.
+    """
+    compute = compute_dtype(ctx.precision)
+    if compute is not None:
+        params = cast_floating(params, compute)
+        batch = cast_floating(batch, compute)
+        devices = {name: getattr(view, name) for name in ctx.device_names}
+        view = replace_fields(view, **cast_floating(devices, compute))
     result = ctx.hooks["forward"](view, ctx.model, params, state, **batch)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise HookError(
@@ -162,7 +178,10 @@ def call_forward(
             f"{type(result).__name__}. Return the state unchanged for a stateless "
             "model: `return outputs, state`."
         )
-    return result
+    if compute is None:
+        return result
+    outputs, new_state = result
+    return cast_floating(outputs, jnp.float32), like_dtypes(new_state, state)
 
 
 def split_loss(value: Any) -> tuple[Any, dict[str, Any]]:

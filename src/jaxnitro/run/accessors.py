@@ -54,6 +54,7 @@ PLAIN_KEYWORDS = (
     "compile_options",
     "preset",
     "profile",
+    "precision",
     "smoke",
 )
 RUN_KEYWORDS = ACCESSOR_KEYWORDS + PLAIN_KEYWORDS

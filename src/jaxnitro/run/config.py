@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
+from ..compile.precision import check_precision
 from ..errors import ConfigError, NotYetSupportedError
 from ..observe.profiling import check_profile
 from ..optim.ema import EMA
@@ -67,6 +68,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "compile_options": None,
     "preset": None,
     "profile": None,
+    "precision": "f32",
     "smoke": None,  # read by smoke_requested: the keyword, else NITRO_SMOKE
 }
 
@@ -238,6 +240,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "resume_changed_data": _flag,
     "load_ema": _flag,
     "profile": lambda value, source: check_profile(value),
+    "precision": lambda value, source: check_precision(value),
 }
 
 
@@ -286,6 +289,9 @@ class RunConfig:
         preset: the named preset this run was built from, if any.
         profile: `(first_step, n_steps)`, the optimizer steps traced with
             `jax.profiler` into `<run_dir>/profile/`, or None.
+        precision: "f32" (default) or "bf16": the dtype forward and backward
+            compute in; master weights, optimizer state and the loss stay float32
+            (`compile.precision`).
         smoke: whether this is a smoke run (`jaxnitro.run.smoke`): one epoch on
             two batches of every split, in a temporary directory.
         sources: where each field's value came from: "keyword", "method", "field",
@@ -334,6 +340,7 @@ class RunConfig:
     compile_options: Mapping[str, bool | int | float | str]
     preset: str | None
     profile: tuple[int, int] | None
+    precision: str
     smoke: bool
     sources: Mapping[str, Source]
 

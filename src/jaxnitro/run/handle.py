@@ -162,6 +162,10 @@ class Nitro:
             trivial program with them.
         preset (str): in the instance form, the recipe name to record; it must be a
             preset of the experiment's class.
+        precision (str): "f32" (the default) or "bf16": forward and backward in
+            bfloat16, with float32 master weights, optimizer state and loss
+            reduction (`jaxnitro.compile.precision`); part of every program's
+            compile-cache key. Manual mode refuses "bf16" (cast in `train_step`).
         profile (tuple[int, int]): `(first_step, n_steps)`: write a
             `jax.profiler` trace of those optimizer steps (1-based, over the whole
             run) into `<run_dir>/profile/`, for TensorBoard's profile plugin or

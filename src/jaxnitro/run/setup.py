@@ -386,6 +386,7 @@ class SetupSequence:
             model=self._model,
             graphconst=graphconst_values(self._experiment),
             compile_options=dict(self._run_config.compile_options),
+            precision=self._run_config.precision,
         )
         self._bind_run(run_dir)
         # The output directories can be written: found now, not after an epoch.

@@ -83,6 +83,14 @@ def check_manual_config(cls: type, config: RunConfig) -> None:
         raise ConfigError(MANUAL_ACCUM.format(cls=cls.__name__, accum=config.accum))
     if config.ema is not None:
         raise ConfigError(MANUAL_EMA.format(cls=cls.__name__, ema=config.ema))
+    if config.precision != "f32":
+        raise ConfigError(
+            f'{cls.__name__} trains in manual mode, where precision="'
+            f'{config.precision}" cannot reach the step: train_step calls its own '
+            f"forward passes. Cast inside train_step (e.g. the parameters with "
+            f"jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)) and keep "
+            f'precision="f32".'
+        )
 
 
 def check_manual_plan(cls: type, plan: OptimizerPlan) -> None:
