@@ -42,6 +42,7 @@ from .checkpoint.sources import resolve_weights_source as resolve_weights_source
 from .checkpoint.topk import TopKCheckpointer as TopKCheckpointer
 from .compile.cache import cache_reset as cache_reset
 from .compile.cache import cache_stats as cache_stats
+from .data.arrays import ArraySource as ArraySource
 from .data.batch_at_check import check_batch_at as check_batch_at
 from .data.prefetch import NoPrefetch as NoPrefetch
 from .data.prefetch import PrefetchConfig as PrefetchConfig

@@ -30,6 +30,7 @@ from ..compile.cache import configure_persistent_cache
 from ..compile.programs import TraceContext
 from ..data.prefetch import auto_prefetch, check_prefetch
 from ..data.sources import (
+    bind_run_seed,
     check_split,
 )
 from ..errors import (
@@ -245,6 +246,7 @@ class SetupSequence:
                 f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
             )
         self.data: dict[str, Any] = dict(data)
+        bind_run_seed(self.data, seed)  # e.g. an ArraySource shuffles by the run seed
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
