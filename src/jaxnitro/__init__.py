@@ -77,6 +77,7 @@ from .experiment.markers import Host as Host
 from .experiment.modes import training as training
 from .experiment.presets import from_preset as from_preset
 from .experiment.presets import presets as presets
+from .experiment.rng import step_rng as step_rng
 from .experiment.stripped import StrippedHost as StrippedHost
 from .experiment.traits import NO_DEFAULT as NO_DEFAULT
 from .experiment.traits import FieldMeta as FieldMeta

@@ -24,6 +24,7 @@ from ..compile.cache import program_cache
 from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
 from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
+from ..experiment.rng import step_rng_input
 from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
@@ -148,6 +149,7 @@ def training_programs(
     batch: dict[str, Any],
     values: dict[str, Any],
     hp: dict[str, Any],
+    rng: Any,
 ) -> tuple[Any, Any]:
     """The training executables, from the handle or the cache.
 
@@ -157,7 +159,7 @@ def training_programs(
     the fused one is.
     """
     if nitro.prepared.manual:
-        return manual_program(nitro, state, batch, values, hp), None
+        return manual_program(nitro, state, batch, values, hp, rng), None
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan
@@ -172,7 +174,7 @@ def training_programs(
 
     announce = nitro.executables.announcer()
     if accum == 1:
-        args = (values, state.weights, state.model_state, batch, hp)
+        args = (values, state.weights, state.model_state, batch, hp, rng)
         step = nitro.executables.get(
             "train_step",
             (shapes, fields, repr(constants)),
@@ -196,6 +198,7 @@ def training_programs(
         state.accumulator,
         batch,
         hp["grad"],
+        rng,
     )
     gradient = nitro.executables.get(
         "gradient",
@@ -362,6 +365,7 @@ def _steps(
     Returns how many batches the feed delivered, or None when a stop request ended
     the epoch early."""
     accum = nitro.config.accum
+    seed = nitro.config.seed
     names = nitro.prepared.routing.train_fields
     expected = nitro.prepared.routing.train_batch
     assert expected is not None
@@ -396,6 +400,7 @@ def _steps(
                 step_values = plan.schedule_values(step)
                 hp = plan.step_inputs(step, step_values)
                 device = None
+            rng = step_rng_input(seed, step, index % accum)  # what step_rng() folds
             if nitro.device_values() is not device:  # set_device may replace it
                 device = nitro.device_values()
                 values = _device_inputs(nitro, device, step_values)
@@ -412,15 +417,22 @@ def _steps(
                     routed,
                     values,
                     hp,
+                    rng,
                 )
             if accum == 1:
                 weights, model_state, reported = gradient(
-                    values, weights, model_state, routed, hp
+                    values, weights, model_state, routed, hp, rng
                 )
                 ends_step = True
             else:
                 accumulator, model_state, reported = gradient(
-                    values, weights.params, model_state, accumulator, routed, hp["grad"]
+                    values,
+                    weights.params,
+                    model_state,
+                    accumulator,
+                    routed,
+                    hp["grad"],
+                    rng,
                 )
                 ends_step = (index + 1) % accum == 0
                 if ends_step:

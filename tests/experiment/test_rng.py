@@ -1,0 +1,128 @@
+"""step_rng(): the traced step's key, folded from (seed, step, micro-batch)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from compile_counts import kinds_compiled
+from experiments import QuietLogger, Tiny, mlp
+
+import jaxnitro as nx
+from jaxnitro.experiment.rng import step_rng_input
+
+
+class TrainLines(QuietLogger):
+    """Keeps every train line's metrics by step."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train":
+            self.rows[step] = dict(metrics)
+
+
+class Keyed(Tiny):
+    """Reports one uniform draw from the step's key as a loss term."""
+
+    def loss(self, logits, *, y):
+        return super().loss(logits, y=y), {"u": jax.random.uniform(nx.step_rng())}
+
+
+class Dropout(Tiny):
+    """Tiny with dropout on the hidden layer, keyed by step_rng()."""
+
+    def forward(self, model, params, state, *, x):
+        hidden = jax.nn.relu(x @ params["w1"] + params["b1"][None, :])
+        if nx.training():
+            keep = jax.random.bernoulli(nx.step_rng(), 0.5, hidden.shape)
+            hidden = jnp.where(keep, hidden * 2.0, 0.0)
+        return hidden @ params["w2"], state
+
+
+def expected_u(seed, step, micro=0):
+    raw = step_rng_input(seed, step, micro)
+    key = jax.random.fold_in(
+        jax.random.fold_in(jax.random.key(int(raw[0])), int(raw[1])), int(raw[2])
+    )
+    return float(jax.random.uniform(key))
+
+
+def test_each_step_draws_the_key_folded_from_seed_and_step():
+    lines = TrainLines()
+    nitro = nx.Nitro(
+        Keyed(max_epochs=2),
+        seed=5,
+        logger=lines,
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
+    compiled = kinds_compiled(nitro.train)
+    assert sorted(lines.rows) == list(range(1, 9))
+    for step, row in lines.rows.items():  # line k reports optimizer step k - 1
+        assert row["loss/u"] == pytest.approx(expected_u(5, step - 1), abs=1e-6)
+    assert len({row["loss/u"] for row in lines.rows.values()}) == 8
+    assert compiled.count("train_step") == 1  # the key is traced: no recompile
+
+
+def test_under_accumulation_each_micro_batch_gets_its_own_key():
+    lines = TrainLines()
+    nitro = nx.Nitro(
+        Keyed(max_epochs=1),
+        logger=lines,
+        checkpointer=None,
+        log_every_n_steps=1,
+        accum=2,
+    )
+    nitro.train()
+    for step, row in lines.rows.items():  # the line averages the two micro-batches
+        both = (expected_u(42, step - 1, 0) + expected_u(42, step - 1, 1)) / 2
+        assert row["loss/u"] == pytest.approx(both, abs=1e-6)
+
+
+def test_dropout_keyed_by_step_rng_resumes_exactly(tmp_path):
+    straight = nx.Nitro(Dropout(max_epochs=3), logger=None, checkpointer=None)
+    straight.train()
+    first = nx.Nitro(Dropout(max_epochs=1), run_dir=str(tmp_path), logger=None)
+    first.train()
+    resumed = nx.Nitro(
+        Dropout(max_epochs=3), run_dir=str(tmp_path), logger=None, resume="auto"
+    )
+    resumed.train()
+    for a, b in zip(
+        jax.tree.leaves(straight.parameters),
+        jax.tree.leaves(resumed.parameters),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    reseeded = nx.Nitro(Dropout(max_epochs=3), seed=1, logger=None, checkpointer=None)
+    reseeded.train()  # another seed draws other masks (and other initial weights)
+    assert not np.array_equal(
+        np.asarray(reseeded.parameters["w2"]), np.asarray(straight.parameters["w2"])
+    )
+
+
+def test_eval_programs_get_one_fixed_key():
+    class AlwaysKeyed(Tiny):
+        def forward(self, model, params, state, *, x):
+            noise = jax.random.normal(nx.step_rng(), (x.shape[0], 1)) * 0.0
+            return mlp(params, x) + noise, state
+
+    nitro = nx.Nitro(AlwaysKeyed(max_epochs=1), logger=None, checkpointer=None)
+    nitro.train()
+    assert nitro.evaluate(split="val") == nitro.evaluate(split="val")
+    assert nitro.predict({"x": np.ones((2, 8), np.float32)}).shape == (2, 3)
+
+
+def test_step_rng_outside_a_traced_step_is_refused_naming_the_fix():
+    with pytest.raises(
+        nx.HookError,
+        match=r"step_rng\(\) was called outside a traced train or eval step.*"
+        r"rngs=\{'dropout': nx\.step_rng\(\)\}",
+    ):
+        nx.step_rng()
+
+
+def test_the_rng_input_wraps_a_large_seed_into_uint32():
+    raw = step_rng_input(2**32 + 3, 9, 1)
+    assert raw.dtype == np.uint32 and raw.tolist() == [3, 9, 1]
