@@ -77,6 +77,7 @@ class EpochLog:
         self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
+        self.progress = nitro.progress()  # shows the latest train loss
 
     def settle(self, item: _InFlight) -> None:
         loss = float(item.loss)
@@ -89,6 +90,8 @@ class EpochLog:
             )
         self.loss_sum += loss
         self.loss_count += 1
+        if self.progress is not None:
+            self.progress.show({"loss": loss})
         self.trained += 1
         self.step_losses.append(loss)
         if item.terms:
