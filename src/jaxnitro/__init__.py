@@ -149,6 +149,9 @@ from .observe.progress import progress_bar_reporter as progress_bar_reporter
 from .observe.progress import progress_log_reporter as progress_log_reporter
 from .observe.progress import progress_note as progress_note
 from .observe.progress import progress_reporter as progress_reporter
+from .observe.progress import (
+    progress_summary_reporter as progress_summary_reporter,
+)
 from .observe.progress import with_progress_note as with_progress_note
 from .observe.report import set_config_report as set_config_report
 from .observe.transitions import publish_phase as publish_phase

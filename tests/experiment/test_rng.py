@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from compile_counts import kinds_compiled
 from experiments import QuietLogger, Tiny, mlp
+from export_experiments import Exportable
 
 import jaxnitro as nx
 from jaxnitro.experiment.rng import step_rng_input
@@ -102,8 +103,8 @@ def test_dropout_keyed_by_step_rng_resumes_exactly(tmp_path):
     )
 
 
-def test_eval_programs_get_one_fixed_key():
-    class AlwaysKeyed(Tiny):
+def test_eval_programs_and_an_export_get_one_fixed_key(tmp_path):
+    class AlwaysKeyed(Exportable):
         def forward(self, model, params, state, *, x):
             noise = jax.random.normal(nx.step_rng(), (x.shape[0], 1)) * 0.0
             return mlp(params, x) + noise, state
@@ -111,7 +112,13 @@ def test_eval_programs_get_one_fixed_key():
     nitro = nx.Nitro(AlwaysKeyed(max_epochs=1), logger=None, checkpointer=None)
     nitro.train()
     assert nitro.evaluate(split="val") == nitro.evaluate(split="val")
-    assert nitro.predict({"x": np.ones((2, 8), np.float32)}).shape == (2, 3)
+    images = np.ones((2, 8), np.float32)
+    logits = nitro.predict({"x": images})
+    path = nx.export_model(
+        nitro, nx.StableHLOBundle(), dir=str(tmp_path), name="keyed", batch_sizes=[2]
+    )
+    served = nx.load_bundle(path)(x=images)["logits"]
+    np.testing.assert_allclose(served, logits, rtol=1e-5, atol=1e-6)
 
 
 def test_step_rng_outside_a_traced_step_is_refused_naming_the_fix():
