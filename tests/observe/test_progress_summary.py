@@ -9,10 +9,11 @@ import re
 import sys
 
 import pytest
-from experiments import TinyMetrics
+from experiments import QuietLogger, TinyMetrics
 
 import jaxnitro as nx
-from jaxnitro.observe.progress import progress_reporter
+from jaxnitro.observe import progress as progress_module
+from jaxnitro.observe.progress import Progress, progress_reporter
 from jaxnitro.observe.progress_bar import BarReporter
 from jaxnitro.observe.progress_line import ProgressLine
 from jaxnitro.observe.progress_log import LogReporter
@@ -62,23 +63,52 @@ def test_progress_reporter_none_turns_the_summary_lines_off(monkeypatch):
     assert stderr.getvalue() == ""
 
 
+class TrainLosses(QuietLogger):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train":
+            self.losses.append(metrics["loss"])
+
+
 def test_the_line_shows_the_latest_train_loss_and_then_the_monitored_metric():
-    events = Events()
+    events, lines = Events(), TrainLosses()
     previous = progress_reporter(events)
     try:
-        nitro = nx.Nitro(TinyMetrics(max_epochs=1), **quiet())
+        nitro = nx.Nitro(
+            TinyMetrics(max_epochs=1),
+            logger=lines,
+            checkpointer=None,
+            log_every_n_steps=1,
+        )
         nitro.train()
     finally:
         progress_reporter(previous)
     shown = events.labels("metrics")
-    assert len(shown) == 5  # one per train step, then one after validation
-    assert all(re.fullmatch(r"loss \S+", text) for text in shown[:4])
+    assert shown[0] == f"loss {lines.losses[0]:.4g}"  # the first step, at once
     acc = nitro.history[1]["acc"]
-    assert shown[-1] == f"{shown[3]} · val acc {acc:.4g}"
+    assert shown[-1] == f"loss {lines.losses[-1]:.4g} · val acc {acc:.4g}"
     assert events.labels("epoch") == [
         f"epoch 1/1: train_loss {nitro.history[1]['train_loss']:.4g} · "
         f"val acc {acc:.4g} · {nitro.history[1]['seconds']:.1f} s"
     ]
+
+
+def test_the_per_step_loss_reaches_the_line_at_most_ten_times_a_second(monkeypatch):
+    assert progress_module.SHOW_INTERVAL_S == 0.1
+    monkeypatch.setattr(progress_module, "SHOW_INTERVAL_S", 60.0)  # a loaded machine
+    events = Events()
+    previous = progress_reporter(events)
+    try:
+        with Progress() as progress:
+            progress.begin("train", 3, epoch=1, max_epochs=1)
+            for loss in (0.9, 0.8, 0.7):  # within the interval: the first is sent
+                progress.show({"loss": loss}, throttle=True)
+            progress.show({"val acc": 0.5})  # unthrottled, with the latest loss
+    finally:
+        progress_reporter(previous)
+    assert events.labels("metrics") == ["loss 0.9", "loss 0.7 · val acc 0.5"]
 
 
 def test_the_bar_draws_the_values_after_the_stretch():

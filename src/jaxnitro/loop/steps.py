@@ -91,7 +91,7 @@ class EpochLog:
         self.loss_sum += loss
         self.loss_count += 1
         if self.progress is not None:
-            self.progress.show({"loss": loss})
+            self.progress.show({"loss": loss}, throttle=True)
         self.trained += 1
         self.step_losses.append(loss)
         if item.terms:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,9 @@ from .progress_line import epoch_summary, format_values, stretch_name
 from .progress_log import LogReporter, is_log_shown
 from .progress_notes import NoteStack
 from .progress_summary import SummaryReporter
+
+SHOW_INTERVAL_S = 0.1
+"""The least time between two throttled updates of the shown values."""
 
 VERBS = ("begin", "step", "end", "done", "phase", "note", "metrics", "epoch")
 
@@ -242,6 +246,7 @@ class Progress:
         self._closed = False
         self._nested = False
         self._values: dict[str, float] = {}
+        self._shown_at = float("-inf")
 
     def __enter__(self) -> Progress:
         global _drivers
@@ -299,12 +304,21 @@ class Progress:
         self._open = False
         report_progress("end", self._label, self._total, self._epoch, self._max_epochs)
 
-    def show(self, values: dict[str, float]) -> None:
+    def show(self, values: dict[str, float], *, throttle: bool = False) -> None:
         """Show `values` on the line from now on (merged by name with those shown),
-        e.g. `{"loss": 0.41}` each step, `{"val acc": 0.9}` after validation."""
+        e.g. `{"loss": 0.41}` each step, `{"val acc": 0.9}` after validation.
+
+        With `throttle` (the per-step loss), the line hears of it at most every
+        `SHOW_INTERVAL_S`, as often as the bar redraws: the values are kept, and the
+        next send carries the latest.
+        """
         if _reporter is None:
             return
         self._values.update(values)
+        now = time.monotonic()
+        if throttle and now - self._shown_at < SHOW_INTERVAL_S:
+            return
+        self._shown_at = now
         report_progress(
             "metrics",
             format_values(self._values),
