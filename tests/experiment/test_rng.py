@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from compile_counts import kinds_compiled
 from experiments import QuietLogger, Tiny, mlp
@@ -133,3 +134,31 @@ def test_step_rng_outside_a_traced_step_is_refused_naming_the_fix():
 def test_the_rng_input_wraps_a_large_seed_into_uint32():
     raw = step_rng_input(2**32 + 3, 9, 1)
     assert raw.dtype == np.uint32 and raw.tolist() == [3, 9, 1]
+
+
+def test_a_manual_train_step_reads_the_same_per_step_key():
+    class ManualKeyed(Tiny):
+        def setup_optimizers(self, model, params, state, mesh):
+            return nx.setup_optimizer(optax.sgd(0.1), params)
+
+        def train_step(self, model, params, opt_state, state, *, x, y):
+            loss, grads = nx.backward(
+                lambda p, x, y: self.loss(mlp(p, x), y=y), params, x, y
+            )
+            opt_state, params = nx.step_optimizer(opt_state, params, grads)
+            u = jax.random.uniform(nx.step_rng())
+            return {
+                "loss": loss,
+                "params": params,
+                "state": state,
+                "opt_state": opt_state,
+                "stats": {"u": u},
+            }
+
+    lines = TrainLines()
+    nitro = nx.Nitro(
+        ManualKeyed(max_epochs=1), logger=lines, checkpointer=None, log_every_n_steps=1
+    )
+    nitro.train()
+    for step, row in lines.rows.items():
+        assert row["u"] == pytest.approx(expected_u(42, step - 1), abs=1e-6)
