@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from ..errors import ConfigError
@@ -42,9 +41,10 @@ class ArraySource:
     """Arrays with a shared leading (sample) dimension, served as batches.
 
     Args:
-        arrays: a dict of field name -> array (or pytree of arrays), each of shape
-            (N, ...) with the same N, e.g. `{"img": float32[N, 784],
-            "label": int32[N]}`. A batch is the same dict sliced to (B, ...).
+        arrays: a dict of field name -> array, each of shape (N, ...) with the same
+            N, e.g. `{"img": float32[N, 784], "label": int32[N]}`. A batch is the
+            same dict sliced to (B, ...). Fields are flat, as batch fields are: a
+            nested dict is refused.
         batch_size: samples per batch, B.
         shuffle: draw a fresh permutation each epoch from (seed, epoch). Keep it on
             for training; turn it off for evaluation.
@@ -169,10 +169,7 @@ class ArraySource:
         start = i * self.batch_size
         stop = min(start + self.batch_size, self.samples)
         rows: Any = slice(start, stop) if plan.order is None else plan.order[start:stop]
-        return {
-            name: jax.tree_util.tree_map(lambda leaf: leaf[rows], value)
-            for name, value in self.arrays.items()
-        }
+        return {name: value[rows] for name, value in self.arrays.items()}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         plan = self.begin_epoch()
@@ -186,24 +183,27 @@ def _as_arrays(arrays: Any) -> dict[str, Any]:
             f"ArraySource({{'img': x, 'label': y}}, batch_size=64); got "
             f"{type(arrays).__name__}."
         )
-    return {
-        str(name): jax.tree_util.tree_map(np.asarray, value)
-        for name, value in arrays.items()
-    }
+    fields = {}
+    for name, value in arrays.items():
+        if isinstance(value, Mapping):
+            raise ConfigError(
+                f"ArraySource field `{name}` is a {type(value).__name__}; batch "
+                f"fields are flat, one array each. Give each array its own field, "
+                f"e.g. {{'{name}_x': ..., '{name}_y': ...}}."
+            )
+        fields[str(name)] = np.asarray(value)
+    return fields
 
 
-def _sample_count(arrays: Mapping[str, Any]) -> int:
+def _sample_count(arrays: Mapping[str, np.ndarray]) -> int:
     sizes: dict[str, int] = {}
     for name, value in arrays.items():
-        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        for path, leaf in leaves:
-            where = name + jax.tree_util.keystr(path)
-            if not np.shape(leaf):
-                raise ConfigError(
-                    f"ArraySource field `{where}` is a scalar; every array needs "
-                    f"the sample dimension first, shape (N, ...)."
-                )
-            sizes[where] = int(np.shape(leaf)[0])
+        if not value.shape:
+            raise ConfigError(
+                f"ArraySource field `{name}` is a scalar; every array needs the "
+                f"sample dimension first, shape (N, ...)."
+            )
+        sizes[name] = int(value.shape[0])
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
         raise ConfigError(
