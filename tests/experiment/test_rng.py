@@ -162,3 +162,49 @@ def test_a_manual_train_step_reads_the_same_per_step_key():
     nitro.train()
     for step, row in lines.rows.items():
         assert row["u"] == pytest.approx(expected_u(42, step - 1), abs=1e-6)
+
+
+def test_the_readme_linen_recipe_draws_dropout_from_the_step_key():
+    from flax import linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, deterministic):
+            hidden = nn.Dropout(0.5)(nn.relu(nn.Dense(16)(x)), deterministic)
+            return nn.Dense(3)(hidden)
+
+    class Linen(Tiny):
+        def build_model(self, rng):
+            model = Net()
+            variables = model.init(rng, np.zeros((1, 8), np.float32), True)
+            return model, variables["params"], {}
+
+        def forward(self, model, params, state, *, x):  # as the README writes it
+            logits = model.apply(
+                {"params": params},
+                x,
+                deterministic=not nx.training(),
+                rngs={"dropout": nx.step_rng()},
+            )
+            return logits, state
+
+    class NoDropout(Linen):
+        def forward(self, model, params, state, *, x):
+            return model.apply({"params": params}, x, deterministic=True), state
+
+    runs = []
+    for kind in (Linen, Linen, NoDropout):
+        nitro = nx.Nitro(kind(max_epochs=1), logger=None, checkpointer=None)
+        nitro.train()
+        runs.append(leaves_of(nitro.parameters))
+    for a, b in zip(runs[0], runs[1], strict=True):  # the same keys, the same masks
+        np.testing.assert_array_equal(a, b)
+    assert not all(  # and the masks did drop units
+        np.array_equal(a, b) for a, b in zip(runs[0], runs[2], strict=True)
+    )
+    x = np.ones((4, 8), np.float32)
+    assert nitro.predict({"x": x}).tolist() == nitro.predict({"x": x}).tolist()
+
+
+def leaves_of(tree):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
