@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 from compile_counts import kinds_compiled
-from experiments import QuietLogger, Tiny, mlp
+from experiments import QuietLogger, StopsAtStep, Tiny, mlp
 from export_experiments import Exportable
 
 import jaxnitro as nx
@@ -102,6 +102,38 @@ def test_dropout_keyed_by_step_rng_resumes_exactly(tmp_path):
     assert not np.array_equal(
         np.asarray(reseeded.parameters["w2"]), np.asarray(straight.parameters["w2"])
     )
+
+
+def test_dropout_resumes_exactly_from_a_stop_partway_through_an_epoch(tmp_path):
+    """Under accumulation, stopped halfway through epoch 2: the resumed run draws
+    the keys of the steps and micro-batches it has not trained yet."""
+    recipe = {"max_epochs": 3, "n_train": 128}  # 8 batches: 4 steps an epoch
+    straight = nx.Nitro(Dropout(**recipe), accum=2, logger=None, checkpointer=None)
+    straight.train()
+    stopper = StopsAtStep(5)  # read back after step 6: the stop comes at step 6
+    first = nx.Nitro(
+        Dropout(**recipe),
+        run_dir=str(tmp_path),
+        accum=2,
+        logger=stopper,
+        log_every_n_steps=1,
+    )
+    stopper.nitro = first
+    first.train()
+    assert (first.current_epoch, first.current_step) == (2, 6)
+    resumed = nx.Nitro(
+        Dropout(**recipe),
+        run_dir=str(tmp_path),
+        accum=2,
+        logger=None,
+        resume="auto",
+    )
+    resumed.train()
+    assert resumed.current_step == straight.current_step == 12
+    for a, b in zip(
+        leaves_of(straight.parameters), leaves_of(resumed.parameters), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_eval_programs_and_an_export_get_one_fixed_key(tmp_path):
