@@ -346,9 +346,10 @@ def main() -> None:
     print(f"data: {e.mnist_dir or 'scikit-learn digits (8x8)'}")
 
     # Constructing a Nitro runs setup only: data, derive, device placement, the model.
-    # Nothing is compiled until a verb needs it.
+    # Nothing is compiled until a verb needs it. Setup shows the binding report itself
+    # (where every value came from): a panel on a terminal, a log record otherwise;
+    # `nitro.binding_report()` returns its text.
     nitro = nx.Nitro(e, run_dir=run_dir)
-    print(nitro.binding_report())
 
     # The framework never logs a confusion matrix itself: only the experiment knows
     # it has one and what its labels mean. A monitor on this handle sees every phase
@@ -362,6 +363,9 @@ def main() -> None:
             )
 
     nx.register_phase_monitor(log_confusion, nitro=nitro)
+    # On a terminal a progress bar shows the latest train loss and, after each
+    # validation, the macro recall; in a log file (nohup, CI) one summary line per
+    # epoch goes to stderr instead. nx.progress_reporter(None) turns both off.
     nitro.train()
     print(history_table(nitro.history))
 
@@ -413,6 +417,16 @@ def main() -> None:
     np.testing.assert_allclose(served, logits, rtol=1e-5, atol=1e-5)
     print(f"exported {bundle!r} to {path}")
     print(f"bundle agrees with predict: max |diff| {np.abs(served - logits).max():.1e}")
+
+    # Where the run lives: the checkpoints, their manifest and metrics.jsonl, and
+    # the best record by the monitor, which `weights=` or `nitro ckpt` can load.
+    print(f"run directory: {os.path.abspath(nitro.run_dir)}")
+    best = nx.selected_checkpoint(nitro.checkpointer, nitro.run_dir)
+    if best is not None:
+        print(
+            f"best checkpoint: {best.path} (epoch {best.epoch}, "
+            f"{best.metric} {best.score:.4f})"
+        )
     print(f"wall time: {time.perf_counter() - started:.1f} s")
 
 

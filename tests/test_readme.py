@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+import jaxnitro as nx
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -30,3 +32,43 @@ def test_the_quick_start_runs_as_written_and_learns(tmp_path, monkeypatch):
         assert (tmp_path / "runs/classifier/manifest.json").is_file()
     finally:
         sys.modules.pop("readme_quick_start", None)
+
+
+def marked_block(marker: str) -> str:
+    """The README's one Python block whose first line is `# readme: <marker>`."""
+    (block,) = [b for b in python_blocks() if b.startswith(f"# readme: {marker}\n")]
+    return block
+
+
+def run_block(marker: str, tmp_path, monkeypatch):
+    name = "readme_" + marker.replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(marked_block(marker))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        return importlib.import_module(name)  # trains, as a file
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_the_flax_nnx_example_runs_and_keeps_batchnorm_statistics(
+    tmp_path, monkeypatch
+):
+    module = run_block("flax-nnx", tmp_path, monkeypatch)
+    nitro = module.nitro
+    assert nitro.current_epoch == 3 and nitro.history[3]["acc"] > 0.85
+    # The running statistics forward returned became the state, step after step.
+    stats = nitro.train_state.model_state["norm"]
+    assert np.abs(np.asarray(stats["mean"][...])).max() > 0.01
+    assert not np.allclose(np.asarray(stats["var"][...]), 1.0)
+    assert isinstance(nitro.data["train"].source, nx.ArraySource)
+
+
+def test_the_equinox_example_runs_and_learns(tmp_path, monkeypatch):
+    nitro = run_block("equinox", tmp_path, monkeypatch).nitro
+    assert nitro.current_epoch == 3 and nitro.history[3]["acc"] > 0.85
+
+
+def test_the_readme_names_step_rng_with_linen_and_nnx():
+    text = README.read_text()
+    assert 'rngs={"dropout": nx.step_rng()}' in text
+    assert "nnx.Rngs(dropout=nx.step_rng())" in marked_block("flax-nnx")

@@ -47,6 +47,7 @@ from .checkpoint.sources import resolve_weights_source as resolve_weights_source
 from .checkpoint.topk import TopKCheckpointer as TopKCheckpointer
 from .compile.cache import cache_reset as cache_reset
 from .compile.cache import cache_stats as cache_stats
+from .data.arrays import ArraySource as ArraySource
 from .data.batch_at_check import check_batch_at as check_batch_at
 from .data.prefetch import NoPrefetch as NoPrefetch
 from .data.prefetch import PrefetchConfig as PrefetchConfig
@@ -81,6 +82,7 @@ from .experiment.markers import Host as Host
 from .experiment.modes import training as training
 from .experiment.presets import from_preset as from_preset
 from .experiment.presets import presets as presets
+from .experiment.rng import step_rng as step_rng
 from .experiment.stripped import StrippedHost as StrippedHost
 from .experiment.traits import NO_DEFAULT as NO_DEFAULT
 from .experiment.traits import FieldMeta as FieldMeta
@@ -153,6 +155,9 @@ from .observe.progress import progress_bar_reporter as progress_bar_reporter
 from .observe.progress import progress_log_reporter as progress_log_reporter
 from .observe.progress import progress_note as progress_note
 from .observe.progress import progress_reporter as progress_reporter
+from .observe.progress import (
+    progress_summary_reporter as progress_summary_reporter,
+)
 from .observe.progress import with_progress_note as with_progress_note
 from .observe.report import set_config_report as set_config_report
 from .observe.transitions import publish_phase as publish_phase

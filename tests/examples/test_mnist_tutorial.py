@@ -3,6 +3,7 @@ a script in its smoke mode."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,19 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     assert (tmp_path / "run" / "manifest.json").exists()
     # It ends by exporting its model and checking the loaded bundle against predict.
     assert "bundle agrees with predict" in done.stdout
+    # The binding report is shown once, by setup (a log record off a terminal),
+    # not printed a second time; the run's directory and best record close it.
+    assert "binding report" not in done.stdout
+    run_dir = tmp_path / "run"
+    assert f"run directory: {run_dir}\n" in done.stdout
+    best = re.search(
+        r"^best checkpoint: (\S+) \(epoch 1, macro_recall ", done.stdout, re.M
+    )
+    assert best is not None and Path(best.group(1)).parent == run_dir
+    recorded = {entry.file for entry in nx.read_manifest(str(run_dir))}
+    assert Path(best.group(1)).name in recorded
+    # Off a terminal, one summary line per epoch on stderr.
+    assert re.search(r"^epoch 1/1: train_loss \S+ · val acc \S+ · ", done.stderr, re.M)
     (bundle,) = (tmp_path / "run" / "export").glob("*/mnist")
     assert nx.load_bundle(bundle).manifest["batch_sizes"] == [1, 8]
     # The spec's log_confusion recipe: stashed in finalize_metrics, logged by a

@@ -229,17 +229,21 @@ def progress_logger():
         logger.removeHandler(handler)
 
 
-def test_the_default_shows_nothing_on_a_captured_stream(monkeypatch, progress_logger):
+def test_the_default_writes_epoch_summaries_on_a_captured_stream(
+    monkeypatch, progress_logger
+):
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert not is_terminal_session()
     assert not is_log_shown()  # only the last-resort handler, at WARNING
-    bar, log = Events(), Events()
-    chooser = DefaultReporter(bar=bar, log=log)
+    bar, log, summary = Events(), Events(), Events()
+    chooser = DefaultReporter(bar=bar, log=log, summary=summary)
     chooser("begin", "train", 1, 1, 1)
     chooser("step", "", 0, 0, 0)
+    chooser("epoch", "epoch 1/1: train_loss 0.5 · 0.1 s", 0, 1, 1)
     chooser("done", "", 0, 0, 0)
     assert chooser.choice is None
     assert bar.calls == [] and log.calls == []
+    assert ("epoch", "epoch 1/1: train_loss 0.5 · 0.1 s") in summary.verbs()
 
 
 def test_the_default_logs_when_a_handler_shows_info(monkeypatch, progress_logger):
@@ -264,14 +268,14 @@ def test_the_default_draws_the_bar_on_a_terminal_and_holds_it_for_the_stretch(
     monkeypatch.setattr(sys, "stderr", FakeTTY())
     monkeypatch.setenv("TERM", "xterm")
     assert is_terminal_session()
-    bar, log = Events(), Events()
-    chooser = DefaultReporter(bar=bar, log=log)
+    bar, log, summary = Events(), Events(), Events()
+    chooser = DefaultReporter(bar=bar, log=log, summary=summary)
     chooser("begin", "train", 1, 1, 1)
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # mid-stretch: the choice holds
     chooser("step", "", 0, 0, 0)
     assert bar.verbs() == [("begin", "train"), ("step", "")]
-    chooser("begin", "val", 1, 1, 1)  # a new stretch chooses again: nothing now
-    assert chooser.choice is None
+    chooser("begin", "val", 1, 1, 1)  # a new stretch chooses again: the summary
+    assert chooser.choice is summary
     assert bar.verbs()[-1] == ("done", "")  # its line was closed before switching
 
 

@@ -242,7 +242,9 @@ def test_a_real_training_run_at_a_terminal_keeps_one_live_line():
         assert described(line) == "epoch 1/3: train [compiling gradient]"
         term.proceed()
         *_, line = term.expect("epoch 2/3: val", timeout=60)
-        assert described(line) == "epoch 2/3: val"
+        # The latest train loss, and the monitored metric of epoch 1's validation.
+        shown = r"epoch 2/3: val · loss \S+ · val loss \S+"
+        assert re.fullmatch(shown, described(line))
         term.proceed()
         screen = term.finish(timeout=60)
     finally:

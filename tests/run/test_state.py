@@ -68,6 +68,7 @@ def test_the_programs_return_typed_outputs():
     """The fused step returns (Weights, model state, StepOutputs), not a tuple of
     eight arrays: read through the compiled program the loop runs."""
     from jaxnitro.compile.programs import train_step_fn
+    from jaxnitro.experiment.rng import step_rng_input
 
     nitro = nx.Nitro(Tiny(max_epochs=1), **quiet())
     nitro.train()
@@ -80,7 +81,13 @@ def test_the_programs_return_typed_outputs():
         state.step, nitro.prepared.plan.schedule_values(state.step)
     )
     out = jax.eval_shape(
-        fn, nitro.device_values(), state.weights, state.model_state, batch, hp
+        fn,
+        nitro.device_values(),
+        state.weights,
+        state.model_state,
+        batch,
+        hp,
+        step_rng_input(42, state.step),
     )
     weights, model_state, reported = out
     assert isinstance(weights, Weights) and isinstance(reported, StepOutputs)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from ..errors import HookError
 from ..experiment.modes import training_mode
+from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
 from ..experiment.view import replace_fields
 from ..metrics import flatten_metrics
 from ..optim.plan import OptimizerPlan
@@ -223,13 +224,14 @@ def gradient_fn(
     `params + eps`; the loss, state, terms and train_metrics are the first pass's.
     At accum == 1 it returns `(grads, model_state, StepOutputs)` for the fused step
     to trace; above, the gradient program `(accumulator, model_state, StepOutputs)`,
-    the gradient added into the donated accumulator.
+    the gradient added into the donated accumulator. `rng` (uint32[3]: seed, step,
+    micro-batch; `experiment/rng.py`) is what `step_rng()` folds into the step's key.
     """
     scale = 1.0 / accum
 
-    def compute(device_values, params, state, batch, grad_hp):
+    def compute(device_values, params, state, batch, grad_hp, rng):
         view = ctx.make_view(device_values)
-        with training_mode(True):
+        with training_mode(True), step_rng_scope(rng):
 
             def objective(p):
                 outputs, new_state = call_forward(
@@ -262,9 +264,9 @@ def gradient_fn(
     if accum == 1:
         return compute
 
-    def accumulate(device_values, params, state, accumulator, batch, grad_hp):
+    def accumulate(device_values, params, state, accumulator, batch, grad_hp, rng):
         grads, new_state, reported = compute(
-            device_values, params, state, batch, grad_hp
+            device_values, params, state, batch, grad_hp, rng
         )
         accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
         return accumulator, new_state, reported
@@ -288,7 +290,7 @@ def train_step_fn(
     ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
 ) -> Callable:
     """The fused step program (accum == 1): the gradient, then the optimizer step.
-    `(values, Weights, model_state, batch, hp) -> (Weights, model_state,
+    `(values, Weights, model_state, batch, hp, rng) -> (Weights, model_state,
     StepOutputs)`.
 
     One program rather than a gradient program feeding an optimizer program: on a
@@ -296,9 +298,9 @@ def train_step_fn(
     """
     gradient = gradient_fn(ctx, fields, 1, plan)
 
-    def step(device_values, weights, state, batch, hp):
+    def step(device_values, weights, state, batch, hp, rng):
         grads, new_state, reported = gradient(
-            device_values, weights.params, state, batch, hp["grad"]
+            device_values, weights.params, state, batch, hp["grad"], rng
         )
         view = ctx.make_view(device_values)
         return plan.apply(view, weights, grads, hp), new_state, reported
@@ -311,7 +313,7 @@ def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
 
     def run(device_values, params, state, batch):
         view = ctx.make_view(device_values)
-        with training_mode(False):
+        with training_mode(False), step_rng_scope(EVAL_RNG_INPUT):
             outputs, _ = call_forward(
                 ctx, view, params, state, {k: batch[k] for k in names}
             )
@@ -329,7 +331,7 @@ def eval_metrics_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
 
     def run(device_values, outputs, batch):
         view = ctx.make_view(device_values)
-        with training_mode(False):
+        with training_mode(False), step_rng_scope(EVAL_RNG_INPUT):
             return flatten_metrics(
                 ctx.hooks["metrics"](view, outputs, **{k: batch[k] for k in names})
             )
@@ -342,7 +344,7 @@ def eval_loss_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:
 
     def run(device_values, outputs, batch):
         view = ctx.make_view(device_values)
-        with training_mode(False):
+        with training_mode(False), step_rng_scope(EVAL_RNG_INPUT):
             loss, terms = split_loss(
                 ctx.hooks["loss"](view, outputs, **{k: batch[k] for k in names})
             )

@@ -27,6 +27,9 @@ Optional methods, each detected by name:
   says whether `__iter__` runs at all: the fan-out never calls it).
 - `set_epoch(epoch)`: position the next `begin_epoch()` at a 0-based epoch, so a
   resumed run reproduces the data order (the Grain adapter implements it).
+- `set_seed(seed)`: adopt the run's seed; setup calls it once per split, after
+  `build_data`, so `Nitro(e, seed=...)` sets the data order (`ArraySource` uses it
+  unless it was given its own seed).
 - `release()`: close what the source holds open (a file, a client); it must tolerate
   a second call.
 

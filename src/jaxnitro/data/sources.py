@@ -122,6 +122,16 @@ def _shape_and_dtype(value: Any) -> str:
     return f"{tuple(shape)} {getattr(value, 'dtype', '')}".rstrip()
 
 
+def bind_run_seed(data: Mapping[str, Any], seed: int) -> None:
+    """Offer the run's seed to every split's source that takes one (`set_seed`,
+    detected by name, as `ArraySource` defines it), so `Nitro(e, seed=...)` sets
+    the data order too. A source given its own seed keeps it."""
+    for split in data.values():
+        adopt = getattr(unwrap_source(split), "set_seed", None)
+        if callable(adopt):
+            adopt(seed)
+
+
 def check_source_options(source: Any, name: str, cfg: Any) -> None:
     """Refuse source settings the resolved pipeline cannot honour, naming the fix.
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import HookError, RoutingError
 from ..experiment.modes import training_mode
+from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
 from ..experiment.routing import HookFields
 from .spec import ExportSpec
 
@@ -77,7 +78,7 @@ class ExportProgram:
                 f"(by default the wire inputs {list(self.input_names)}): declare the "
                 "field in export_inputs or produce it in export_preprocess."
             ) from None
-        with training_mode(False):
+        with training_mode(False), step_rng_scope(EVAL_RNG_INPUT):
             result = self.forward(
                 self.view, self.model, params, state, **{k: batch[k] for k in names}
             )

@@ -5,8 +5,10 @@ it runs the automatic one, and everything around the step (prefetch, the loss
 read-back and divergence check, train lines, validation, checkpoints, resume,
 phases, progress, stopping) is the same code:
 
-    manual_step(values, Weights, model_state, batch, hp)
+    manual_step(values, Weights, model_state, batch, hp, rng)
         -> (Weights, model_state, StepOutputs)          donates: Weights
+
+`rng` (uint32[3]) is what `jaxnitro.step_rng()` folds into the step's key.
 
 The manual optimizer states travel in `Weights.opt_state` (a tree of `OptState`s,
 each carrying its Optax transformation as static metadata), donated with the
@@ -27,6 +29,7 @@ from ..compile.cache import program_cache
 from ..compile.programs import TraceContext
 from ..errors import HookError
 from ..experiment.modes import training_mode
+from ..experiment.rng import step_rng_scope
 from ..optim.manual import bind_hyperparams
 
 if TYPE_CHECKING:
@@ -123,13 +126,13 @@ def manual_step_fn(
     this step (`hp["manual"]`, in that order) are bound into the optimizer states
     first (`bind_hyperparams`)."""
 
-    def step(device_values, weights, state, batch, hp):
+    def step(device_values, weights, state, batch, hp, rng):
         opt_state = weights.opt_state
         if scheduled:
             values = dict(zip(scheduled, hp["manual"], strict=True))
             opt_state = bind_hyperparams(opt_state, values)
         view = ctx.make_view(device_values)
-        with training_mode(True):
+        with training_mode(True), step_rng_scope(rng):
             result = ctx.hooks["train_step"](
                 view,
                 ctx.model,
@@ -171,6 +174,7 @@ def manual_program(
     batch: dict[str, Any],
     values: dict[str, Any],
     hp: dict[str, Any],
+    rng: Any,
 ) -> Any:
     """The manual step executable, from the handle or the cache.
 
@@ -185,7 +189,7 @@ def manual_program(
     scheduled = plan.manual_targets
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     announce = nitro.executables.announcer()
-    args = (values, state.weights, state.model_state, batch, hp)
+    args = (values, state.weights, state.model_state, batch, hp, rng)
     return nitro.executables.get(
         "manual_step",
         (shapes, names, scheduled, jax.tree.structure(state.weights.opt_state)),

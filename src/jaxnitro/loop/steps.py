@@ -27,6 +27,7 @@ from ..data.finite import describe_nonfinite, nonfinite_fields
 from ..data.signature import Signature, batch_signature, changed_field
 from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
+from ..experiment.rng import step_rng_input
 from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
@@ -80,6 +81,7 @@ class EpochLog:
         self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
+        self.progress = nitro.progress()  # shows the latest train loss
 
     def settle(self, item: _InFlight) -> None:
         loss = float(item.loss)
@@ -87,6 +89,8 @@ class EpochLog:
             raise DivergenceError(divergence_message(loss, item, self.epoch))
         self.loss_sum += loss
         self.loss_count += 1
+        if self.progress is not None:
+            self.progress.show({"loss": loss}, throttle=True)
         self.trained += 1
         self.step_losses.append(loss)
         if item.terms:
@@ -170,6 +174,7 @@ def training_programs(
     batch: dict[str, Any],
     values: dict[str, Any],
     hp: dict[str, Any],
+    rng: Any,
 ) -> tuple[Any, Any]:
     """The training executables, from the handle or the cache.
 
@@ -179,7 +184,7 @@ def training_programs(
     the fused one is.
     """
     if nitro.prepared.manual:
-        return manual_program(nitro, state, batch, values, hp), None
+        return manual_program(nitro, state, batch, values, hp, rng), None
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan
@@ -194,7 +199,7 @@ def training_programs(
 
     announce = nitro.executables.announcer()
     if accum == 1:
-        args = (values, state.weights, state.model_state, batch, hp)
+        args = (values, state.weights, state.model_state, batch, hp, rng)
         step = nitro.executables.get(
             "train_step",
             (shapes, fields, repr(constants)),
@@ -218,6 +223,7 @@ def training_programs(
         state.accumulator,
         batch,
         hp["grad"],
+        rng,
     )
     gradient = nitro.executables.get(
         "gradient",
@@ -384,6 +390,7 @@ def _steps(
     Returns how many batches the feed delivered, or None when a stop request ended
     the epoch early."""
     accum = nitro.config.accum
+    seed = nitro.config.seed
     names = nitro.prepared.routing.train_fields
     expected = nitro.prepared.routing.train_batch
     assert expected is not None
@@ -422,6 +429,7 @@ def _steps(
                 device = None
                 if profiler is not None:
                     profiler.at_step(step, weights)
+            rng = step_rng_input(seed, step, index % accum)  # what step_rng() folds
             if nitro.device_values() is not device:  # set_device may replace it
                 device = nitro.device_values()
                 values = _device_inputs(nitro, device, step_values)
@@ -439,11 +447,12 @@ def _steps(
                     routed,
                     values,
                     hp,
+                    rng,
                 )
             try:
                 if accum == 1:
                     weights, model_state, reported = gradient(
-                        values, weights, model_state, routed, hp
+                        values, weights, model_state, routed, hp, rng
                     )
                     ends_step = True
                 else:
@@ -454,6 +463,7 @@ def _steps(
                         accumulator,
                         routed,
                         hp["grad"],
+                        rng,
                     )
                     ends_step = (index + 1) % accum == 0
                     if ends_step:

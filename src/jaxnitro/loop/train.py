@@ -193,6 +193,18 @@ def _after_validation(
     return stop, scales
 
 
+def _show_epoch(nitro: Nitro, flat: dict[str, Any]) -> None:
+    """The progress line shows the monitored validation metric from now on, and
+    the epoch's summary line goes out (written on stderr when no one watches)."""
+    progress = nitro.progress()
+    if progress is None:
+        return
+    monitor = nitro.prepared.monitor
+    if monitor is not None and monitor[0] in flat:
+        progress.show({f"val {monitor[0]}": float(flat[monitor[0]])})
+    progress.epoch_summary(nitro.status.history[-1], nitro.config.max_epochs)
+
+
 def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
     """Refuse a monitor that names no metric validation returned, whether or not
     anything follows it: with custom metrics a misspelled monitor cannot be caught
@@ -281,6 +293,7 @@ def run_training(nitro: Nitro) -> None:
                     time.perf_counter() - started,
                 )
             )
+            _show_epoch(nitro, flat)
             if metrics:
                 logproto.log_metrics(
                     nitro.logger,

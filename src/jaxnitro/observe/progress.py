@@ -10,11 +10,17 @@ A reporter is `f(verb, label, total, epoch, max_epochs)`, with verb one of:
   text as label ("" for the default, `done: 40/40 epochs`);
 * "phase": when the stretch starts or stops doing something that produces no units;
   label names it ("compiling gradient") or is "" when ordinary work resumes;
-* "note": when the note user code set changes; label is the note, "" for none.
+* "note": when the note user code set changes; label is the note, "" for none;
+* "metrics": when the values the line shows change (the latest train loss each
+  step, the monitored validation metric after each validation); label is their
+  text, `loss 0.4123 · val acc 0.9031`;
+* "epoch": once per trained epoch, after its validation; label is its summary line,
+  `epoch 3/40: train_loss 0.4123 · val acc 0.9031 · 2.1 s`.
 
 A new "phase" or "begin" clears the note. `progress_reporter(f)` installs one and
-returns the previous; None switches progress off. A reporter that raises is switched
-off with a warning, and the run goes on.
+returns the previous; None switches progress off, the bar and the per-epoch summary
+lines alike. A reporter should ignore a verb it does not know. A reporter that raises
+is switched off with a warning, and the run goes on.
 
 The loop drives it through `Progress`, one per entry point::
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,11 +45,15 @@ from typing import Protocol
 
 from ..errors import NitroWarning
 from .progress_bar import BarReporter, is_terminal_session
-from .progress_line import stretch_name
+from .progress_line import epoch_summary, format_values, stretch_name
 from .progress_log import LogReporter, is_log_shown
 from .progress_notes import NoteStack
+from .progress_summary import SummaryReporter
 
-VERBS = ("begin", "step", "end", "done", "phase", "note")
+SHOW_INTERVAL_S = 0.1
+"""The least time between two throttled updates of the shown values."""
+
+VERBS = ("begin", "step", "end", "done", "phase", "note", "metrics", "epoch")
 
 
 class ProgressReporter(Protocol):
@@ -60,23 +71,29 @@ watches stderr (`is_terminal_session()`)."""
 progress_log_reporter = LogReporter()
 """The log-record reporter: INFO records on the `jaxnitro.progress` logger."""
 
+progress_summary_reporter = SummaryReporter()
+"""The non-terminal reporter: one summary line per epoch on stderr."""
+
 
 class DefaultReporter:
     """Picks a reporter at each stretch's "begin", and keeps it for the stretch.
 
     In order: `progress_bar_reporter` when stderr is a terminal
     (`is_terminal_session()`); `progress_log_reporter` when a logging handler would
-    show INFO records of `jaxnitro.progress` (`is_log_shown()`); nothing otherwise,
-    which is a CI log or a captured transcript.
+    show INFO records of `jaxnitro.progress` (`is_log_shown()`);
+    `progress_summary_reporter` otherwise (a log file, `nohup`, CI), which writes
+    one line per epoch to stderr. `progress_reporter(None)` turns all of it off.
     """
 
     def __init__(
         self,
         bar: ProgressReporter | None = None,
         log: ProgressReporter | None = None,
+        summary: ProgressReporter | None = None,
     ) -> None:
         self._bar = progress_bar_reporter if bar is None else bar
         self._log = progress_log_reporter if log is None else log
+        self._summary = progress_summary_reporter if summary is None else summary
         self._choice: ProgressReporter | None = None
 
     def choose(self) -> ProgressReporter | None:
@@ -85,7 +102,7 @@ class DefaultReporter:
             return self._bar
         if is_log_shown():
             return self._log
-        return None
+        return self._summary
 
     @property
     def choice(self) -> ProgressReporter | None:
@@ -254,6 +271,8 @@ class Progress:
         self._open = False
         self._closed = False
         self._nested = False
+        self._values: dict[str, float] = {}
+        self._shown_at = float("-inf")
 
     def __enter__(self) -> Progress:
         global _drivers
@@ -310,6 +329,35 @@ class Progress:
             return
         self._open = False
         report_progress("end", self._label, self._total, self._epoch, self._max_epochs)
+
+    def show(self, values: dict[str, float], *, throttle: bool = False) -> None:
+        """Show `values` on the line from now on (merged by name with those shown),
+        e.g. `{"loss": 0.41}` each step, `{"val acc": 0.9}` after validation.
+
+        With `throttle` (the per-step loss), the line hears of it at most every
+        `SHOW_INTERVAL_S`, as often as the bar redraws: the values are kept, and the
+        next send carries the latest.
+        """
+        if _reporter is None:
+            return
+        self._values.update(values)
+        now = time.monotonic()
+        if throttle and now - self._shown_at < SHOW_INTERVAL_S:
+            return
+        self._shown_at = now
+        report_progress(
+            "metrics",
+            format_values(self._values),
+            self._total,
+            self._epoch,
+            self._max_epochs,
+        )
+
+    def epoch_summary(self, row: dict[str, object], max_epochs: int) -> None:
+        """Send the summary line of a trained epoch, from its history row."""
+        if _reporter is not None:
+            text = epoch_summary(row, max_epochs)
+            report_progress("epoch", text, 0, self._epoch, max_epochs)
 
     def phase(self, label: str = "") -> None:
         """The stretch is doing `label` ("compiling gradient"); "" resumes its units.

@@ -135,9 +135,12 @@ class BarReporter:
             self._line.set_phase(label)
         elif verb == "note":
             self._line.note = label
+        elif verb == "metrics":
+            self._line.values = label
         elif verb == "done":
             self._finish(label)
-        # "end" changes nothing on the line; unknown verbs are ignored
+        # "end" and "epoch" change nothing on the line (the line shows the latest
+        # values itself); unknown verbs are ignored
 
     def _start(self) -> bool:
         console = self._console

@@ -1,8 +1,10 @@
 """The state of one progress line: what the bar draws and the log reporter writes.
 
-One line per entry point. It reads `epoch 3/40: train [compiling gradient] (note)`:
-the epoch position when the stretch has one, the stretch's label, the current phase
-in brackets and the user's note in parentheses. Setup reads `setup [building data]`.
+One line per entry point. It reads `epoch 3/40: train [compiling gradient] (note) ·
+loss 0.4123 · val acc 0.9031`: the epoch position when the stretch has one, the
+stretch's label, the current phase in brackets, the user's note in parentheses, and
+the latest values the loop shows (the train loss, the monitored validation metric),
+which stay on the line from stretch to stretch. Setup reads `setup [building data]`.
 The line ends with a closing text, by default `done: 40/40 epochs` (or `setup done`
 for a stretch without epochs).
 
@@ -26,6 +28,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 
 def stretch_name(label: str, epoch: int, max_epochs: int) -> str:
     """`epoch 3/40: train`, or the label alone for a stretch without epochs."""
@@ -45,6 +52,7 @@ class ProgressLine:
         "max_epochs",
         "phase",
         "note",
+        "values",
         "_run_fraction",
     )
 
@@ -56,6 +64,7 @@ class ProgressLine:
         self.max_epochs = 0
         self.phase = ""
         self.note = ""
+        self.values = ""
         self._run_fraction = 0.0
 
     def begin(self, label: str, total: int, epoch: int, max_epochs: int) -> None:
@@ -91,12 +100,14 @@ class ProgressLine:
         return None
 
     def description(self) -> str:
-        """`epoch 3/40: train [compiling gradient] (decoding 3/5)`."""
+        """`epoch 3/40: train [compiling gradient] (decoding 3/5) · loss 0.4123`."""
         text = stretch_name(self.label, self.epoch, self.max_epochs)
         if self.phase:
             text += f" [{self.phase}]"
         if self.note:
             text += f" ({self.note})"
+        if self.values:
+            text += f" · {self.values}"
         return text
 
     def closing(self, text: str) -> str:
@@ -114,3 +125,33 @@ class ProgressLine:
         within = min(self.done / self.total, 1.0) if self.total > 0 else 0.0
         now = min((self.epoch - 1 + within) / self.max_epochs, 1.0)
         self._run_fraction = max(self._run_fraction, now)
+
+
+def format_values(values: Mapping[str, float]) -> str:
+    """`loss 0.4123 · val acc 0.9031`: each value to four significant digits.
+
+    >>> format_values({"loss": 0.412345, "val acc": 0.9})
+    'loss 0.4123 · val acc 0.9'
+    """
+    return " · ".join(f"{name} {value:.4g}" for name, value in values.items())
+
+
+def epoch_summary(row: Mapping[str, Any], max_epochs: int) -> str:
+    """One epoch's summary line from its history row: the epoch, the train loss,
+    every scalar validation metric, and the epoch's seconds.
+
+    >>> row = {"epoch": 2, "step": 8, "train_loss": 0.52, "acc": 0.91, "loss": 0.4,
+    ...        "seconds": 1.234}
+    >>> epoch_summary(row, 5)
+    'epoch 2/5: train_loss 0.52 · val acc 0.91 · val loss 0.4 · 1.2 s'
+    """
+    shown = {"train_loss": row["train_loss"]}
+    for name, value in row.items():
+        if name in ("epoch", "step", "train_loss", "seconds"):
+            continue
+        if isinstance(value, int | float | np.number) and not isinstance(value, bool):
+            shown[f"val {name}"] = float(value)
+    return (
+        f"epoch {row['epoch']}/{max_epochs}: {format_values(shown)} · "
+        f"{row['seconds']:.1f} s"
+    )

@@ -5,7 +5,8 @@ the first "begin", closed at "done". Each record's message is the line as the ba
 would draw it, prefixed by the fraction (`' 42% epoch 3/40: train'`), and it carries
 `record.progress`, a dict `{"id", "name", "fraction", "done"}` for a handler that
 draws its own display. Records are written at each stretch's start, each phase, and
-the end; steps and notes at most once per `interval_s`, so a log is not flooded.
+the end, and each epoch's summary; steps, notes and the shown values (the latest
+train loss) at most once per `interval_s`, so a log is not flooded.
 
 Example:
     >>> import logging, io
@@ -104,6 +105,11 @@ class LogReporter:
         elif verb == "note":
             line.note = label
             self._write_throttled()
+        elif verb == "metrics":
+            line.values = label
+            self._write_throttled()
+        elif verb == "epoch":
+            self._write(label)
         elif verb == "done":
             self._write(line.closing(label), done=True)
             self._id = None

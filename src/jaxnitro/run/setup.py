@@ -31,6 +31,7 @@ from ..compile.programs import TraceContext
 from ..data.first_batches import first_batches
 from ..data.prefetch import auto_prefetch, check_prefetch
 from ..data.sources import (
+    bind_run_seed,
     check_split,
 )
 from ..errors import (
@@ -264,6 +265,7 @@ class SetupSequence:
                 name: first_batches(s, smoke_batches(name, accum))
                 for name, s in self.data.items()
             }
+        bind_run_seed(self.data, seed)  # e.g. an ArraySource shuffles by the run seed
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }

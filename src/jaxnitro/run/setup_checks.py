@@ -172,7 +172,8 @@ def partial_batch_message(last: int, full: int) -> str:
     return (
         f"The train split keeps a partial last batch ({last} samples, the others "
         f"{full}): a short batch would compile a second gradient program and weight "
-        f"its samples differently. Drop it (drop_remainder=True / drop_last=True)."
+        f"its samples differently. Drop it: nx.ArraySource(..., drop_last=True), "
+        f"grain's .batch(n, drop_remainder=True), or drop_last=True on your loader."
     )
 
 
