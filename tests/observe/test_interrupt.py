@@ -1,4 +1,4 @@
-"""Ctrl+C as a graceful stop: the SIGINT handler, and a real training process."""
+"""Ctrl+C and SIGTERM as a graceful stop: the handlers, and real training processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from pathlib import Path
 import experiments
 import pytest
 
-from jaxnitro.observe.interrupt import STOP_MESSAGE, StopOnInterrupt
+from jaxnitro.observe.interrupt import (
+    STOP_MESSAGE,
+    TERMINATE_MESSAGE,
+    StopOnInterrupt,
+)
 
 SUPPORT = Path(experiments.__file__).resolve().parent  # what the process imports
 
@@ -34,16 +38,95 @@ def test_the_first_ctrl_c_requests_a_stop_and_says_so(capfd):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_ctrl_c_interrupts_as_usual():
+def test_a_second_ctrl_c_exits_at_once_without_a_traceback(capfd):
     stops: list = []
     with (
-        pytest.raises(KeyboardInterrupt),
+        pytest.raises(SystemExit) as exited,
         StopOnInterrupt(lambda: stops.append(1), message=None),
     ):
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)
+    assert exited.type is SystemExit and exited.value.code == 130
     assert stops == [1]
+    assert (
+        "second Ctrl+C during the graceful stop: exiting at once with status 130"
+        in (capfd.readouterr().err)
+    )
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_at_an_interactive_prompt_interrupts_and_keeps_the_session(
+    monkeypatch,
+):
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    with (
+        pytest.raises(KeyboardInterrupt),
+        StopOnInterrupt(lambda: None, message=None),
+    ):
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_the_first_sigterm_requests_a_preemption_stop_and_says_so(capfd):
+    calls: list = []
+    with StopOnInterrupt(
+        lambda: calls.append("stop"), on_terminate=lambda: calls.append("preempt")
+    ) as guard:
+        signal.raise_signal(signal.SIGTERM)  # the process is not terminated
+        assert calls == ["preempt"] and guard.requested and guard.terminated
+    printed = capfd.readouterr().err
+    assert TERMINATE_MESSAGE in printed
+    assert "SIGTERM received (preemption)" in printed
+    assert "exiting with status 143" in printed
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_sigterm_without_on_terminate_calls_request_stop():
+    calls: list = []
+    with StopOnInterrupt(lambda: calls.append("stop"), terminate_message=None) as g:
+        signal.raise_signal(signal.SIGTERM)
+    assert calls == ["stop"] and g.terminated
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "status", "name"),
+    [
+        (signal.SIGTERM, signal.SIGTERM, 143, "SIGTERM"),
+        (signal.SIGTERM, signal.SIGINT, 130, "Ctrl+C"),
+        (signal.SIGINT, signal.SIGTERM, 143, "SIGTERM"),
+    ],
+)
+def test_a_second_signal_during_the_stop_exits_at_once(
+    capfd, first, second, status, name
+):
+    with (
+        pytest.raises(SystemExit) as exited,
+        StopOnInterrupt(lambda: None, message=None, terminate_message=None),
+    ):
+        signal.raise_signal(first)
+        signal.raise_signal(second)
+    assert exited.value.code == status
+    assert f"second {name} during the graceful stop" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_an_ignored_sigterm_stays_ignored():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with StopOnInterrupt(lambda: None) as guard:
+            assert guard.installed  # SIGINT still is
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_stop_on_interrupt_refuses_a_non_callable_on_terminate():
+    with pytest.raises(
+        TypeError,
+        match=r"StopOnInterrupt\(on_terminate=\.\.\.\) takes the function to call "
+        r"on SIGTERM, or None; got int",
+    ):
+        StopOnInterrupt(lambda: None, on_terminate=3)  # type: ignore[arg-type]
 
 
 def test_a_second_ctrl_c_runs_the_previous_handler():
@@ -90,7 +173,7 @@ def test_off_the_main_thread_nothing_is_installed():
 def test_a_nested_block_leaves_ctrl_c_to_the_outer_one():
     stops: list = []
     with (
-        pytest.raises(KeyboardInterrupt),
+        pytest.raises(SystemExit),
         StopOnInterrupt(lambda: stops.append("outer"), message=None) as outer,
         StopOnInterrupt(lambda: stops.append("inner"), message=None) as inner,
     ):

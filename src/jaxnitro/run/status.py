@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoint.lock import RunDirLock
 from ..checkpoint.record import Record
 
 
@@ -22,8 +23,9 @@ class RunStatus:
     Attributes:
         history: one row per epoch this handle trained (`nitro.history` shows them).
         stop_requested: `request_stop()` was called and not yet honoured.
+        preempted: the pending stop request came from a SIGTERM (a preemption).
         stop_reason: how the last `train()` ended ("completed", "early_stop",
-            "requested", "error"), or None before one ends.
+            "requested", "preempted", "error"), or None before one ends.
         held_stop: where a stop cut the current epoch (the epoch, step, batches
             trained and the running loss), so training again continues it; None
             when the last epoch ended whole.
@@ -35,13 +37,24 @@ class RunStatus:
         eval_width: the eval programs' batch width: setup probes it (the first
             batch of val, else test, else any split); with no data, the first
             batch evaluated or predicted fixes it.
+        run_lock: this handle's share of the run directory's lock while it may
+            write there (from setup for a resume, else for one `train()`); None
+            when it holds none.
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_requested: bool = False
+    preempted: bool = False
     stop_reason: str | None = None
     held_stop: dict[str, Any] | None = None
     pending_record: Record | None = None
     restored_best: bool = False
     released_by: str | None = None
     eval_width: int | None = None
+    run_lock: RunDirLock | None = None
+
+    def release_run_lock(self) -> None:
+        """Give up the handle's share of the run directory's lock, if it holds one."""
+        lock, self.run_lock = self.run_lock, None
+        if lock is not None:
+            lock.release()
