@@ -14,6 +14,7 @@ from pathlib import Path
 
 import experiments
 import pytest
+from experiments import Tiny
 
 from jaxnitro.observe.interrupt import (
     STOP_MESSAGE,
@@ -263,3 +264,102 @@ def test_ctrl_c_stops_a_training_process_gracefully(tmp_path):
     assert json.loads(lines[-1]) == {"type": "finish", "status": "requested"}
     validated = [json.loads(x) for x in lines if '"context": "validate"' in x]
     assert validated[-1]["epoch"] == last.epoch  # the stopping epoch validated
+
+
+# ---------------------------------------------------- SIGTERM, a preemption ---
+PREEMPTED = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import jaxnitro as nx
+    from experiments import Tiny
+
+    class SlowFinish(nx.JSONLogger):
+        def finish(self, status):
+            super().finish(status)
+            if sys.argv[2] == "slow":  # a long graceful stop, to interrupt
+                open("finishing", "w").close()
+                time.sleep(120)
+
+    nitro = nx.Nitro(Tiny(max_epochs=100_000), run_dir="run", logger=SlowFinish())
+    try:
+        nitro.train()
+    finally:
+        print("finally ran", nitro.stop_reason, flush=True)
+    print("after train", flush=True)
+    """
+)
+
+
+def _preempted_process(tmp_path: Path, mode: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", PREEMPTED, str(SUPPORT), mode],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAXNITRO_COMPILATION_CACHE": "off"},
+    )
+
+
+@pytest.mark.slow  # a training process of its own
+@pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
+def test_sigterm_checkpoints_exits_preempted_and_the_run_resumes(tmp_path):
+    process = _preempted_process(tmp_path, "fast")
+    try:
+        _first_train_line(tmp_path / "run" / "metrics.jsonl", process, timeout=60)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, err
+    assert "SIGTERM received (preemption)" in err
+    assert "jaxnitro: preempted (SIGTERM): stopped at epoch" in err
+    assert "its checkpoint is written in run" in err
+    assert "Exiting with status 143" in err
+    assert "Traceback" not in err
+    assert "finally ran preempted" in out and "after train" not in out
+
+    import jaxnitro as nx
+
+    run_dir = str(tmp_path / "run")
+    entries = nx.read_manifest(run_dir)
+    last = max(entries, key=lambda e: (e.written, e.epoch))
+    assert last.stop_reason == "preempted"
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1]) == {"type": "finish", "status": "preempted"}
+    resumed = nx.Nitro(
+        Tiny(max_epochs=last.epoch + 1), run_dir=run_dir, resume="auto", logger=None
+    )
+    assert (resumed.current_epoch, resumed.current_step) == (last.epoch, last.step)
+    resumed.train()
+    assert resumed.stop_reason == "completed"
+    assert resumed.current_epoch == last.epoch + 1
+
+
+@pytest.mark.slow  # a training process of its own
+@pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
+def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(tmp_path):
+    process = _preempted_process(tmp_path, "slow")
+    try:
+        _first_train_line(tmp_path / "run" / "metrics.jsonl", process, timeout=60)
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "finishing").exists():  # inside the graceful stop
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.02)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, err
+    assert took < 20  # not the 120 s the stop would have taken
+    assert "second SIGTERM during the graceful stop: exiting at once" in err
+    assert "Traceback" not in err
+    assert "preempted (SIGTERM): stopped at epoch" not in err  # it did not finish
