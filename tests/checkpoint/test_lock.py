@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import gc
-import json
 import os
 import shutil
 import socket
@@ -17,6 +16,7 @@ from pathlib import Path
 import experiments
 import pytest
 from experiments import Tiny
+from foreign_lock import foreign_lock
 
 import jaxnitro as nx
 from jaxnitro import cli
@@ -24,18 +24,6 @@ from jaxnitro.checkpoint.lock import LOCK_NAME, holder, lock_run_dir
 from jaxnitro.errors import CheckpointError, RunDirLockedError
 
 SUPPORT = Path(experiments.__file__).resolve().parent  # what the processes import
-
-
-def _foreign_lock(directory, *, pid=4242, host="gpu-node-7"):
-    """Hold `directory`'s lock through an open file of our own: to the lock it is
-    another holder, as another process would be (flock locks an open file)."""
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    text = json.dumps({"pid": pid, "host": host, "since": "2026-12-01 10:00:00 UTC"})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, text.encode(), 0)
-    return fd
 
 
 def test_a_lock_names_this_process_and_is_dropped_at_the_last_release(tmp_path):
@@ -55,7 +43,7 @@ def test_a_lock_names_this_process_and_is_dropped_at_the_last_release(tmp_path):
 
 def test_a_second_holder_is_refused_naming_the_holders_pid_and_host(tmp_path):
     directory = str(tmp_path / "run")
-    fd = _foreign_lock(directory)
+    fd = foreign_lock(directory)
     try:
         with pytest.raises(RunDirLockedError) as refused:
             lock_run_dir(directory, purpose="train")
@@ -138,7 +126,7 @@ def test_release_lets_go_of_a_resume_handles_lock(run_dir):
 
 
 def test_a_resume_into_a_directory_another_process_writes_is_refused_at_setup(run_dir):
-    fd = _foreign_lock(run_dir)
+    fd = foreign_lock(run_dir)
     try:
         with pytest.raises(
             RunDirLockedError, match=r"pid 4242 on host gpu-node-7 .*resume is refused"
@@ -151,7 +139,7 @@ def test_a_resume_into_a_directory_another_process_writes_is_refused_at_setup(ru
 def test_train_into_a_locked_directory_is_refused_before_any_step(run_dir):
     before = (Path(run_dir) / "manifest.json").read_bytes()
     nitro = nx.Nitro(Tiny(), run_dir=run_dir, logger=None)  # building writes nothing
-    fd = _foreign_lock(run_dir)
+    fd = foreign_lock(run_dir)
     try:
         with pytest.raises(RunDirLockedError, match=r"pid 4242.*this train is refused"):
             nitro.train()
@@ -165,7 +153,7 @@ def test_train_into_a_locked_directory_is_refused_before_any_step(run_dir):
 
 def test_reading_a_locked_directory_needs_no_lock(run_dir, capsys):
     record = nx.find_latest(None, run_dir)
-    fd = _foreign_lock(run_dir)
+    fd = foreign_lock(run_dir)
     try:
         reader = nx.Nitro(Tiny(), run_dir=run_dir, weights=record, logger=None)
         assert set(reader.evaluate("val")) == {"loss"}
@@ -176,7 +164,7 @@ def test_reading_a_locked_directory_needs_no_lock(run_dir, capsys):
 
 
 def test_a_run_without_a_checkpointer_locks_nothing(run_dir):
-    fd = _foreign_lock(run_dir)
+    fd = foreign_lock(run_dir)
     try:
         nitro = nx.Nitro(Tiny(), run_dir=run_dir, logger=None, checkpointer=None)
         nitro.train()
@@ -192,6 +180,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
     from experiments import Tiny
+from foreign_lock import foreign_lock
 
     resume = "auto" if sys.argv[2] == "resume" else None
     try:
