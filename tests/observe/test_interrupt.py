@@ -14,8 +14,9 @@ from pathlib import Path
 
 import experiments
 import pytest
-from experiments import Tiny
+from experiments import QuietLogger, Tiny
 
+import jaxnitro as nx
 from jaxnitro.observe.interrupt import (
     STOP_MESSAGE,
     TERMINATE_MESSAGE,
@@ -206,13 +207,51 @@ def test_stop_on_interrupt_refuses_a_non_callable():
         StopOnInterrupt(None)  # type: ignore[arg-type]
 
 
+# --------------------------------------------------- a preemption in process ---
+class TermAtStep(QuietLogger):
+    """Sends this process a SIGTERM at one train line, as a scheduler would."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and step == self.step:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_sigterm_checkpoints_then_raises_preempted_with_status_143(tmp_path, capfd):
+    run_dir = str(tmp_path / "run")
+    nitro = nx.Nitro(
+        Tiny(n_train=160, max_epochs=50), run_dir=run_dir, logger=TermAtStep(3)
+    )
+    with pytest.raises(nx.Preempted) as exited:
+        nitro.train()
+    assert not isinstance(exited.value, Exception)  # `except Exception` passes it on
+    assert exited.value.code == 143 and exited.value.stop_reason == "preempted"
+    step = nitro.current_step
+    assert nitro.stop_reason == "preempted" and 3 <= step < 10  # mid-epoch
+    message = str(exited.value)
+    assert message.startswith(
+        f"jaxnitro: preempted (SIGTERM): stopped at epoch 1, step {step};"
+    )
+    assert f"its checkpoint is written in {run_dir}" in message
+    assert 'continue it with Nitro(e, resume="auto")' in message
+    assert message in capfd.readouterr().err  # the interpreter exits silently
+    [entry] = nx.read_manifest(run_dir)
+    assert (entry.step, entry.stop_reason) == (step, "preempted")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert not nitro.status.stop_requested and not nitro.status.preempted
+
+
 # ------------------------------------------------------- a real training process ---
 TRAIN = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
-    from experiments import Tiny
+    from experiments import QuietLogger, Tiny
+
+import jaxnitro as nx
 
     nitro = nx.Nitro(Tiny(max_epochs=100_000), run_dir="run", logger=nx.JSONLogger())
     nitro.train()
@@ -272,7 +311,9 @@ PREEMPTED = textwrap.dedent(
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
-    from experiments import Tiny
+    from experiments import QuietLogger, Tiny
+
+import jaxnitro as nx
 
     class SlowFinish(nx.JSONLogger):
         def finish(self, status):
