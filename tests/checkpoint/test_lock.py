@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import os
@@ -273,3 +274,28 @@ def test_a_second_resume_of_one_run_is_refused_until_the_first_is_killed(
     [(rc, out, err)] = _finish([_writer(tmp_path, "resume", "go")])
     assert rc == 0, err
     assert out.split()[0] == "trained" and out.split()[2] == "3"
+
+
+def test_a_directory_that_cannot_be_created_is_refused_by_name(tmp_path):
+    (tmp_path / "file").write_text("")  # a run_dir under a file: even root fails
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot be written \(Not a directory\): this train needs to create "
+        r"its lock file .*Pass a writable run_dir",
+    ):
+        lock_run_dir(str(tmp_path / "file" / "run"), purpose="train")
+
+
+def test_a_file_system_without_flock_runs_unlocked_with_a_warning(
+    tmp_path, monkeypatch
+):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(
+        nx.NitroWarning,
+        match=r"cannot be locked \(\[Errno \d+\] No locks available\): its file "
+        r"system does not support flock\. The run goes ahead unlocked",
+    ):
+        assert lock_run_dir(str(tmp_path), purpose="train") is None

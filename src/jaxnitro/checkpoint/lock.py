@@ -36,7 +36,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import NitroWarning, RunDirLockedError, user_stacklevel
+from ..errors import (
+    CheckpointError,
+    NitroWarning,
+    RunDirLockedError,
+    user_stacklevel,
+)
 from .lookup import source_directory
 
 LOCK_NAME = ".nitro.lock"
@@ -49,6 +54,12 @@ LOCKED = (
     'run a directory of its own, e.g. run_dir="{directory}-2". Reading the '
     "directory needs no lock: weights=, evaluate() and `nitro runs` work while it "
     "trains."
+)
+UNWRITABLE = (
+    "The run directory {directory!r} cannot be written ({error}): this {purpose} "
+    "needs to create its lock file {path} before it writes checkpoints there. Pass a "
+    "writable run_dir (or a Checkpointer(dir=...) that is), or checkpointer=None to "
+    "write no checkpoints."
 )
 UNLOCKABLE = (
     "The run directory {directory!r} cannot be locked ({error}): its file system "
@@ -140,15 +151,21 @@ def lock_run_dir(directory: str, *, purpose: str) -> RunDirLock | None:
         RunDirLockedError: another process holds the lock, naming its pid and host.
     """
     directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK_NAME)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(directory, path, purpose, error) from error
     key = os.path.realpath(directory)
     with _GUARD:
         held = _HELD.get(key)
         if held is not None:
             held.users += 1
             return RunDirLock(key, directory)
-        path = os.path.join(directory, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise _unwritable(directory, path, purpose, error) from error
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -192,6 +209,19 @@ def holder(directory: str) -> LockHolder | None:
     finally:
         os.close(fd)  # closing drops a lock it took
     return None
+
+
+def _unwritable(
+    directory: str, path: str, purpose: str, error: OSError
+) -> CheckpointError:
+    return CheckpointError(
+        UNWRITABLE.format(
+            directory=directory,
+            path=path,
+            purpose=purpose,
+            error=error.strerror or error,
+        )
+    )
 
 
 def _locked(directory: str, path: str, purpose: str) -> RunDirLockedError:
