@@ -181,7 +181,6 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
     from experiments import Tiny
-from foreign_lock import foreign_lock
 
     resume = "auto" if sys.argv[2] == "resume" else None
     try:

@@ -249,9 +249,7 @@ TRAIN = textwrap.dedent(
     import sys
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
-    from experiments import QuietLogger, Tiny
-
-import jaxnitro as nx
+    from experiments import Tiny
 
     nitro = nx.Nitro(Tiny(max_epochs=100_000), run_dir="run", logger=nx.JSONLogger())
     nitro.train()
@@ -311,9 +309,7 @@ PREEMPTED = textwrap.dedent(
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
     import jaxnitro as nx
-    from experiments import QuietLogger, Tiny
-
-import jaxnitro as nx
+    from experiments import Tiny
 
     class SlowFinish(nx.JSONLogger):
         def finish(self, status):
