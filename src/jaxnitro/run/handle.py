@@ -848,8 +848,9 @@ class Nitro:
 
     def _run_entry(self, work: Any) -> Any:
         """Run a public entry point: monitors adopted, Starting and Idle announced
-        around the outermost call, Ctrl+C turned into request_stop(), one progress
-        line. A stop request ends with the call that honoured it."""
+        around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
+        into a preemption stop, one progress line. A stop request ends with the
+        call that honoured it; a preemption then raises `Preempted`."""
         guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
         with entry_point(self), guard, Progress() as bar:
             outer, self._progress = self._progress, bar
