@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from checkpoint_fixtures import bound, write
+from foreign_lock import foreign_lock
 
 import jaxnitro as nx
 from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
@@ -174,6 +175,23 @@ def test_usage_errors_exit_with_status_2(argv, capsys):
         main(argv)
     assert stop.value.code == 2
     assert "usage: nitro" in capsys.readouterr().err
+
+
+def test_nitro_ckpt_repair_of_a_directory_another_process_writes_is_refused(
+    run_dir, capsys
+):
+    before = (run_dir / MANIFEST).read_bytes()
+    fd = foreign_lock(str(run_dir))
+    try:
+        assert main(["ckpt", "--repair", str(run_dir)]) == 1
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert err.startswith("nitro ckpt: The run directory")
+    assert "pid 4242 on host gpu-node-7" in err
+    assert "this manifest repair is refused" in err
+    assert (run_dir / MANIFEST).read_bytes() == before
+    assert main(["ckpt", "--repair", str(run_dir)]) == 0  # free again
 
 
 def test_sexpgpu_is_the_same_program():

@@ -71,7 +71,9 @@ from .errors import MissingExtraError as MissingExtraError
 from .errors import NitroError as NitroError
 from .errors import NitroWarning as NitroWarning
 from .errors import NotYetSupportedError as NotYetSupportedError
+from .errors import Preempted as Preempted
 from .errors import RoutingError as RoutingError
+from .errors import RunDirLockedError as RunDirLockedError
 from .errors import StaleHandleWarning as StaleHandleWarning
 from .errors import StrippedHostError as StrippedHostError
 from .experiment.base import Experiment as Experiment

@@ -338,12 +338,19 @@ def _ckpt(path: str, *pair: str) -> int:
 
 
 def _repair(directory: str, metric: str | None, mode: str | None) -> int:
+    from .checkpoint.lock import lock_run_dir
     from .checkpoint.lookup import runs_held
     from .checkpoint.manifest import manifest_path, repair_manifest
 
     if not os.path.isdir(directory):
         raise CheckpointError(f"No run directory at {directory!r}.")
-    entries, skipped = repair_manifest(directory, metric=metric, mode=mode)
+    # Rewriting the manifest under a training process would lose its next save.
+    lock = lock_run_dir(directory, purpose="manifest repair")
+    try:
+        entries, skipped = repair_manifest(directory, metric=metric, mode=mode)
+    finally:
+        if lock is not None:
+            lock.release()
     print(
         f"Wrote {manifest_path(directory)}: {len(entries)} checkpoint(s); runs: "
         f"{runs_held(entries)}."

@@ -44,6 +44,51 @@ class CheckpointError(NitroError):
     """A checkpoint cannot be found, read, or matched to this experiment."""
 
 
+class RunDirLockedError(CheckpointError):
+    """Another process holds the run directory's lock: it is writing that directory.
+
+    Attributes:
+        directory: the locked run directory.
+        pid: the holder's process id, or None when its lock file names none.
+        host: the holder's hostname, or None when its lock file names none.
+    """
+
+    def __init__(
+        self, message: str, *, directory: str, pid: int | None, host: str | None
+    ) -> None:
+        super().__init__(message)
+        self.directory = directory
+        self.pid = pid
+        self.host = host
+
+
+class Preempted(SystemExit):
+    """A SIGTERM stopped the run gracefully; raising this ends the process.
+
+    Cluster schedulers send SIGTERM before they preempt a job. An entry point that
+    received one (`train`, `validate`, ...) stops at the next step boundary, then
+    validates, checkpoints and finishes the logger exactly as for Ctrl+C, and then
+    raises `Preempted`, so the process exits with status 143 (128 + SIGTERM, what
+    the scheduler expects of a process its SIGTERM ended) after its `finally`
+    blocks ran, and without a traceback. It derives from `SystemExit`, not from
+    `NitroError`: an `except Exception` in a training script does not swallow the
+    preemption. Catch `Preempted` itself to do something else first (requeue the
+    job, upload the checkpoint), then re-raise it.
+
+    Attributes:
+        code: the exit status, 143.
+        stop_reason: how the interrupted call ended ("preempted" for a `train()`
+            that stopped for it).
+    """
+
+    EXIT_STATUS = 143
+
+    def __init__(self, message: str, *, stop_reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = self.EXIT_STATUS  # what the interpreter exits with, silently
+        self.stop_reason = stop_reason
+
+
 class NotYetSupportedError(NitroError, NotImplementedError):
     """A spec feature whose implementation has not landed yet.
 

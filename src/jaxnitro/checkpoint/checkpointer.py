@@ -69,7 +69,7 @@ from .selectors import (
 )
 
 SCOPES = ("run", "dir")
-STOP_REASONS = ("completed", "early_stop", "requested", "error")
+STOP_REASONS = ("completed", "early_stop", "requested", "preempted", "error")
 DEFAULT_KEEP = (Best(3), Last(1))
 
 
@@ -563,10 +563,11 @@ class Checkpointer:
         nothing is rewritten: the state training ended in is saved only if a
         selector keeps the last epoch. Returns whether the record now holds
         `stop_reason`. Call it once, when train() ends, with "completed",
-        "early_stop", "requested" or "error".
+        "early_stop", "requested", "preempted" or "error".
 
         Args:
-            stop_reason: "completed", "early_stop", "requested" or "error".
+            stop_reason: "completed", "early_stop", "requested", "preempted" or
+                "error".
 
         Returns:
             bool: whether the last record now holds `stop_reason`.

@@ -99,7 +99,7 @@ class RecordHeader:
         metrics: the epoch's scalar validation metrics (object; `{}` with no val
             split and for an average).
         stop_reason: how the run ended, when this is its last record (one of
-            "completed", "early_stop", "requested", "error"; else null).
+            "completed", "early_stop", "requested", "preempted", "error"; else null).
         prng_keys: the key implementation of each stored PRNG key array, by array
             name (object of strings).
         format_version: the record format, `FORMAT_VERSION` (integer).

@@ -22,7 +22,7 @@ What each verb writes, with the optimizer step as the metric step:
     log_tags      run tags
     log_confusion an artifact "confusion/epoch-<epoch>.json" with labels and matrix
     finish        the tag "stop_reason", then the run ends FINISHED (completed,
-                  early_stop), KILLED (requested) or FAILED (error)
+                  early_stop), KILLED (requested, preempted) or FAILED (error)
 
 A resumed run continues the same MLflow run: `logger_state` is `{"tracking_uri",
 "run_id", "experiment_id"}` and `reattach` sets that run RUNNING again. MLflow keeps
@@ -67,6 +67,7 @@ END_STATUS = {
     "completed": "FINISHED",
     "early_stop": "FINISHED",
     "requested": "KILLED",
+    "preempted": "KILLED",
     "error": "FAILED",
 }
 """The MLflow run status each stop reason ends a run with."""

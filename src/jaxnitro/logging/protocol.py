@@ -9,7 +9,8 @@ time the run needs it; a contract of silent no-ops would make every wrapper loss
     log_other(key, value)
     log_tags(tags)
     log_confusion(matrix, labels, *, epoch)
-    finish(status)            # "completed", "early_stop", "requested" or "error"
+    finish(status)            # "completed", "early_stop", "requested", "preempted",
+                              # or "error"
 
 Six informational verbs are optional, with the defaults of the helpers below:
 `run_id()`, `run_url()`, `logger_info()`, `logger_state()`, `reattach(state)` (needed

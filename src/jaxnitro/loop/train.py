@@ -3,8 +3,12 @@
 Each epoch runs the micro-batches (`steps.run_epoch`), then validates, updates every
 Plateau and the early-stopping policy from the validation metrics, appends one
 history row, writes the validate line, and checkpoints. The run ends at max_epochs
-("completed"), at an early stop ("early_stop"), at a requested stop ("requested"), or
-by raising ("error").
+("completed"), at an early stop ("early_stop"), at a requested stop ("requested"), at
+a stop a SIGTERM requested ("preempted"), or by raising ("error").
+
+A train() holds the lock of the directory its checkpointer writes
+(`checkpoint/lock.py`) from its first step to its return, so a second process
+writing that directory is refused before it writes anything.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..checkpoint.derived import (
     derived_host_record,
 )
 from ..checkpoint.header import RecordHeader
+from ..checkpoint.lock import lock_checkpoint_dir
 from ..errors import ConfigError, NitroWarning
 from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
@@ -219,7 +224,20 @@ def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
 
 
 def run_training(nitro: Nitro) -> None:
-    """Train `nitro` from its current epoch to max_epochs, or until a stop."""
+    """Train `nitro` from its current epoch to max_epochs, or until a stop, holding
+    the run directory's lock (taken here unless a resume took it at setup, and
+    released when training returns or raises)."""
+    if nitro.status.run_lock is None:
+        nitro.status.run_lock = lock_checkpoint_dir(
+            nitro.checkpointer, nitro.config.run_dir, purpose="train"
+        )
+    try:
+        _train(nitro)
+    finally:
+        nitro.status.release_run_lock()
+
+
+def _train(nitro: Nitro) -> None:
     if "train" not in nitro.data:
         raise ConfigError(
             f"train() needs a train split; the data holds: "
@@ -310,7 +328,7 @@ def run_training(nitro: Nitro) -> None:
                 context="data",
             )
             if requested:
-                reason = "requested"
+                reason = "preempted" if nitro.status.preempted else "requested"
             elif early:
                 reason = "early_stop"
             elif epoch == max_epochs:

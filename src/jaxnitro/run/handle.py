@@ -15,6 +15,9 @@ optimizer state is allocated until a verb needs it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
@@ -27,6 +30,7 @@ from ..compile.executables import Executables
 from ..data.protocol import has_release, release_splits, unwrap_source
 from ..errors import (
     ConfigError,
+    Preempted,
     RoutingError,
 )
 from ..experiment.markers import Kind
@@ -294,6 +298,8 @@ class Nitro:
         self._prepared = outcome.prepared
         self._train_state = outcome.state
         self.status = outcome.status
+        # A handle dropped (garbage collected) lets go of its run directory's lock.
+        weakref.finalize(self, outcome.status.release_run_lock)
         self.data: dict[str, Any] = outcome.data
         self._experiment = outcome.experiment
         self._device_values = outcome.device_values
@@ -483,8 +489,9 @@ class Nitro:
         """How the last `train()` ended, as a `str`, or None before one ran.
 
         "completed" (max_epochs reached), "early_stop" (the early-stopping policy
-        stopped it), "requested" (`request_stop()` or Ctrl+C) or "error" (it
-        raised). A `train()` that had nothing to train leaves it unchanged.
+        stopped it), "requested" (`request_stop()` or Ctrl+C), "preempted" (a
+        SIGTERM) or "error" (it raised). A `train()` that had nothing to train
+        leaves it unchanged.
         """
         return self.status.stop_reason
 
@@ -571,9 +578,10 @@ class Nitro:
         and writes a checkpoint if the checkpointer keeps the epoch. Training ends
         at max_epochs ("completed"), at an early stop ("early_stop"), at a
         `request_stop()` or Ctrl+C honoured at the next step boundary, after which
-        the epoch still validates and checkpoints ("requested"), or by raising
-        ("error"); `stop_reason` says which. An epoch a stop cut short is finished
-        first by the next `train()`. At the end the last record written gets the
+        the epoch still validates and checkpoints ("requested"; a SIGTERM does the
+        same, "preempted", then raises `Preempted`), or by raising ("error");
+        `stop_reason` says which. An epoch a stop cut short is finished first by
+        the next `train()`. At the end the last record written gets the
         stop reason if a selector kept that epoch (on an error too), a
         `restore_best` handle loads its selected checkpoint (unless training
         raised), the logger is finished, and the handle goes to `Done` (`Failed`
@@ -609,6 +617,22 @@ class Nitro:
                 axis first, ...).
             RoutingError: a batch lacks a field a hook declares.
             StrippedHostError: traced code read a Host field.
+            RunDirLockedError: another process is writing the checkpointer's
+                directory (its lock names the pid and host), raised before any
+                step.
+            Preempted: a SIGTERM stopped training (stop_reason "preempted") after
+                the epoch validated, checkpointed and the logger finished; it is a
+                `SystemExit` with status 143, so an uncaught one ends the process
+                without a traceback.
+
+        The run directory lock: a `train()` holds the lock of the directory its
+        checkpointer writes while it runs (a `resume=` handle from its
+        construction), and lets go when it returns or raises, at `release()`, or
+        when the handle is garbage collected; the kernel drops it when the process
+        ends. Handles of one process share it, so a second handle on the same
+        directory in a notebook works; another process writing the directory is
+        refused. Reading a directory (`weights=`, `evaluate`, `nitro runs`) never
+        takes the lock.
 
         Warns:
             NitroWarning: nothing to train (the handle is already at max_epochs);
@@ -868,16 +892,27 @@ class Nitro:
 
     def _run_entry(self, work: Any) -> Any:
         """Run a public entry point: monitors adopted, Starting and Idle announced
-        around the outermost call, Ctrl+C turned into request_stop(), one progress
-        line. A stop request ends with the call that honoured it."""
-        with entry_point(self), StopOnInterrupt(self.request_stop), Progress() as bar:
+        around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
+        into a preemption stop, one progress line. A stop request ends with the
+        call that honoured it; a preemption then raises `Preempted`."""
+        guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
+        with entry_point(self), guard, Progress() as bar:
             outer, self._progress = self._progress, bar
             try:
-                return work()
+                result = work()
             finally:
                 self._progress = outer
                 if outer is None:
                     self.status.stop_requested = False
+                    self.status.preempted = False
+        if guard.terminated:  # the stop is done: now the process ends, as SIGTERM asks
+            raise _preempted(self)
+        return result
+
+    def _preempt(self) -> None:
+        """A SIGTERM's stop request: as `request_stop()`, with reason "preempted"."""
+        self.status.preempted = True
+        self.request_stop()
 
     def request_stop(self) -> None:
         """Ask the running entry point to stop, gracefully; it returns at once.
@@ -1072,8 +1107,12 @@ class Nitro:
         Warns:
             NitroWarning: a split whose `release()` raised; the other splits are
                 still released.
+
+        It also lets go of the run directory's lock, which a `resume=` handle holds
+        from its construction until its `train()` returns (see `train`).
         """
         self._release("nitro.release()")
+        self.status.release_run_lock()
 
     def _release(self, by: str) -> None:
         if self.status.released_by is None:
@@ -1102,6 +1141,26 @@ class Nitro:
 
 
 RunHandle.register(Nitro)
+
+
+def _preempted(nitro: Nitro) -> Preempted:
+    """The `Preempted` an entry point raises once the stop a SIGTERM asked for is
+    done; its message is also written to stderr, since the interpreter exits on a
+    `SystemExit` silently."""
+    ckpt = nitro.checkpointer
+    where = f" in {ckpt.dir}" if ckpt is not None and ckpt.dir else ""
+    saved = (
+        f'its checkpoint is written{where}; continue it with Nitro(e, resume="auto")'
+        if nitro.stop_reason == "preempted" and ckpt is not None
+        else "nothing was checkpointed"
+    )
+    message = (
+        f"jaxnitro: preempted (SIGTERM): stopped at epoch {nitro.current_epoch}, step "
+        f"{nitro.current_step}; {saved}. Exiting with status {Preempted.EXIT_STATUS}."
+    )
+    with contextlib.suppress(OSError):  # no stderr: the exit still happens
+        os.write(2, (message + "\n").encode())
+    return Preempted(message, stop_reason=nitro.stop_reason)
 
 
 def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro:

@@ -21,6 +21,7 @@ import numpy as np
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.filenames import new_run_id
 from ..checkpoint.header import RecordHeader
+from ..checkpoint.lock import RunDirLock, lock_checkpoint_dir
 from ..checkpoint.lookup import run_label
 from ..checkpoint.manifest import read_manifest
 from ..checkpoint.record import CheckpointRecord
@@ -136,10 +137,16 @@ class SetupSequence:
         self._keywords = dict(keywords)
         self._progress = progress
         self._train_state: TrainState | None = None
+        self._run_lock: RunDirLock | None = None
 
     def run(self, e: Any) -> SetupOutcome:
         """Run the setup sequence on the experiment instance `e`."""
-        self._setup(e)
+        try:
+            self._setup(e)
+        except BaseException:
+            if self._run_lock is not None:  # a refused setup writes nothing
+                self._run_lock.release()
+            raise
         assert self._train_state is not None
         prepared = Prepared(
             cls=self._cls,
@@ -174,6 +181,7 @@ class SetupSequence:
                 held_stop=self._epoch_loss,
                 pending_record=self._record,
                 eval_width=self._eval_width,
+                run_lock=self._run_lock,
             ),
             data=self.data,
             experiment=self._experiment,
@@ -219,6 +227,12 @@ class SetupSequence:
         self._hooks = freeze_hooks(cls, runtime)
         self._hook_prints = hook_fingerprints(cls)
 
+        # A resume will write the run it continues: lock its directory first, so
+        # two resumes of one run never pick the same record and file names.
+        if self._run_config.resume not in (None, False):
+            self._run_lock = lock_checkpoint_dir(
+                self._checkpointer, run_dir, purpose="resume"
+            )
         # Locate what to resume or load before anything expensive runs.
         located = restore.locate(self._run_config, run_dir, self._resolve_monitor())
         self._resume: ResolvedSource | None = located.resume

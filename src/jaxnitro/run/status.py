@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoint.lock import RunDirLock
 from ..checkpoint.record import CheckpointRecord
 from ..observe.profiling import StepProfiler
 
@@ -23,8 +24,9 @@ class RunStatus:
     Attributes:
         history: one row per epoch this handle trained (`nitro.history` shows them).
         stop_requested: `request_stop()` was called and not yet honoured.
+        preempted: the pending stop request came from a SIGTERM (a preemption).
         stop_reason: how the last `train()` ended ("completed", "early_stop",
-            "requested", "error"), or None before one ends.
+            "requested", "preempted", "error"), or None before one ends.
         held_stop: where a stop cut the current epoch (the epoch, step, batches
             trained and the running loss), so training again continues it; None
             when the last epoch ended whole.
@@ -40,10 +42,14 @@ class RunStatus:
             `train()`; None without the keyword.
         step_seconds: the mean wall time of one optimizer step in the last epoch
             trained (its stepping only, not its validation); None before one.
+        run_lock: this handle's share of the run directory's lock while it may
+            write there (from setup for a resume, else for one `train()`); None
+            when it holds none.
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_requested: bool = False
+    preempted: bool = False
     stop_reason: str | None = None
     held_stop: dict[str, Any] | None = None
     pending_record: CheckpointRecord | None = None
@@ -52,3 +58,10 @@ class RunStatus:
     eval_width: int | None = None
     profiler: StepProfiler | None = None
     step_seconds: float | None = None
+    run_lock: RunDirLock | None = None
+
+    def release_run_lock(self) -> None:
+        """Give up the handle's share of the run directory's lock, if it holds one."""
+        lock, self.run_lock = self.run_lock, None
+        if lock is not None:
+            lock.release()
