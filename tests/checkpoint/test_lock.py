@@ -298,3 +298,21 @@ def test_a_file_system_without_flock_runs_unlocked_with_a_warning(
         r"system does not support flock\. The run goes ahead unlocked",
     ):
         assert lock_run_dir(str(tmp_path), purpose="train") is None
+
+
+def test_a_resume_from_a_read_only_directory_locks_nothing(tmp_path, monkeypatch):
+    """Nothing can write a read-only directory, so a resume handle built there to
+    evaluate takes no lock (train() is refused by the write probe instead: see
+    tests/run/test_write_probe.py)."""
+    from jaxnitro.checkpoint import lock as lock_module
+
+    nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), logger=None).train()
+
+    def read_only(directory, *, purpose):
+        error = OSError(errno.EROFS, "Read-only file system")
+        raise lock_module._unwritable(directory, directory, purpose, error) from error
+
+    monkeypatch.setattr(lock_module, "lock_run_dir", read_only)
+    resumed = nx.Nitro(Tiny(), run_dir=str(tmp_path), resume="auto", logger=None)
+    assert resumed.status.run_lock is None
+    assert set(resumed.evaluate("test")) == {"loss"}

@@ -136,6 +136,10 @@ class RunDirLock:
         return f"RunDirLock({self.directory!r}, {state})"
 
 
+# The errors of a directory that refuses every write: read-only, or not permitted.
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def lock_run_dir(directory: str, *, purpose: str) -> RunDirLock | None:
     """Lock `directory` for writing (creating it), shared within this process.
 
@@ -296,12 +300,22 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def lock_checkpoint_dir(
-    checkpointer: Any, run_dir: str, *, purpose: str
+    checkpointer: Any, run_dir: str, *, purpose: str, unwritable_ok: bool = False
 ) -> RunDirLock | None:
     """Lock the directory `checkpointer` writes (its own `dir`, else `run_dir`).
 
-    Returns None, locking nothing, when checkpointing is off (`checkpointer` None).
+    Returns None, locking nothing, when checkpointing is off (`checkpointer` None),
+    and with `unwritable_ok` when the directory cannot be written at all (a
+    read-only mount a handle only evaluates from): nothing can write there, so
+    there is nothing to guard, and the setup probe refuses what would write.
     """
     if checkpointer is None:
         return None
-    return lock_run_dir(source_directory(checkpointer, run_dir), purpose=purpose)
+    directory = source_directory(checkpointer, run_dir)
+    try:
+        return lock_run_dir(directory, purpose=purpose)
+    except CheckpointError as error:
+        cause = error.__cause__
+        if unwritable_ok and isinstance(cause, OSError) and cause.errno in READ_ONLY:
+            return None
+        raise

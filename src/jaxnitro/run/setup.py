@@ -230,8 +230,10 @@ class SetupSequence:
         # A resume will write the run it continues: lock its directory first, so
         # two resumes of one run never pick the same record and file names.
         if self._run_config.resume not in (None, False):
+            # A read-only directory is not locked: the handle may only evaluate
+            # from it, and the write probe refuses train() there.
             self._run_lock = lock_checkpoint_dir(
-                self._checkpointer, run_dir, purpose="resume"
+                self._checkpointer, run_dir, purpose="resume", unwritable_ok=True
             )
         # Locate what to resume or load before anything expensive runs.
         located = restore.locate(self._run_config, run_dir, self._resolve_monitor())
