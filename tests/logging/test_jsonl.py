@@ -15,7 +15,7 @@ import pytest
 from experiments import QuietLogger, Tiny
 
 import jaxnitro as nx
-from jaxnitro.logging.deferred import DeferredMetrics
+from jaxnitro.logging.deferred import DeferredMetrics, resolve_all
 from jaxnitro.logging.protocol import log_deferred
 
 
@@ -197,32 +197,62 @@ def test_deferred_lines_are_read_back_when_written(tmp_path):
         built.append(values)
         return {"acc": float(values[0]), "bad": float(values[1])}
 
-    for step in (1, 2):
+    for step in (1, 2, 3):
         values = (jnp.float32(step / 4), jnp.float32(np.nan))
         logger.log_deferred_metrics(
             DeferredMetrics(values, build), step=step, epoch=1, context="train"
         )
-    assert built == []  # nothing read back yet
+        # The first line is written at once; the others wait, unread.
+        assert len(built) == 1 and len(read_lines(path)) == 1
     logger.finish("completed")
-    assert all(isinstance(v, np.ndarray | np.generic) for v in built[0])  # host
+    assert len(built) == 3
+    assert all(isinstance(v, np.ndarray | np.generic) for v in built[1])  # host
     lines = read_lines(path)
     # the non-finite value is dropped, as the protocol drops it from any line
     assert [x for x in lines if x["type"] == "metrics"] == [
         {"type": "metrics", "context": "train", "epoch": 1, "step": 1, "acc": 0.25},
         {"type": "metrics", "context": "train", "epoch": 1, "step": 2, "acc": 0.5},
+        {"type": "metrics", "context": "train", "epoch": 1, "step": 3, "acc": 0.75},
     ]
 
 
 def test_a_deferred_line_with_a_reserved_key_is_refused_the_others_written(tmp_path):
     path = tmp_path / "m.jsonl"
     logger = nx.JSONLogger(path, flush_secs=3600)
-    for step, name in ((1, "acc"), (2, "epoch"), (3, "acc")):
+    for step, name in ((1, "acc"), (2, "acc"), (3, "epoch"), (4, "acc")):
         line = DeferredMetrics(jnp.float32(0.5), lambda v, n=name: {n: float(v)})
         logger.log_deferred_metrics(line, step=step, epoch=1, context="train")
     with pytest.raises(nx.ConfigError, match='context "train" is named `epoch`'):
         logger.flush()
-    assert [x["step"] for x in read_lines(path)] == [1, 3]
+    assert [x["step"] for x in read_lines(path)] == [1, 2, 4]
     logger.close()
+
+
+def test_a_run_reads_its_train_lines_back_in_one_batch_per_epoch(
+    tmp_path, monkeypatch
+):
+    batches = []
+
+    def counted(lines):
+        batches.append(len(lines))
+        return resolve_all(lines)
+
+    monkeypatch.setattr("jaxnitro.logging.jsonl.resolve_all", counted)
+    path = tmp_path / "m.jsonl"
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2),
+        logger=nx.JSONLogger(path, flush_secs=3600),
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
+    nitro.train()
+    # The first line at once, then the rest of each epoch when its steps end.
+    assert [n for n in batches if n] == [1, 3, 4]
+    train = [x for x in read_lines(path) if x.get("context") == "train"]
+    assert [x["step"] for x in train] == list(range(1, 9))
+    # each line's loss is its step's: epoch 2's four average to the history's
+    epoch_2 = [x["loss"] for x in train if x["epoch"] == 2]
+    assert np.mean(epoch_2) == pytest.approx(nitro.history[2]["train_loss"], rel=1e-6)
 
 
 def test_a_logger_not_holding_lines_gets_a_deferred_line_resolved_at_once():

@@ -20,7 +20,9 @@ Cost and crash safety. Train lines (metrics lines of context "train") are held i
 memory, their device values unread (`log_deferred_metrics`), and written together,
 read back in one transfer, by the first line logged `flush_secs` seconds (5 by
 default) or more after the last write: the lines held at any moment were logged
-within less than `flush_secs` of each other. Every other line (params, validate,
+within less than `flush_secs` of each other (the first deferred one is written at
+once, so a metric named like a line key is refused at the first logged step). Every
+other line (params, validate,
 data, resume, finish...) is written and flushed at once, with whatever was held
 before it, and so is everything held at `flush()`, `finish()` and `close()`. A run
 writes its data line at the end of every epoch and finishes its logger on every exit,
@@ -133,6 +135,7 @@ class JSONLogger:
         self._file: TextIO | None = None
         self._held: list[_Held] = []
         self._flushed_at = time.monotonic()
+        self._deferred_seen = False  # the first deferred line is written at once
 
     def bind_run_dir(self, run_dir: str) -> None:
         """Give a pathless logger its file in the run directory (done at setup)."""
@@ -238,7 +241,10 @@ class JSONLogger:
             "epoch": epoch,
             "step": step,
         }
-        self._hold((head, line), now=context != "train")
+        # The first is written at once, so a metric named like a line key is refused
+        # at the first logged step, and the file shows the run's first train line.
+        first, self._deferred_seen = not self._deferred_seen, True
+        self._hold((head, line), now=first or context != "train")
 
     def log_params(self, params: dict[str, Any]) -> None:
         """The run's hyperparameters, one line."""
