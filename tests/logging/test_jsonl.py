@@ -228,9 +228,7 @@ def test_a_deferred_line_with_a_reserved_key_is_refused_the_others_written(tmp_p
     logger.close()
 
 
-def test_a_run_reads_its_train_lines_back_in_one_batch_per_epoch(
-    tmp_path, monkeypatch
-):
+def test_a_run_reads_its_train_lines_back_in_one_batch_per_epoch(tmp_path, monkeypatch):
     batches = []
 
     def counted(lines):

@@ -103,8 +103,9 @@ class JSONLogger:
 
     Args:
         path: the file; None lets setup bind it to `<run_dir>/metrics.jsonl`.
-        flush_secs: the longest a train line waits in memory before it is written
-            (see the module docstring); 0 writes every line at once.
+        flush_secs: how long train lines are held: they are written by the first
+            line logged this many seconds or more after the last write (see the
+            module docstring); 0 writes every line at once.
 
     Example:
         >>> import tempfile, os
@@ -155,7 +156,7 @@ class JSONLogger:
 
     def _hold(self, entry: _Held, *, now: bool) -> None:
         """Keep `entry` to write; write everything held when `now` or when the
-        oldest held line has waited `flush_secs`."""
+        last write was `flush_secs` or more ago."""
         if self.path is None:
             raise ConfigError(
                 "JSONLogger has no path yet: pass one, or let a Nitro bind it to the "
