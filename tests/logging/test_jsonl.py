@@ -79,6 +79,29 @@ def test_the_default_writes_a_train_line_every_50_steps(tmp_path):
     ]
 
 
+def test_a_resumed_run_writes_a_resume_line_where_it_continues(tmp_path):
+    first = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), log_every_n_steps=1)
+    first.train()
+    again = nx.Nitro(
+        Tiny(max_epochs=2), run_dir=str(tmp_path), resume="auto", log_every_n_steps=1
+    )
+    again.train()
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    (at,) = [i for i, x in enumerate(lines) if x["type"] == "resume"]
+    run_id = first.prepared.run_id
+    (record,) = [e for e in nx.read_manifest(str(tmp_path)) if e.epoch == 1]
+    assert lines[at] == {
+        "type": "resume",
+        "run_id": run_id,
+        "step": 4,
+        "epoch": 1,
+        "source": os.path.join(str(tmp_path), record.file),
+    }
+    assert {x["run_id"] for x in lines} == {run_id}  # the same run continues
+    after = [x["step"] for x in lines[at:] if x.get("context") == "train"]
+    assert after == [5, 6, 7, 8]
+
+
 def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
     nx.Nitro(
         Tiny(max_epochs=2),
