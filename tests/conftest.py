@@ -50,3 +50,21 @@ def _staged(request, monkeypatch):
 
         monkeypatch.setattr(feed, "stages_on_device", lambda: True)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _jsonl_logs_parse(tmp_path):
+    """Every JSON-lines log a test leaves in its directory reads with pandas, as a
+    user's analysis would read it (`pd.read_json(path, lines=True)`)."""
+    yield
+    logs = sorted(tmp_path.rglob("*.jsonl"))
+    if not logs:
+        return
+    import pandas as pd
+
+    for path in logs:
+        if path.stat().st_size:
+            try:
+                pd.read_json(path, lines=True)
+            except ValueError as error:
+                pytest.fail(f"{path} does not read with pandas: {error}")

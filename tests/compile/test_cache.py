@@ -48,7 +48,12 @@ class StepRecorder(QuietLogger):
 def test_two_epochs_compile_nothing_after_the_first_step():
     nx.cache_reset()
     recorder = StepRecorder()
-    nitro = nx.Nitro(Tiny(max_epochs=2, width=20), logger=recorder, checkpointer=None)
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2, width=20),
+        logger=recorder,
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
     with xla_compiles() as events:
         nitro.train()
     train = [line for line in recorder.lines if line[0] == "train"]

@@ -186,7 +186,12 @@ def test_loss_terms_are_logged_from_the_gradient_program(tmp_path):
             reg = 0.01 * jnp.mean(logits**2)
             return ce + reg, {"ce": ce, "reg": reg}
 
-    nitro = nx.Nitro(WithTerms(max_epochs=1), run_dir=str(tmp_path), checkpointer=None)
+    nitro = nx.Nitro(
+        WithTerms(max_epochs=1),
+        run_dir=str(tmp_path),
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
     nitro.train()
     lines = [
         json.loads(line)

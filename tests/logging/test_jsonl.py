@@ -2,12 +2,21 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
+import experiments
+import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
-from experiments import Tiny
+from experiments import QuietLogger, Tiny
 
 import jaxnitro as nx
+from jaxnitro.logging.deferred import DeferredMetrics, resolve_all
+from jaxnitro.logging.protocol import log_deferred
 
 
 def read_lines(path):
@@ -16,7 +25,7 @@ def read_lines(path):
 
 
 def test_default_logger_writes_runs_exp_metrics_jsonl():
-    nitro = nx.Nitro(Tiny(max_epochs=2), checkpointer=None)
+    nitro = nx.Nitro(Tiny(max_epochs=2), checkpointer=None, log_every_n_steps=1)
     path = os.path.join("runs", "Tiny", "metrics.jsonl")
     assert nitro.run_dir == os.path.join("runs", "Tiny")
     assert nitro.logger_info == nx.logger_info(nitro) == {"path": path}
@@ -46,7 +55,51 @@ def test_default_logger_writes_runs_exp_metrics_jsonl():
     validate = [x for x in lines if x.get("context") == "validate"]
     assert [(x["epoch"], x["step"]) for x in validate] == [(1, 4), (2, 8)]
     assert validate[-1]["loss"] == pytest.approx(nitro.history[-1]["loss"])
-    assert lines[-1] == {"type": "finish", "status": "completed"}
+    run_id = nitro.prepared.run_id
+    assert {x["run_id"] for x in lines} == {run_id}  # every line names its run
+    assert lines[-1] == {"type": "finish", "run_id": run_id, "status": "completed"}
+
+
+def test_the_default_writes_a_train_line_every_50_steps(tmp_path):
+    # 13 epochs of 4 steps: one train line, at step 50; every epoch's lines stay.
+    nitro = nx.Nitro(Tiny(max_epochs=13), run_dir=str(tmp_path), checkpointer=None)
+    assert nitro.config.log_every_n_steps == 50
+    assert nitro.config.sources["log_every_n_steps"] == "default"
+    nitro.train()
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    train = [x for x in lines if x.get("context") == "train"]
+    assert [(x["epoch"], x["step"]) for x in train] == [(13, 50)]
+    assert len([x for x in lines if x.get("context") == "validate"]) == 13
+    assert len([x for x in lines if x.get("context") == "data"]) == 13
+    # Only the writing is thinned: the history is the unlogged run's, bit for bit.
+    unlogged = nx.Nitro(Tiny(max_epochs=13), logger=None, checkpointer=None)
+    unlogged.train()
+    assert [r["train_loss"] for r in nitro.history] == [
+        r["train_loss"] for r in unlogged.history
+    ]
+
+
+def test_a_resumed_run_writes_a_resume_line_where_it_continues(tmp_path):
+    first = nx.Nitro(Tiny(max_epochs=1), run_dir=str(tmp_path), log_every_n_steps=1)
+    first.train()
+    again = nx.Nitro(
+        Tiny(max_epochs=2), run_dir=str(tmp_path), resume="auto", log_every_n_steps=1
+    )
+    again.train()
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    (at,) = [i for i, x in enumerate(lines) if x["type"] == "resume"]
+    run_id = first.prepared.run_id
+    (record,) = [e for e in nx.read_manifest(str(tmp_path)) if e.epoch == 1]
+    assert lines[at] == {
+        "type": "resume",
+        "run_id": run_id,
+        "step": 4,
+        "epoch": 1,
+        "source": os.path.join(str(tmp_path), record.file),
+    }
+    assert {x["run_id"] for x in lines} == {run_id}  # the same run continues
+    after = [x["step"] for x in lines[at:] if x.get("context") == "train"]
+    assert after == [5, 6, 7, 8]
 
 
 def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
@@ -109,13 +162,13 @@ def test_a_logger_accessor_is_called_once_per_construction(tmp_path):
     assert read_lines(tmp_path / "custom.jsonl")[-1]["status"] == "completed"
 
 
-def test_json_logger_appends_and_flushes_per_line(tmp_path):
+def test_json_logger_appends_and_writes_each_line_but_train_lines_at_once(tmp_path):
     path = tmp_path / "m.jsonl"
     first = nx.JSONLogger(path)
     first.log_other("note", "a")
     assert read_lines(path) == [
         {"type": "other", "key": "note", "value": "a"}
-    ]  # flushed
+    ]  # on disk before finish
     first.finish("completed")
     second = nx.JSONLogger(path)
     second.log_tags(["x"])
@@ -128,6 +181,155 @@ def test_json_logger_appends_and_flushes_per_line(tmp_path):
         "confusion",
         "finish",
     ]
+
+
+def test_train_lines_wait_in_memory_until_flush_secs_pass_or_another_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    logger = nx.JSONLogger(path, flush_secs=3600)
+    logger.log_metrics({"loss": 1.0}, step=1, epoch=1, context="train")
+    logger.log_metrics({"loss": 0.5}, step=2, epoch=1, context="train")
+    assert not path.exists()  # held: no write, no flush per step
+    logger.log_metrics({"loss": 0.4}, step=2, epoch=1, context="validate")
+    assert [(x["context"], x["loss"]) for x in read_lines(path)] == [
+        ("train", 1.0),
+        ("train", 0.5),
+        ("validate", 0.4),
+    ]  # the held lines first, in order
+    logger.log_metrics({"loss": 0.3}, step=3, epoch=2, context="train")
+    logger.flush()
+    assert read_lines(path)[-1]["step"] == 3
+    logger.log_metrics({"loss": 0.2}, step=4, epoch=2, context="train")
+    logger.close()  # close writes what is held too
+    assert read_lines(path)[-1]["step"] == 4
+
+    quick = nx.JSONLogger(tmp_path / "q.jsonl", flush_secs=0.05)
+    quick.log_metrics({"loss": 1.0}, step=1, epoch=1, context="train")
+    time.sleep(0.06)
+    quick.log_metrics({"loss": 0.9}, step=2, epoch=1, context="train")
+    # the second line came flush_secs after the last write: both are on disk
+    assert [x["step"] for x in read_lines(tmp_path / "q.jsonl")] == [1, 2]
+    quick.close()
+
+
+def test_deferred_lines_are_read_back_when_written(tmp_path):
+    path = tmp_path / "m.jsonl"
+    logger = nx.JSONLogger(path, flush_secs=3600)
+    built = []
+
+    def build(values):
+        built.append(values)
+        return {"acc": float(values[0]), "bad": float(values[1])}
+
+    for step in (1, 2, 3):
+        values = (jnp.float32(step / 4), jnp.float32(np.nan))
+        logger.log_deferred_metrics(
+            DeferredMetrics(values, build), step=step, epoch=1, context="train"
+        )
+        # The first line is written at once; the others wait, unread.
+        assert len(built) == 1 and len(read_lines(path)) == 1
+    logger.finish("completed")
+    assert len(built) == 3
+    assert all(isinstance(v, np.ndarray | np.generic) for v in built[1])  # host
+    lines = read_lines(path)
+    # the non-finite value is dropped, as the protocol drops it from any line
+    assert [x for x in lines if x["type"] == "metrics"] == [
+        {"type": "metrics", "context": "train", "epoch": 1, "step": 1, "acc": 0.25},
+        {"type": "metrics", "context": "train", "epoch": 1, "step": 2, "acc": 0.5},
+        {"type": "metrics", "context": "train", "epoch": 1, "step": 3, "acc": 0.75},
+    ]
+
+
+def test_a_deferred_line_with_a_reserved_key_is_refused_the_others_written(tmp_path):
+    path = tmp_path / "m.jsonl"
+    logger = nx.JSONLogger(path, flush_secs=3600)
+    for step, name in ((1, "acc"), (2, "acc"), (3, "epoch"), (4, "acc")):
+        line = DeferredMetrics(jnp.float32(0.5), lambda v, n=name: {n: float(v)})
+        logger.log_deferred_metrics(line, step=step, epoch=1, context="train")
+    with pytest.raises(nx.ConfigError, match='context "train" is named `epoch`'):
+        logger.flush()
+    assert [x["step"] for x in read_lines(path)] == [1, 2, 4]
+    logger.close()
+
+
+def test_a_run_reads_its_train_lines_back_in_one_batch_per_epoch(tmp_path, monkeypatch):
+    batches = []
+
+    def counted(lines):
+        batches.append(len(lines))
+        return resolve_all(lines)
+
+    monkeypatch.setattr("jaxnitro.logging.jsonl.resolve_all", counted)
+    path = tmp_path / "m.jsonl"
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2),
+        logger=nx.JSONLogger(path, flush_secs=3600),
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
+    nitro.train()
+    # The first line at once, then the rest of each epoch when its steps end.
+    assert [n for n in batches if n] == [1, 3, 4]
+    train = [x for x in read_lines(path) if x.get("context") == "train"]
+    assert [x["step"] for x in train] == list(range(1, 9))
+    # each line's loss is its step's: epoch 2's four average to the history's
+    epoch_2 = [x["loss"] for x in train if x["epoch"] == 2]
+    assert np.mean(epoch_2) == pytest.approx(nitro.history[2]["train_loss"], rel=1e-6)
+
+
+def test_a_logger_not_holding_lines_gets_a_deferred_line_resolved_at_once():
+    seen = []
+
+    class Plain(QuietLogger):
+        def log_metrics(self, metrics, *, step, epoch, context, **kw):
+            seen.append((step, metrics))
+
+    line = DeferredMetrics(jnp.float32(0.5), lambda v: {"acc": v, "inf": np.inf})
+    log_deferred(Plain(), line, step=7, epoch=1, context="train")
+    assert seen == [(7, {"acc": 0.5})]  # host values, the non-finite one dropped
+    assert isinstance(seen[0][1]["acc"], np.ndarray | np.generic)
+
+
+def test_flush_secs_must_be_a_number_of_seconds():
+    with pytest.raises(
+        nx.ConfigError, match="flush_secs must be a number of seconds >= 0, got -1"
+    ):
+        nx.JSONLogger("m.jsonl", flush_secs=-1)
+
+
+def test_a_partial_last_line_is_moved_aside_when_the_log_is_reopened(tmp_path):
+    path = tmp_path / "m.jsonl"
+    whole = '{"type": "metrics", "context": "train", "epoch": 1, "step": 1}\n'
+    path.write_text(whole + '{"type": "metrics", "cont')
+    logger = nx.JSONLogger(path)
+    logger.bind_run_id("ab12cd34")
+    with pytest.warns(
+        nx.NitroWarning,
+        match=r"m.jsonl ended in a partial line of 25 bytes, left by a process that "
+        r"stopped mid-write: moved it to .*m.jsonl.partial",
+    ):
+        logger.log_other("note", "after")
+    logger.close()
+    assert (tmp_path / "m.jsonl.partial").read_text() == '{"type": "metrics", "cont\n'
+    lines = read_lines(path)
+    assert lines[0]["step"] == 1
+    assert lines[1] == {
+        "type": "other",
+        "run_id": "ab12cd34",
+        "key": "log_repaired",
+        "value": {"bytes": 25, "moved_to": str(path) + ".partial"},
+    }
+    assert lines[2]["value"] == "after"
+    assert len(pd.read_json(path, lines=True)) == 3
+
+
+def test_a_whole_last_line_without_its_newline_is_kept(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"type": "tags", "tags": ["a"]}')
+    logger = nx.JSONLogger(path)
+    logger.log_tags(["b"])  # no warning: nothing was lost
+    logger.close()
+    assert [x["tags"] for x in read_lines(path)] == [["a"], ["b"]]
+    assert not (tmp_path / "m.jsonl.partial").exists()
 
 
 def test_json_logger_writes_strict_json_for_non_finite_array_elements(tmp_path):
@@ -151,18 +353,21 @@ class Keyed(Tiny):
 
 def test_json_logger_refuses_a_metric_or_param_named_like_a_line_key(tmp_path):
     logger = nx.JSONLogger(tmp_path / "m.jsonl")
-    for key in ("type", "context", "epoch", "step"):
+    for key in ("type", "run_id", "context", "epoch", "step"):
         with pytest.raises(
             nx.ConfigError,
             match=f'context "train" is named `{key}`, a key JSONLogger\'s metrics '
-            f"lines keep for themselves \\(type, context, epoch, step\\).* Rename the "
-            f"metric",
+            f"lines keep for themselves \\(type, run_id, context, epoch, step\\).* "
+            f"Rename the metric",
         ):
             logger.log_metrics({key: 0.5}, step=1, epoch=1, context="train")
-    with pytest.raises(
-        nx.ConfigError, match="parameter `type` \\('mlp'\\) has the name of the key"
-    ):
-        logger.log_params({"type": "mlp"})
+    for key in ("type", "run_id"):
+        with pytest.raises(
+            nx.ConfigError,
+            match=f"parameter `{key}` \\('mlp'\\) has the name of a key JSONLogger's "
+            f"lines keep for themselves \\(type, run_id\\)",
+        ):
+            logger.log_params({key: "mlp"})
     assert not (tmp_path / "m.jsonl").exists()  # nothing half-written
     with pytest.raises(nx.ConfigError, match="Rename the experiment field"):
         nx.Nitro(Keyed(), run_dir=str(tmp_path), checkpointer=None)  # at setup
@@ -196,3 +401,57 @@ def test_params_line_leaves_out_non_scalar_host_values(tmp_path):
     params = params_line(tmp_path)
     assert "images" not in params and "names" not in params
     assert params["scale"] == 0.5 and params["n_train"] == 64  # scalars are logged
+
+
+WORKER = os.path.join(os.path.dirname(experiments.__file__), "log_crash_worker.py")
+
+
+@pytest.mark.slow
+def test_a_log_a_kill_tore_is_repaired_by_the_resumed_run_which_marks_its_start(
+    tmp_path,
+):
+    """A real process killed (SIGKILL) mid-write in epoch 3 leaves a partial last
+    line; the resumed run moves it aside, says so, and writes a resume line."""
+    env = {**os.environ, "JAXNITRO_COMPILATION_CACHE": "off", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, WORKER, str(tmp_path), "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    path = tmp_path / "metrics.jsonl"
+    torn = path.read_bytes()
+    assert not torn.endswith(b"\n")  # the kill cut a line
+    fragment = torn[torn.rindex(b"\n") + 1 :]
+    crashed = [json.loads(x) for x in torn[: -len(fragment)].decode().splitlines()]
+    run_id = crashed[0]["run_id"]
+    # Epochs 1 and 2 were written whole: each epoch's lines reach the file at its end.
+    steps = [x["step"] for x in crashed if x.get("context") == "train"]
+    assert steps[:8] == list(range(1, 9)) and set(steps[8:]) <= {9, 10, 11, 12}
+
+    with pytest.warns(nx.NitroWarning, match="ended in a partial line of"):
+        resumed = nx.Nitro(
+            Tiny(max_epochs=4),
+            run_dir=str(tmp_path),
+            resume="auto",
+            log_every_n_steps=1,
+        )
+    resumed.train()
+    assert (tmp_path / "metrics.jsonl.partial").read_bytes() == fragment + b"\n"
+    df = pd.read_json(path, lines=True)
+    assert set(df["run_id"]) == {run_id}  # the resume continues the same run
+    (at,) = df.index[df["type"] == "resume"]
+    resume = df.loc[at]
+    assert (resume["step"], resume["epoch"], resume["run_id"]) == (8, 2, run_id)
+    assert resume["source"].endswith(".safetensors")
+    repaired = df.loc[at - 1]
+    assert repaired["key"] == "log_repaired"
+    assert repaired["value"]["bytes"] == len(fragment)
+    # The segments: lines before the resume line past its step were trained again.
+    train = df[df["context"] == "train"]
+    before, after = train[train.index < at], train[train.index > at]
+    assert list(after["step"]) == list(range(9, 17))
+    assert list(before["step"][before["step"] > 8]) == steps[8:]
+    assert df.iloc[-1]["type"] == "finish" and df.iloc[-1]["status"] == "completed"

@@ -119,7 +119,10 @@ def test_mlflow_through_a_resumed_nitro_is_one_run(store, tmp_path):
     uri, client = store
     run_dir = str(tmp_path / "Digits")
     first = nx.Nitro(
-        TinyMetrics(max_epochs=2), run_dir=run_dir, logger=MLflowLogger(uri)
+        TinyMetrics(max_epochs=2),
+        run_dir=run_dir,
+        logger=MLflowLogger(uri),
+        log_every_n_steps=1,
     )
     first.train()
     resumed = nx.Nitro(
@@ -127,6 +130,7 @@ def test_mlflow_through_a_resumed_nitro_is_one_run(store, tmp_path):
         run_dir=run_dir,
         logger=MLflowLogger(uri),
         resume="auto",
+        log_every_n_steps=1,
     )
     resumed.train()
     run_id = resumed.logger.run_id()

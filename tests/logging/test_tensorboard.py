@@ -132,7 +132,10 @@ def test_tensorboard_an_explicit_logdir_wins_over_the_recorded_one(tmp_path):
 def test_tensorboard_through_a_resumed_nitro_is_one_run(tb, tmp_path):
     run_dir = str(tmp_path / "run")
     first = nx.Nitro(
-        TinyMetrics(max_epochs=2), run_dir=run_dir, logger=TensorBoardLogger()
+        TinyMetrics(max_epochs=2),
+        run_dir=run_dir,
+        logger=TensorBoardLogger(),
+        log_every_n_steps=1,
     )
     first.train()
     resumed = nx.Nitro(
@@ -140,6 +143,7 @@ def test_tensorboard_through_a_resumed_nitro_is_one_run(tb, tmp_path):
         run_dir=run_dir,
         logger=TensorBoardLogger(),
         resume="auto",
+        log_every_n_steps=1,
     )
     resumed.train()
     logdir = os.path.join(run_dir, "tensorboard")

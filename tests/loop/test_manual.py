@@ -76,7 +76,9 @@ class Lines(QuietLogger):
 
 def test_two_networks_on_two_optimizers_train_and_log_their_stats():
     logger = Lines()
-    nitro = nx.Nitro(TwoNets(max_epochs=8), logger=logger, checkpointer=None)
+    nitro = nx.Nitro(
+        TwoNets(max_epochs=8), logger=logger, checkpointer=None, log_every_n_steps=1
+    )
     before = leaves(nitro.train_state.opt_state)
     nitro.train()
     losses = [row["train_loss"] for row in nitro.history]
@@ -273,7 +275,9 @@ def test_a_stop_request_in_manual_mode_ends_at_the_step_boundary():
     from experiments import StopsAtStep
 
     stopper = StopsAtStep(2)
-    nitro = nx.Nitro(TwoNets(max_epochs=3), logger=stopper, checkpointer=None)
+    nitro = nx.Nitro(
+        TwoNets(max_epochs=3), logger=stopper, checkpointer=None, log_every_n_steps=1
+    )
     stopper.nitro = nitro
     nitro.train()
     assert nitro.stop_reason == "requested" and nitro.current_step == 3

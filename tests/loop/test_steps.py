@@ -108,7 +108,10 @@ def test_device_memory_holds_at_most_device_batches_plus_two_batches(
             return TinyMetrics.metrics(self, logits, y=y)
 
     nitro = nx.Nitro(
-        Staged(max_epochs=2, width=20), logger=Sampler(), checkpointer=None
+        Staged(max_epochs=2, width=20),
+        logger=Sampler(),
+        checkpointer=None,
+        log_every_n_steps=1,
     )
     before = count()
     nitro.train()
@@ -231,6 +234,7 @@ def test_an_early_exit_does_not_wait_for_workers_inside_a_slow_batch_at(phase):
             logger=Stopper(),
             checkpointer=None,
             run_ref=holder,
+            log_every_n_steps=1,
         )
         nitro.train()
         assert nitro.stop_reason == "requested"

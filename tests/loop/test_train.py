@@ -122,7 +122,8 @@ def test_a_non_finite_loss_raises_naming_step_and_epoch(tmp_path):
     ):
         nitro.train()
     lines = read_lines(tmp_path / "metrics.jsonl")
-    assert lines[-1] == {"type": "finish", "status": "error"}
+    run_id = nitro.prepared.run_id
+    assert lines[-1] == {"type": "finish", "run_id": run_id, "status": "error"}
 
 
 def test_with_accum_a_divergence_names_the_step_of_a_first_micro_batch(tmp_path):
@@ -204,7 +205,11 @@ def test_loss_terms_are_averaged_over_the_steps_micro_batches_as_the_loss_is():
 
     recorder = LineRecorder()
     nx.Nitro(
-        WithTerms(max_epochs=1), accum=2, logger=recorder, checkpointer=None
+        WithTerms(max_epochs=1),
+        accum=2,
+        logger=recorder,
+        checkpointer=None,
+        log_every_n_steps=1,
     ).train()
     train = [line for context, line in recorder.lines if context == "train"]
     assert len(train) == 2
@@ -264,6 +269,7 @@ def test_check_divergence_off_continues_and_drops_the_value(tmp_path):
         run_dir=str(tmp_path),
         checkpointer=None,
         check_divergence=False,
+        log_every_n_steps=1,
     )
     nitro.train()
     train = [
@@ -285,7 +291,11 @@ def test_request_stop_leaves_at_the_step_boundary_and_checkpoints(tmp_path):
                 holder[0].request_stop()
 
     nitro = nx.Nitro(
-        Tiny(max_epochs=5), run_dir=str(tmp_path), logger=Stopper(), run_ref=holder
+        Tiny(max_epochs=5),
+        run_dir=str(tmp_path),
+        logger=Stopper(),
+        run_ref=holder,
+        log_every_n_steps=1,
     )
     nitro.train()
     assert nitro.stop_reason == "requested"
@@ -295,6 +305,7 @@ def test_request_stop_leaves_at_the_step_boundary_and_checkpoints(tmp_path):
     assert manifest[-1].stop_reason == "requested"
     assert read_lines(tmp_path / "metrics.jsonl")[-1] == {
         "type": "finish",
+        "run_id": nitro.prepared.run_id,
         "status": "requested",
     }
 
@@ -307,7 +318,13 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
     straight = nx.Nitro(Tiny(**recipe), accum=2, **quiet())
     straight.train()
     stopper = StopsAtStep(5)  # read back after step 6: the stop ends step 6
-    first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=stopper)
+    first = nx.Nitro(
+        Tiny(**recipe),
+        run_dir=str(tmp_path),
+        accum=2,
+        logger=stopper,
+        log_every_n_steps=1,
+    )
     stopper.nitro = first
     first.train()
     assert (first.current_epoch, first.current_step) == (2, 6)
@@ -328,7 +345,13 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
 def _stopped_midway(tmp_path, *, accum, at_line, n_train=128):
     recipe = {"max_epochs": 2, "n_train": n_train}
     stopper = StopsAtStep(at_line)
-    first = nx.Nitro(Tiny(**recipe), run_dir=str(tmp_path), accum=accum, logger=stopper)
+    first = nx.Nitro(
+        Tiny(**recipe),
+        run_dir=str(tmp_path),
+        accum=accum,
+        logger=stopper,
+        log_every_n_steps=1,
+    )
     stopper.nitro = first
     first.train()
     return recipe, first
@@ -382,7 +405,12 @@ def test_no_batch_buffer_outlives_its_step():
                 ]
                 alive_at_lines.append(len(alive))
 
-    nitro = nx.Nitro(Tiny(max_epochs=2, width=20), logger=Sampler(), checkpointer=None)
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2, width=20),
+        logger=Sampler(),
+        checkpointer=None,
+        log_every_n_steps=1,
+    )
     nitro.train()
     # On the CPU the executable takes the host arrays: no batch buffer outlives its
     # step. Staged (an accelerator, or --staged): device_batches (1) + 2 batches of

@@ -96,6 +96,7 @@ def test_schedules_compile_nothing_and_are_logged(tmp_path):
         },
         run_dir=str(tmp_path),
         checkpointer=None,
+        log_every_n_steps=1,
     )
     nitro.train()
     assert nx.cache_stats()["misses"] == before
@@ -126,6 +127,7 @@ def test_rule_schedules_are_logged_per_group_after_scaling(tmp_path):
             schedules=schedules,
             run_dir=str(tmp_path / run),
             checkpointer=None,
+            log_every_n_steps=1,
         ).train()
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         return [
@@ -208,6 +210,7 @@ def test_plateau_scales_the_learning_rate_and_is_logged(tmp_path):
         schedules={"learning_rate": nx.Plateau(0.05, patience=0, threshold=10.0)},
         run_dir=str(tmp_path),
         checkpointer=None,
+        log_every_n_steps=1,
     )
     nitro.train()
     lines = [

@@ -330,6 +330,7 @@ def test_a_stop_partway_through_an_epoch_continues_that_epoch_bitwise(tmp_path, 
         run_dir=str(tmp_path / "b"),
         accum=2,
         logger=stopper,
+        log_every_n_steps=1,
     )
     stopper.nitro = first
     first.train()
@@ -461,6 +462,7 @@ def test_resume_after_a_crash_with_ema_plateau_and_schedules_is_bitwise(
                 "smoothing": lambda total: lambda t: 0.01 * t,
             },
             early_stop=nx.EarlyStopping(patience=3, min_delta=0.0),
+            log_every_n_steps=1,
             **extra,
         )
         nitro.train()

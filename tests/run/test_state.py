@@ -36,6 +36,7 @@ def test_a_step_donates_the_weights_it_replaces_and_keeps_the_model_state(accum)
         ema=nx.EMA(0.9),
         logger=stopper,
         checkpointer=None,
+        log_every_n_steps=1,
     )
     stopper.nitro = nitro
     nitro.train()  # stops once the train line of step 1 is read back

@@ -15,6 +15,14 @@ time the run needs it; a contract of silent no-ops would make every wrapper loss
 Six informational verbs are optional, with the defaults of the helpers below:
 `run_id()`, `run_url()`, `logger_info()`, `logger_state()`, `reattach(state)` (needed
 exactly when `logger_state` returns something) and `backend()`.
+
+Two more are optional, for a logger that keeps lines in memory before writing them
+(`JSONLogger` does): `log_deferred_metrics(line, *, step, epoch, context)` takes a
+train line whose values are still on the device (`deferred.DeferredMetrics`), to read
+back later with the others it holds; without it the line is resolved and passed to
+`log_metrics` at once. `flush()` writes what it holds (the loop calls it at the end
+of each epoch's steps). `log_resume(*, step, epoch, run_id, source)` is told where a
+resumed run continues from; without it nothing is logged.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import HookError
 from ..handle_type import RunHandle
+from .deferred import DeferredMetrics
 
 
 @runtime_checkable
@@ -72,6 +81,38 @@ def log_metrics(
     _verb(logger, "log_metrics")(
         finite_only(metrics), step=step, epoch=epoch, context=context
     )
+
+
+def log_deferred(
+    logger: Any, line: DeferredMetrics, *, step: int, epoch: int, context: str
+) -> None:
+    """Log a line whose values are still on the device: held by a logger that takes
+    such lines (`log_deferred_metrics`), else resolved now and logged as host values.
+    """
+    if logger is None:
+        return
+    method = getattr(logger, "log_deferred_metrics", None)
+    if callable(method):
+        method(line, step=step, epoch=epoch, context=context)
+    else:
+        log_metrics(logger, line.resolve(), step=step, epoch=epoch, context=context)
+
+
+def flush(logger: Any) -> None:
+    """Have a logger that holds lines in memory (`flush`) write them now."""
+    method = getattr(logger, "flush", None)
+    if callable(method):
+        method()
+
+
+def log_resume(
+    logger: Any, *, step: int, epoch: int, run_id: str | None, source: str | None
+) -> None:
+    """Tell a logger that takes it (`log_resume`) where a resumed run continues:
+    the step and epoch of the record `source`, under the run `run_id`."""
+    method = getattr(logger, "log_resume", None)
+    if callable(method):
+        method(step=step, epoch=epoch, run_id=run_id, source=source)
 
 
 def log_params(logger: Any, params: dict[str, Any]) -> None:

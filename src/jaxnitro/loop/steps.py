@@ -13,6 +13,7 @@ and whether the batch's inputs were already non-finite.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from ..data.sources import batch_size
 from ..errors import ConfigError, DivergenceError
 from ..experiment.rng import step_rng_input
 from ..logging import protocol as logproto
+from ..logging.deferred import DeferredMetrics
 from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
 from ..optim.schedules import Target
@@ -106,17 +108,14 @@ class EpochLog:
         self.step_terms = []
 
     def _log_line(self, item: _InFlight) -> None:
-        line: dict[str, Any] = {"loss": sum(self.step_losses) / len(self.step_losses)}
-        # Each term is averaged over the step's micro-batches, as the loss is.
-        terms = jax.device_get(self.step_terms)
-        for name in terms[0] if terms else ():
-            line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
-        # The step's last micro-batch's train_metrics (the spec's train line).
-        for name, value in dict(jax.device_get(item.stats) or {}).items():
-            line[str(name)] = _scalar(value)
-        if item.schedule_line:
-            line.update(item.schedule_line)
-        logproto.log_metrics(
+        # The loss terms and device train_metrics stay on the device: the logger
+        # reads them back later, with the other lines it holds (logging/deferred.py).
+        loss = sum(self.step_losses) / len(self.step_losses)
+        line = DeferredMetrics(
+            (self.step_terms, item.stats),
+            functools.partial(_train_line, loss, item.schedule_line),
+        )
+        logproto.log_deferred(
             self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
         )
 
@@ -161,6 +160,24 @@ def divergence_message(loss: float, item: _InFlight, epoch: int) -> str:
         f"is no rollback: resume from the last checkpoint with a lower learning "
         f"rate, or pass check_divergence=False to continue from the diverged state."
     )
+
+
+def _train_line(
+    loss: float, schedule_line: dict[str, float] | None, fetched: Any
+) -> dict[str, Any]:
+    """The train line of a step: its mean loss, each loss term averaged over the
+    step's micro-batches as the loss is, the train_metrics of its last micro-batch
+    (the spec's train line) and the schedule values; `fetched` is `(terms, stats)`
+    read back."""
+    terms, stats = fetched
+    line: dict[str, Any] = {"loss": loss}
+    for name in terms[0] if terms else ():
+        line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
+    for name, value in dict(stats or {}).items():
+        line[str(name)] = _scalar(value)
+    if schedule_line:
+        line.update(schedule_line)
+    return line
 
 
 def _scalar(value: Any) -> Any:
@@ -325,6 +342,7 @@ def run_epoch(
         raise
     finally:
         feed.close()
+    logproto.flush(nitro.logger)  # the epoch's train lines, before validation runs
     if delivered is not None:
         if delivered % accum:  # a source that ran short or long ended mid-step
             nitro.commit_state(_zeroed_accumulator(nitro.train_state))

@@ -113,7 +113,7 @@ class Nitro:
         autolog_schedules (bool): whether varying schedule values go on the train
             line (accessor, default True).
         log_every_n_steps (int): write the train line only on optimizer steps that
-            are a multiple of this, >= 1 (accessor, default 1).
+            are a multiple of this, >= 1 (accessor, default 50; the spec's is 1).
         logger: a logger object, or None to log nothing (accessor, default a
             `JSONLogger` writing `metrics.jsonl` in run_dir).
         checkpointer (Checkpointer | None): the checkpointer, or None to write no

@@ -633,6 +633,9 @@ class SetupSequence:
         bind = getattr(self._logger, "bind_run_dir", None)
         if callable(bind):
             bind(run_dir)
+        bind_id = getattr(self._logger, "bind_run_id", None)
+        if callable(bind_id):  # every line it writes carries the run's id
+            bind_id(self._run_id)
         if self._resume is not None and self._record is not None:
             state = self._record.header.logger_state
             if state is not None and self._logger is not None:
@@ -650,6 +653,15 @@ class SetupSequence:
                 logproto.reattach(self._logger, state)
         if self._resume is not None and parent is not None:
             self._log_branch(self._resume, str(self._run_id))
+        if self._resume is not None and self._record is not None:
+            # Lines a crash left past this step are trained again after this line.
+            logproto.log_resume(
+                self._logger,
+                step=self._record.header.step,
+                epoch=self._record.header.epoch,
+                run_id=self._run_id,
+                source=self._record.path,
+            )
 
     def _log_branch(self, resume: ResolvedSource, run_id: str) -> None:
         """Say that resuming `resume` starts a new run rather than continuing one."""
