@@ -79,18 +79,38 @@ def read_watched(
     error: type[Exception],
     watcher: str,
     hint: str = "",
+    non_finite_ok: bool = False,
 ) -> float:
     """`metrics[metric]`, validated by `check_control_readback` (as "the `what`").
 
     A missing metric raises `error`: "<watcher>, but validation returned <names>."
-    followed by `hint`.
+    followed by `hint`. With `non_finite_ok`, a NaN or infinite real comes back as
+    it is (evaluation has warned of it; the caller counts it as no improvement).
     """
     if metric not in metrics:
         raise error(
             f"{watcher}, but validation returned {', '.join(metrics) or 'no metrics'}."
             f"{did_you_mean(metric, metrics)}{hint}"
         )
-    return check_control_readback(metrics[metric], what, metric)
+    value = metrics[metric]
+    if non_finite_ok and is_non_finite(value):
+        return float(value)
+    return check_control_readback(value, what, metric)
+
+
+def is_non_finite(value: Any) -> bool:
+    """Whether `value` is a real scalar that is NaN or infinite (text, complex values
+    and arrays are not: `check_control_readback` refuses them by name).
+
+    >>> is_non_finite(float("nan")), is_non_finite(1.0), is_non_finite("nan")
+    (True, False, False)
+    """
+    if value is None or isinstance(value, str | bytes | complex) or np.ndim(value):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

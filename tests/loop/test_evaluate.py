@@ -429,3 +429,22 @@ def test_an_empty_batch_mid_split_is_refused_with_its_index():
     expected = r"^Batch 1 of split `val` holds 0 samples"
     with pytest.raises(nx.ConfigError, match=expected):
         nitro.validate()
+
+
+def test_a_non_finite_monitored_metric_counts_as_no_improvement_for_stopping():
+    """Early stopping and Plateau take a NaN epoch as one that did not improve,
+    after evaluation warned of it, rather than stopping the run with an error."""
+    stopper = nx.EarlyStopping(metric="acc", mode="max", patience=2)
+    assert stopper.should_stop(1, {"acc": 0.5}) is False
+    assert stopper.should_stop(2, {"acc": float("nan")}) is False
+    assert stopper.should_stop(3, {"acc": float("inf")}) is True
+    assert stopper.state()["best"] == 0.5
+    nitro = nx.Nitro(
+        NanAccuracy(max_epochs=3),
+        early_stop=nx.EarlyStopping(patience=2),
+        schedules={"learning_rate": nx.Plateau(0.05, patience=0)},
+        **quiet(),
+    )
+    with pytest.warns(nx.NitroWarning, match="scored non-finite metrics"):
+        nitro.train()
+    assert nitro.status.stop_reason == "early_stop" and nitro.current_epoch == 2

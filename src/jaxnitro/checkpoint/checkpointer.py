@@ -25,17 +25,14 @@ back), never a kill between the first record and its manifest.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import CheckpointError, ConfigError
-from ..watch import read_watched
+from ..watch import is_non_finite, read_watched
 from .filenames import (
     RECORD_SUFFIX,
     checkpoint_filename,
@@ -618,7 +615,7 @@ class Checkpointer:
         evaluation has warned of. A value that is no real number still raises."""
         if self.metric is None or not metrics:
             return None
-        if _non_finite_number(metrics.get(self.metric)):
+        if is_non_finite(metrics.get(self.metric)):
             return None
         return read_watched(
             metrics,
@@ -668,14 +665,3 @@ def load_checkpoint(
             f"method; pass a Checkpointer, an object with load(path), or None."
         )
     return load(path)  # type: ignore[no-any-return]
-
-
-def _non_finite_number(value: Any) -> bool:
-    """Whether `value` is a real scalar that is NaN or infinite (text, complex
-    values and arrays are not: `read_watched` refuses them by name)."""
-    if value is None or isinstance(value, str | bytes | complex) or np.ndim(value):
-        return False
-    try:
-        return not math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False

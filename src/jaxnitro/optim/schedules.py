@@ -122,6 +122,8 @@ class PlateauState:
     cooldown_left: int = 0
 
     def _improves(self, value: float) -> bool:
+        if not math.isfinite(value):  # warned of by evaluation: a bad epoch
+            return False
         if math.isnan(self.best):
             return True
         t = self.rule.threshold
@@ -457,6 +459,7 @@ def check_plateau_metrics(
             "Plateau metric",
             error=ConfigError,
             watcher=f"Plateau on `{schedule.key}` watches `{state.metric}`",
+            non_finite_ok=True,
         )
         if state.update(value):
             log.info(

@@ -77,7 +77,11 @@ class EarlyStopping:
             error=ConfigError,
             watcher=f"EarlyStopping watches `{self.metric}`",
             hint=" Pass a metric it returns.",
+            non_finite_ok=True,
         )
+        if not math.isfinite(value):  # warned of by evaluation: no improvement
+            self.wait += 1
+            return self.wait >= self.patience
         better = (
             math.isnan(self.best)
             or (self.mode == "min" and value < self.best - self.min_delta)
