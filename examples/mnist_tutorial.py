@@ -11,8 +11,9 @@ that `nitro serve` serves.
 By default it trains on scikit-learn's 8x8 digits, which ship with the wheel, so it
 runs anywhere in well under a minute. Point NITRO_MNIST_DIR at a folder holding the
 four MNIST IDX files (train-images-idx3-ubyte and friends, plain or .gz) to train on
-real MNIST instead; nothing is ever downloaded. NITRO_EXAMPLE_EPOCHS=1 turns the script
-into a smoke test, and NITRO_RUN_DIR (default runs/mnist) says where it writes.
+real MNIST instead; nothing is ever downloaded. NITRO_RUN_DIR (default runs/mnist) says
+where it writes. NITRO_SMOKE=1 turns it into a smoke test: the framework's smoke flag
+trains one epoch on the first two batches of every split, in a temporary directory.
 
 The optimizer recipe belongs to the experiment too: two parameter groups (the encoder
 decays, the head does not), a one-cycle learning-rate schedule over the whole run,
@@ -340,13 +341,14 @@ def history_table(history: list[dict]) -> str:
 
 def main() -> None:
     started = time.perf_counter()
-    epochs = os.environ.get("NITRO_EXAMPLE_EPOCHS")
     run_dir = os.environ.get("NITRO_RUN_DIR", "runs/mnist")
-    e = MnistMLP() if epochs is None else MnistMLP(max_epochs=int(epochs))
+    e = MnistMLP()
     print(f"data: {e.mnist_dir or 'scikit-learn digits (8x8)'}")
 
     # Constructing a Nitro runs setup only: data, derive, device placement, the model.
-    # Nothing is compiled until a verb needs it. Setup shows the binding report itself
+    # Nothing is compiled until a verb needs it. Under NITRO_SMOKE=1 the handle is a
+    # smoke run (one epoch on two batches of each split, in a temporary run_dir).
+    # Setup shows the binding report itself
     # (where every value came from): a panel on a terminal, a log record otherwise;
     # `nitro.binding_report()` returns its text.
     nitro = nx.Nitro(e, run_dir=run_dir)
@@ -408,7 +410,9 @@ def main() -> None:
     # fields are baked at their current value (temperature 1.0). One program per batch
     # size, plus one for any batch size; a bundle is never overwritten, so each run
     # exports into its own folder. Serve it with `nitro serve BUNDLE` (README).
-    bundle_dir = os.path.join(run_dir, "export", nitro.checkpoint_run or "unnamed")
+    bundle_dir = os.path.join(
+        nitro.run_dir, "export", nitro.checkpoint_run or "unnamed"
+    )
     path = nx.export_model(
         nitro, nx.StableHLOBundle(), dir=bundle_dir, name="mnist", batch_sizes=[1, 8]
     )

@@ -58,8 +58,8 @@ def test_tutorial_trains_on_an_mnist_directory(tutorial, tmp_path, monkeypatch):
 def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NITRO_MNIST_DIR"}
     env.update(
-        NITRO_EXAMPLE_EPOCHS="1",
-        NITRO_RUN_DIR=str(tmp_path / "run"),
+        NITRO_SMOKE="1",
+        NITRO_RUN_DIR=str(tmp_path / "never-written"),
         JAXNITRO_COMPILATION_CACHE="off",
     )
     done = subprocess.run(
@@ -72,14 +72,18 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "test accuracy: " in done.stdout
-    assert (tmp_path / "run" / "manifest.json").exists()
+    # The framework's smoke run: a temporary run directory, reported at the end.
+    assert not (tmp_path / "never-written").exists()
+    assert "smoke run: 1 epoch in " in done.stderr
+    assert "train: 2 of 24 batches, 1 optimizer steps" in done.stderr
+    run_dir = Path(re.search(r"^run directory: (\S+)$", done.stdout, re.M).group(1))
+    assert run_dir.name.startswith("nitro-smoke-")
+    assert (run_dir / "manifest.json").exists()
     # It ends by exporting its model and checking the loaded bundle against predict.
     assert "bundle agrees with predict" in done.stdout
     # The binding report is shown once, by setup (a log record off a terminal),
     # not printed a second time; the run's directory and best record close it.
     assert "binding report" not in done.stdout
-    run_dir = tmp_path / "run"
-    assert f"run directory: {run_dir}\n" in done.stdout
     best = re.search(
         r"^best checkpoint: (\S+) \(epoch 1, macro_recall ", done.stdout, re.M
     )
@@ -88,12 +92,12 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     assert Path(best.group(1)).name in recorded
     # Off a terminal, one summary line per epoch on stderr.
     assert re.search(r"^epoch 1/1: train_loss \S+ · val acc \S+ · ", done.stderr, re.M)
-    (bundle,) = (tmp_path / "run" / "export").glob("*/mnist")
+    (bundle,) = (run_dir / "export").glob("*/mnist")
     assert nx.load_bundle(bundle).manifest["batch_sizes"] == [1, 8]
     # The spec's log_confusion recipe: stashed in finalize_metrics, logged by a
     # phase monitor on the transition out of validation.
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     confusion = [json.loads(x) for x in lines if '"type": "confusion"' in x]
     assert len(confusion) == 1 and confusion[0]["epoch"] == 1
     matrix = np.asarray(confusion[0]["matrix"])
-    assert matrix.shape == (10, 10) and matrix.sum() == 297  # the val split
+    assert matrix.shape == (10, 10) and matrix.sum() == 100  # 2 val batches of 50
