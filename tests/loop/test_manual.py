@@ -126,6 +126,19 @@ def test_the_manual_step_is_cached_and_keyed_by_its_optimizers():
     assert "manual_step" in kinds_compiled(fast.train)
 
 
+def test_rules_built_anew_by_each_handle_compile_the_manual_step_once():
+    """TwoNets calls optax.sgd(0.1) and optax.adam(0.02) in setup_optimizers, for
+    each handle: the rules compare by what they compute, so a second handle reuses
+    the first one's manual step."""
+    first = nx.Nitro(TwoNets(max_epochs=1), **quiet())
+    first.train()
+    again = nx.Nitro(TwoNets(max_epochs=1), **quiet())
+    assert again.train_state.opt_state["head"].tx is not (
+        first.train_state.opt_state["head"].tx
+    )
+    assert "manual_step" not in kinds_compiled(again.train)
+
+
 def test_manual_training_false_keeps_the_automatic_loop():
     class Automatic(TwoNets):
         def manual_training(self):
@@ -269,6 +282,39 @@ def test_checkpoint_and_resume_equal_an_uninterrupted_run_bitwise(tmp_path):
     assert [r["train_loss"] for r in resumed.history] == [
         r["train_loss"] for r in straight.history[3:]
     ]
+
+
+def test_a_resume_from_a_stop_mid_epoch_equals_an_uninterrupted_run_bitwise(
+    tmp_path,
+):
+    """A stop at step 6 cuts epoch 2 (4 steps an epoch); the record written then
+    resumes the epoch at its next batch, with every optimizer state."""
+    from experiments import StopsAtStep
+
+    straight = nx.Nitro(TwoNets(max_epochs=3), run_dir=str(tmp_path / "a"), logger=None)
+    straight.train()
+    stopper = StopsAtStep(6)
+    first = nx.Nitro(
+        TwoNets(max_epochs=3),
+        run_dir=str(tmp_path / "b"),
+        logger=stopper,
+        log_every_n_steps=1,
+    )
+    stopper.nitro = first
+    first.train()
+    assert first.stop_reason == "requested"
+    assert (first.current_epoch, first.current_step) == (2, 7)
+    resumed = nx.Nitro(
+        TwoNets(max_epochs=3), run_dir=str(tmp_path / "b"), logger=None, resume="auto"
+    )
+    resumed.train()
+    assert resumed.current_step == straight.current_step == 12
+    for a, b in zip(
+        leaves((resumed.parameters, resumed.train_state.opt_state)),
+        leaves((straight.parameters, straight.train_state.opt_state)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_stop_request_in_manual_mode_ends_at_the_step_boundary():

@@ -19,9 +19,9 @@ bare key (`opt.learning_rate`) sets the field on every rule that has it, a path
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -30,21 +30,68 @@ import numpy as np
 import optax
 
 from ..errors import HookError
+from .rule_key import rule_key
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["inner"], meta_fields=["tx"])
 @dataclass(frozen=True)
 class OptState:
     """One network's optimizer state with its Optax transformation.
 
     Attributes:
         tx: the Optax `GradientTransformation`; static metadata (part of the tree
-            structure, so a different rule is a different compiled program).
+            structure, so another rule is another compiled program). Rules compare
+            by what they compute (`optim.rule_key`): `optax.adam(1e-3)` built anew
+            by each handle's `setup_optimizers` is the same rule, and compiles
+            nothing twice.
         inner: the Optax state `tx.init(params)` returned; the pytree's children.
     """
 
     tx: optax.GradientTransformation
     inner: Any
+
+
+class _Rule:
+    """An `OptState`'s pytree metadata: its transformation, equal to another by
+    structure (`rule_key`), so a tree structure holding it keys compiled programs
+    by what the rule computes rather than by the identity of its closures."""
+
+    __slots__ = ("_hash", "key", "tx")
+
+    def __init__(self, tx: Any) -> None:
+        self.tx = tx
+        self.key = rule_key(tx)
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Rule) and (
+            other.tx is self.tx or other.key == self.key
+        )
+
+    def __repr__(self) -> str:
+        return f"_Rule({self.tx!r})"
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_rule(tx: Any) -> _Rule:
+    return _Rule(tx)
+
+
+def _rule(tx: Any) -> _Rule:
+    try:
+        return _cached_rule(tx)
+    except TypeError:  # an unhashable transformation
+        return _Rule(tx)
+
+
+jax.tree_util.register_pytree_with_keys(
+    OptState,
+    lambda s: (((jax.tree_util.GetAttrKey("inner"), s.inner),), _rule(s.tx)),
+    lambda rule, children: OptState(rule.tx, *children),
+    flatten_func=lambda s: ((s.inner,), _rule(s.tx)),
+)
 
 
 def setup_optimizer(tx: optax.GradientTransformation, params: Any) -> OptState:
