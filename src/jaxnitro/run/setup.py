@@ -33,6 +33,7 @@ from ..data.prefetch import auto_prefetch, check_prefetch
 from ..data.sources import (
     check_split,
 )
+from ..devices.placement import Placement, check_batch_divides, padded_width
 from ..errors import (
     ConfigError,
     HookError,
@@ -314,6 +315,7 @@ class SetupSequence:
             self._split_sizes,
             self._run_config,
         )
+        self._placement = self._mesh()
         # Every split gets its prefetch settings now, after the probe and the checks
         # above saw the collection as build_data returned it.
         self.data = auto_prefetch(self.data)
@@ -340,7 +342,9 @@ class SetupSequence:
             resuming=self._resume is not None,
             load_ema=self._run_config.load_ema,
         )
-        self._train_state = restored._replace(step=step, epoch=epoch)
+        self._train_state = restored._replace(step=step, epoch=epoch).placed(
+            self._placement
+        )
         # Manual mode: the experiment's optimizer states, which its opt schedules
         # bind into, so the plan resolves those against what the states expose.
         manual_states = None
@@ -371,9 +375,23 @@ class SetupSequence:
             model=self._model,
             graphconst=graphconst_values(self._experiment),
             compile_options=dict(self._run_config.compile_options),
+            placement=self._placement,
         )
         self._bind_run(run_dir)
         configure_persistent_cache()
+
+    def _mesh(self) -> Placement | None:
+        """The run's mesh (None for one device), once the probe knows the batch:
+        the global train batch must split evenly, and the eval width is rounded up
+        so a padded eval batch does too."""
+        n_devs = self._run_config.n_devs
+        if n_devs == 1:
+            return None
+        if self._routing.train_batch is not None:
+            check_batch_divides(self._routing.train_batch, n_devs)
+        if self._eval_width is not None:
+            self._eval_width = padded_width(self._eval_width, n_devs)
+        return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)
 
     def _setup_phase(self, label: str) -> None:
         if self._progress is not None:

@@ -1,0 +1,44 @@
+"""Experiments for the mesh tests: batches whose sizes put padding and sharding to
+the test, and a model whose large leaves divide by 4 (fsdp)."""
+
+from __future__ import annotations
+
+from experiments import TinyMetrics, make_batches
+
+import jaxnitro as nx
+from jaxnitro.devices import process
+
+
+def quiet(**kw):
+    """Keywords for a handle that writes nothing (no logger, no checkpoints)."""
+    return {"logger": None, "checkpointer": None, **kw}
+
+
+class Ragged(TinyMetrics):
+    """Train batches of 16; val and test batches of 10 with a short last one, so
+    the eval width (10) pads to 12 on 4 devices and to 10 on 2."""
+
+    max_epochs: int = 2
+
+    def build_data(self, dist):
+        return {
+            "train": make_batches(64, 16),
+            "val": make_batches(25, 10, seed=1),
+            "test": make_batches(13, 10, seed=2),
+        }
+
+
+class Wide(Ragged):
+    """A hidden layer of 2048: every parameter leaf has at least 1024 elements and a
+    dimension that divides by 4, so fsdp splits the whole model."""
+
+    width: nx.GraphConst[int] = 2048
+    max_epochs: int = 1
+
+    def learning_rate(self, group=None):
+        return 0.01
+
+
+def unpinned(monkeypatch):
+    """Run the test with no setup_devices choices, restoring them afterwards."""
+    monkeypatch.setattr(process, "_SETUP", process.DeviceSetup())
