@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from mesh_experiments import Ragged, quiet, unpinned
+from mesh_experiments import MESHES, ManualRagged, Ragged, quiet, unpinned
 from safetensors.numpy import load_file
 
 import jaxnitro as nx
@@ -136,3 +136,23 @@ def test_a_mesh_run_writes_the_same_checkpoint_content(runs):
     for name, array in one.items():
         assert (four[name].shape, four[name].dtype) == (array.shape, array.dtype)
         np.testing.assert_allclose(four[name], array, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("experiment", "keywords"),
+    [(Ragged(max_epochs=1), {"accum": 2}), (ManualRagged(max_epochs=1), {})],
+    ids=["accumulated", "manual"],
+)
+def test_accumulated_and_manual_steps_on_4_devices_match_one_device(
+    experiment, keywords
+):
+    MESHES.clear()
+    one = nx.Nitro(experiment, **quiet(**keywords)).train()
+    four = nx.Nitro(experiment, n_devs=4, **quiet(**keywords)).train()
+    for name, value in one.parameters.items():
+        np.testing.assert_allclose(
+            np.asarray(four.parameters[name]), value, rtol=1e-5, atol=1e-6
+        )
+    if isinstance(experiment, ManualRagged):
+        assert MESHES[0] is None
+        assert MESHES[1].shape == {"data": 4}

@@ -3,6 +3,7 @@ the test, and a model whose large leaves divide by 4 (fsdp)."""
 
 from __future__ import annotations
 
+import optax
 from experiments import TinyMetrics, make_batches
 
 import jaxnitro as nx
@@ -42,3 +43,30 @@ class Wide(Ragged):
 def unpinned(monkeypatch):
     """Run the test with no setup_devices choices, restoring them afterwards."""
     monkeypatch.setattr(process, "_SETUP", process.DeviceSetup())
+
+
+MESHES: list = []  # what each ManualRagged setup_optimizers call received
+
+
+class ManualRagged(Ragged):
+    """Ragged trained by its own train_step, one SGD optimizer; it records the mesh
+    setup_optimizers receives."""
+
+    def setup_optimizers(self, model, params, state, mesh):
+        MESHES.append(mesh)
+        return {"all": nx.setup_optimizer(optax.sgd(0.05), params)}
+
+    def train_step(self, model, params, opt_state, state, *, x, y):
+        def objective(p):
+            logits, _ = self.forward(model, p, state, x=x)
+            return self.loss(logits, y=y)
+
+        loss, grads = nx.backward(objective, params)
+        opt, params = nx.step_optimizer(opt_state["all"], params, grads)
+        return {
+            "loss": loss,
+            "params": params,
+            "state": state,
+            "opt_state": {"all": opt},
+            "stats": {},
+        }

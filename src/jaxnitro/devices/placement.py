@@ -107,12 +107,17 @@ class Placement:
         """Every device holds the whole value."""
         return NamedSharding(self.mesh, PartitionSpec())
 
+    @property
+    def data_sharding(self) -> NamedSharding:
+        """Split along the first axis: where a staged batch goes."""
+        return NamedSharding(self.mesh, PartitionSpec(AXIS))
+
     def batch_sharding(self, leaf: Any) -> NamedSharding:
         """A batch field split along its first axis; one without a batch axis that
         divides is replicated (the eval width and the train batch are checked)."""
         shape = np.shape(leaf)
         if shape and shape[0] % self.n_devs == 0:
-            return NamedSharding(self.mesh, PartitionSpec(AXIS))
+            return self.data_sharding
         return self.replicated
 
     def state_sharding(self, leaf: Any) -> NamedSharding:

@@ -228,6 +228,7 @@ def _evaluate_split(
         select=functools.lru_cache(maxsize=8)(fields["forward"].select),
         width=nitro.status.eval_width,
         name=split,
+        placement=nitro.prepared.ctx.placement,
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished

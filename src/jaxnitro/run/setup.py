@@ -165,7 +165,7 @@ class SetupSequence:
         return SetupOutcome(
             config=self._run_config,
             prepared=prepared,
-            state=self._train_state,
+            state=self._train_state.placed(self._placement),
             status=RunStatus(
                 held_stop=self._epoch_loss,
                 pending_record=self._record,
@@ -342,9 +342,7 @@ class SetupSequence:
             resuming=self._resume is not None,
             load_ema=self._run_config.load_ema,
         )
-        self._train_state = restored._replace(step=step, epoch=epoch).placed(
-            self._placement
-        )
+        self._train_state = restored._replace(step=step, epoch=epoch)
         # Manual mode: the experiment's optimizer states, which its opt schedules
         # bind into, so the plan resolves those against what the states expose.
         manual_states = None
@@ -354,6 +352,7 @@ class SetupSequence:
                 self._model,
                 self._train_state.params,
                 self._train_state.model_state,
+                None if self._placement is None else self._placement.mesh,
             )
         self._setup_optimization(fresh, self._run_config.w0, manual_states)
         if manual_states is not None and self._plan is not None:
