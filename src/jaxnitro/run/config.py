@@ -175,7 +175,7 @@ def _check_run_dir(value: Any, source: str) -> str:
 
 
 def _check_n_devs(value: Any, source: str) -> int:
-    if value == 1 and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and value == 1:
         return value  # one device: nothing to check against the visible ones
     return check_n_devs(value, f"Nitro(...) (n_devs from the {source}):")
 
