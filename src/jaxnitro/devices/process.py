@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotYetSupportedError
 
 BACKENDS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 
@@ -38,6 +38,12 @@ N_DEVS_VISIBLE = (
     "this process. Pass n_devs <= {visible}, or make more devices visible before "
     "the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
     "XLA_FLAGS=--xla_force_host_platform_device_count={value})."
+)
+MULTI_PROCESS = (
+    "This process is one of {count} (jax.distributed is initialized; this is process "
+    "{index}): training across processes is not supported yet, and each process "
+    "would train on its own and write the same checkpoints. Run one process, with "
+    "n_devs for the devices it sees."
 )
 
 
@@ -175,3 +181,13 @@ def device_report() -> dict[str, Any]:
         "n_devs": _SETUP.n_devs or 1,
         "pinned": _SETUP.n_devs,
     }
+
+
+def refuse_multi_process() -> None:
+    """Refuse a run in one of several `jax.distributed` processes (`dist` is
+    always None until multi-process training lands)."""
+    count = jax.process_count()
+    if count > 1:
+        raise NotYetSupportedError(
+            MULTI_PROCESS.format(count=count, index=jax.process_index())
+        )

@@ -207,8 +207,9 @@ class Nitro:
             `train_metrics` declares.
         CheckpointError: a `resume=` or `weights=` source cannot be found or read,
             or its trees do not match this model leaf for leaf.
-        NotYetSupportedError: a `train_step` or `setup_optimizers` hook, or
-            `resume=` from a live handle.
+        NotYetSupportedError: a `train_step` or `setup_optimizers` hook,
+            `resume=` from a live handle, or a process that is one of several
+            `jax.distributed` processes.
 
     Warns:
         NitroWarning: a resume whose recorded seed differs; `resume="auto"` with

@@ -34,6 +34,7 @@ from ..data.sources import (
     check_split,
 )
 from ..devices.placement import Placement, check_batch_divides, padded_width
+from ..devices.process import refuse_multi_process
 from ..errors import (
     ConfigError,
     HookError,
@@ -197,6 +198,7 @@ class SetupSequence:
 
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
+        refuse_multi_process()
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
