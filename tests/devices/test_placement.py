@@ -156,3 +156,12 @@ def test_accumulated_and_manual_steps_on_4_devices_match_one_device(
     if isinstance(experiment, ManualRagged):
         assert MESHES[0] is None
         assert MESHES[1].shape == {"data": 4}
+
+
+def test_predict_on_a_handle_without_data_pads_to_a_multiple_of_n_devs():
+    nitro = nx.Nitro(Ragged(), n_devs=4, data={}, **quiet())
+    one = nx.Nitro(Ragged(), data={}, **quiet())
+    x = {"x": np.random.default_rng(4).normal(size=(7, 8)).astype(np.float32)}
+    out = nitro.predict(x)
+    assert (out.shape, nitro.status.eval_width) == ((7, 3), 8)
+    np.testing.assert_allclose(out, one.predict(x), rtol=1e-5, atol=1e-6)
