@@ -16,7 +16,16 @@ import pytest
 import jaxnitro
 
 PACKAGE = Path(jaxnitro.__file__).parent
-LOWER = ("experiment", "compile", "optim", "data", "checkpoint", "logging", "observe")
+LOWER = (
+    "experiment",
+    "compile",
+    "optim",
+    "data",
+    "checkpoint",
+    "logging",
+    "observe",
+    "devices",
+)
 UPPER = ("run", "loop")
 
 

@@ -63,6 +63,7 @@ from .data.protocol import epoch_token as epoch_token
 from .data.protocol import fanout_capable as fanout_capable
 from .data.sources import check_source_options as check_source_options
 from .data.stream import PrefetchStream as PrefetchStream
+from .devices.process import setup_devices as setup_devices
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import DivergenceError as DivergenceError

@@ -160,7 +160,7 @@ def test_refusals_are_tool_errors_and_the_server_goes_on(tmp_path):
 
 def test_every_tool_has_a_description():
     assert set(DESCRIPTIONS) == TOOL_NAMES
-    assert "configures nothing" in DESCRIPTIONS["nitro_setup"]
+    assert "n_devs pins the device count" in DESCRIPTIONS["nitro_setup"]
 
 
 @pytest.mark.slow  # a server process of its own, spoken to over stdio

@@ -155,9 +155,14 @@ def test_starts_past_max_runs_are_refused(tools):
         assert tools.status(run)["state"] == "done"
 
 
-def test_setup_reports_the_backend_and_configures_nothing(tools):
+def test_setup_is_setup_devices(tools, monkeypatch):
+    from mesh_experiments import unpinned
+
+    unpinned(monkeypatch)
     report = tools.setup()
-    assert report["backend"] == "cpu"
-    assert report["n_devs"] == len(report["visible"]) == 4
-    assert report["pinned"] is None
-    assert "configures nothing" in report["note"]
+    assert (report["backend"], len(report["visible"])) == ("cpu", 4)
+    assert (report["n_devs"], report["pinned"]) == (1, None)
+    assert "with no arguments it only reports" in report["note"]
+    assert tools.setup(n_devs=2)["pinned"] == nx.setup_devices()["pinned"] == 2
+    with pytest.raises(nx.ConfigError, match="n_devs=8, but only 4 cpu device"):
+        tools.setup(n_devs=8)

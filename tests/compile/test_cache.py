@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from compile_counts import kinds_compiled
 from experiments import QuietLogger, Tiny, make_batches
 
@@ -207,3 +208,43 @@ def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatc
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_compile_options_are_part_of_every_program_key():
+    options = {"xla_embed_ir_in_executable": True}
+    nx.Nitro(Tiny(max_epochs=1), **quiet()).train()
+    kinds = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1), compile_options=options, **quiet()).train()
+    )
+    assert kinds == ["eval_forward", "eval_loss", "train_step"]
+    again = kinds_compiled(
+        lambda: nx.Nitro(Tiny(max_epochs=1), compile_options=options, **quiet()).train()
+    )
+    assert again == []
+
+
+def test_an_unknown_compile_option_is_refused_before_any_program_compiles():
+    class NoData(Tiny):
+        def build_data(self, dist):
+            raise AssertionError("setup built the data before refusing the options")
+
+    nx.cache_reset()
+    with pytest.raises(
+        nx.ConfigError, match="^compile_options were refused by XLA: .*xla_no_such"
+    ):
+        nx.Nitro(NoData(), compile_options={"xla_no_such_option": True}, **quiet())
+    assert nx.cache_stats() == {"hits": 0, "misses": 0, "entries": 0}
+
+
+def test_a_mesh_run_keys_its_programs_by_the_devices_and_compiles_them_once():
+    def run(**kw):
+        nx.Nitro(Tiny(max_epochs=1), n_devs=4, **quiet(**kw)).train()
+
+    nx.Nitro(Tiny(max_epochs=1), **quiet()).train()
+    assert kinds_compiled(run) == ["eval_forward", "eval_loss", "train_step"]
+    assert kinds_compiled(run) == []  # the placed state keys as it did
+    assert kinds_compiled(lambda: run(sharding="fsdp")) == [
+        "eval_forward",
+        "eval_loss",
+        "train_step",
+    ]

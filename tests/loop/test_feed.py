@@ -75,3 +75,27 @@ def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does(
     assert inline_seeks[-3:] == stream_seeks[-3:] == [0, 1, 2]
     for a, b in zip(inline, streamed, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("evaluation", [False, True], ids=["train", "eval"])
+def test_a_staged_batch_is_split_over_the_mesh(monkeypatch, evaluation):
+    from jaxnitro.devices.placement import Placement
+    from jaxnitro.loop import feed
+
+    monkeypatch.setattr(feed, "stages_on_device", lambda: True)
+    placement = Placement.build(n_devs=4, mode="replicated")
+    source = nx.auto_prefetch({"s": make_batches(32, 16)})["s"]
+    if evaluation:
+        opened = feed.open_eval_feed(
+            source, select=lambda keys: ("x",), width=16, name="s", placement=placement
+        )
+    else:
+        opened = feed.open_feed(
+            source, epoch=0, fields=("x",), name="s", placement=placement
+        )
+    try:  # read before closing: the stream deletes what it staged
+        staged = next(iter(opened)).device["x"]
+        assert staged.sharding == placement.data_sharding
+        assert [s.data.shape for s in staged.addressable_shards] == [(4, 8)] * 4
+    finally:
+        opened.close()

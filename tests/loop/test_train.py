@@ -436,11 +436,6 @@ def test_resumed_handle_at_max_epochs_warns_nothing_to_train(tmp_path):
         done.train(max_epochs=3)
 
 
-def test_n_devs_above_one_is_not_silently_ignored():
-    with pytest.raises(nx.NotYetSupportedError, match="n_devs=2"):
-        nx.Nitro(Tiny(), n_devs=2, **quiet())
-
-
 def test_compile_options_are_checked_at_construction():
     with pytest.raises(nx.ConfigError, match="compile_options were refused by XLA"):
         nx.Nitro(Tiny(), compile_options={"xla_no_such_option": True}, **quiet())

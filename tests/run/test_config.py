@@ -129,10 +129,25 @@ REFUSALS = [
         "float, e.g. gradient_clip_norm=1.0; 0 turns clipping off.",
     ),
     (
-        {"n_devs": 2},
-        nx.NotYetSupportedError,
-        "n_devs=2: sharding a batch over several devices is not supported yet; this "
-        "jaxnitro runs on one device (n_devs=1).",
+        {"n_devs": 8},
+        nx.ConfigError,
+        "Nitro(...) (n_devs from the keyword): n_devs=8, but only 4 cpu device(s) are "
+        "visible to this process. Pass n_devs <= 4, or make more devices visible "
+        "before the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=8).",
+    ),
+    (
+        {"n_devs": 0},
+        nx.ConfigError,
+        "Nitro(...) (n_devs from the keyword): n_devs must be a whole number >= 1, got "
+        "0. Pass e.g. n_devs=2 (n_devs=1 runs on one device, without a mesh).",
+    ),
+    (
+        {"sharding": "zero3"},
+        nx.ConfigError,
+        "sharding='zero3' (from the keyword): it is \"replicated\" (every device "
+        'holds the whole model; the default) or "fsdp" (parameters, optimizer state '
+        "and EMA split along the data axis).",
     ),
     (
         {"monitor": ("acc", "up")},

@@ -39,8 +39,8 @@ BACKGROUND = (
 )
 
 DESCRIPTIONS = {
-    "nitro_setup": "The JAX backend and visible devices of the server process. "
-    + SETUP_NOTE,
+    "nitro_setup": "setup_devices: the JAX backend and visible devices of the server "
+    "process, and its n_devs pin. " + SETUP_NOTE,
     "nitro_train": "Start training an experiment in the background. "
     + EXPERIMENT_ARGS
     + " "
@@ -105,8 +105,10 @@ def build_server(tools: AgentTools) -> Any:
 
         server.add_tool(tool, name=name, description=DESCRIPTIONS[name])
 
-    def nitro_setup() -> dict[str, Any]:
-        return tools.setup()
+    def nitro_setup(
+        backend: str | None = None, n_devs: int | None = None
+    ) -> dict[str, Any]:
+        return tools.setup(backend, n_devs)
 
     def nitro_train(
         experiment: str,

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..checkpoint.runs import runs
 from ..compile.cache import cache_stats
+from ..devices.process import setup_devices
 from ..errors import ConfigError
 from ..export.bundle import StableHLOBundle
 from ..export.sequence import export_model
@@ -42,10 +43,11 @@ CLIENT_KEYWORDS = (
 )
 PREDICT_ROWS = 8  # rows of each output a predict result shows
 SETUP_NOTE = (
-    "Reports the JAX backend and the visible devices. It configures nothing: "
-    "setup_devices (choosing a backend or pinning n_devs) has not landed, so a "
-    "session runs on JAX's default backend; set CUDA_VISIBLE_DEVICES or "
-    "JAX_PLATFORMS before starting `nitro mcp` to choose devices."
+    "Called with no arguments it only reports. backend (cpu, gpu, cuda, rocm, tpu) "
+    "chooses among the devices the server process started with, and n_devs pins "
+    "the device count every later run shards its batch over (an n_devs run keyword "
+    "still wins); to choose which GPUs the server sees, set CUDA_VISIBLE_DEVICES "
+    "before starting `nitro mcp`."
 )
 
 
@@ -75,16 +77,12 @@ class AgentTools:
         self.registry = RunRegistry(max_active=max_runs)
 
     # ------------------------------------------------------------ process -------
-    def setup(self) -> dict[str, Any]:
-        """The backend and devices this process runs on (configures nothing)."""
-        devices = jax.devices()
-        return {
-            "backend": jax.default_backend(),
-            "visible": [str(d) for d in devices],
-            "n_devs": len(devices),
-            "pinned": None,
-            "note": SETUP_NOTE,
-        }
+    def setup(
+        self, backend: str | None = None, n_devs: int | None = None
+    ) -> dict[str, Any]:
+        """`setup_devices(backend, n_devs)`: the process's backend and n_devs pin
+        for every later run, and the report of what is in effect."""
+        return {**setup_devices(backend, n_devs), "note": SETUP_NOTE}
 
     def cache(self) -> dict[str, int]:
         """The compile cache counters: hits, misses, entries."""

@@ -15,6 +15,12 @@
 Every program receives the experiment's Device fields as a plain dict and rebuilds the
 stripped view inside the trace, so a compiled program never depends on the identity of
 the experiment class object (a reloaded class with unchanged code still hits).
+
+On a mesh (n_devs > 1) each program compiles with explicit shardings, from the role of
+each argument and result (`LAYOUTS`): the batch split along the data axis, the
+training state as the run's `Placement` lays it out, the rest replicated. The
+executable places what it is given before each call, so a value from anywhere (a
+restore, a NumPy scalar, a host batch) arrives where the program expects it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..devices.placement import Placement, Role
 from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
@@ -64,6 +71,58 @@ def model_key(model: Any) -> Any:
     return (fingerprint(model), typed_key(value))
 
 
+# Where each program's arguments and results go on a mesh. A result is a role, or the
+# index of the argument whose layout it keeps (the donated state comes back as it
+# went in); None leaves a result's layout to XLA (eval outputs, sliced on the host).
+Layout = tuple[tuple[Role, ...], tuple["Role | int", ...] | None]
+_STEP: Layout = (
+    ("replicated", "state", "replicated", "batch", "replicated"),
+    (1, "replicated", "replicated"),
+)
+_ON_OUTPUTS: Layout = (("replicated", "replicated", "replicated"), ("replicated",))
+LAYOUTS: dict[str, Layout] = {
+    "train_step": _STEP,
+    "manual_step": _STEP,
+    "gradient": (
+        ("replicated", "state", "replicated", "state", "batch", "replicated"),
+        (3, "replicated", "replicated"),
+    ),
+    "optimizer": (("replicated", "state", "state", "replicated"), (1, 2)),
+    "eval_forward": (("replicated", "state", "replicated", "batch"), None),
+    "eval_metrics": _ON_OUTPUTS,
+    "eval_loss": _ON_OUTPUTS,
+}
+
+
+class PlacedExecutable:
+    """A compiled program on a mesh that first places its arguments as compiled
+    (`jax.device_put` keeps a value already there, so a donation still donates).
+    Other attributes (`cost_analysis`, `as_text`, ...) are the executable's."""
+
+    def __init__(self, compiled: Any, shardings: tuple[Any, ...]) -> None:
+        self.compiled = compiled
+        self.shardings = shardings
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compiled(*jax.device_put(args, self.shardings))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
+
+
+def _shardings(placement: Placement, kind: str, args: tuple[Any, ...]) -> Any:
+    """`(in_shardings, out_shardings or None)` of program `kind` for `args`."""
+    inputs, outputs = LAYOUTS[kind]
+    given = tuple(placement.shardings(a, r) for a, r in zip(args, inputs, strict=True))
+    if outputs is None:
+        return given, None
+    out = tuple(
+        given[role] if isinstance(role, int) else placement.shardings(0, role)
+        for role in outputs
+    )
+    return given, out[0] if len(out) == 1 else out
+
+
 @dataclass
 class TraceContext:
     """What one handle's programs close over: the view, the hooks, the model.
@@ -79,6 +138,8 @@ class TraceContext:
         compile_options: XLA compiler options for every program, for the key too.
         precision: "f32" or "bf16": the dtype `forward` computes in
             (`compile.precision`), for the key too.
+        placement: the run's mesh and layout (n_devs > 1), in the key too; None
+            runs every program on the default device.
     """
 
     cls: type
@@ -89,6 +150,7 @@ class TraceContext:
     graphconst: tuple[tuple[str, Any], ...]
     compile_options: dict[str, Any] = field(default_factory=dict)
     precision: str = "f32"
+    placement: Placement | None = None
 
     def make_view(self, device_values: Mapping[str, Any]) -> Any:
         return replace_fields(self.view, **device_values)
@@ -111,7 +173,8 @@ class TraceContext:
             code=self.code_fingerprint(traced),
             model=model_key(self.model),
             signature=abstract_signature(args),
-            baked=tuple(sorted({**baked, "precision": self.precision}.items())),
+            baked=tuple(sorted({**baked, "precision": self.precision}.items()))
+            + (("placement", self.placement and self.placement.key()),),
             compile_options=tuple(sorted(self.compile_options.items())),
         )
 
@@ -130,17 +193,33 @@ class TraceContext:
         """The compiled executable of `fn` for `args`, from the cache or compiled now.
 
         `traced` names the hooks `fn` traces; `baked` holds every host constant `fn`
-        captures that the key does not otherwise see.
+        captures that the key does not otherwise see. On a mesh the arguments are
+        placed first, so the key sees the shardings the program runs with.
         """
+        placement = self.placement
+        shardings: Any = None
+        if placement is not None:
+            shardings = _shardings(placement, kind, args)
+            args = jax.device_put(args, shardings[0])
         key = self.key(kind, traced, args, baked)
 
         def build() -> Any:
             if on_compile is not None:
                 on_compile(kind)
             program = _named(fn, kind)
-            lowered = jax.jit(program, donate_argnums=donate).lower(*args)
             options = self.compile_options or None
-            return lowered.compile(compiler_options=options)
+            if shardings is None:
+                lowered = jax.jit(program, donate_argnums=donate).lower(*args)
+                return lowered.compile(compiler_options=options)
+            given, out = shardings
+            jitted = jax.jit(
+                program,
+                in_shardings=given,
+                donate_argnums=donate,
+                **({} if out is None else {"out_shardings": out}),
+            )
+            compiled = jitted.lower(*args).compile(compiler_options=options)
+            return PlacedExecutable(compiled, given)
 
         return cache.get_or_compile(key, build)
 

@@ -321,10 +321,11 @@ class Experiment:
         return os.path.join("runs", type(self).__name__)
 
     def n_devs(self) -> int:
-        """Local devices to shard the batch over.
+        """Local devices to shard the batch over (the global batch splits across
+        them, so it must divide by n_devs); 1 runs on one device without a mesh.
 
-        Only 1 is supported today: setup raises `NotYetSupportedError` for any
-        other value.
+        A `setup_devices(n_devs=...)` pin beats this accessor, and the `n_devs`
+        keyword of `Nitro` beats both. At most the visible devices.
 
         Returns:
             int: 1.

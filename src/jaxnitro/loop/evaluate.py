@@ -29,6 +29,7 @@ from ..compile.cache import program_cache
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
+from ..devices.placement import padded_width
 from ..errors import ConfigError, HookError, NitroWarning, RoutingError, user_stacklevel
 from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
@@ -221,14 +222,16 @@ def _evaluate_split(
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
     if nitro.status.eval_width is None:
         probe = first_batch(split, source)
-        nitro.status.eval_width = batch_size(
-            probe, fields["forward"].select(tuple(probe))
+        nitro.status.eval_width = padded_width(
+            batch_size(probe, fields["forward"].select(tuple(probe))),
+            nitro.config.n_devs,
         )
     feed = open_eval_feed(
         source,
         select=functools.lru_cache(maxsize=8)(fields["forward"].select),
         width=nitro.status.eval_width,
         name=split,
+        placement=nitro.prepared.ctx.placement,
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished
@@ -445,7 +448,9 @@ def predict_batch(nitro: Nitro, batch: Any) -> Any:
     batch = as_batch(batch, "predict takes a batch dict such as {'img': images}.")
     names = nitro.prepared.routing.fields["forward"].select(tuple(batch))
     if nitro.status.eval_width is None:
-        nitro.status.eval_width = batch_size(batch, names)
+        nitro.status.eval_width = padded_width(
+            batch_size(batch, names), nitro.config.n_devs
+        )
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())
     pieces = []

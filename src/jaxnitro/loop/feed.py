@@ -32,6 +32,7 @@ from ..data.protocol import unwrap_source
 from ..data.sources import epoch_batches
 from ..data.stream import Staged
 from ..data.transfer import transfer
+from ..devices.placement import Placement
 
 INLINE_PATHS = ("materialized", "inline")
 
@@ -110,20 +111,33 @@ def _as_is(routed: dict[str, Any]) -> dict[str, Any]:
     return routed
 
 
+def _batch_sharding(placement: Placement | None) -> Any:
+    """Where a staged batch goes: split over the run's mesh, else the default
+    device."""
+    return None if placement is None else placement.data_sharding
+
+
 def open_feed(
-    split: Any, *, epoch: int, fields: tuple[str, ...], name: str
+    split: Any,
+    *,
+    epoch: int,
+    fields: tuple[str, ...],
+    name: str,
+    placement: Placement | None = None,
 ) -> InlineFeed | StreamFeed:
     """A training pass over `split` for 0-based `epoch`: `Staged(host, device)`.
 
     `device` holds the routed `fields`, each checked as `batch_stream` checks them:
-    device arrays when staged on an accelerator, host arrays otherwise (a field the
-    source already put on the device stays there). Close it on every exit path.
+    device arrays when staged on an accelerator (split along the batch axis over
+    the run's mesh when there is one), host arrays otherwise (a field the source
+    already put on the device stays there). Close it on every exit path.
     """
     on_device = stages_on_device()
+    sharding = _batch_sharding(placement)
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
         routed = routed_fields(host, fields, name)
-        return [Staged(host, transfer(routed) if on_device else routed)]
+        return [Staged(host, transfer(routed, sharding) if on_device else routed)]
 
     return _open(split, epoch, name, prepare, on_device)
 
@@ -134,6 +148,7 @@ def open_eval_feed(
     select: Callable[[tuple[str, ...]], tuple[str, ...]],
     width: int,
     name: str,
+    placement: Placement | None = None,
 ) -> InlineFeed | StreamFeed:
     """An evaluation pass over `split` (epoch 0's order): `EvalStaged` chunks.
 
@@ -142,5 +157,6 @@ def open_eval_feed(
     consumer on the inline paths); `host` stays unpadded. Close it on every exit.
     """
     on_device = stages_on_device()
-    place = transfer if on_device else _as_is
+    sharding = _batch_sharding(placement)
+    place = (lambda part: transfer(part, sharding)) if on_device else _as_is
     return _open(split, 0, name, eval_prepare(select, width, name, place), on_device)

@@ -331,6 +331,7 @@ def run_epoch(
         epoch=epoch - 1,
         fields=nitro.prepared.routing.train_fields,
         name="train",
+        placement=nitro.prepared.ctx.placement,
     )
     log.feed = feed
     accum = nitro.config.accum

@@ -52,6 +52,7 @@ PLAIN_KEYWORDS = (
     "eval_weights",
     "load_ema",
     "compile_options",
+    "sharding",
     "preset",
     "profile",
     "precision",
@@ -81,12 +82,14 @@ _LATER_VALUES: dict[str, tuple[Any, str]] = {}
 
 
 # Where a run value came from; "record" is a value a resume adopted from its record,
-# "smoke" one a smoke run set, "environment" a setting read from the environment.
+# "smoke" one a smoke run set, "environment" a setting read from the environment,
+# "pin" the process's `setup_devices(n_devs=...)`.
 Source = Literal[
-    "keyword", "method", "field", "default", "record", "smoke", "environment"
+    "keyword", "pin", "method", "field", "default", "record", "smoke", "environment"
 ]
 SOURCES: tuple[Source, ...] = (
     "keyword",
+    "pin",
     "method",
     "field",
     "default",

@@ -32,7 +32,9 @@ import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..compile.precision import check_precision
-from ..errors import ConfigError, NotYetSupportedError
+from ..devices.placement import check_sharding
+from ..devices.process import check_n_devs, pinned_n_devs
+from ..errors import ConfigError
 from ..observe.profiling import check_profile
 from ..optim.ema import EMA
 from ..optim.setup import check_ema
@@ -66,6 +68,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "eval_weights": None,
     "load_ema": False,
     "compile_options": None,
+    "sharding": "replicated",
     "preset": None,
     "profile": None,
     "precision": "f32",
@@ -79,10 +82,6 @@ INT_REQUIRED = (
 NUMBER_REQUIRED = (
     "{name} must be a number, got {value!r} (from the {source}). Pass a float, e.g. "
     "{name}=1.0; 0 turns clipping off."
-)
-N_DEVS_LATER = (
-    "n_devs={value}: sharding a batch over several devices is not supported yet; this "
-    "jaxnitro runs on one device (n_devs=1)."
 )
 SEED_RANGE = (
     "seed={value} (from the {source}) is out of range: jax.random.key takes a seed "
@@ -179,10 +178,9 @@ def _check_run_dir(value: Any, source: str) -> str:
 
 
 def _check_n_devs(value: Any, source: str) -> int:
-    count = _whole("n_devs")(value, source)
-    if count != 1:
-        raise NotYetSupportedError(N_DEVS_LATER.format(value=count))
-    return count
+    if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+        return value  # one device: nothing to check against the visible ones
+    return check_n_devs(value, f"Nitro(...) (n_devs from the {source}):")
 
 
 def _check_clip(value: Any, source: str) -> float:
@@ -235,6 +233,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "eval_loss": _flag,
     "checkpointer": _check_checkpointer,
     "compile_options": _check_options,
+    "sharding": check_sharding,
     "ema": lambda value, source: check_ema(value),
     "restore_optimizer": _flag,
     "resume_changed_data": _flag,
@@ -256,7 +255,8 @@ class RunConfig:
     Attributes:
         seed: the global RNG seed (a resume adopts the record's).
         run_dir: the directory checkpoints, the manifest and the default log use.
-        n_devs: local devices to shard a batch over (1: one device).
+        n_devs: local devices to shard a batch over (1: one device, no mesh); the
+            keyword, else the `setup_devices` pin, else the accessor, else 1.
         accum: micro-batches per optimizer step (>= 1).
         max_epochs: epochs to train for (>= 0).
         schedules: the schedules table as given; binding it to its targets needs
@@ -286,6 +286,9 @@ class RunConfig:
             follows the EMA).
         load_ema: whether `weights=` loads the record's EMA as the weights.
         compile_options: XLA compiler options, accepted by XLA when built.
+        sharding: how the training state is laid out on a mesh (n_devs > 1):
+            "replicated" (every device holds it whole) or "fsdp" (large leaves
+            split along the data axis).
         preset: the named preset this run was built from, if any.
         profile: `(first_step, n_steps)`, the optimizer steps traced with
             `jax.profiler` into `<run_dir>/profile/`, or None.
@@ -294,7 +297,8 @@ class RunConfig:
             (`compile.precision`).
         smoke: whether this is a smoke run (`jaxnitro.run.smoke`): one epoch on
             two batches of every split, in a temporary directory.
-        sources: where each field's value came from: "keyword", "method", "field",
+        sources: where each field's value came from: "keyword", "pin"
+            (`setup_devices(n_devs=...)`), "method", "field",
             "default", "record" (what a resume adopted from the record), "smoke"
             (what a smoke run set) or "environment" (`NITRO_SMOKE`).
 
@@ -338,6 +342,7 @@ class RunConfig:
     eval_weights: Literal["ema", "raw"]
     load_ema: bool
     compile_options: Mapping[str, bool | int | float | str]
+    sharding: Literal["replicated", "fsdp"]
     preset: str | None
     profile: tuple[int, int] | None
     precision: str
@@ -376,6 +381,9 @@ class RunConfig:
         for name in _VALUE_ACCESSORS:
             found = resolve(experiment, name, keywords)
             values[name], sources[name] = found.value, found.source
+        pin = pinned_n_devs()
+        if pin is not None and sources["n_devs"] != "keyword":
+            values["n_devs"], sources["n_devs"] = pin, "pin"
         for name, check in _CHECKS.items():
             if name in values:
                 values[name] = check(values[name], sources[name])

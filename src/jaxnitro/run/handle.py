@@ -28,6 +28,7 @@ import numpy as np
 from ..checkpoint.checkpointer import Checkpointer
 from ..compile.executables import Executables
 from ..data.protocol import has_release, release_splits, unwrap_source
+from ..devices.memory import memory_report
 from ..errors import (
     ConfigError,
     Preempted,
@@ -98,8 +99,11 @@ class Nitro:
             record's seed instead, and warns when this one differs.
         run_dir (str): where checkpoints, the manifest and the default log file go
             (accessor, default `runs/<experiment class name>`).
-        n_devs (int): devices to shard the batch over (accessor, default 1); only 1
-            is supported today.
+        n_devs (int): devices to shard the batch over: the keyword, else the pin of
+            `setup_devices(n_devs=...)`, else the accessor, else 1. Above 1 the run
+            builds a data-parallel mesh over the first n_devs visible devices: the
+            batch (global; it must divide by n_devs) is split along its first axis,
+            the training state laid out as `sharding` says.
         accum (int): micro-batches per optimizer step, >= 1 (accessor, default 1).
             The train split's batch count must divide by it.
         max_epochs (int): the epoch training ends at, >= 0 (accessor, default 1). A
@@ -164,6 +168,11 @@ class Nitro:
         compile_options (dict[str, bool | int | float | str]): XLA compiler options
             for every program the handle compiles, checked now by compiling a
             trivial program with them.
+        sharding (str): how a mesh run (n_devs > 1) lays out the parameters,
+            optimizer state, EMA and accumulator: "replicated" (the default; every
+            device holds them whole) or "fsdp" (each leaf of at least 1024 elements
+            split along its largest dimension that divides by n_devs, so a device
+            holds about 1/n_devs of the model; `memory_report()` shows it).
         preset (str): in the instance form, the recipe name to record; it must be a
             preset of the experiment's class.
         precision (str): "f32" (the default) or "bf16": forward and backward in
@@ -212,8 +221,9 @@ class Nitro:
             or its trees do not match this model leaf for leaf; a resume whose
             train data changed shape against its record (without
             `resume_changed_data=True`).
-        NotYetSupportedError: n_devs other than 1, a `train_step` or
-            `setup_optimizers` hook, or `resume=` from a live handle.
+        NotYetSupportedError: a `train_step` or `setup_optimizers` hook,
+            `resume=` from a live handle, or a process that is one of several
+            `jax.distributed` processes.
 
     Warns:
         NitroWarning: a resume whose recorded seed differs, whose hooks' code
@@ -400,9 +410,10 @@ class Nitro:
     def commit_state(self, state: TrainState) -> None:
         """Hold `state` as the run's latest (the loop and restore hand it back).
 
-        The state it replaces may hold buffers a step donated: it is dropped.
+        The state it replaces may hold buffers a step donated: it is dropped. On
+        a mesh it is placed as the programs expect (a value already there is kept).
         """
-        self._train_state = state
+        self._train_state = state.placed(self._prepared.ctx.placement)
 
     @property
     def run_dir(self) -> str:
@@ -552,6 +563,25 @@ class Nitro:
             # optimizer step: 0.61 ms measured (last epoch), ... 1.97 GFLOP/s ...
         """
         return costs.cost_report(self, file)
+
+    def memory_report(self) -> dict[str, dict[str, int]]:
+        """Bytes of the parameters, optimizer state and EMA each device holds.
+
+        Returns:
+            dict[str, dict[str, int]]: per device (`str(device)`), `params`,
+            `opt_state`, `ema` and their `total`, summed over the shards the
+            device holds. Under `sharding="fsdp"` on n devices each figure is
+            about 1/n of the replicated one.
+
+        Example::
+
+            Nitro(e, n_devs=4, sharding="fsdp").memory_report()
+            # {'TFRT_CPU_0': {'params': 264192, 'opt_state': 0, 'ema': 0, ...}, ...}
+        """
+        state = self.train_state
+        return memory_report(
+            {"params": state.params, "opt_state": state.opt_state, "ema": state.ema}
+        )
 
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
@@ -1190,8 +1220,8 @@ def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro
         CheckpointError: a resume or weights source cannot be found, read or
             matched; a checkpoint metric that is missing or not finite.
         DivergenceError: a non-finite training loss under check_divergence.
-        NotYetSupportedError: a setting whose feature has not landed (n_devs
-            other than 1, a `train_step` hook, ...).
+        NotYetSupportedError: a setting whose feature has not landed (a
+            `train_step` hook, ...).
 
     Example::
 

@@ -35,6 +35,8 @@ from ..data.sources import (
     bind_run_seed,
     check_split,
 )
+from ..devices.placement import Placement, check_batch_divides, padded_width
+from ..devices.process import refuse_multi_process
 from ..errors import (
     ConfigError,
     HookError,
@@ -176,7 +178,7 @@ class SetupSequence:
         return SetupOutcome(
             config=self._run_config,
             prepared=prepared,
-            state=self._train_state,
+            state=self._train_state.placed(self._placement),
             status=RunStatus(
                 held_stop=self._epoch_loss,
                 pending_record=self._record,
@@ -210,6 +212,7 @@ class SetupSequence:
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
         check_resume_flag(self._run_config)
+        refuse_multi_process()
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
@@ -347,6 +350,7 @@ class SetupSequence:
                 signature=self._data_signature,
                 allow_changed_data=self._run_config.resume_changed_data,
             )
+        self._placement = self._mesh()
         # Every split gets its prefetch settings now, after the probe and the checks
         # above saw the collection as build_data returned it.
         self.data = auto_prefetch(self.data)
@@ -383,6 +387,7 @@ class SetupSequence:
                 self._model,
                 self._train_state.params,
                 self._train_state.model_state,
+                None if self._placement is None else self._placement.mesh,
             )
         self._setup_optimization(fresh, self._run_config.w0, manual_states)
         if manual_states is not None and self._plan is not None:
@@ -405,6 +410,7 @@ class SetupSequence:
             graphconst=graphconst_values(self._experiment),
             compile_options=dict(self._run_config.compile_options),
             precision=self._run_config.precision,
+            placement=self._placement,
         )
         self._bind_run(run_dir)
         # The output directories can be written: found now, not after an epoch.
@@ -415,6 +421,19 @@ class SetupSequence:
             loads=self._record is not None or self._weights is not None,
         )
         configure_persistent_cache()
+
+    def _mesh(self) -> Placement | None:
+        """The run's mesh (None for one device), once the probe knows the batch:
+        the global train batch must split evenly, and the eval width is rounded up
+        so a padded eval batch does too."""
+        n_devs = self._run_config.n_devs
+        if n_devs == 1:
+            return None
+        if self._routing.train_batch is not None:
+            check_batch_divides(self._routing.train_batch, n_devs)
+        if self._eval_width is not None:
+            self._eval_width = padded_width(self._eval_width, n_devs)
+        return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)
 
     def _setup_phase(self, label: str) -> None:
         if self._progress is not None:

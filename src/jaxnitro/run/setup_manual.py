@@ -100,8 +100,12 @@ def check_manual_plan(cls: type, plan: OptimizerPlan) -> None:
         raise ConfigError(MANUAL_PERTURB.format(cls=cls.__name__, rule=rule))
 
 
-def manual_opt_states(e: Any, model: Any, params: Any, state: Any) -> Any:
+def manual_opt_states(
+    e: Any, model: Any, params: Any, state: Any, mesh: Any = None
+) -> Any:
     """What `setup_optimizers` returns for the run's first weights, checked and
-    placed on the device (`optim.manual.place_opt_states`)."""
-    built = hook_function(type(e), "setup_optimizers")(e, model, params, state, None)
+    placed on the device (`optim.manual.place_opt_states`); `mesh` is the run's
+    `jax.sharding.Mesh` (n_devs > 1) or None."""
+    hook = hook_function(type(e), "setup_optimizers")
+    built = hook(e, model, params, state, mesh)
     return place_opt_states(built)

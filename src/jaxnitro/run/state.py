@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ..compile.boundary import Weights
+from ..devices.placement import Placement
 
 
 class TrainState(NamedTuple):
@@ -62,6 +63,18 @@ class TrainState(NamedTuple):
         since the optimizer step donates (overwrites) what it is given."""
         owned = jax.tree.map(jnp.array, params)
         return cls(Weights(owned, None, None), jax.tree.map(jnp.array, model_state))
+
+    def placed(self, placement: Placement | None) -> TrainState:
+        """This state on the run's mesh: the weights and the accumulator as the
+        placement lays out the training state, the model state replicated. Without
+        a placement (one device) it is this state."""
+        if placement is None:
+            return self
+        return self._replace(
+            weights=placement.place(self.weights, "state"),
+            model_state=placement.place(self.model_state, "replicated"),
+            accumulator=placement.place(self.accumulator, "state"),
+        )
 
     def with_weights(self, **parts: Any) -> TrainState:
         """This state with some of `params`, `opt_state`, `ema` replaced."""

@@ -1,0 +1,156 @@
+"""`Placement`: the data-parallel mesh of a run with n_devs > 1, and where each value
+of a program goes on it.
+
+One mesh axis, "data", over the first n_devs visible devices. The batch is split
+along its first axis; the training state (params, optimizer state, EMA, the gradient
+accumulator) is replicated, or under `sharding="fsdp"` each large leaf is split
+along its largest dimension that divides by n_devs, so that a device holds about
+1/n_devs of the model. Everything else a program takes (Device fields, step
+hyperparameters, the model state) is replicated. XLA's SPMD partitioner inserts the
+collectives: the gradient's all-reduce, and under fsdp the all-gathers of the
+parameters. A run with n_devs == 1 has no placement and no mesh.
+
+    >>> import jax
+    >>> placement = Placement.build(n_devs=1, mode="replicated")
+    >>> placement.n_devs, placement.mode
+    (1, 'replicated')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..errors import ConfigError
+from .process import visible_devices
+
+AXIS = "data"
+# The values a program takes, by where they go on the mesh.
+Role = Literal["batch", "state", "replicated"]
+SHARDING_MODES = ("replicated", "fsdp")
+# Leaves smaller than this stay whole on every device under fsdp: splitting a bias
+# saves nothing and costs a collective each step.
+FSDP_MIN_ELEMENTS = 1024
+
+SHARDING_VALUE = (
+    'sharding={value!r} (from the {source}): it is "replicated" (every device '
+    'holds the whole model; the default) or "fsdp" (parameters, optimizer state and '
+    "EMA split along the data axis)."
+)
+BATCH_DIVIDES = (
+    "The train batch holds {size} samples, which does not divide by n_devs={n_devs} "
+    "({size} % {n_devs} = {rest}): the batch size is global and is split evenly "
+    "across the devices. Use a batch size that is a multiple of {n_devs} (e.g. "
+    "{lower} or {upper}), or an n_devs that divides {size}."
+)
+
+
+def check_sharding(value: Any, source: str) -> str:
+    """The `sharding` run keyword: "replicated" or "fsdp"."""
+    if not isinstance(value, str) or value not in SHARDING_MODES:
+        raise ConfigError(SHARDING_VALUE.format(value=value, source=source))
+    return value
+
+
+def check_batch_divides(size: int, n_devs: int) -> None:
+    """Refuse a global train batch of `size` samples that n_devs does not divide."""
+    rest = size % n_devs
+    if rest:
+        lower = max(n_devs, size - rest)
+        raise ConfigError(
+            BATCH_DIVIDES.format(
+                size=size, n_devs=n_devs, rest=rest, lower=lower, upper=lower + n_devs
+            )
+        )
+
+
+def padded_width(width: int, n_devs: int) -> int:
+    """The eval batch width rounded up to a multiple of n_devs, so a padded batch
+    splits evenly across the devices (the padding is sliced off again)."""
+    return -(-width // n_devs) * n_devs
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A run's mesh and its sharding rules.
+
+    Attributes:
+        mesh: the one-axis ("data") mesh over the run's devices.
+        mode: "replicated" or "fsdp", how the training state is laid out.
+    """
+
+    mesh: Mesh
+    mode: str
+
+    @classmethod
+    def build(cls, *, n_devs: int, mode: str) -> Placement:
+        """The mesh over the first `n_devs` visible devices."""
+        devices = np.array(visible_devices()[:n_devs])
+        return cls(Mesh(devices, (AXIS,)), check_sharding(mode, "caller"))
+
+    @property
+    def n_devs(self) -> int:
+        """The devices of the mesh."""
+        return int(self.mesh.size)
+
+    def key(self) -> Hashable:
+        """What a compiled program depends on: the devices and the layout mode."""
+        return (tuple(d.id for d in self.mesh.devices.flat), self.mode)
+
+    @property
+    def replicated(self) -> NamedSharding:
+        """Every device holds the whole value."""
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def data_sharding(self) -> NamedSharding:
+        """Split along the first axis: where a staged batch goes."""
+        return NamedSharding(self.mesh, PartitionSpec(AXIS))
+
+    def batch_sharding(self, leaf: Any) -> NamedSharding:
+        """A batch field split along its first axis; one without a batch axis that
+        divides is replicated (the eval width and the train batch are checked)."""
+        shape = np.shape(leaf)
+        if shape and shape[0] % self.n_devs == 0:
+            return self.data_sharding
+        return self.replicated
+
+    def state_sharding(self, leaf: Any) -> NamedSharding:
+        """A training-state leaf: replicated, or under fsdp split along its largest
+        dimension that divides by n_devs when it is large enough to be worth it."""
+        if self.mode != "fsdp":
+            return self.replicated
+        shape = np.shape(leaf)
+        dtype = getattr(leaf, "dtype", None)
+        if (
+            dtype is None
+            or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)  # PRNG keys
+            or int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_ELEMENTS
+        ):
+            return self.replicated
+        divisible = [i for i, d in enumerate(shape) if d % self.n_devs == 0]
+        if not divisible:
+            return self.replicated
+        axis = max(divisible, key=lambda i: (shape[i], -i))
+        spec: list[str | None] = [None] * len(shape)
+        spec[axis] = AXIS
+        return NamedSharding(self.mesh, PartitionSpec(*spec))
+
+    def shardings(self, tree: Any, role: Role) -> Any:
+        """A sharding for each leaf of `tree`, by its role."""
+        if role == "batch":
+            return jax.tree.map(self.batch_sharding, tree)
+        if role == "state":
+            return jax.tree.map(self.state_sharding, tree)
+        return jax.tree.map(lambda _: self.replicated, tree)
+
+    def place(self, tree: Any, role: Role) -> Any:
+        """`tree` on the mesh as `role` says (a leaf already there is kept)."""
+        if tree is None:
+            return None
+        return jax.device_put(tree, self.shardings(tree, role))

@@ -1,0 +1,145 @@
+"""setup_devices: the process's backend and n_devs pin, and how a run's n_devs
+resolves (keyword > pin > the experiment's accessor > 1)."""
+
+import re
+
+import pytest
+from experiments import Tiny
+from mesh_experiments import quiet, unpinned
+
+import jaxnitro as nx
+from jaxnitro.devices import process
+
+
+@pytest.fixture(autouse=True)
+def _unpinned(monkeypatch):
+    unpinned(monkeypatch)
+
+
+class TwoDevices(Tiny):
+    n_devs: int = 2
+
+
+def test_called_with_no_arguments_it_only_reports():
+    report = nx.setup_devices()
+    assert report == {
+        "backend": "cpu",
+        "visible": ["cpu:0", "cpu:1", "cpu:2", "cpu:3"],
+        "n_devs": 1,
+        "pinned": None,
+    }
+    assert process.current_setup() == process.DeviceSetup()
+
+
+def test_a_pin_is_reported_and_kept_for_the_process():
+    assert nx.setup_devices(backend="cpu", n_devs=2)["pinned"] == 2
+    report = nx.setup_devices()
+    assert (report["backend"], report["n_devs"], report["pinned"]) == ("cpu", 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        (
+            {"n_devs": 8},
+            "setup_devices(...): n_devs=8, but only 4 cpu device(s) are visible to "
+            "this process. Pass n_devs <= 4, or make more devices visible before the "
+            "process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=8).",
+        ),
+        (
+            {"n_devs": "2"},
+            "setup_devices(...): n_devs must be a whole number >= 1, got '2'. Pass "
+            "e.g. n_devs=2 (n_devs=1 runs on one device, without a mesh).",
+        ),
+        (
+            {"n_devs": 1.5},
+            "setup_devices(...): n_devs must be a whole number >= 1, got 1.5. Pass "
+            "e.g. n_devs=2 (n_devs=1 runs on one device, without a mesh).",
+        ),
+        (
+            {"backend": "metal"},
+            "setup_devices(backend='metal'): the backend is one of cpu, gpu, cuda, "
+            "rocm, tpu, or None to keep the current one (cpu).",
+        ),
+    ],
+)
+def test_a_bad_choice_is_refused_and_changes_nothing(keywords, message):
+    nx.setup_devices(n_devs=3)
+    with pytest.raises(nx.ConfigError, match=f"^{re.escape(message)}$"):
+        nx.setup_devices(**keywords)
+    assert nx.setup_devices()["pinned"] == 3
+
+
+def test_a_backend_the_process_has_no_devices_for_is_refused():
+    with pytest.raises(
+        nx.ConfigError,
+        match="^setup_devices\\(backend='tpu'\\): this process has no tpu devices "
+        "\\(its backend is cpu: .*\\). A process initializes its XLA client once: "
+        "set JAX_PLATFORMS",
+    ):
+        nx.setup_devices(backend="tpu")
+
+
+def test_the_keyword_beats_the_pin_which_beats_the_experiment():
+    def resolved(**kw):
+        config = nx.Nitro(TwoDevices(), **quiet(**kw)).config
+        return config.n_devs, config.sources["n_devs"]
+
+    assert resolved() == (2, "field")
+    nx.setup_devices(n_devs=4)
+    assert resolved() == (4, "pin")
+    assert resolved(n_devs=1) == (1, "keyword")
+    report = nx.Nitro(TwoDevices(), **quiet()).binding_report()
+    assert re.search("^  n_devs +4 +from pin$", report, re.MULTILINE)
+
+
+def test_a_run_asking_for_more_devices_than_visible_is_refused_before_setup():
+    class Eight(Tiny):
+        n_devs: int = 8
+
+        def build_data(self, dist):
+            raise AssertionError("setup built the data before refusing n_devs")
+
+    with pytest.raises(
+        nx.ConfigError,
+        match="^Nitro\\(...\\) \\(n_devs from the field\\): n_devs=8, but only 4 cpu "
+        "device\\(s\\) are visible",
+    ):
+        nx.Nitro(Eight(), **quiet())
+
+
+@pytest.mark.slow  # two processes of their own
+def test_a_run_in_one_of_several_processes_is_refused(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    support = Path(__file__).parents[1] / "support"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]),
+        "XLA_FLAGS": "",
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(support / "two_process_worker.py"), str(port), str(i)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [w.communicate(timeout=180)[0] for w in workers]
+    for index, output in enumerate(outputs):
+        assert (
+            f"refused: This process is one of 2 (jax.distributed is initialized; this "
+            f"is process {index}): training across processes is not supported yet"
+        ) in output, output
