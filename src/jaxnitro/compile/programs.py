@@ -75,16 +75,24 @@ def model_key(model: Any) -> Any:
 # index of the argument whose layout it keeps (the donated state comes back as it
 # went in); None leaves a result's layout to XLA (eval outputs, sliced on the host).
 Layout = tuple[tuple[Role, ...], tuple["Role | int", ...] | None]
-_STEP: Layout = (
-    ("replicated", "state", "replicated", "batch", "replicated"),
+_STEP: Layout = (  # (values, Weights, model_state, batch, hp, rng)
+    ("replicated", "state", "replicated", "batch", "replicated", "replicated"),
     (1, "replicated", "replicated"),
 )
 _ON_OUTPUTS: Layout = (("replicated", "replicated", "replicated"), ("replicated",))
 LAYOUTS: dict[str, Layout] = {
     "train_step": _STEP,
     "manual_step": _STEP,
-    "gradient": (
-        ("replicated", "state", "replicated", "state", "batch", "replicated"),
+    "gradient": (  # (values, params, model_state, accumulator, batch, hp, rng)
+        (
+            "replicated",
+            "state",
+            "replicated",
+            "state",
+            "batch",
+            "replicated",
+            "replicated",
+        ),
         (3, "replicated", "replicated"),
     ),
     "optimizer": (("replicated", "state", "state", "replicated"), (1, 2)),
