@@ -1,0 +1,105 @@
+"""Run files on the engine: the model, the groups, a run's loss, counters and cache."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxnitro as nx
+from jaxnitro.runfile.cadence import cadence_plan
+from jaxnitro.runfile.engine import compile_run
+from jaxnitro.runfile.knobs import Selection
+from jaxnitro.runfile.running import run_file
+from jaxnitro.runfile.source import RunfileError
+from jaxnitro.runfile.stdlib_nn import GPTSpec, flatten, nest
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "runfiles"
+
+
+@pytest.fixture
+def minimal(tmp_path):
+    """The minimal example and its data, copied beside each other."""
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
+    return tmp_path / "minimal.sx"
+
+
+def test_gpt_parameters_are_the_declared_names_and_a_causal_forward_pass():
+    spec = GPTSpec(vocab=11, layers=2, dim=8, heads=2, context=6)
+    params = spec.init(jax.random.key(0))
+    assert {n: p.shape for n, p in params.items()} == spec.parameter_shapes()
+    assert flatten(nest(params)).keys() == params.keys()
+    assert "blocks" in nest(params)["model"]
+    tokens = jnp.array([[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]], jnp.int32)
+    apply = jax.jit(lambda p, t: spec.apply(p, t, span=None))
+    logits = apply(params, tokens)
+    assert logits.shape == (2, 5, 11) and logits.dtype == jnp.float32
+    changed = tokens.at[:, 4].set(9)  # the last token never reaches earlier positions
+    np.testing.assert_allclose(apply(params, changed)[:, :4], logits[:, :4], rtol=1e-5)
+
+
+def test_cadence_blocks_the_steps_into_epochs_the_last_one_shorter():
+    plan = cadence_plan(steps=3, cadence=2, microbatches=2)
+    assert plan.epochs == 2 and plan.batches_per_epoch == (4, 2)
+    assert cadence_plan(steps=20, cadence=5, microbatches=1).steps_per_epoch == (5,) * 4
+
+
+def test_the_minimal_example_trains_20_steps_and_its_loss_falls(minimal, tmp_path):
+    minimal.write_text((EXAMPLES / "minimal.sx").read_text())
+    outcome = run_file(str(minimal), run_dir=str(tmp_path / "run"))
+    losses = [row["train_loss"] for row in outcome.handle.history]
+    assert outcome.steps == 20 and len(losses) == 10  # cadence 2: ten blocks
+    assert losses[0] == pytest.approx(np.log(32), abs=0.05)  # uniform at the start
+    assert outcome.train_loss < losses[0] - 0.3  # the stated margin
+    assert outcome.counters == {"records": 20 * 2 * 4, "tokens": 20 * 2 * 4 * 17}
+    assert outcome.lines()[1:] == ["  counter records 160", "  counter tokens 2720"]
+    assert list((tmp_path / "run").glob("*.safetensors"))
+
+
+SWEPT = """
+(require "sexpgpu/nn" cross-entropy gpt)
+(require "sexpgpu/optim" adamw cosine)
+(defknobs (lr 0.01 "peak rate") (width 16 "model width"))
+(defvar train-loader
+  (loader :sources [(files ["data/tiny-train.jsonl.gz"])]
+          :fields [(field :tokens :from "input_ids" :dtype :i32 :shape [17])]
+          :batch-size 2))
+(defun prepare (batch)
+  (let ((tokens (field batch :tokens)))
+    (list :inputs (slice tokens 1 0 16) :targets (slice tokens 1 1 17))))
+(defvar model (gpt :vocab 32 :layers 1 :dim width :heads 2 :context 16))
+(defun objective (prediction targets) (cross-entropy prediction targets))
+(defvar optimizer
+  (adamw :lr (cosine lr :warmup-steps 1) :weight-decay 0.1
+         :groups [(group (select :rank-below 2) :lr 0.02 :weight-decay 0.0)]))
+(defrun :steps 2 :cadence 2 :seed 3)
+"""
+
+
+def test_a_learning_rate_sweep_compiles_once_and_a_width_change_recompiles(
+    minimal, tmp_path
+):
+    path = minimal.with_name("swept.sx")
+    path.write_text(SWEPT)
+    first = compile_run(str(path), Selection(sets=(("lr", "0.01"),)))
+    again = compile_run(str(path), Selection(sets=(("lr", "0.05"),)))
+    wider = compile_run(str(path), Selection(sets=(("width", "32"),)))
+    assert first.graph == again.graph != wider.graph
+    assert [g.name for g in first.groups] == ["group-1", "default"]
+    nx.cache_reset()
+    run_file(str(path), Selection(sets=(("lr", "0.01"),)), run_dir=str(tmp_path / "a"))
+    compiled = nx.cache_stats()["misses"]
+    run_file(str(path), Selection(sets=(("lr", "0.05"),)), run_dir=str(tmp_path / "b"))
+    assert nx.cache_stats()["misses"] == compiled  # the second rate compiled nothing
+
+
+def test_a_missing_data_file_is_refused_before_training(tmp_path):
+    path = tmp_path / "minimal.sx"
+    path.write_text((EXAMPLES / "minimal.sx").read_text())
+    with pytest.raises(RunfileError, match="no data file") as caught:
+        run_file(str(path), run_dir=str(tmp_path / "run"))
+    assert caught.value.codes == ["E-LOAD-008"]
