@@ -240,10 +240,13 @@ def _groups(optimizer: OptimizerSpec, model: GPTSpec) -> tuple[GroupSettings, ..
     return tuple(found)
 
 
-def _graph_key(result: Evaluated, model: GPTSpec, run: RunSpec) -> str:
-    """The digest of the traced train objective and evaluation passes."""
+def graph_key(result: Evaluated) -> str:
+    """The digest of the traced train objective and evaluation passes of a checked
+    file: equal for two knob settings exactly when they trace the same programs."""
     import jax
 
+    model: GPTSpec = result.value("model")
+    run: RunSpec = result.run
     probe = CompiledRun(
         result.path,
         result,
@@ -308,7 +311,7 @@ def compile_run(
         cadence=min(run.cadence, run.steps),
         microbatches=run.microbatches,
     )
-    graph = _graph_key(result, model, run)
+    graph = graph_key(result)
     compiled = CompiledRun(
         path, result, model, optimizer, run, plan, _groups(optimizer, model), graph
     )
@@ -327,6 +330,11 @@ def handle_keywords(compiled: CompiledRun, run_dir: str | None) -> dict[str, Any
         "precision": run.precision,
         "run_dir": run_dir or os.path.join("runs", stem),
         "log_every_n_steps": compiled.plan.cadence,
+        # One checkpoint a cadence block, the latest kept: `evaluate` metrics are
+        # the run file's own, so there is no agreed "best" to rank by.
+        "checkpointer": nx.Checkpointer(keep=nx.Last(1)),
+        # The objective on the evaluation pass, beside `evaluate`'s metrics.
+        "eval_loss": compiled.eval_pass is not None,
     }
 
 
