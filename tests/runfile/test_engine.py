@@ -12,7 +12,7 @@ import pytest
 
 import jaxnitro as nx
 from jaxnitro.runfile.cadence import cadence_plan
-from jaxnitro.runfile.engine import compile_run
+from jaxnitro.runfile.engine import compile_run, experiment, handle_keywords
 from jaxnitro.runfile.knobs import Selection
 from jaxnitro.runfile.running import run_file
 from jaxnitro.runfile.source import RunfileError
@@ -103,3 +103,56 @@ def test_a_missing_data_file_is_refused_before_training(tmp_path):
     with pytest.raises(RunfileError, match="no data file") as caught:
         run_file(str(path), run_dir=str(tmp_path / "run"))
     assert caught.value.codes == ["E-LOAD-008"]
+
+
+GROUPED = """
+(require "sexpgpu/nn" cross-entropy gpt)
+(require "sexpgpu/optim" sgd)
+(defvar train-loader
+  (loader :sources [(files ["data/tiny-train.jsonl.gz"])]
+          :fields [(field :tokens :from "input_ids" :dtype :i32 :shape [17])]
+          :batch-size 4))
+(defun prepare (batch)
+  (let ((tokens (field batch :tokens)))
+    (list :inputs (slice tokens 1 0 16) :targets (slice tokens 1 1 17))))
+(defvar model (gpt :vocab 32 :layers 1 :dim 16 :heads 2 :context 16))
+(defun objective (prediction targets) (cross-entropy prediction targets))
+(defvar optimizer
+  (sgd :lr 0.5 :weight-decay 0.1
+       :groups [(group (select "model.embed.*") :lr 0.25 :weight-decay 0.0)]))
+(defrun :steps 1 :seed 4)
+"""
+
+
+def test_each_group_steps_with_its_own_rate_and_decay(minimal, tmp_path):
+    path = minimal.with_name("grouped.sx")
+    path.write_text(GROUPED)
+    compiled = compile_run(str(path))
+    handle = nx.Nitro(experiment(compiled), **handle_keywords(compiled, str(tmp_path)))
+    before = flatten(jax.device_get(handle.parameters))
+    batch = compiled.splits()["train"].batch_at(0, 0)  # the first step's batch
+
+    def objective(params):
+        return compiled.objective(*compiled.parts(params, batch, train=True))
+
+    grads = flatten(jax.jit(jax.grad(objective))(nest(before)))
+    after = flatten(jax.device_get(handle.train().parameters))
+    for name in ("model.embed.token", "model.blocks.0.mlp.up.weight"):
+        lr, decay = (0.25, 0.0) if name.startswith("model.embed") else (0.5, 0.1)
+        expected = before[name] - lr * grads[name] - lr * decay * before[name]
+        np.testing.assert_allclose(after[name], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_later_bad_record_stops_the_run_at_its_batch(tmp_path):
+    import gzip
+    import json
+
+    (tmp_path / "data").mkdir()
+    rows = [{"input_ids": [(i + j) % 32 for j in range(17)]} for i in range(40)]
+    rows[30] = {"input_ids": [1, 2]}
+    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "data" / "tiny-train.jsonl.gz").write_bytes(gzip.compress(text))
+    path = tmp_path / "minimal.sx"
+    path.write_text((EXAMPLES / "minimal.sx").read_text())
+    with pytest.raises(RunfileError, match=r"tiny-train.jsonl.gz:31: field :tokens"):
+        run_file(str(path), run_dir=str(tmp_path / "run"))
