@@ -90,9 +90,13 @@ class CompiledRun:
         return next(g.name for g in self.groups if parameter in g.parameters)
 
     def schedule(self, group: GroupSettings) -> Any:
-        """`step -> learning rate` of one group over the run's steps."""
-        steps = self.run.steps
-        return lambda step: schedule_value(group.lr, int(step), steps)
+        """One group's learning rate as a schedule entry: a number when it is
+        constant (the engine then computes nothing per step), else `step -> rate`
+        over the run's steps."""
+        rate, steps = group.lr, self.run.steps
+        if not isinstance(rate, ScheduleSpec) or rate.name == "constant":
+            return schedule_value(rate, 0, steps)
+        return lambda step: schedule_value(rate, int(step), steps)
 
     def parts(self, params: Any, batch: dict[str, Any], *, train: bool) -> Any:
         """`(prediction, targets)` of one batch: (eval-)prepare, then the model."""
