@@ -156,3 +156,42 @@ def test_a_later_bad_record_stops_the_run_at_its_batch(tmp_path):
     path.write_text((EXAMPLES / "minimal.sx").read_text())
     with pytest.raises(RunfileError, match=r"tiny-train.jsonl.gz:31: field :tokens"):
         run_file(str(path), run_dir=str(tmp_path / "run"))
+
+
+TENSORS = """
+(require "sexpgpu/nn" cross-entropy gpt)
+(require "sexpgpu/optim" sgd)
+(defvar train-loader
+  (loader :sources [(files ["data/tiny-train.jsonl.gz"])]
+          :fields [(field :tokens :from "input_ids" :dtype :i32 :shape [17])]
+          :batch-size 4))
+(defun prepare (batch)
+  (let ((tokens (cast (field batch :tokens) :i32))
+        (halves (concat [(slice tokens 0 0 2) (slice tokens 0 2 4)] 0))
+        (flat (reshape (slice halves 1 0 16) [-1])))
+    (list :inputs (reshape flat [4 16]) :targets (slice tokens 1 1 17))))
+(defvar model (gpt :vocab 32 :layers 1 :dim 16 :heads 2 :context 16))
+(defun objective (prediction targets) (cross-entropy prediction targets))
+(defvar optimizer (sgd :lr 0.1))
+(defrun :steps 1 :seed 4)
+"""
+
+
+def test_prepare_reshapes_casts_and_concatenates_traced_arrays(minimal):
+    path = minimal.with_name("tensors.sx")
+    path.write_text(TENSORS)
+    compiled = compile_run(str(path))
+    batch = compiled.splits()["train"].batch_at(0, 0)
+    params = nest(compiled.model.init(jax.random.key(0)))
+    prediction, targets = compiled.parts(params, batch, train=True)
+    assert prediction.shape == (4, 16, 32)
+    np.testing.assert_array_equal(targets, batch["tokens"][:, 1:])
+    for bad, code in (
+        ("(reshape flat [4 15])", "E-SHAPE-009"),
+        ("(concat [flat halves] 0)", "E-SHAPE-010"),
+        ("(cast flat :int)", "E-LOAD-004"),
+    ):
+        path.write_text(TENSORS.replace("(reshape flat [4 16])", bad))
+        with pytest.raises(RunfileError) as caught:
+            compile_run(str(path))
+        assert caught.value.codes == [code]
