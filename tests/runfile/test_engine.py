@@ -183,7 +183,9 @@ def test_prepare_reshapes_casts_and_concatenates_traced_arrays(minimal):
     compiled = compile_run(str(path))
     batch = compiled.splits()["train"].batch_at(0, 0)
     params = nest(compiled.model.init(jax.random.key(0)))
-    prediction, targets = compiled.parts(params, batch, train=True)
+    prediction, targets = jax.jit(lambda p: compiled.parts(p, batch, train=True))(
+        params
+    )
     assert prediction.shape == (4, 16, 32)
     np.testing.assert_array_equal(targets, batch["tokens"][:, 1:])
     for bad, code in (
@@ -195,3 +197,21 @@ def test_prepare_reshapes_casts_and_concatenates_traced_arrays(minimal):
         with pytest.raises(RunfileError) as caught:
             compile_run(str(path))
         assert caught.value.codes == [code]
+
+
+def test_a_resumed_run_reads_the_same_records_and_ends_bit_for_bit_equal(
+    minimal, tmp_path
+):
+    minimal.write_text((EXAMPLES / "minimal.sx").read_text())
+
+    def handle(steps, run_dir, **keywords):
+        compiled = compile_run(str(minimal), steps=steps)
+        run = handle_keywords(compiled, str(tmp_path / run_dir))
+        return nx.Nitro(experiment(compiled), **run, **keywords)
+
+    whole = flatten(jax.device_get(handle(6, "whole").train().parameters))
+    handle(2, "parts").train()  # one cadence block, then a new handle resumes
+    resumed = handle(6, "parts", resume="auto").train()
+    assert [row["step"] for row in resumed.history][-1] == 6
+    for name, value in flatten(jax.device_get(resumed.parameters)).items():
+        np.testing.assert_array_equal(value, whole[name])
