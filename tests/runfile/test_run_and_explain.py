@@ -118,3 +118,15 @@ def test_sexpgpu_run_a_sweep_runs_every_point_in_its_own_directory(examples):
     assert done.returncode == 0, done.stderr
     assert "sweep seeds: 2 runs" in done.stdout
     assert sorted(p.name for p in (examples / "sw").iterdir()) == ["seed=1", "seed=2"]
+
+
+def test_run_refuses_a_second_evaluation_pass(examples, capsys):
+    text = (examples / "realistic.sx").read_text()
+    start = text.index("(defeval valid")
+    block = text[start : text.index("(defun prepare")]
+    (examples / "two.sx").write_text(
+        text.replace(block, block + block.replace("defeval valid", "defeval again"))
+    )
+    assert main(["run", str(examples / "two.sx"), "--variant", "smoke"]) == 1
+    err = capsys.readouterr().err
+    assert "E-RUN-002 a second evaluation pass `again`" in err

@@ -291,8 +291,8 @@ def compile_run(
         steps: replaces defrun's `:steps` (the cadence stays as defrun resolved it).
 
     Raises:
-        RunfileError: any coded diagnostic `check` raises, and E-RUN-001 for a
-            precision the engine does not run.
+        RunfileError: any coded diagnostic `check` raises, E-RUN-001 for a
+            precision the engine does not run, E-RUN-002 for a second `defeval`.
     """
     from .check import check_file, evaluate_checked
 
@@ -307,6 +307,16 @@ def compile_run(
             f"`:precision :{run.precision}` does not run on the engine yet",
             result.run_span,
             "use :precision :f32 or :bf16 (bf16 compute, f32 master weights)",
+        )
+    if len(result.evals) > 1:
+        name, _, span = result.evals[1]
+        raise fail(
+            "E-RUN-002",
+            f"a second evaluation pass `{name}`: the engine runs one pass "
+            f"(`{result.evals[0][0]}`) at each cadence boundary for now",
+            span,
+            "keep one (defeval ...) in the file, or check the others with "
+            "`sexpgpu check`",
         )
     model: GPTSpec = result.value("model")
     optimizer: OptimizerSpec = result.value("optimizer")
