@@ -105,3 +105,24 @@ def test_the_stream_is_seeded_covers_each_pass_and_blocks_resume_exactly(tmp_pat
         [resumed.batch_at(i, plan)["tokens"][:, 0] for i in range(2)]
     )
     np.testing.assert_array_equal(again, seen[2])
+
+
+def test_the_example_data_generator_writes_the_shipped_files_again(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    examples = Path(__file__).parents[2] / "examples" / "runfiles"
+    spec = importlib.util.spec_from_file_location(
+        "make_data", examples / "make_data.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.main(str(tmp_path))
+    assert [Path(p).name for p in written] == [
+        "tiny-train.jsonl.gz",
+        "train.jsonl.gz",
+        "valid.jsonl.gz",
+    ]
+    for path in written:
+        shipped = examples / "data" / Path(path).name
+        assert Path(path).read_bytes() == shipped.read_bytes()
