@@ -87,24 +87,35 @@ class TrainBlocks:
         """Position the next `begin_epoch` at the 0-based `epoch` (a resume)."""
         self._epoch = epoch
 
-    def begin_epoch(self) -> int:
-        """Plan the next epoch: its index, which fixes its records."""
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """The record rows of every batch of `epoch`, in order ([batches * size])."""
+        block = min(epoch, len(self.blocks) - 1)
+        first = self.starts[block] + max(0, epoch - block) * self.blocks[-1]
+        size = self.batch_size
+        return self.stream.rows(first * size, self.blocks[block] * size)
+
+    def begin_epoch(self) -> tuple[int, np.ndarray]:
+        """Plan the next epoch: its index and its records' rows, computed once so a
+        batch is one gather per field."""
         epoch = self._epoch
         self._epoch += 1
         self._current = epoch
         self.epoch_token += 1
-        return epoch
+        return epoch, self.epoch_rows(epoch)
 
     def batch_at(self, i: int, plan: Any = None) -> dict[str, np.ndarray]:
-        """Batch `i` of the epoch `plan` (the last planned one when None)."""
-        epoch = self._current if plan is None else int(plan)
-        block = min(epoch, len(self.blocks) - 1)
-        first = self.starts[block] + i + max(0, epoch - block) * self.blocks[-1]
-        return self.stream.batch(first * self.batch_size, self.batch_size)
+        """Batch `i` of the epoch `plan`: what `begin_epoch` returned, an epoch
+        index, or None for the last planned epoch."""
+        if plan is None or isinstance(plan, int):
+            plan = (plan, self.epoch_rows(self._current if plan is None else plan))
+        rows = plan[1][i * self.batch_size : (i + 1) * self.batch_size]
+        records = self.stream.records
+        records.check_rows(rows)
+        return {name: array[rows] for name, array in records.arrays.items()}
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        epoch = self.begin_epoch()
-        return (self.batch_at(i, epoch) for i in range(len(self)))
+        plan = self.begin_epoch()
+        return (self.batch_at(i, plan) for i in range(len(self)))
 
 
 def eval_batches(
