@@ -215,3 +215,35 @@ def test_a_resumed_run_reads_the_same_records_and_ends_bit_for_bit_equal(
     assert [row["step"] for row in resumed.history][-1] == 6
     for name, value in flatten(jax.device_get(resumed.parameters)).items():
         np.testing.assert_array_equal(value, whole[name])
+
+
+def test_adamw_groups_step_as_optax_adamw_with_each_groups_settings(minimal, tmp_path):
+    import optax
+
+    path = minimal.with_name("adamw.sx")
+    path.write_text(
+        GROUPED.replace('"sexpgpu/optim" sgd', '"sexpgpu/optim" adamw sgd').replace(
+            """(sgd :lr 0.5 :weight-decay 0.1
+       :groups [(group (select "model.embed.*") :lr 0.25 :weight-decay 0.0)])""",
+            """(adamw :lr 0.01 :betas [0.9 0.95] :eps 1e-6 :weight-decay 0.1
+         :groups [(group (select "model.embed.*") :lr 0.02 :betas [0.8 0.9]
+                         :weight-decay 0.0)])""",
+        )
+    )
+    compiled = compile_run(str(path))
+    handle = nx.Nitro(experiment(compiled), **handle_keywords(compiled, str(tmp_path)))
+    before = flatten(jax.device_get(handle.parameters))
+    batch = compiled.splits()["train"].batch_at(0, 0)
+
+    def objective(params):
+        return compiled.objective(*compiled.parts(params, batch, train=True))
+
+    grads = flatten(jax.jit(jax.grad(objective))(nest(before)))
+    after = flatten(jax.device_get(handle.train().parameters))
+    for name, rule in (
+        ("model.embed.token", optax.adamw(0.02, 0.8, 0.9, 1e-6, weight_decay=0.0)),
+        ("model.head.weight", optax.adamw(0.01, 0.9, 0.95, 1e-6, weight_decay=0.1)),
+    ):
+        updates, _ = rule.update(grads[name], rule.init(before[name]), before[name])
+        expected = optax.apply_updates(before[name], updates)
+        np.testing.assert_allclose(after[name], expected, rtol=1e-4, atol=1e-6)
