@@ -44,6 +44,7 @@ def test_explain_reads_the_realistic_smoke_variant_back(examples, capsys):
         "step: 4 micro-batches of 8 records (32 records a step), precision bf16" in out
     )
     assert "run: 2000 steps in 40 cadence blocks of 50 steps" in out
+    assert "evaluation pass valid: 16 batches of 8 records after each cadence" in out
     assert "  lr 0.0015: run value" in out and "  seed 1: run value" in out
     assert "  layers 2: graph constant" in out and "  seq 64: graph constant" in out
 

@@ -127,6 +127,14 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
         f"{plan.cadence} steps (engine epochs; the last of "
         f"{plan.steps_per_epoch[-1]}), seed {run.seed}"
     )
+    found = compiled.eval_pass
+    if found is not None:
+        name, spec = found
+        limit = "every record" if spec.batches is None else f"{spec.batches} batches"
+        lines.append(
+            f"evaluation pass {name}: {limit} of {spec.loader.batch_size} records "
+            f"after each cadence block (its :every {spec.every} is not read yet)"
+        )
     kinds = knob_kinds(path, selection)
     if kinds:
         lines.append("knobs:")
