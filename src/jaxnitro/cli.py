@@ -14,6 +14,9 @@
                           `--max-runs N`; the `mcp` extra)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
+    sexpgpu run FILE      train a run file on the engine (`--steps --variant --set
+                          --sweep --device --run-dir`)
+    sexpgpu explain FILE  a run file's parameters, update groups, step, knob kinds
 
 `nitro` with no arguments prints this help and exits 0: asking what the program does
 is not a mistake. Exit status: 0 on success, 2 for a usage error (argparse's), 1 when
@@ -154,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "ckpt" and not args.repair and (args.metric or args.mode):
         parser.error("ckpt: --metric and --mode go with --repair.")
     try:
-        if args.command in ("check", "fmt"):
+        if args.command in ("check", "fmt", "run", "explain"):
             from .runfile.commands import run_command
 
             return run_command(args)

@@ -1,9 +1,9 @@
 """The core names every run file sees without a `require`.
 
 Arithmetic `+ - * /`, comparison `= < > <= >=`, `not`, `min`, `max`, `list`,
-`slice`, and the declarations of data and selection (`loader`, `files`, `field`,
-`select`, `group`). Arithmetic works on numbers and, inside `prepare` and the
-objective, on arrays.
+`slice`, `reshape`, `cast`, `concat`, and the declarations of data and selection
+(`loader`, `files`, `field`, `select`, `group`). Arithmetic works on numbers and,
+inside `prepare` and the objective, on arrays.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _slice(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
 
 def core_names() -> dict[str, Any]:
     """The names bound in every run file before its first form."""
-    from . import stdlib_data, stdlib_optim
+    from . import stdlib_data, stdlib_optim, tensors
 
     names: dict[str, Any] = {
         "+": _arith("+", operator.add, 0),
@@ -179,6 +179,7 @@ def core_names() -> dict[str, Any]:
             "slice", _slice, (4, 4), (), doc="(slice array axis start stop)"
         ),
     }
+    names.update(tensors.names())
     names.update(stdlib_data.names())
     names.update(stdlib_optim.core_names())
     return names

@@ -1,9 +1,10 @@
 """The standard module "sexpgpu/nn": `gpt` and `cross-entropy`.
 
-`gpt` here declares the model and gives its parameters' names and shapes and a
-forward pass in plain JAX, which is what `check` traces with `jax.eval_shape`.
-The trained model (Flax NNX layers, initialisation, precision) lands in part 2
-of the run file; it keeps these names and shapes.
+`gpt` declares the model: its parameters' names and shapes, their initial
+values, and a forward pass in plain JAX. `check` traces the forward pass with
+`jax.eval_shape`; `run` trains it on the engine, with the parameters as a tree
+nested by the dotted names (`model.blocks.0.attn.query.weight` is
+`params["model"]["blocks"]["0"]["attn"]["query"]["weight"]`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,27 @@ class GPTSpec:
         shapes["model.head.weight"] = (d, self.vocab)
         return shapes
 
+    def init(self, rng: Any) -> dict[str, Any]:
+        """Initial parameters by name: weights and embeddings normal with standard
+        deviation 0.02 (the residual projections scaled by `1/sqrt(2 * layers)`),
+        biases zero, norm scales one. `rng` is a JAX key."""
+        import jax
+        import jax.numpy as jnp
+
+        shapes = self.parameter_shapes()
+        keys = jax.random.split(rng, len(shapes))
+        residual = 0.02 / (2 * self.layers) ** 0.5
+        params: dict[str, Any] = {}
+        for key, (name, shape) in zip(keys, shapes.items(), strict=True):
+            if name.endswith(".bias"):
+                params[name] = jnp.zeros(shape, jnp.float32)
+            elif name.endswith(".scale"):
+                params[name] = jnp.ones(shape, jnp.float32)
+            else:
+                std = residual if name.endswith(("out.weight", "down.weight")) else 0.02
+                params[name] = std * jax.random.normal(key, shape, jnp.float32)
+        return params
+
     def apply(self, params: dict[str, Any], tokens: Any, span: Span) -> Any:
         """Logits `[batch, time, vocab]` of integer tokens `[batch, time]`."""
         import jax
@@ -97,6 +119,30 @@ class GPTSpec:
             h = jax.nn.gelu(linear(norm(x, f"{b}.mlp-norm.scale"), f"{b}.mlp.up"))
             x = x + linear(h, f"{b}.mlp.down")
         return norm(x, "model.norm.scale") @ p["model.head.weight"]
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """A tree nested by the dotted names: {"a.b": x} -> {"a": {"b": x}}."""
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        *path, leaf = name.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The inverse of `nest`: dotted names to leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def _int(kwargs: dict[str, Any], key: str, span: Span) -> int:
@@ -148,12 +194,15 @@ def _cross_entropy(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any
         )
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     reduce = kwargs.get("reduce", Keyword("mean"))
-    if reduce not in (Keyword("mean"), Keyword("sum")):
+    if reduce not in (Keyword("mean"), Keyword("sum"), Keyword("none")):
         raise fail(
             "E-EVAL-007",
-            f"`:reduce` of `cross-entropy` is :mean or :sum, got {reduce}",
+            f"`:reduce` of `cross-entropy` is :mean, :sum or :none (per token), "
+            f"got {reduce}",
             span,
         )
+    if reduce == Keyword("none"):
+        return losses
     return losses.sum() if reduce == Keyword("sum") else losses.mean()
 
 

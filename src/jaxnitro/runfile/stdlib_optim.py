@@ -1,9 +1,9 @@
-"""The standard module "sexpgpu/optim" (`sgd`, `adamw`, `warmup-stable-decay`) and
-the core's parameter selection (`select`, `group`).
+"""The standard module "sexpgpu/optim" (`sgd`, `adamw`, `warmup-stable-decay`,
+`cosine`, `constant`) and the core's parameter selection (`select`, `group`).
 
 These are declarations: `check` validates them and resolves each group against
-the model's parameter names. Building the Optax chains from them and running
-them on the engine lands in part 2 of the run file.
+the model's parameter names; `engine` runs them through the engine's parameter
+groups and Optax, and `schedule_value` gives a schedule's value at a step.
 """
 
 from __future__ import annotations
@@ -193,6 +193,57 @@ def _wsd(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
     return ScheduleSpec("warmup-stable-decay", peak, warmup, float(fraction))
 
 
+def _cosine(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
+    peak = _rate(values[0], "the peak of `cosine`", span)
+    if isinstance(peak, ScheduleSpec):
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
+    warmup = expect(
+        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
+    )
+    if warmup < 0:
+        raise fail("E-EVAL-007", f"`:warmup-steps` must be >= 0, got {warmup}", span)
+    return ScheduleSpec("cosine", peak, warmup, 1.0)
+
+
+def _constant(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
+    value = _rate(values[0], "the value of `constant`", span)
+    if isinstance(value, ScheduleSpec):
+        raise fail("E-EVAL-007", "the value of a schedule must be a number", span)
+    return ScheduleSpec("constant", value, 0, 0.0)
+
+
+def schedule_value(rate: ScheduleSpec | float, step: int, steps: int) -> float:
+    """A learning rate (a number or a schedule) at 0-based `step` of `steps`.
+
+    `warmup-stable-decay` rises linearly over its warmup (reaching the peak at
+    step `warmup`), holds, then falls linearly to zero over the last
+    `decay-fraction` of the run; `cosine` warms up the same way, then follows a
+    half cosine to zero at the last step; `constant` is its value.
+
+    Example:
+        >>> wsd = ScheduleSpec("warmup-stable-decay", 1.0, 2, 0.5)
+        >>> [round(schedule_value(wsd, s, 8), 3) for s in range(8)]
+        [0.5, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25]
+    """
+    import math
+
+    if not isinstance(rate, ScheduleSpec):
+        return float(rate)
+    if rate.name == "constant":
+        return rate.peak
+    if rate.warmup_steps and step < rate.warmup_steps:
+        return rate.peak * (step + 1) / rate.warmup_steps
+    if rate.name == "cosine":
+        span = max(1, steps - rate.warmup_steps)
+        done = min(1.0, (step - rate.warmup_steps) / span)
+        return rate.peak * 0.5 * (1 + math.cos(math.pi * done))
+    decay = round(rate.decay_fraction * steps)
+    start = steps - decay
+    if decay == 0 or step < start:
+        return rate.peak
+    return rate.peak * (steps - step) / decay
+
+
 ADAM_KEYS = ("lr", "betas", "eps", "weight-decay", "groups")
 GROUP_KEYS = ("lr", "betas", "eps", "weight-decay", "momentum")
 
@@ -223,6 +274,14 @@ def exports() -> dict[str, Builtin]:
             ("warmup-steps", "decay-fraction"),
             doc="(warmup-stable-decay peak :warmup-steps 25 :decay-fraction 0.7)",
         ),
+        "cosine": Builtin(
+            "cosine",
+            _cosine,
+            (1, 1),
+            ("warmup-steps",),
+            doc="(cosine peak :warmup-steps 25)",
+        ),
+        "constant": Builtin("constant", _constant, (1, 1), (), doc="(constant 0.001)"),
     }
 
 

@@ -1,0 +1,179 @@
+"""A run file through `sexpgpu run` against the same model on the Python API.
+
+The minimal example's model, objective, optimizer and batches (2 micro-batches of 4
+windows of 17 tokens a step, SGD at 0.5) are trained twice from the same seed:
+
+- through the run file (`jaxnitro.runfile.running.run_file`, what `sexpgpu run`
+  calls), in cadence blocks of 50 steps;
+- as a hand-written `jaxnitro.Experiment`: the same GPT forward and cross-entropy,
+  `optax.sgd`, the batches prebuilt as a list, 50 steps an epoch (`--same-source`:
+  the run file's own train source instead, which isolates the data path).
+
+Both keep one checkpoint an epoch and log to metrics.jsonl. The steady step rate is
+the steps of every epoch but the first (which compiles) over their seconds, as the
+loop times them (`history[i]["seconds"]`); the target is a ratio >= 0.95. The run
+file's `data_wait_frac` (the share of the step spent waiting for a batch) is read
+from its metrics.jsonl; `--realistic` adds realistic.sx's smoke variant for 30 steps,
+whose data wait the issue bounds at 5%.
+
+    python benchmarks/runfile.py [--blocks N] [--repeats R] [--realistic]
+
+Each pair (run file, then Python API) is repeated; the median of the paired ratios
+is reported, which cancels the slow stretches of a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "examples", "runfiles")
+CADENCE = 50
+
+RUN_FILE = """
+(require "sexpgpu/nn" cross-entropy gpt)
+(require "sexpgpu/optim" sgd)
+(defvar train-loader
+  (loader :sources [(files ["data/tiny-train.jsonl.gz"] :encoding "jsonl.gz")]
+          :fields [(field :tokens :from "input_ids" :dtype :i32 :shape [17])]
+          :batch-size 4
+          :infinite true))
+(defun prepare (batch)
+  (let ((tokens (field batch :tokens)))
+    (list :inputs (slice tokens 1 0 16) :targets (slice tokens 1 1 17))))
+(defvar model (gpt :vocab 32 :layers 2 :dim 32 :heads 2))
+(defun objective (prediction targets) (cross-entropy prediction targets))
+(defvar optimizer (sgd :lr 0.5))
+(defrun :steps STEPS :microbatches 2 :cadence CADENCE :precision :f32 :seed 1)
+"""
+
+
+def steady(history) -> float:
+    """Steps a second over every epoch but the first."""
+    rows = list(history)[1:]
+    steps = rows[-1]["step"] - list(history)[0]["step"]
+    return steps / sum(r["seconds"] for r in rows)
+
+
+def data_wait(run_dir: str) -> float:
+    """The mean `data_wait_frac` the run logged."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
+        rows = [json.loads(line) for line in handle]
+    waits = [r["data_wait_frac"] for r in rows if r.get("context") == "data"]
+    return statistics.mean(waits)
+
+
+def through_run_file(folder: str, blocks: int) -> tuple[float, float, list]:
+    from jaxnitro.runfile.running import run_file
+
+    path = os.path.join(folder, "bench.sx")
+    with open(path, "w") as handle:
+        text = RUN_FILE.replace("STEPS", str(blocks * CADENCE))
+        handle.write(text.replace("CADENCE", str(CADENCE)))
+    run_dir = os.path.join(folder, "runfile")
+    outcome = run_file(path, run_dir=run_dir)
+    batches = outcome.handle.data["train"].source  # the cadence blocks
+    return steady(outcome.handle.history), data_wait(run_dir), batches
+
+
+def through_python_api(folder: str, blocks: int, source, *, same_source: bool) -> float:
+    import jax
+    import optax
+
+    import jaxnitro as nx
+    from jaxnitro.runfile.stdlib_nn import GPTSpec, nest
+
+    spec = GPTSpec(vocab=32, layers=2, dim=32, heads=2, context=1024)
+    epoch = [source.batch_at(i, 0) for i in range(2 * CADENCE)]
+
+    class Direct(nx.Experiment):
+        def build_data(self, dist):
+            return {"train": source if same_source else epoch}
+
+        def build_model(self, rng):
+            return None, nest(spec.init(rng)), {}
+
+        def forward(self, model, params, state, *, tokens):
+            flat = {
+                ".".join(str(getattr(k, "key", k)) for k in path): leaf
+                for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            }
+            logits = spec.apply(flat, tokens[:, :16], None)
+            return (logits, tokens[:, 1:]), state
+
+        def loss(self, outputs):
+            logits, targets = outputs
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+            return losses.mean()
+
+        def optimizer(self):
+            return optax.sgd
+
+        def learning_rate(self, group=None):
+            return 0.5
+
+    handle = nx.Nitro(
+        Direct(),
+        seed=1,
+        accum=2,
+        max_epochs=blocks,
+        run_dir=os.path.join(folder, "direct"),
+        checkpointer=nx.Checkpointer(keep=nx.Last(1)),
+    )
+    return steady(handle.train().history)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=6, help="epochs of 50 steps")
+    parser.add_argument("--repeats", type=int, default=5, help="paired runs")
+    parser.add_argument("--realistic", action="store_true")
+    parser.add_argument(
+        "--same-source",
+        action="store_true",
+        help="feed the Python API the run file's train source, not a list",
+    )
+    args = parser.parse_args()
+    folder = tempfile.mkdtemp(prefix="runfile-bench-")
+    try:
+        shutil.copytree(os.path.join(EXAMPLES, "data"), os.path.join(folder, "data"))
+        ratios, waits = [], []
+        for _ in range(args.repeats):  # alternating, so slow stretches hit both
+            rate, wait, source = through_run_file(folder, args.blocks)
+            direct = through_python_api(
+                folder, args.blocks, source, same_source=args.same_source
+            )
+            ratios.append(rate / direct)
+            waits.append(wait)
+            print(
+                f"run file {rate:8.1f} steps/s (data_wait_frac {wait:.4f}), "
+                f"python api {direct:8.1f} steps/s"
+            )
+        print(
+            f"median ratio run file / python api: {statistics.median(ratios):.3f} "
+            f"(target >= 0.95); median data_wait_frac {statistics.median(waits):.4f}"
+        )
+        if args.realistic:
+            from jaxnitro.runfile.knobs import Selection
+            from jaxnitro.runfile.running import run_file
+
+            shutil.copy(os.path.join(EXAMPLES, "realistic.sx"), folder)
+            run_dir = os.path.join(folder, "smoke")
+            run_file(
+                os.path.join(folder, "realistic.sx"),
+                Selection(variant="smoke"),
+                steps=30,
+                run_dir=run_dir,
+            )
+            print(f"realistic smoke, 30 steps: data_wait_frac {data_wait(run_dir):.4f}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
