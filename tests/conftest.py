@@ -6,6 +6,7 @@ would test another code generator than the one that ships.
 """
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ["JAXNITRO_COMPILATION_CACHE"] = "off"
@@ -53,11 +54,26 @@ def _staged(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _jsonl_logs_parse(tmp_path):
-    """Every JSON-lines log a test leaves in its directory reads with pandas, as a
-    user's analysis would read it (`pd.read_json(path, lines=True)`)."""
+def _jsonl_logs_parse(tmp_path, monkeypatch):
+    """Every JSON-lines log a JSONLogger wrote during the test reads with pandas, as
+    a user's analysis would read it (`pd.read_json(path, lines=True)`). Other
+    `.jsonl` files (a run file's data, damaged on purpose) are not logs."""
+    from jaxnitro.logging.jsonl import JSONLogger
+
+    written: set[str] = set()
+    opened = JSONLogger._open
+
+    def recording(self, *args, **kwargs):
+        written.add(os.path.abspath(self.path))
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(JSONLogger, "_open", recording)
     yield
-    logs = sorted(tmp_path.rglob("*.jsonl"))
+    logs = sorted(
+        Path(p)
+        for p in written
+        if Path(p).is_relative_to(tmp_path) and Path(p).exists()
+    )
     if not logs:
         return
     import pandas as pd
