@@ -131,3 +131,17 @@ def test_run_refuses_a_second_evaluation_pass(examples, capsys):
     assert main(["run", str(examples / "two.sx"), "--variant", "smoke"]) == 1
     err = capsys.readouterr().err
     assert "E-RUN-002 a second evaluation pass `again`" in err
+
+
+def test_run_refuses_a_curriculum_it_would_not_apply(examples, capsys):
+    text = (examples / "minimal.sx").read_text()
+    text = text.replace(
+        "(defrun",
+        "(defun curriculum (stage ctx observations) stage)\n\n(defrun",
+    )
+    (examples / "staged.sx").write_text(text)
+    assert main(["check", str(examples / "staged.sx")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(examples / "staged.sx"), "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "E-RUN-003 `curriculum` is defined, and `run` does not apply" in err

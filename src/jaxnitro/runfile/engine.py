@@ -292,7 +292,8 @@ def compile_run(
 
     Raises:
         RunfileError: any coded diagnostic `check` raises, E-RUN-001 for a
-            precision the engine does not run, E-RUN-002 for a second `defeval`.
+            precision the engine does not run, E-RUN-002 for a second `defeval`,
+            E-RUN-003 for a `curriculum`, which `run` does not apply yet.
     """
     from .check import check_file, evaluate_checked
 
@@ -317,6 +318,13 @@ def compile_run(
             span,
             "keep one (defeval ...) in the file, or check the others with "
             "`sexpgpu check`",
+        )
+    if "curriculum" in result.defined:
+        raise fail(
+            "E-RUN-003",
+            "`curriculum` is defined, and `run` does not apply a curriculum yet",
+            result.defined["curriculum"],
+            "remove it to run the file (`check` still checks it)",
         )
     model: GPTSpec = result.value("model")
     optimizer: OptimizerSpec = result.value("optimizer")
