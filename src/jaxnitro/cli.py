@@ -46,9 +46,9 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "jaxnitro: a training framework for JAX that compiles only when the "
-            "graph changes, and `sexpgpu`, which checks and formats run files "
-            "(s-expression experiment files); `serve` serves an exported bundle. "
-            "run and explain arrive with their features."
+            "graph changes, and `sexpgpu`, which checks, formats, explains and "
+            "runs run files (s-expression experiment files); `serve` serves an "
+            "exported bundle and `mcp` the agent tools."
         ),
     )
     parser.add_argument(
