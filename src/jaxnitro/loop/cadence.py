@@ -40,15 +40,18 @@ class StepCadence:
         return (self.max_steps, self.val_every, self.checkpoint_every) == (None,) * 3
 
     def next_after(self, step: int) -> int:
-        """The first step after `step` an event falls on; `NEVER` when none does."""
+        """The first step after `step` an event falls on; `NEVER` when none does
+        (none falls after max_steps)."""
         candidates = [
             (step // every + 1) * every
             for every in (self.val_every, self.checkpoint_every)
             if every
         ]
-        if self.max_steps is not None and self.max_steps > step:
-            candidates.append(self.max_steps)
-        return min(candidates, default=NEVER)
+        first = min(candidates, default=NEVER)
+        if self.max_steps is None:
+            return first
+        # Nothing falls after max_steps: training has ended there.
+        return min(first, self.max_steps) if step < self.max_steps else NEVER
 
     def validates_at(self, step: int) -> bool:
         """Whether `step` is a scheduled validation step (a multiple of val_every)."""

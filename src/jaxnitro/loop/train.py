@@ -32,18 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .._version import __version__
-from ..checkpoint.derived import (
-    HOST_PREFIX,
-    derived_graphconst_record,
-    derived_host_record,
-)
-from ..checkpoint.header import RecordHeader
 from ..checkpoint.lock import lock_checkpoint_dir
 from ..errors import ConfigError, NitroWarning
-from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..observe import phases
@@ -54,6 +45,7 @@ from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
 from .cadence import StepCadence
 from .evaluate import evaluate_split
+from .records import write_checkpoint
 from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
@@ -85,91 +77,6 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     if nitro.config.accum > 1 and state.accumulator is None:
         state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
     nitro.commit_state(state)
-
-
-def _checkpoint(
-    nitro: Nitro, epoch: int, flat: dict[str, Any], reason: str | None
-) -> None:
-    """Save the epoch's record; `flat`: the validation metrics, flattened."""
-    ckpt = nitro.checkpointer
-    if ckpt is None:
-        return
-    e = nitro.experiment
-    plan = nitro.prepared.plan
-    assert plan is not None
-    stopper = nitro.prepared.stopper
-    host_arrays, host_values = derived_host_record(e, nitro.prepared.derived_keys)
-    header = RecordHeader(
-        framework_version=__version__,
-        experiment=f"{type(e).__module__}.{type(e).__qualname__}",
-        epoch=epoch,
-        step=nitro.current_step,
-        seed=nitro.config.seed,
-        preset=nitro.config.preset,
-        graphconst=graphconst_record(e),
-        config=nitro.params_to_log(),
-        derived=tuple(nitro.prepared.derived_keys),
-        derived_host=host_values,
-        derived_graphconst=derived_graphconst_record(e, nitro.prepared.derived_keys),
-        logger_type=_qualified(nitro.logger),
-        logger_state=logproto.logger_state(nitro.logger),
-        run_id=logproto.run_id(nitro.logger),
-        run_url=logproto.run_url(nitro.logger),
-        anchor_checksums=dict(nitro.prepared.anchor_sums),
-        optimizer_layout=plan.state_layout(),
-        early_stop=stopper.state()
-        if callable(getattr(stopper, "state", None))
-        else None,
-        plateau={
-            s.key: s.plateau.state() for s in plan.schedules if s.plateau is not None
-        },
-        # The running train loss of an epoch a stop cut (None when it ended), so
-        # a resume that continues the epoch reports the whole epoch's mean.
-        epoch_loss=nitro.status.held_stop,
-        # The run started from these averaged weights (None: it did not).
-        averaged_from=nitro.averaged_from,
-        # What a resume compares: the hooks' code and the train data's shape.
-        hook_fingerprints=dict(nitro.prepared.hook_prints),
-        data_signature=_json_copy(nitro.prepared.data_signature),
-    )
-    state = nitro.train_state
-    trees = {
-        "params": state.params,
-        "state": state.model_state,
-        "opt_state": state.opt_state,
-        "device": nitro.device_values(),
-        HOST_PREFIX: host_arrays,
-    }
-    if state.ema is not None:
-        trees["ema"] = state.ema
-    scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
-    # A large record takes seconds to write: the progress line says so meanwhile.
-    progress = nitro.progress()
-    if progress is not None:
-        progress.phase("writing checkpoint")
-    try:
-        ckpt.save(
-            epoch=epoch,
-            step=nitro.current_step,
-            metrics=scalars,
-            trees=trees,
-            header=header,
-            stop_reason=reason,
-        )
-    finally:
-        if progress is not None:
-            progress.phase("")
-
-
-def _json_copy(signature: Any) -> dict[str, Any] | None:
-    """A data signature as a plain dict (the header's type), or None."""
-    return None if signature is None else dict(signature)
-
-
-def _qualified(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 _ROW_AXES = ("epoch", "step", "train_loss", "seconds")
@@ -278,11 +185,20 @@ class _StepEvents:
         self.cadence = cadence
         self.validated: _Validation | None = None
         """The last mid-epoch validation, which the epoch end reuses at its step."""
+        self.seconds = 0.0
+        """Wall time spent in the events, which the step time leaves out."""
 
     def next_after(self, step: int) -> int:
         return self.cadence.next_after(step)
 
     def fire(self, step: int, log: EpochLog) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._fire(step, log)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _fire(self, step: int, log: EpochLog) -> bool:
         nitro, cadence = self.nitro, self.cadence
         source = nitro.data["train"]
         if log.trained >= len(source):
@@ -309,7 +225,7 @@ class _StepEvents:
             held = nitro.status.held_stop
             nitro.status.held_stop = _loss_so_far(nitro, log)  # where the epoch is
             try:
-                _checkpoint(nitro, log.epoch, flat, None)
+                write_checkpoint(nitro, log.epoch, flat, None)
             finally:
                 nitro.status.held_stop = held
         return leave
@@ -380,6 +296,7 @@ def _train(nitro: Nitro) -> None:
             # the run stays in TrainStepping between epochs (no validation).
             nitro.phase_recorder.enter(phases.TrainStepping(), epoch_started=epoch)
             started, steps_before = time.perf_counter(), nitro.current_step
+            events_before = events.seconds if events is not None else 0.0
             log = run_epoch(
                 nitro,
                 epoch,
@@ -390,6 +307,8 @@ def _train(nitro: Nitro) -> None:
             stepped = nitro.current_step - steps_before
             if stepped:  # the loop read each step's loss back: the device is done
                 seconds = time.perf_counter() - started
+                if events is not None:  # mid-epoch validations are not stepping
+                    seconds -= events.seconds - events_before
                 nitro.status.step_seconds = seconds / stepped
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
@@ -454,7 +373,7 @@ def _train(nitro: Nitro) -> None:
                 reason = "early_stop"
             elif epoch == max_epochs or reached:
                 reason = "completed"
-            _checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
+            write_checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
             if requested or early or reached:
                 break
     except BaseException as error:
