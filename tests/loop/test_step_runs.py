@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import QuietLogger, Tiny, init_mlp, make_batches, mlp
+from experiments import QuietLogger, StopsAtStep, Tiny, init_mlp, make_batches, mlp
 
 import jaxnitro as nx
 
@@ -268,3 +268,37 @@ def test_max_steps_is_an_accessor_of_the_experiment():
     nitro = nx.Nitro(Budget(), **quiet())
     assert nitro.config.max_steps == 5 and nitro.config.sources["max_steps"] == "field"
     assert nitro.config.max_epochs == 2
+
+
+def test_a_stop_at_a_validation_step_counts_that_validation_once(tmp_path):
+    # A Plateau that cuts the rate at every validation it counts: the weights tell
+    # how many were counted.
+    schedules = {"learning_rate": nx.Plateau(0.05, patience=0, threshold=10.0)}
+    recipe = {"max_epochs": 2, "n_train": 128}  # 8 steps an epoch
+    straight = nx.Nitro(
+        Tiny(**recipe), val_every_n_steps=3, schedules=schedules, **quiet()
+    )
+    straight.train()
+    stopper = StopsAtStep(5)  # read back at step 6: the stop ends step 6
+    first = nx.Nitro(
+        Tiny(**recipe),
+        run_dir=str(tmp_path),
+        val_every_n_steps=3,
+        schedules=schedules,
+        logger=stopper,
+        log_every_n_steps=1,
+    )
+    stopper.nitro = first
+    first.train()
+    assert (first.current_step, first.stop_reason) == (6, "requested")
+    again = nx.Nitro(
+        Tiny(**recipe),
+        run_dir=str(tmp_path),
+        val_every_n_steps=3,
+        schedules=schedules,
+        resume="auto",
+        logger=None,
+    )
+    again.train()
+    assert again.current_step == 16
+    assert same_params(again.train_state, straight.train_state)
