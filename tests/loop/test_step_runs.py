@@ -302,3 +302,20 @@ def test_a_stop_at_a_validation_step_counts_that_validation_once(tmp_path):
     again.train()
     assert again.current_step == 16
     assert same_params(again.train_state, straight.train_state)
+
+
+def test_the_progress_line_returns_to_the_train_stretch_after_a_mid_epoch_validation():
+    seen = []
+    previous = nx.progress_reporter(
+        lambda verb, label, total, epoch, max_epochs: seen.append((verb, label))
+    )
+    try:
+        nx.Nitro(Tiny(max_epochs=1), val_every_n_steps=2, **quiet()).train()
+    finally:
+        nx.progress_reporter(previous)
+    stretches = [label for verb, label in seen if verb == "begin"]
+    training = stretches[stretches.index("train") :]  # setup's stretches before
+    assert training == ["train", "val", "train", "val"]
+    # The train stretch resumes where it stood: 2 steps, then the last 2.
+    steps = [label for verb, label in seen if verb == "step" and label == "train"]
+    assert len(steps) == 2 + 4
