@@ -355,6 +355,23 @@ class Experiment:
         """
         return 1
 
+    def max_steps(self) -> int | None:
+        """Optimizer steps to train for in all, or None for no step bound.
+
+        Counted over the whole run, a resume included: training ends after step
+        `max_steps`, mid-epoch if it falls there (that part-epoch is validated,
+        checkpointed and gets its history row; stop_reason "completed"), or at
+        `max_epochs`, whichever comes first. When `max_epochs` is left at its
+        default (no keyword, method or field sets it), max_steps alone bounds the
+        run: setup sets max_epochs to the epochs it needs. The schedules' horizon
+        is min(max_steps, max_epochs * steps per epoch). Setup refuses a value that
+        is not an int >= 1.
+
+        Returns:
+            None.
+        """
+        return None
+
     def gradient_clip_norm(self) -> float:
         """Global-norm clip threshold of the accumulated gradient; 0 is off.
 
@@ -393,6 +410,40 @@ class Experiment:
             int: 50 (`DEFAULT_LOG_EVERY_N_STEPS`).
         """
         return DEFAULT_LOG_EVERY_N_STEPS
+
+    def val_every_n_steps(self) -> int | None:
+        """Validate also after every optimizer step that is a multiple of this.
+
+        Such a validation runs mid-epoch, where the step falls (an epoch's last
+        step validates at the epoch end, once); the epoch-end validation stays.
+        Each one writes a validate line and updates every Plateau and the
+        early-stopping policy, so their patience counts validations, not epochs;
+        the history keeps one row per epoch. The validation a stop or max_steps
+        adds mid-epoch counts only when its step is such a multiple, so a stopped
+        and resumed run decides as a straight one. Setup refuses a value that is
+        not an int >= 1, and one given without a val split.
+
+        Returns:
+            None: validate at epoch ends only.
+        """
+        return None
+
+    def checkpoint_every_n_steps(self) -> int | None:
+        """Write a checkpoint record also after every optimizer step that is a
+        multiple of this.
+
+        A record written mid-epoch holds where the epoch stands (its batches and
+        running train loss), so a resume from it continues that epoch at the exact
+        batch and reproduces a straight run bitwise. It carries the validation
+        metrics of its step when a validation ran there, else none (a ranking
+        selector leaves it unscored). The manifest keeps one record per epoch of a
+        run, so a later record of the same epoch replaces it. Setup refuses a value
+        that is not an int >= 1.
+
+        Returns:
+            None: checkpoint at epoch ends only.
+        """
+        return None
 
     def autolog_schedules(self) -> bool:
         """Whether varying schedule values are logged on the train line.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from ..logging.deferred import DeferredMetrics
 from ..observe.counter import advance_progress_counter
 from ..optim.plan import scheduled_devices
 from ..optim.schedules import Target
+from .cadence import NEVER
 from .feed import open_feed
 from .manual import manual_program
 
@@ -137,6 +138,20 @@ class EpochLog:
     def carried(self) -> tuple[float, int]:
         """The running loss sum and count, for the rest of an epoch a stop cut."""
         return self.loss_sum, self.loss_count
+
+
+class StepEvents(Protocol):
+    """What the hot loop calls at the steps a step-based run places events on
+    (`cadence.StepCadence`): validation, a checkpoint, max_steps."""
+
+    def next_after(self, step: int) -> int:
+        """The first step after `step` with an event; `cadence.NEVER` for none."""
+        ...
+
+    def fire(self, step: int, log: EpochLog) -> bool:
+        """Run the events of `step`, the handle holding the state after it and
+        `log` every micro-batch up to it; True: leave the epoch here."""
+        ...
 
 
 def divergence_message(loss: float, item: _InFlight, epoch: int) -> str:
@@ -310,7 +325,12 @@ def _device_inputs(
 
 
 def run_epoch(
-    nitro: Nitro, epoch: int, *, skip: int = 0, carried: tuple[float, int] = (0.0, 0)
+    nitro: Nitro,
+    epoch: int,
+    *,
+    skip: int = 0,
+    carried: tuple[float, int] = (0.0, 0),
+    events: StepEvents | None = None,
 ) -> EpochLog:
     """One epoch of micro-batches from the train split's feed; closed on every exit.
 
@@ -319,6 +339,8 @@ def run_epoch(
     `skip`: batches a stopped run already trained this epoch; they are read (so the
     epoch's order and the source's state stay as they were) and passed over.
     `carried`: their running loss sum and count, which the epoch's mean continues.
+    `events`: called after each optimizer step it places an event on (mid-epoch
+    validation and checkpoints, max_steps); it may end the epoch there.
     """
     log = EpochLog(nitro, epoch, carried, skip)
     source = nitro.data["train"]
@@ -336,7 +358,7 @@ def run_epoch(
     log.feed = feed
     accum = nitro.config.accum
     try:
-        delivered = _steps(nitro, epoch, feed, log, bar, skip)
+        delivered = _steps(nitro, epoch, feed, log, bar, skip, events)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
             nitro.commit_state(_zeroed_accumulator(nitro.train_state))
@@ -399,15 +421,25 @@ def _check_epoch_length(source: Any, delivered: int, epoch: int) -> None:
 
 
 def _steps(
-    nitro: Nitro, epoch: int, feed: Any, log: EpochLog, bar: Any, skip: int = 0
+    nitro: Nitro,
+    epoch: int,
+    feed: Any,
+    log: EpochLog,
+    bar: Any,
+    skip: int = 0,
+    events: StepEvents | None = None,
 ) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
     the per-step work is the dispatch plus one read-back. The training state lives
     in locals here (its parts are donated to each step) and is committed to the
     handle on every exit.
 
-    Returns how many batches the feed delivered, or None when a stop request ended
-    the epoch early."""
+    At a step `events` places an event on (one integer compare per step finds it)
+    the in-flight micro-batch is read back and the state committed first, so the
+    events see the state after that step.
+
+    Returns how many batches the feed delivered, or None when a stop request, an
+    event or max_steps ended the epoch early."""
     accum = nitro.config.accum
     seed = nitro.config.seed
     names = nitro.prepared.routing.train_fields
@@ -431,6 +463,7 @@ def _steps(
     signature: Signature = {}
     delivered: int | None = 0
     profiler = nitro.status.profiler  # None unless the run keyword profile= is set
+    event = NEVER if events is None else events.next_after(step)
     try:
         for index, (full, routed) in enumerate(feed):
             _check_batch(routed, names, expected, index, epoch)
@@ -522,6 +555,27 @@ def _steps(
                 settle(in_flight)
             in_flight = current
             delivered = index + 1
+            if ends_step and step >= event:  # rare: only a step-based run's events
+                assert events is not None
+                settle(current)
+                in_flight = None
+                nitro.commit_state(
+                    start._replace(
+                        weights=weights,
+                        model_state=model_state,
+                        accumulator=accumulator,
+                        step=step,
+                    )
+                )
+                leave = events.fire(step, log)
+                event = events.next_after(step)
+                # The events only read the state; the handle's copy is the truth.
+                now = nitro.train_state
+                weights, model_state = now.weights, now.model_state
+                accumulator = now.accumulator
+                if leave:
+                    delivered = None
+                    break
             if ends_step and nitro.status.stop_requested:
                 delivered = None
                 break

@@ -3,8 +3,18 @@
 Each epoch runs the micro-batches (`steps.run_epoch`), then validates, updates every
 Plateau and the early-stopping policy from the validation metrics, appends one
 history row, writes the validate line, and checkpoints. The run ends at max_epochs
-("completed"), at an early stop ("early_stop"), at a requested stop ("requested"), at
-a stop a SIGTERM requested ("preempted"), or by raising ("error").
+or max_steps ("completed"), at an early stop ("early_stop"), at a requested stop
+("requested"), at a stop a SIGTERM requested ("preempted"), or by raising ("error").
+
+Step-based runs (`cadence.StepCadence`): `val_every_n_steps` also validates, and
+`checkpoint_every_n_steps` also checkpoints, after each multiple of it, mid-epoch
+(`_StepEvents`, which the hot loop calls there); an epoch's last step leaves both to
+the epoch end, so nothing runs twice. `max_steps` ends the epoch after its step:
+that part-epoch is validated, gets its history row and is checkpointed with its
+running loss, as a stop's is, so a longer run resumed from it continues exactly.
+Plateau and early stopping decide on each scheduled validation (a whole epoch's end,
+or a multiple of val_every_n_steps); the extra validation a stop or max_steps adds
+mid-epoch does not count, so a stopped and resumed run decides as a straight one.
 
 A train() holds the lock of the directory its checkpointer writes
 (`checkpoint/lock.py`) from its first step to its return, so a second process
@@ -17,22 +27,14 @@ import contextlib
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .._version import __version__
-from ..checkpoint.derived import (
-    HOST_PREFIX,
-    derived_graphconst_record,
-    derived_host_record,
-)
-from ..checkpoint.header import RecordHeader
 from ..checkpoint.lock import lock_checkpoint_dir
 from ..errors import ConfigError, NitroWarning
-from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..observe import phases
@@ -41,7 +43,9 @@ from ..optim.schedules import check_plateau_metrics
 from ..run.restore import finish_restore_best, optimizer_state
 from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
+from .cadence import StepCadence
 from .evaluate import evaluate_split
+from .records import write_checkpoint
 from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
@@ -73,91 +77,6 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
     if nitro.config.accum > 1 and state.accumulator is None:
         state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
     nitro.commit_state(state)
-
-
-def _checkpoint(
-    nitro: Nitro, epoch: int, flat: dict[str, Any], reason: str | None
-) -> None:
-    """Save the epoch's record; `flat`: the validation metrics, flattened."""
-    ckpt = nitro.checkpointer
-    if ckpt is None:
-        return
-    e = nitro.experiment
-    plan = nitro.prepared.plan
-    assert plan is not None
-    stopper = nitro.prepared.stopper
-    host_arrays, host_values = derived_host_record(e, nitro.prepared.derived_keys)
-    header = RecordHeader(
-        framework_version=__version__,
-        experiment=f"{type(e).__module__}.{type(e).__qualname__}",
-        epoch=epoch,
-        step=nitro.current_step,
-        seed=nitro.config.seed,
-        preset=nitro.config.preset,
-        graphconst=graphconst_record(e),
-        config=nitro.params_to_log(),
-        derived=tuple(nitro.prepared.derived_keys),
-        derived_host=host_values,
-        derived_graphconst=derived_graphconst_record(e, nitro.prepared.derived_keys),
-        logger_type=_qualified(nitro.logger),
-        logger_state=logproto.logger_state(nitro.logger),
-        run_id=logproto.run_id(nitro.logger),
-        run_url=logproto.run_url(nitro.logger),
-        anchor_checksums=dict(nitro.prepared.anchor_sums),
-        optimizer_layout=plan.state_layout(),
-        early_stop=stopper.state()
-        if callable(getattr(stopper, "state", None))
-        else None,
-        plateau={
-            s.key: s.plateau.state() for s in plan.schedules if s.plateau is not None
-        },
-        # The running train loss of an epoch a stop cut (None when it ended), so
-        # a resume that continues the epoch reports the whole epoch's mean.
-        epoch_loss=nitro.status.held_stop,
-        # The run started from these averaged weights (None: it did not).
-        averaged_from=nitro.averaged_from,
-        # What a resume compares: the hooks' code and the train data's shape.
-        hook_fingerprints=dict(nitro.prepared.hook_prints),
-        data_signature=_json_copy(nitro.prepared.data_signature),
-    )
-    state = nitro.train_state
-    trees = {
-        "params": state.params,
-        "state": state.model_state,
-        "opt_state": state.opt_state,
-        "device": nitro.device_values(),
-        HOST_PREFIX: host_arrays,
-    }
-    if state.ema is not None:
-        trees["ema"] = state.ema
-    scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
-    # A large record takes seconds to write: the progress line says so meanwhile.
-    progress = nitro.progress()
-    if progress is not None:
-        progress.phase("writing checkpoint")
-    try:
-        ckpt.save(
-            epoch=epoch,
-            step=nitro.current_step,
-            metrics=scalars,
-            trees=trees,
-            header=header,
-            stop_reason=reason,
-        )
-    finally:
-        if progress is not None:
-            progress.phase("")
-
-
-def _json_copy(signature: Any) -> dict[str, Any] | None:
-    """A data signature as a plain dict (the header's type), or None."""
-    return None if signature is None else dict(signature)
-
-
-def _qualified(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 _ROW_AXES = ("epoch", "step", "train_loss", "seconds")
@@ -223,8 +142,103 @@ def _check_monitor(nitro: Nitro, flat: dict[str, Any]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Validation:
+    """A validation run at an optimizer step, and what the policies decided."""
+
+    step: int
+    metrics: dict[str, Any]
+    flat: dict[str, Any]
+    scales: dict[str, float]
+    early: bool
+
+
+def _validate_midway(nitro: Nitro, epoch: int) -> _Validation:
+    """Validate at the current step inside `epoch`; Plateau and early stopping
+    decide on it; the validate line goes out."""
+    nitro.sync_scheduled_devices()
+    metrics = evaluate_split(nitro, "val", stoppable=False)
+    flat = flatten(metrics)
+    _check_monitor(nitro, flat)
+    early, scales = _after_validation(nitro, epoch, metrics)
+    progress = nitro.progress()
+    monitor = nitro.prepared.monitor
+    if progress is not None and monitor is not None and monitor[0] in flat:
+        progress.show({f"val {monitor[0]}": float(flat[monitor[0]])})
+    if metrics:
+        logproto.log_metrics(
+            nitro.logger,
+            {**flat, **scales},
+            step=nitro.current_step,
+            epoch=epoch,
+            context="validate",
+        )
+    return _Validation(nitro.current_step, metrics, flat, scales, early)
+
+
+class _StepEvents:
+    """The mid-epoch events of one train() (`steps.StepEvents`): validation and
+    checkpoints every N steps, and max_steps."""
+
+    def __init__(self, nitro: Nitro, cadence: StepCadence) -> None:
+        self.nitro = nitro
+        self.cadence = cadence
+        self.validated: _Validation | None = None
+        """The last mid-epoch validation, which the epoch end reuses at its step."""
+        self.seconds = 0.0
+        """Wall time spent in the events, which the step time leaves out."""
+
+    def next_after(self, step: int) -> int:
+        return self.cadence.next_after(step)
+
+    def fire(self, step: int, log: EpochLog) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._fire(step, log)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _fire(self, step: int, log: EpochLog) -> bool:
+        nitro, cadence = self.nitro, self.cadence
+        source = nitro.data["train"]
+        if log.trained >= len(source):
+            return False  # the epoch's last step: the epoch end runs what is due
+        if cadence.ends_at(step) or nitro.status.stop_requested:
+            return True  # the epoch end validates and checkpoints, once
+        flat: dict[str, Any] = {}
+        leave = False
+        if cadence.validates_at(step):
+            self.validated = _validate_midway(nitro, log.epoch)
+            flat, leave = self.validated.flat, self.validated.early
+            bar = nitro.progress()
+            if bar is not None:  # the train stretch again, where it stood
+                bar.begin(
+                    "train",
+                    len(source),
+                    epoch=log.epoch,
+                    max_epochs=nitro.config.max_epochs,
+                )
+                for _ in range(log.trained):
+                    bar.step()
+        leave = leave or nitro.status.stop_requested
+        if cadence.checkpoints_at(step) and not leave:
+            held = nitro.status.held_stop
+            nitro.status.held_stop = _loss_so_far(nitro, log)  # where the epoch is
+            try:
+                write_checkpoint(nitro, log.epoch, flat, None)
+            finally:
+                nitro.status.held_stop = held
+        return leave
+
+    def at(self, step: int) -> _Validation | None:
+        """The mid-epoch validation run at `step`, if one was."""
+        validated = self.validated
+        return validated if validated is not None and validated.step == step else None
+
+
 def run_training(nitro: Nitro) -> None:
-    """Train `nitro` from its current epoch to max_epochs, or until a stop, holding
+    """Train `nitro` from its current epoch to max_epochs (or its current step to
+    max_steps, whichever comes first), or until a stop, holding
     the run directory's lock (taken here unless a resume took it at setup, and
     released when training returns or raises)."""
     if nitro.status.run_lock is None:
@@ -244,6 +258,19 @@ def _train(nitro: Nitro) -> None:
             f"{', '.join(nitro.data) or 'no splits'}."
         )
     max_epochs = nitro.config.max_epochs
+    c = nitro.config
+    cadence = StepCadence(c.max_steps, c.val_every_n_steps, c.checkpoint_every_n_steps)
+    if cadence.ends_at(nitro.current_step):
+        warnings.warn(
+            f"Nothing to train: the handle is at step {nitro.current_step} and "
+            f"max_steps is {c.max_steps}. To train longer, continue the run with a "
+            f'new handle: Nitro(e, resume="auto", max_steps=N) (max_steps is fixed '
+            f"when a handle is built).",
+            NitroWarning,
+            stacklevel=3,
+        )
+        return
+    events = None if cadence.is_empty else _StepEvents(nitro, cadence)
     skip = _trained_this_epoch(nitro)
     if nitro.current_epoch >= max_epochs and not skip:
         warnings.warn(
@@ -269,37 +296,50 @@ def _train(nitro: Nitro) -> None:
             # the run stays in TrainStepping between epochs (no validation).
             nitro.phase_recorder.enter(phases.TrainStepping(), epoch_started=epoch)
             started, steps_before = time.perf_counter(), nitro.current_step
+            events_before = events.seconds if events is not None else 0.0
             log = run_epoch(
                 nitro,
                 epoch,
                 skip=skip if epoch == first else 0,
                 carried=carried if epoch == first else (0.0, 0),
+                events=events,
             )
             stepped = nitro.current_step - steps_before
             if stepped:  # the loop read each step's loss back: the device is done
                 seconds = time.perf_counter() - started
+                if events is not None:  # mid-epoch validations are not stepping
+                    seconds -= events.seconds - events_before
                 nitro.status.step_seconds = seconds / stepped
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro.sync_scheduled_devices()
             requested = nitro.status.stop_requested
-            metrics = (
-                evaluate_split(nitro, "val", stoppable=False)
-                if "val" in nitro.data
-                else {}
-            )
+            partial = 0 < log.trained < len(nitro.data["train"])
+            midway = events.at(nitro.current_step) if events is not None else None
+            if midway is not None:  # validated at this step already: not again
+                metrics, flat = midway.metrics, midway.flat
+                early, scales = midway.early, midway.scales
+            else:
+                metrics = (
+                    evaluate_split(nitro, "val", stoppable=False)
+                    if "val" in nitro.data
+                    else {}
+                )
+                flat = flatten(metrics)
+                _check_monitor(nitro, flat)
+                # An epoch a stop (or max_steps) cut short is validated and
+                # checkpointed, but Plateau and early stopping decide on scheduled
+                # validations only: a part-epoch counts when its step is a multiple
+                # of val_every_n_steps, else once, when the continued epoch ends,
+                # as in a run never stopped.
+                counted = not partial or cadence.validates_at(nitro.current_step)
+                early, scales = (
+                    _after_validation(nitro, epoch, metrics) if counted else (False, {})
+                )
             # A stop asked for during validation ends the run after this epoch too.
             requested = requested or nitro.status.stop_requested
-            # An epoch a stop cut short is validated and checkpointed, but Plateau
-            # and early stopping decide on whole epochs: it counts once, when the
-            # continued epoch ends, as in a run never stopped.
-            flat = flatten(metrics)
-            _check_monitor(nitro, flat)
-            partial = 0 < log.trained < len(nitro.data["train"])
             nitro.status.held_stop = _loss_so_far(nitro, log) if partial else None
-            early, scales = (
-                (False, {}) if partial else _after_validation(nitro, epoch, metrics)
-            )
+            reached = cadence.ends_at(nitro.current_step)
             if nitro.status.history and nitro.status.history[-1]["epoch"] == epoch:
                 nitro.status.history.pop()  # the row of this epoch's part before a stop
             nitro.status.history.append(
@@ -312,7 +352,7 @@ def _train(nitro: Nitro) -> None:
                 )
             )
             _show_epoch(nitro, flat)
-            if metrics:
+            if metrics and midway is None:
                 logproto.log_metrics(
                     nitro.logger,
                     {**flat, **scales},
@@ -331,10 +371,10 @@ def _train(nitro: Nitro) -> None:
                 reason = "preempted" if nitro.status.preempted else "requested"
             elif early:
                 reason = "early_stop"
-            elif epoch == max_epochs:
+            elif epoch == max_epochs or reached:
                 reason = "completed"
-            _checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
-            if requested or early:
+            write_checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
+            if requested or early or reached:
                 break
     except BaseException as error:
         _fail(nitro, error, finalize=True)

@@ -27,11 +27,14 @@ ACCESSOR_KEYWORDS = (
     "n_devs",
     "accum",
     "max_epochs",
+    "max_steps",
     "schedules",
     "gradient_clip_norm",
     "check_divergence",
     "autolog_schedules",
     "log_every_n_steps",
+    "val_every_n_steps",
+    "checkpoint_every_n_steps",
     "logger",
     "checkpointer",
     "early_stop",
@@ -67,10 +70,13 @@ SCALAR_ACCESSORS = (
     "n_devs",
     "accum",
     "max_epochs",
+    "max_steps",
     "gradient_clip_norm",
     "check_divergence",
     "autolog_schedules",
     "log_every_n_steps",
+    "val_every_n_steps",
+    "checkpoint_every_n_steps",
     "eval_loss",
     "monitor",
 )
@@ -83,9 +89,18 @@ _LATER_VALUES: dict[str, tuple[Any, str]] = {}
 
 # Where a run value came from; "record" is a value a resume adopted from its record,
 # "smoke" one a smoke run set, "environment" a setting read from the environment,
-# "pin" the process's `setup_devices(n_devs=...)`.
+# "pin" the process's `setup_devices(n_devs=...)`; "max_steps" the epoch count a
+# max_steps run needs (max_epochs left at its default).
 Source = Literal[
-    "keyword", "pin", "method", "field", "default", "record", "smoke", "environment"
+    "keyword",
+    "pin",
+    "method",
+    "field",
+    "default",
+    "record",
+    "smoke",
+    "environment",
+    "max_steps",
 ]
 SOURCES: tuple[Source, ...] = (
     "keyword",
@@ -96,6 +111,7 @@ SOURCES: tuple[Source, ...] = (
     "record",
     "smoke",
     "environment",
+    "max_steps",
 )
 
 

@@ -128,6 +128,16 @@ def _counter(name: str, *, low: int) -> Callable[[Any, str], int]:
     return check
 
 
+def _optional_counter(name: str) -> Callable[[Any, str], int | None]:
+    """A step count that may be off: None, or a true int >= 1."""
+    count = _counter(name, low=1)
+
+    def check(value: Any, source: str) -> int | None:
+        return None if value is None else count(value, source)
+
+    return check
+
+
 def _whole(name: str) -> Callable[[Any, str], int]:
     """An int as the run always read it: `int(value)`, so 3.0 is 3."""
 
@@ -222,7 +232,10 @@ def _flag(value: Any, source: str) -> bool:
 _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "accum": _counter("accum", low=1),
     "max_epochs": _counter("max_epochs", low=0),
+    "max_steps": _optional_counter("max_steps"),
     "log_every_n_steps": _counter("log_every_n_steps", low=1),
+    "val_every_n_steps": _optional_counter("val_every_n_steps"),
+    "checkpoint_every_n_steps": _optional_counter("checkpoint_every_n_steps"),
     "n_devs": _check_n_devs,
     "monitor": _check_monitor,
     "seed": _check_seed,
@@ -258,13 +271,25 @@ class RunConfig:
         n_devs: local devices to shard a batch over (1: one device, no mesh); the
             keyword, else the `setup_devices` pin, else the accessor, else 1.
         accum: micro-batches per optimizer step (>= 1).
-        max_epochs: epochs to train for (>= 0).
+        max_epochs: epochs to train for (>= 0). Left at its default beside
+            `max_steps`, setup replaces it with the epochs max_steps needs,
+            ceil(max_steps / optimizer steps per epoch), source "max_steps".
+        max_steps: optimizer steps to train for in all, counted over the whole run
+            (a resume included), or None (no step bound). Training ends after that
+            step, mid-epoch if it falls there, or at max_epochs, whichever comes
+            first; the schedules' horizon is the smaller of the two.
         schedules: the schedules table as given; binding it to its targets needs
             the parameters, so the optimizer plan checks it.
         gradient_clip_norm: the global-norm clip threshold; 0 is off.
         check_divergence: whether a non-finite training loss stops the run.
         autolog_schedules: whether varying schedule values are logged each step.
         log_every_n_steps: write the train line every this many steps (>= 1).
+        val_every_n_steps: validate also after every optimizer step that is a
+            multiple of this (>= 1), mid-epoch; None: at epoch ends only. Needs a
+            val split.
+        checkpoint_every_n_steps: write a checkpoint record also after every
+            optimizer step that is a multiple of this (>= 1), mid-epoch; None: at
+            epoch ends only. A resume from one continues the epoch at its batch.
         logger: the run's logger, None when logging is off.
         checkpointer: the run's checkpointer, None when checkpointing is off.
         early_stop: the early-stopping policy, None for none.
@@ -300,7 +325,8 @@ class RunConfig:
         sources: where each field's value came from: "keyword", "pin"
             (`setup_devices(n_devs=...)`), "method", "field",
             "default", "record" (what a resume adopted from the record), "smoke"
-            (what a smoke run set) or "environment" (`NITRO_SMOKE`).
+            (what a smoke run set), "environment" (`NITRO_SMOKE`) or "max_steps"
+            (max_epochs, left at its default, following max_steps).
 
     Example:
         >>> from jaxnitro import Experiment
@@ -322,11 +348,14 @@ class RunConfig:
     n_devs: int
     accum: int
     max_epochs: int
+    max_steps: int | None
     schedules: Any
     gradient_clip_norm: float
     check_divergence: bool
     autolog_schedules: bool
     log_every_n_steps: int
+    val_every_n_steps: int | None
+    checkpoint_every_n_steps: int | None
     logger: Any
     checkpointer: Checkpointer | None
     early_stop: Any

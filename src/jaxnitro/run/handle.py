@@ -108,6 +108,10 @@ class Nitro:
             The train split's batch count must divide by it.
         max_epochs (int): the epoch training ends at, >= 0 (accessor, default 1). A
             resumed handle continues from its recorded epoch up to it.
+        max_steps (int | None): optimizer steps to train for in all, >= 1,
+            counted over the whole run (accessor, default None). Training ends
+            after that step, mid-epoch too, or at max_epochs, whichever comes
+            first; max_epochs left at its default then follows max_steps.
         schedules (dict[str, Any]): step-varying values, `{key: factory}`; replaces
             the accessor's table whole (accessor, default none).
         gradient_clip_norm (float): the global-norm clip of the accumulated
@@ -118,6 +122,12 @@ class Nitro:
             line (accessor, default True).
         log_every_n_steps (int): write the train line only on optimizer steps that
             are a multiple of this, >= 1 (accessor, default 50; the spec's is 1).
+        val_every_n_steps (int | None): also validate after each optimizer step
+            that is a multiple of this, mid-epoch (accessor, default None: at
+            epoch ends only). Needs a val split.
+        checkpoint_every_n_steps (int | None): also write a checkpoint record
+            after each optimizer step that is a multiple of this, mid-epoch; a
+            resume from one continues the epoch exactly (accessor, default None).
         logger: a logger object, or None to log nothing (accessor, default a
             `JSONLogger` writing `metrics.jsonl` in run_dir).
         checkpointer (Checkpointer | None): the checkpointer, or None to write no
@@ -201,8 +211,9 @@ class Nitro:
 
     Raises:
         ConfigError: an unknown keyword, or `checkpoint=` beside `weights=`; a
-            misused preset form; accum, max_epochs or log_every_n_steps not an int
-            in range; a malformed monitor, compile option, `w0`, `eval_weights`,
+            misused preset form; accum, max_epochs, max_steps or a `*_every_n_steps`
+            count not an int in range; val_every_n_steps without a val split; a
+            malformed monitor, compile option, `w0`, `eval_weights`,
             `restore_best` or `run_ref`; a checkpointer that is not a
             `Checkpointer`; `resume=` beside `weights=`, or `restore_optimizer` /
             `load_ema` without what they need; `early_stop` or a Plateau without a

@@ -130,6 +130,30 @@ class SetupOutcome:
     averaged_from: dict[str, Any] | None
 
 
+VAL_EVERY_NEEDS_VAL = (
+    "val_every_n_steps={value} needs a val split: it validates on it every {value} "
+    "optimizer steps, and this run's data has none. Add a val split, or leave "
+    "val_every_n_steps at None."
+)
+
+
+def follow_max_steps(
+    config: RunConfig, data: Mapping[str, Any], sizes: Mapping[str, int]
+) -> RunConfig:
+    """Refuse val_every_n_steps without a val split; give a max_steps run whose
+    max_epochs was left at its default the epochs max_steps needs (a ceiling)."""
+    trains = "train" in data
+    if config.val_every_n_steps is not None and trains and "val" not in data:
+        raise ConfigError(VAL_EVERY_NEEDS_VAL.format(value=config.val_every_n_steps))
+    per_epoch = sizes.get("train", 0) // config.accum
+    if config.max_steps is None or not per_epoch:
+        return config
+    if config.sources["max_epochs"] != "default":
+        return config  # set by the user (or a smoke run): it bounds the run too
+    needed = -(-config.max_steps // per_epoch)
+    return config.with_value("max_epochs", needed, source="max_steps")
+
+
 class SetupSequence:
     """The construction steps of a `Nitro`: `SetupSequence(keywords, progress)
     .run(experiment)` returns a `SetupOutcome`; the object is then dropped, so what
@@ -195,9 +219,12 @@ class SetupSequence:
 
     @property
     def total_steps(self) -> int:
-        """The schedule horizon: max_epochs * (train batches // accum)."""
-        per_epoch = self._split_sizes.get("train", 0) // self._run_config.accum
-        return self._run_config.max_epochs * per_epoch
+        """The schedule horizon: max_epochs * (train batches // accum), or
+        max_steps when that comes first."""
+        c = self._run_config
+        per_epoch = self._split_sizes.get("train", 0) // c.accum
+        total = c.max_epochs * per_epoch
+        return total if c.max_steps is None else min(total, c.max_steps)
 
     def _setup(self, e: Any) -> None:
         cls = type(e)
@@ -288,6 +315,9 @@ class SetupSequence:
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
+        self._run_config = follow_max_steps(
+            self._run_config, self.data, self._split_sizes
+        )
 
         from_record = (
             self._weights is not None

@@ -1,0 +1,111 @@
+"""The checkpoint record a train() writes: its header, its trees, and the save.
+
+Written at each epoch end, at a stop, and at the steps `checkpoint_every_n_steps`
+places inside an epoch; `nitro.status.held_stop` says where an unfinished epoch
+stands (the record's `epoch_loss`), so a resume continues it at its batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._version import __version__
+from ..checkpoint.derived import (
+    HOST_PREFIX,
+    derived_graphconst_record,
+    derived_host_record,
+)
+from ..checkpoint.header import RecordHeader
+from ..experiment.view import graphconst_record
+from ..logging import protocol as logproto
+
+if TYPE_CHECKING:
+    from ..run.handle import Nitro
+
+
+def write_checkpoint(
+    nitro: Nitro, epoch: int, flat: dict[str, Any], reason: str | None
+) -> None:
+    """Save the record of `epoch` as it stands (its end, or a step inside it);
+    `flat`: the validation metrics, flattened ({} when none ran there)."""
+    ckpt = nitro.checkpointer
+    if ckpt is None:
+        return
+    e = nitro.experiment
+    plan = nitro.prepared.plan
+    assert plan is not None
+    stopper = nitro.prepared.stopper
+    host_arrays, host_values = derived_host_record(e, nitro.prepared.derived_keys)
+    header = RecordHeader(
+        framework_version=__version__,
+        experiment=f"{type(e).__module__}.{type(e).__qualname__}",
+        epoch=epoch,
+        step=nitro.current_step,
+        seed=nitro.config.seed,
+        preset=nitro.config.preset,
+        graphconst=graphconst_record(e),
+        config=nitro.params_to_log(),
+        derived=tuple(nitro.prepared.derived_keys),
+        derived_host=host_values,
+        derived_graphconst=derived_graphconst_record(e, nitro.prepared.derived_keys),
+        logger_type=_qualified(nitro.logger),
+        logger_state=logproto.logger_state(nitro.logger),
+        run_id=logproto.run_id(nitro.logger),
+        run_url=logproto.run_url(nitro.logger),
+        anchor_checksums=dict(nitro.prepared.anchor_sums),
+        optimizer_layout=plan.state_layout(),
+        early_stop=stopper.state()
+        if callable(getattr(stopper, "state", None))
+        else None,
+        plateau={
+            s.key: s.plateau.state() for s in plan.schedules if s.plateau is not None
+        },
+        # The running train loss of an epoch a stop cut (None when it ended), so
+        # a resume that continues the epoch reports the whole epoch's mean.
+        epoch_loss=nitro.status.held_stop,
+        # The run started from these averaged weights (None: it did not).
+        averaged_from=nitro.averaged_from,
+        # What a resume compares: the hooks' code and the train data's shape.
+        hook_fingerprints=dict(nitro.prepared.hook_prints),
+        data_signature=_json_copy(nitro.prepared.data_signature),
+    )
+    state = nitro.train_state
+    trees = {
+        "params": state.params,
+        "state": state.model_state,
+        "opt_state": state.opt_state,
+        "device": nitro.device_values(),
+        HOST_PREFIX: host_arrays,
+    }
+    if state.ema is not None:
+        trees["ema"] = state.ema
+    scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
+    # A large record takes seconds to write: the progress line says so meanwhile.
+    progress = nitro.progress()
+    if progress is not None:
+        progress.phase("writing checkpoint")
+    try:
+        ckpt.save(
+            epoch=epoch,
+            step=nitro.current_step,
+            metrics=scalars,
+            trees=trees,
+            header=header,
+            stop_reason=reason,
+        )
+    finally:
+        if progress is not None:
+            progress.phase("")
+
+
+def _json_copy(signature: Any) -> dict[str, Any] | None:
+    """A data signature as a plain dict (the header's type), or None."""
+    return None if signature is None else dict(signature)
+
+
+def _qualified(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
