@@ -450,6 +450,7 @@ class SetupSequence:
             trains="train" in self.data,
             loads=self._record is not None or self._weights is not None,
         )
+        self._log_resume()
         configure_persistent_cache()
 
     def _mesh(self) -> Placement | None:
@@ -700,7 +701,11 @@ class SetupSequence:
                         f"that type."
                     )
                 logproto.reattach(self._logger, state)
-        if self._resume is not None and parent is not None:
+        self._branch_parent = parent
+
+    def _log_resume(self) -> None:
+        """Write what a resume continues, once the probe found the log writable."""
+        if self._resume is not None and self._branch_parent is not None:
             self._log_branch(self._resume, str(self._run_id))
         if self._resume is not None and self._record is not None:
             # Lines a crash left past this step are trained again after this line.
