@@ -324,6 +324,12 @@ def _status(run: BackgroundRun) -> dict[str, Any]:
         "error": run.error,
         "traceback": run.traceback,
         "result": _plain(run.result),
+        # Every key from the first poll on: None while the handle is being built.
+        "step": None,
+        "epoch": None,
+        "stop_reason": None,
+        "last_metrics": None,
+        "run_dir": None,
     }
     if handle is not None:
         rows = handle.status.history
