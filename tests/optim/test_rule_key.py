@@ -6,11 +6,12 @@ import numpy as np
 import optax
 import pytest
 
-from jaxnitro.optim.rule_key import _Identity, rule_key
+from jaxnitro.compile.cache import Identity
+from jaxnitro.optim.rule_key import rule_key
 
 
 def contains_identity(key) -> bool:
-    if isinstance(key, _Identity):
+    if isinstance(key, Identity):
         return True
     return isinstance(key, tuple) and any(contains_identity(k) for k in key)
 

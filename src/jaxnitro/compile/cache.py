@@ -26,6 +26,22 @@ import jax
 import numpy as np
 
 
+class Identity:
+    """A key part for an object that has no value to key by: equal only to itself,
+    which it holds alive while the key lives (so its id is never reused)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and other.obj is self.obj
+
+
 @dataclass(frozen=True)
 class ProgramKey:
     """Everything one compiled program depends on.

@@ -40,22 +40,15 @@ from ..experiment.view import replace_fields
 from ..metrics import flatten_metrics
 from ..optim.plan import OptimizerPlan
 from .boundary import StepOutputs
-from .cache import CompileCache, ProgramKey, abstract_signature, typed_key
+from .cache import (
+    CompileCache,
+    Identity,
+    ProgramKey,
+    abstract_signature,
+    typed_key,
+)
 from .fingerprint import fingerprint
 from .precision import cast_floating, compute_dtype, like_dtypes
-
-
-class _Identity:
-    """Keys an unhashable object by identity, holding it alive while keyed."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Identity) and other.obj is self.obj
 
 
 def model_key(model: Any) -> Any:
@@ -67,7 +60,7 @@ def model_key(model: Any) -> Any:
         hash(model)
         value: Any = model
     except TypeError:
-        value = _Identity(model)
+        value = Identity(model)
     return (fingerprint(model), typed_key(value))
 
 

@@ -27,25 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from ..compile.cache import Identity
 from ..compile.fingerprint import fingerprint, is_user_code
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _MAX_DEPTH = 64
-
-
-class _Identity:
-    """An object the key cannot describe: equal only to itself (held alive)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Identity) and other.obj is self.obj
 
 
 def rule_key(tx: Any) -> Hashable:
@@ -74,7 +60,7 @@ def _key(obj: Any, seen: set[int], depth: int) -> Hashable:
         # repr keeps -0.0 from 0.0 and a NaN equal to itself.
         return ("v", type(obj).__name__, repr(obj))
     if depth > _MAX_DEPTH or id(obj) in seen:
-        return _Identity(obj)
+        return Identity(obj)
     seen = seen | {id(obj)}
     depth += 1
     if isinstance(obj, enum.Enum):
@@ -89,7 +75,7 @@ def _key(obj: Any, seen: set[int], depth: int) -> Hashable:
         try:
             ordered = sorted(obj.items())
         except TypeError:
-            return _Identity(obj)
+            return Identity(obj)
         return ("dict", tuple((k, _key(v, seen, depth)) for k, v in ordered))
     if isinstance(obj, functools.partial):
         return (
@@ -110,7 +96,7 @@ def _key(obj: Any, seen: set[int], depth: int) -> Hashable:
             for f in dataclasses.fields(obj)
         )
         return ("dataclass", type(obj).__module__, type(obj).__qualname__, fields)
-    return _Identity(obj)
+    return Identity(obj)
 
 
 def _function_key(fn: types.FunctionType, seen: set[int], depth: int) -> Hashable:

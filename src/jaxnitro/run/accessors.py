@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import ConfigError, NotYetSupportedError
 from ..experiment.base import Experiment, defines
@@ -102,17 +102,7 @@ Source = Literal[
     "environment",
     "max_steps",
 ]
-SOURCES: tuple[Source, ...] = (
-    "keyword",
-    "pin",
-    "method",
-    "field",
-    "default",
-    "record",
-    "smoke",
-    "environment",
-    "max_steps",
-)
+SOURCES: tuple[Source, ...] = get_args(Source)
 
 
 @dataclass(frozen=True)
