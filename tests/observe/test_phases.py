@@ -88,6 +88,16 @@ def test_a_stop_request_ends_with_the_call_that_honoured_it():
     assert set(nitro.validate()) == {"loss"}  # not cut short by a stale request
 
 
+def test_a_predict_between_leaves_a_pending_stop_request_for_the_next_run():
+    nitro = nx.Nitro(Tiny(max_epochs=3), **quiet())
+    nitro.request_stop()  # made while idle
+    assert nitro.predict({"x": np.ones((2, 8), np.float32)}).shape == (2, 3)
+    assert nitro.status.stop_requested  # predict does not stop: still pending
+    nitro.train()
+    assert nitro.stop_reason == "requested" and nitro.current_epoch == 1
+    assert not nitro.status.stop_requested
+
+
 def test_the_phase_tree_and_compile_phases():
     for phase in (
         phases.GradientCompiling(),

@@ -842,7 +842,7 @@ class Nitro:
         from ..loop.evaluate import predict_batch
 
         if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
-            return self._run_entry(lambda: predict_batch(self, batch))
+            return self._run_entry(lambda: predict_batch(self, batch), stoppable=False)
         if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
             fields = self._prepared.routing.fields["forward"]
             names = fields.required + fields.optional
@@ -922,28 +922,34 @@ class Nitro:
                 predictions=predictions,
                 out_dir=out_dir,
                 tag=tag,
-            )
+            ),
+            stoppable=False,
         )
 
     def _predict_many(self, batches: Iterable[Any]) -> Iterator[Any]:
         from ..loop.evaluate import predict_batch
 
         for batch in batches:
-            yield self._run_entry(lambda b=batch: predict_batch(self, b))
+            yield self._run_entry(
+                lambda b=batch: predict_batch(self, b), stoppable=False
+            )
 
-    def _run_entry(self, work: Any) -> Any:
+    def _run_entry(self, work: Any, *, stoppable: bool = True) -> Any:
         """Run a public entry point: monitors adopted, Starting and Idle announced
         around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
         into a preemption stop, one progress line. A stop request ends with the
-        call that honoured it; a preemption then raises `Preempted`."""
+        call that honoured it; a preemption then raises `Preempted`. An entry point
+        that does not stop (`stoppable=False`: predict, render) leaves a request
+        made before it pending for the next one that does."""
         guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
+        pending = self.status.stop_requested
         with entry_point(self), guard, Progress() as bar:
             outer, self._progress = self._progress, bar
             try:
                 result = work()
             finally:
                 self._progress = outer
-                if outer is None:
+                if outer is None and (stoppable or not pending):
                     self.status.stop_requested = False
                     self.status.preempted = False
         if guard.terminated:  # the stop is done: now the process ends, as SIGTERM asks
@@ -966,7 +972,9 @@ class Nitro:
         first. A standalone `validate()` or `evaluate()` stops between source
         batches and returns the metrics of the batches that ran. The request is
         cleared when the outermost entry point returns, so it stops one call; made
-        while nothing runs, it is honoured by the next one.
+        while nothing runs, it is honoured by the next `train`, `validate` or
+        `evaluate` (a `predict` or `render` between them does not stop, and leaves
+        it pending).
         """
         self.status.stop_requested = True
 
