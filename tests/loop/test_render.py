@@ -80,3 +80,11 @@ def test_a_custom_save_figure_and_the_missing_hooks(tmp_path):
     bare = nx.Nitro(Tiny(), run_dir=str(tmp_path), logger=None, checkpointer=None)
     with pytest.raises(nx.HookError, match="Tiny has no visualize hook.*data mode"):
         bare.render(split="val")
+
+
+def test_an_unknown_split_or_batch_count_is_a_config_error_as_in_evaluate():
+    nitro = nx.Nitro(Drawn(), logger=None, checkpointer=None)
+    with pytest.raises(nx.ConfigError, match=r"render\(split='nope'\): the data has"):
+        nitro.render(split="nope")
+    with pytest.raises(nx.ConfigError, match=r"render\(batches=0\) must be an int"):
+        nitro.render(split="val", batches=0)

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from ..data.sources import batch_size, epoch_batches
-from ..errors import HookError
+from ..errors import ConfigError, HookError
 from ..experiment.hooks import has_hook
 from ..experiment.routing import as_batch, hook_fields
 
@@ -128,12 +128,12 @@ def render(
             nitro, chosen, predictions=predictions, out_dir=out_dir, tag=tag or ""
         )
     if split not in nitro.data:
-        raise HookError(
+        raise ConfigError(
             f"render(split={split!r}): the data has no split {split!r}. The splits "
             f"are: {', '.join(nitro.data) or 'none'}."
         )
     if not isinstance(batches, int) or batches < 1:
-        raise HookError(f"render(batches={batches!r}) must be an int >= 1.")
+        raise ConfigError(f"render(batches={batches!r}) must be an int >= 1.")
     chosen = list(itertools.islice(epoch_batches(nitro.data[split], 0), batches))
     return render_batches(
         nitro,

@@ -895,10 +895,10 @@ class Nitro:
         Raises:
             HookError: the experiment has no `visualize`; `visualize` returned
                 something other than a matplotlib Figure and there is no
-                `save_figure`; `split` is not in the data; `batches` is not an int
-                >= 1.
-            ConfigError: `split`'s source was released; a batch whose fields
-                disagree on the batch size.
+                `save_figure`.
+            ConfigError: `split` is not in the data (as `evaluate` says it);
+                `batches` is not an int >= 1; `split`'s source was released; a
+                batch whose fields disagree on the batch size.
             RoutingError: `batch` (or a batch of the split) is not a mapping, or
                 lacks a field `visualize` (or, with predictions, `forward`)
                 declares.
