@@ -51,6 +51,18 @@ def test_train_returns_at_once_and_status_follows_the_run(tools):
     assert summary["epochs"] == [1, 2]
 
 
+def test_a_client_may_pass_the_step_keywords(tools):
+    started = tools.train(
+        "tiny_agent.py:TinyAgent", run_dir="steps", keywords={"max_steps": 3}
+    )
+    status = finish(tools, started["run"])
+    assert (status["state"], status["step"], status["stop_reason"]) == (
+        "done",
+        3,
+        "completed",
+    )
+
+
 def test_a_second_train_of_the_same_experiment_hits_the_compile_cache(tools):
     finish(tools, tools.train("tiny_agent.py:TinyAgent", run_dir="a")["run"])
     second = finish(tools, tools.train("tiny_agent.py:TinyAgent", run_dir="b")["run"])

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import NitroError
 from ..extras import require
-from .tools import SETUP_NOTE, AgentTools
+from .tools import CLIENT_KEYWORDS, SETUP_NOTE, AgentTools
 
 RUN_SOURCE = (
     "Give either run (the id of an earlier run whose handle to use, such as a "
@@ -31,8 +31,7 @@ EXPERIMENT_ARGS = (
     "experiment: `path/to/file.py:ClassName`, the file under the server's root. "
     "preset: a preset name of the class. overrides: field name -> JSON scalar, "
     "checked by the experiment's fields. run_dir: under the root (default "
-    "runs/ClassName). keywords: run keywords among max_epochs, seed, accum, resume, "
-    "log_every_n_steps, check_divergence, gradient_clip_norm, restore_best."
+    "runs/ClassName). keywords: run keywords among " + ", ".join(CLIENT_KEYWORDS) + "."
 )
 BACKGROUND = (
     "Returns the run id at once (the work runs in the background); poll nitro_status."

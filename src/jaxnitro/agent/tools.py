@@ -33,6 +33,12 @@ from .registry import BackgroundRun, RunRegistry
 # Run keywords a client may pass: settings that name no path and no object.
 CLIENT_KEYWORDS = (
     "max_epochs",
+    "max_steps",
+    "val_every_n_steps",
+    "checkpoint_every_n_steps",
+    "precision",
+    "n_devs",
+    "sharding",
     "seed",
     "accum",
     "resume",
