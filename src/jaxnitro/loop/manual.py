@@ -30,7 +30,7 @@ from ..compile.programs import TraceContext
 from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import step_rng_scope
-from ..optim.manual import bind_hyperparams
+from ..optim.manual import bind_hyperparams, python_number
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -76,15 +76,14 @@ def _check_return(result: Any) -> Mapping[str, Any]:
 
 def _check_arrays(name: str, tree: Any) -> None:
     """Refuse a Python number anywhere in `tree`, naming its key path."""
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        if isinstance(leaf, bool | int | float | complex):
-            raise HookError(
-                PYTHON_SCALAR.format(
-                    kind=type(leaf).__name__,
-                    value=leaf,
-                    path=f"{name}{jax.tree_util.keystr(path)}",
-                )
+    found = python_number(tree)
+    if found is not None:
+        path, leaf = found
+        raise HookError(
+            PYTHON_SCALAR.format(
+                kind=type(leaf).__name__, value=leaf, path=f"{name}{path}"
             )
+        )
 
 
 def _check_structure(name: str, given: Any, returned: Any) -> None:

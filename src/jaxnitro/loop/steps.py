@@ -560,12 +560,7 @@ def _steps(
                 settle(current)
                 in_flight = None
                 nitro.commit_state(
-                    start._replace(
-                        weights=weights,
-                        model_state=model_state,
-                        accumulator=accumulator,
-                        step=step,
-                    )
+                    _current(start, weights, model_state, accumulator, step)
                 )
                 leave = events.fire(step, log)
                 event = events.next_after(step)
@@ -582,12 +577,14 @@ def _steps(
         if in_flight is not None:
             settle(in_flight)
     finally:
-        nitro.commit_state(
-            start._replace(
-                weights=weights,
-                model_state=model_state,
-                accumulator=accumulator,
-                step=step,
-            )
-        )
+        nitro.commit_state(_current(start, weights, model_state, accumulator, step))
     return delivered
+
+
+def _current(
+    start: TrainState, weights: Any, model_state: Any, accumulator: Any, step: int
+) -> TrainState:
+    """The training state the hot loop holds in locals, as one value."""
+    return start._replace(
+        weights=weights, model_state=model_state, accumulator=accumulator, step=step
+    )

@@ -166,14 +166,21 @@ def _validate_midway(nitro: Nitro, epoch: int) -> _Validation:
     if progress is not None and monitor is not None and monitor[0] in flat:
         progress.show({f"val {monitor[0]}": float(flat[monitor[0]])})
     if metrics:
-        logproto.log_metrics(
-            nitro.logger,
-            {**flat, **scales},
-            step=nitro.current_step,
-            epoch=epoch,
-            context="validate",
-        )
+        _log_validation(nitro, epoch, flat, scales)
     return _Validation(nitro.current_step, metrics, flat, scales, early)
+
+
+def _log_validation(
+    nitro: Nitro, epoch: int, flat: dict[str, Any], scales: dict[str, float]
+) -> None:
+    """The validate line: the flattened metrics and the Plateau scales."""
+    logproto.log_metrics(
+        nitro.logger,
+        {**flat, **scales},
+        step=nitro.current_step,
+        epoch=epoch,
+        context="validate",
+    )
 
 
 class _StepEvents:
@@ -353,13 +360,7 @@ def _train(nitro: Nitro) -> None:
             )
             _show_epoch(nitro, flat)
             if metrics and midway is None:
-                logproto.log_metrics(
-                    nitro.logger,
-                    {**flat, **scales},
-                    step=nitro.current_step,
-                    epoch=epoch,
-                    context="validate",
-                )
+                _log_validation(nitro, epoch, flat, scales)
             logproto.log_metrics(
                 nitro.logger,
                 {"data_wait_frac": data_wait_frac},

@@ -196,6 +196,15 @@ NO_OPT_STATE = (
 )
 
 
+def python_number(tree: Any) -> tuple[str, Any] | None:
+    """The first host Python number in `tree` as `(key path, value)`, or None: a
+    leaf a compiled step would freeze as a constant."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if isinstance(leaf, bool | int | float | complex):
+            return jax.tree_util.keystr(path), leaf
+    return None
+
+
 def place_opt_states(opt_state: Any) -> Any:
     """Check what `setup_optimizers` returned and place every leaf on the device.
 
@@ -207,15 +216,14 @@ def place_opt_states(opt_state: Any) -> Any:
         _is_opt_state(n) for n in jax.tree.leaves(opt_state, is_leaf=_is_opt_state)
     ):
         raise HookError(NO_OPT_STATE.format(kind=type(opt_state).__name__))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state):
-        if isinstance(leaf, bool | int | float | complex):
-            raise HookError(
-                HOST_NUMBER.format(
-                    kind=type(leaf).__name__,
-                    value=leaf,
-                    path=f"opt_state{jax.tree_util.keystr(path)}",
-                )
+    found = python_number(opt_state)
+    if found is not None:
+        path, leaf = found
+        raise HookError(
+            HOST_NUMBER.format(
+                kind=type(leaf).__name__, value=leaf, path=f"opt_state{path}"
             )
+        )
         if not isinstance(leaf, jax.Array | np.ndarray | np.generic):
             raise HookError(
                 f"setup_optimizers returned a {type(leaf).__name__} at "
