@@ -1,16 +1,16 @@
 """A training script for the multi-process tests (tests/devices/test_distributed.py),
 run under `nitro launch` or as one plain process:
-`python dist_worker.py RUN_DIR [N_DEVS [DIE_AT_STEP]]`.
+`python dist_worker.py RUN_DIR [N_DEVS [DIE_AT]]`.
 
 It trains `Sharded`, a Tiny on a train split only, whose build_data feeds this
-process's shard of every global batch of 16 (`dist.shard`). With DIE_AT_STEP, rank 1
-ends itself (os._exit(3)) at that train step, as a crashed host would.
+process's shard of every global batch of 16 (`dist.shard`). With DIE_AT, rank 1 ends
+itself (os._exit(3)) at the DIE_AT-th batch it reads, as a crashed host would.
 """
 
 import os
 import sys
 
-from experiments import QuietLogger, Tiny, make_batches
+from experiments import Tiny, make_batches
 
 import jaxnitro as nx
 
@@ -23,7 +23,7 @@ class Sharded(Tiny):
     max_epochs: int = 2
 
     def build_data(self, dist):
-        whole = make_batches(64, 64)[0]
+        whole = make_batches(self.n_train, self.n_train)[0]
         parts = {k: v if dist is None else dist.shard(v, GLOBAL_BATCH) for k, v in whole.items()}
         local = GLOBAL_BATCH // nx.world_size(dist)
         n = len(parts["x"])
@@ -34,24 +34,31 @@ class Sharded(Tiny):
         }
 
 
-class DiesAt(QuietLogger):
-    """Rank 1 leaves at train step `step` without a word, as a killed host would."""
+class DiesAt(list):
+    """Train batches whose iteration ends the process (os._exit(3)) when it is
+    about to yield its `at`-th batch in all (setup's probe reads one), as a host
+    that dies mid-run would."""
 
-    def __init__(self, step):
-        self.step = step
+    def __init__(self, batches, at):
+        super().__init__(batches)
+        self.at, self.yielded = at, 0
 
-    def log_metrics(self, metrics, *, step, epoch, context, **kw):
-        if context == "train" and step == self.step:
-            os._exit(3)
+    def __iter__(self):
+        for batch in list.__iter__(self):
+            self.yielded += 1
+            if self.yielded == self.at:
+                os._exit(3)
+            yield batch
 
 
 def main(run_dir: str, n_devs: int = 1, die_at: int | None = None) -> None:
     dist = nx.init_distributed()
     keywords = {"run_dir": run_dir, "n_devs": n_devs}
     if die_at is not None:
-        keywords["logger"] = DiesAt(die_at) if nx.rank(dist) == 1 else None
-        keywords["log_every_n_steps"] = 1
-        keywords["max_epochs"] = 50
+        data = Sharded().build_data(dist)
+        if nx.rank(dist) == 1:
+            data["train"] = DiesAt(data["train"], die_at)
+        keywords.update(data=data, max_epochs=3, checkpointer=None)
     nitro = nx.Nitro(Sharded(), **keywords)
     nitro.train()
     print(f"rank {nx.rank(dist)} of {nx.world_size(dist)} done at step {nitro.current_step}")

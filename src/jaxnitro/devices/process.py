@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from ..errors import ConfigError, NotYetSupportedError
+from .distributed import distributed_from_environment
 
 BACKENDS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 
@@ -138,7 +139,9 @@ def setup_devices(
     for that one run. Called with no arguments, it only reports.
 
     The batch size is global: it is split across the devices, so it must divide by
-    n_devs. To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before
+    n_devs. In a run across processes (`NITRO_COORDINATOR` set, as under `nitro
+    launch`) it joins the run first; `visible` and `n_devs` are then this
+    process's, and the mesh spans n_devs devices of every process. To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before
     it starts; n_devs takes a prefix of the visible devices.
 
     Args:
@@ -162,6 +165,7 @@ def setup_devices(
         ['backend', 'n_devs', 'pinned', 'visible']
     """
     global _SETUP
+    distributed_from_environment()  # before the first backend use, under a launcher
     chosen = _SETUP.backend if backend is None else _check_backend(backend)
     setup = DeviceSetup(backend=chosen, n_devs=_SETUP.n_devs)
     if n_devs is not None:
