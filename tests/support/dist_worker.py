@@ -24,12 +24,16 @@ class Sharded(Tiny):
 
     def build_data(self, dist):
         whole = make_batches(self.n_train, self.n_train)[0]
-        parts = {k: v if dist is None else dist.shard(v, GLOBAL_BATCH) for k, v in whole.items()}
+        parts = {
+            k: v if dist is None else dist.shard(v, GLOBAL_BATCH)
+            for k, v in whole.items()
+        }
         local = GLOBAL_BATCH // nx.world_size(dist)
         n = len(parts["x"])
         return {
             "train": [
-                {k: v[s : s + local] for k, v in parts.items()} for s in range(0, n, local)
+                {k: v[s : s + local] for k, v in parts.items()}
+                for s in range(0, n, local)
             ]
         }
 
@@ -61,7 +65,8 @@ def main(run_dir: str, n_devs: int = 1, die_at: int | None = None) -> None:
         keywords.update(data=data, max_epochs=3, checkpointer=None)
     nitro = nx.Nitro(Sharded(), **keywords)
     nitro.train()
-    print(f"rank {nx.rank(dist)} of {nx.world_size(dist)} done at step {nitro.current_step}")
+    where = f"rank {nx.rank(dist)} of {nx.world_size(dist)}"
+    print(f"{where} done at step {nitro.current_step}")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,10 @@ def setup_devices(
     The batch size is global: it is split across the devices, so it must divide by
     n_devs. In a run across processes (`NITRO_COORDINATOR` set, as under `nitro
     launch`) it joins the run first; `visible` and `n_devs` are then this
-    process's, and the mesh spans n_devs devices of every process. To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before
-    it starts; n_devs takes a prefix of the visible devices.
+    process's, and the mesh spans n_devs devices of every process.
+
+    To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before it
+    starts; n_devs takes a prefix of the visible devices.
 
     Args:
         backend: the backend to run on, or None to keep the current one.
