@@ -203,6 +203,8 @@ def test_two_processes_train_as_one_process_on_the_same_global_batch(tmp_path):
     assert two.returncode == 0, two.stdout + two.stderr
     assert "[rank 0] rank 0 of 2 done at step 8" in two.stdout
     assert "[rank 1] rank 1 of 2 done at step 8" in two.stdout
+    # The steps' host inputs are placed without a collective check each.
+    assert "[rank 0] equality checks across processes during train: 0" in two.stdout
     # Rank 0 alone shows progress, logs and writes checkpoints.
     assert "[rank 0] epoch 2/2" in two.stdout and "[rank 1] epoch" not in two.stdout
     files = sorted(p.name for p in (tmp_path / "two").iterdir())

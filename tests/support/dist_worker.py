@@ -55,6 +55,22 @@ class DiesAt(list):
             yield batch
 
 
+def count_equality_checks() -> list:
+    """The values JAX checks for equality across processes from now on (each check
+    a collective): what the training loop should not pay per step."""
+    from jax.experimental import multihost_utils
+
+    seen: list = []
+    check = multihost_utils.assert_equal
+
+    def counted(value, fail_message=""):
+        seen.append(value)
+        return check(value, fail_message)
+
+    multihost_utils.assert_equal = counted
+    return seen
+
+
 def main(run_dir: str, n_devs: int = 1, die_at: int | None = None) -> None:
     dist = nx.init_distributed()
     keywords = {"run_dir": run_dir, "n_devs": n_devs}
@@ -64,7 +80,9 @@ def main(run_dir: str, n_devs: int = 1, die_at: int | None = None) -> None:
             data["train"] = DiesAt(data["train"], die_at)
         keywords.update(data=data, max_epochs=3, checkpointer=None)
     nitro = nx.Nitro(Sharded(), **keywords)
+    checks = count_equality_checks()
     nitro.train()
+    print(f"equality checks across processes during train: {len(checks)}")
     where = f"rank {nx.rank(dist)} of {nx.world_size(dist)}"
     print(f"{where} done at step {nitro.current_step}")
 

@@ -71,6 +71,35 @@ def mesh_devices(n_devs: int) -> list[Any]:
     return [d for p in sorted(by_process) for d in by_process[p][:n_devs]]
 
 
+def put(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put(tree, shardings)`, without its check across processes.
+
+    In a run across processes JAX checks, with a collective per leaf, that a value
+    sent to a sharding over every process's devices is the same on each; the
+    programs' small host inputs (step hyperparameters, the step's key data) would
+    pay several of those each step. Every process computes those values alike, so
+    a strongly typed numeric leaf is placed from this process's copy instead; a
+    weakly typed or key leaf, or a leaf already spread over the processes, goes
+    through `jax.device_put`.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(_put_alike, tree, shardings)
+
+
+def _put_alike(value: Any, sharding: Any) -> Any:
+    if (
+        sharding.is_fully_addressable
+        or (isinstance(value, jax.Array) and not value.is_fully_addressable)
+        or getattr(value, "weak_type", False)
+        or isinstance(value, bool | int | float | complex)  # weakly typed in JAX
+        or jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.extended)
+    ):
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda at: host[at])
+
+
 def check_sharding(value: Any, source: str) -> str:
     """The `sharding` run keyword: "replicated" or "fsdp"."""
     if not isinstance(value, str) or value not in SHARDING_MODES:
@@ -196,4 +225,4 @@ class Placement:
         """`tree` on the mesh as `role` says (a leaf already there is kept)."""
         if tree is None:
             return None
-        return jax.device_put(tree, self.shardings(tree, role))
+        return put(tree, self.shardings(tree, role))
