@@ -164,6 +164,21 @@ def test_one_process_mesh_takes_a_prefix_of_its_devices():
     assert placement.mesh_devices(2) == jax.local_devices()[:2]
 
 
+def test_a_rank_other_than_0_logs_nothing_and_writes_no_checkpoint(monkeypatch):
+    from experiments import Tiny
+
+    from jaxnitro.checkpoint import checkpointer, lock
+    from jaxnitro.run import setup, write_probe
+
+    for module in (setup, checkpointer, lock, write_probe):
+        monkeypatch.setattr(module, "is_rank0", lambda: False)
+    nitro = nx.Nitro(Tiny(max_epochs=1), run_dir="run")
+    assert nitro.logger is None
+    nitro.train()
+    assert nitro.current_epoch == 1
+    assert not Path("run").exists()  # no log, no lock, no probe, no record
+
+
 def _launch(args, *, devices=1, timeout=240, **extra):
     return subprocess.run(
         [sys.executable, "-m", "jaxnitro.cli", "launch", *args],
@@ -178,48 +193,58 @@ def _params(path) -> dict:
     return nx.Checkpointer().load(str(path)).field_arrays("params")
 
 
-@pytest.mark.slow  # three processes of their own
-def test_two_processes_train_as_one_process_on_the_same_global_batch(tmp_path):
-    one = subprocess.run(
-        [sys.executable, str(SUPPORT / "dist_worker.py"), str(tmp_path / "one"), "1"],
+def _one_process(run_dir, *args):
+    return subprocess.run(
+        [sys.executable, str(SUPPORT / "dist_worker.py"), str(run_dir), "1", *args],
         env=_env(1),
         capture_output=True,
         text=True,
         timeout=240,
     )
-    assert one.returncode == 0, one.stdout + one.stderr
-    two = _launch(
-        [
-            "-n",
-            "2",
-            "--timeout",
-            "200",
-            str(SUPPORT / "dist_worker.py"),
-            str(tmp_path / "two"),
-            "2",
-        ],
-        devices=2,  # a mesh of 4 devices: 2 of each process
-    )
-    assert two.returncode == 0, two.stdout + two.stderr
-    assert "[rank 0] rank 0 of 2 done at step 8" in two.stdout
-    assert "[rank 1] rank 1 of 2 done at step 8" in two.stdout
-    # The steps' host inputs are placed without a collective check each.
-    assert "[rank 0] equality checks across processes during train: 0" in two.stdout
-    # Rank 0 alone shows progress, logs and writes checkpoints.
-    assert "[rank 0] epoch 2/2" in two.stdout and "[rank 1] epoch" not in two.stdout
-    files = sorted(p.name for p in (tmp_path / "two").iterdir())
-    assert files == sorted(p.name for p in (tmp_path / "one").iterdir())
-    lines = [
-        (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        for run in ("one", "two")
-    ]
-    assert len(lines[0]) == len(lines[1])
-    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
-    assert [e["file"] for e in manifest["entries"]] == ["epoch-0002-step-8.safetensors"]
-    expected = _params(tmp_path / "one" / "epoch-0002-step-8.safetensors")
-    got = _params(tmp_path / "two" / "epoch-0002-step-8.safetensors")
+
+
+def _assert_same_params(expected_record, got_record):
+    expected, got = _params(expected_record), _params(got_record)
+    assert sorted(got) == sorted(expected) == ["b1", "w1", "w2"]
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # processes of their own
+def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    worker = str(SUPPORT / "dist_worker.py")
+    single = _one_process(one)
+    assert single.returncode == 0, single.stdout + single.stderr
+    # A mesh of 4 devices: 2 of each process.
+    pair = _launch(["-n", "2", "--timeout", "200", worker, str(two), "2"], devices=2)
+    assert pair.returncode == 0, pair.stdout + pair.stderr
+    assert "[rank 0] rank 0 of 2 done at step 8" in pair.stdout
+    assert "[rank 1] rank 1 of 2 done at step 8" in pair.stdout
+    # The steps' host inputs are placed without a collective check each.
+    assert "[rank 0] equality checks across processes during train: 0" in pair.stdout
+    # Rank 0 alone shows progress, logs and writes checkpoints.
+    assert "[rank 0] epoch 2/2" in pair.stdout and "[rank 1] epoch" not in pair.stdout
+    files = sorted(p.name for p in two.iterdir())
+    assert files == sorted(p.name for p in one.iterdir())
+    lines = [(run / "metrics.jsonl").read_text().splitlines() for run in (one, two)]
+    assert len(lines[0]) == len(lines[1])
+    manifest = json.loads((two / "manifest.json").read_text())
+    assert [e["file"] for e in manifest["entries"]] == ["epoch-0002-step-8.safetensors"]
+    _assert_same_params(
+        one / "epoch-0002-step-8.safetensors", two / "epoch-0002-step-8.safetensors"
+    )
+    # Every rank restores from the directory rank 0 wrote, and trains on as one.
+    single = _one_process(one, "0", "3")
+    assert single.returncode == 0, single.stdout + single.stderr
+    pair = _launch(
+        ["-n", "2", "--timeout", "200", worker, str(two), "2", "0", "3"], devices=2
+    )
+    assert pair.returncode == 0, pair.stdout + pair.stderr
+    assert "[rank 1] rank 1 of 2 done at step 12" in pair.stdout
+    _assert_same_params(
+        one / "epoch-0003-step-12.safetensors", two / "epoch-0003-step-12.safetensors"
+    )
 
 
 @pytest.mark.slow  # two processes of their own

@@ -1,10 +1,11 @@
 """A training script for the multi-process tests (tests/devices/test_distributed.py),
 run under `nitro launch` or as one plain process:
-`python dist_worker.py RUN_DIR [N_DEVS [DIE_AT]]`.
+`python dist_worker.py RUN_DIR [N_DEVS [DIE_AT [EPOCHS]]]`.
 
 It trains `Sharded`, a Tiny on a train split only, whose build_data feeds this
 process's shard of every global batch of 16 (`dist.shard`). With DIE_AT, rank 1 ends
-itself (os._exit(3)) at the DIE_AT-th batch it reads, as a crashed host would.
+itself (os._exit(3)) at the DIE_AT-th batch it reads (0: never), as a crashed host
+would. With EPOCHS above 2 it resumes the run RUN_DIR holds and trains to EPOCHS.
 """
 
 import os
@@ -71,10 +72,14 @@ def count_equality_checks() -> list:
     return seen
 
 
-def main(run_dir: str, n_devs: int = 1, die_at: int | None = None) -> None:
+def main(
+    run_dir: str, n_devs: int = 1, die_at: int | None = None, epochs: int = 2
+) -> None:
     dist = nx.init_distributed()
-    keywords = {"run_dir": run_dir, "n_devs": n_devs}
-    if die_at is not None:
+    keywords = {"run_dir": run_dir, "n_devs": n_devs, "max_epochs": epochs}
+    if epochs > Sharded.max_epochs:  # continue the run this run_dir holds
+        keywords["resume"] = "auto"
+    if die_at:
         data = Sharded().build_data(dist)
         if nx.rank(dist) == 1:
             data["train"] = DiesAt(data["train"], die_at)

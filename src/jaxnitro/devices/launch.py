@@ -193,8 +193,10 @@ class Launch:
             self.stop(grace_s)
             return 130
         finally:
-            for reader in self._readers:
-                reader.join(timeout=1.0)
+            for reader, process in zip(self._readers, self.processes, strict=True):
+                reader.join(timeout=1.0)  # the rest of its output, once it ended
+                if not reader.is_alive() and process.stdout is not None:
+                    process.stdout.close()
 
 
 def launch(
