@@ -274,6 +274,10 @@ def test_a_run_across_processes_refuses_what_it_cannot_do_yet(tmp_path):
             "is not supported yet"
         ) in output, output
         assert (
+            "predict refused: NotYetSupportedError: Validation, evaluation and "
+            "prediction run in one process: this run spans 2 processes"
+        ) in output, output
+        assert (
             "uneven refused: DistributedError: The 2 processes of this run feed "
             "different data: train batches: rank 0 4, rank 1 3."
         ) in output, output

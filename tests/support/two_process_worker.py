@@ -14,12 +14,15 @@ def main(port: str, index: int) -> None:
     dist = nx.init_distributed(f"127.0.0.1:{port}", 2, index, timeout_s=60)
     print(f"joined: rank {nx.rank(dist)} of {nx.world_size(dist)}")
     from dist_worker import Sharded
-    from experiments import Tiny
+    from experiments import Tiny, make_batches
 
     attempts = {
         "eval": lambda: nx.Nitro(Tiny(), logger=None, checkpointer=None),
         "fsdp": lambda: nx.Nitro(
             Sharded(), sharding="fsdp", logger=None, checkpointer=None
+        ),
+        "predict": lambda: nx.Nitro(Sharded(), logger=None, checkpointer=None).predict(
+            make_batches(4, 4)[0]
         ),
         "uneven": lambda: nx.Nitro(
             Sharded(n_train=64 if index == 0 else 48), logger=None, checkpointer=None

@@ -208,6 +208,21 @@ EVAL_ACROSS_PROCESSES = (
 )
 
 
+EVAL_IN_ONE_PROCESS = (
+    "Validation, evaluation and prediction run in one process: this run spans "
+    "{count} processes, and evaluation across processes is not supported yet (each "
+    "process would score only its own shard). Evaluate in one process from the "
+    "checkpoint rank 0 writes (Nitro(e, weights=...))."
+)
+
+
+def check_eval_in_one_process() -> None:
+    """Refuse a forward pass for evaluation in a run across processes."""
+    count = jax.process_count()
+    if count > 1:
+        raise NotYetSupportedError(EVAL_IN_ONE_PROCESS.format(count=count))
+
+
 def check_process_splits(sizes: Mapping[str, int]) -> None:
     """Refuse an evaluation split in a run across processes (`sizes`: split name ->
     batches); a run of one process takes any."""
