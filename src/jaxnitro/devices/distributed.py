@@ -162,17 +162,18 @@ def current_dist() -> Distributed | None:
 
 
 def _whole(name: str, value: Any, least: int, fix: str) -> int:
+    """`value` (an int, or its text from the environment) as a whole number >=
+    `least`; `fix` ends the refusal."""
     try:
         number = int(value)
     except (TypeError, ValueError):
         number = None
-    if number is None or isinstance(value, bool) or str(number) != str(value).strip():
-        raise ConfigError(
-            BAD_SETTING.format(
-                name=name, value=value, what=f"a whole number >= {least}", fix=fix
-            )
-        )
-    if number < least:
+    if (
+        number is None
+        or isinstance(value, bool)
+        or str(number) != str(value).strip()
+        or number < least
+    ):
         raise ConfigError(
             BAD_SETTING.format(
                 name=name, value=value, what=f"a whole number >= {least}", fix=fix
