@@ -6,11 +6,14 @@ It trains `Sharded`, a Tiny on a train split only, whose build_data feeds this
 process's shard of every global batch of 16 (`dist.shard`). With DIE_AT, rank 1 ends
 itself (os._exit(3)) at the DIE_AT-th batch it reads (0: never), as a crashed host
 would. With EPOCHS above 2 it resumes the run RUN_DIR holds and trains to EPOCHS.
+It never joins the job itself unless it dies: `Nitro(...)` joins from the
+environment `nitro launch` sets.
 """
 
 import os
 import sys
 
+import jax
 from experiments import Tiny, make_batches
 
 import jaxnitro as nx
@@ -75,11 +78,11 @@ def count_equality_checks() -> list:
 def main(
     run_dir: str, n_devs: int = 1, die_at: int | None = None, epochs: int = 2
 ) -> None:
-    dist = nx.init_distributed()
     keywords = {"run_dir": run_dir, "n_devs": n_devs, "max_epochs": epochs}
     if epochs > Sharded.max_epochs:  # continue the run this run_dir holds
         keywords["resume"] = "auto"
-    if die_at:
+    if die_at:  # the data first: join explicitly (else Nitro(...) joins)
+        dist = nx.init_distributed()
         data = Sharded().build_data(dist)
         if nx.rank(dist) == 1:
             data["train"] = DiesAt(data["train"], die_at)
@@ -88,7 +91,7 @@ def main(
     checks = count_equality_checks()
     nitro.train()
     print(f"equality checks across processes during train: {len(checks)}")
-    where = f"rank {nx.rank(dist)} of {nx.world_size(dist)}"
+    where = f"rank {jax.process_index()} of {jax.process_count()}"
     print(f"{where} done at step {nitro.current_step}")
 
 
