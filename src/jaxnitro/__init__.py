@@ -63,9 +63,14 @@ from .data.protocol import epoch_token as epoch_token
 from .data.protocol import fanout_capable as fanout_capable
 from .data.sources import check_source_options as check_source_options
 from .data.stream import PrefetchStream as PrefetchStream
+from .devices.distributed import Distributed as Distributed
+from .devices.distributed import init_distributed as init_distributed
+from .devices.distributed import rank as rank
+from .devices.distributed import world_size as world_size
 from .devices.process import setup_devices as setup_devices
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
+from .errors import DistributedError as DistributedError
 from .errors import DivergenceError as DivergenceError
 from .errors import HookError as HookError
 from .errors import MissingExtraError as MissingExtraError

@@ -12,6 +12,9 @@
     nitro serve BUNDLE    an exported bundle over HTTP (`--host`, `--port`)
     nitro mcp             the nitro_* agent tools over MCP on stdio (`--root DIR`,
                           `--max-runs N`; the `mcp` extra)
+    nitro launch -n N SCRIPT [ARGS...]   N local processes of `python SCRIPT` as
+                          one multi-process run on a loopback coordinator
+                          (`--port`, `--heartbeat`, `--grace`, `--timeout`)
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
     sexpgpu run FILE      train a run file on the engine (`--steps --variant --set
@@ -133,6 +136,44 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for the runs to stop when the client leaves (60)",
     )
+    launch = commands.add_parser(
+        "launch",
+        help="run a script as N local processes of one multi-process run",
+        description=(
+            "Start N processes of `python SCRIPT ARGS...`, each with NITRO_COORDINATOR "
+            "(127.0.0.1:PORT), NITRO_NUM_PROCESSES and NITRO_PROCESS_ID set, so the "
+            "script's Nitro joins one jax.distributed run. Output is prefixed with "
+            "the rank. When a process fails the others are stopped and its exit "
+            "status is returned."
+        ),
+    )
+    launch.add_argument(
+        "-n", dest="n", type=int, required=True, help="the processes to start"
+    )
+    launch.add_argument(
+        "--port", type=int, default=None, help="coordinator port (default: a free one)"
+    )
+    launch.add_argument(
+        "--heartbeat",
+        type=int,
+        default=None,
+        help="seconds a silent process may go before the others stop (30)",
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds a process may take to stop after SIGTERM (10)",
+    )
+    launch.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop every process after this many seconds (exit status 124)",
+    )
+    launch.add_argument(
+        "script", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or -m MODULE)"
+    )
     from .runfile.commands import add_commands
 
     add_commands(commands)
@@ -167,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "mcp":
             return _mcp(args)
+        if args.command == "launch":
+            return _launch(args)
         if args.repair:
             return _repair(args.path, args.metric, args.mode)
         return _ckpt(args.path, *args.pair)
@@ -283,6 +326,23 @@ def _print_rich(title: str, rows: Sequence[tuple[str, ...]]) -> None:
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from .devices.launch import launch
+
+    try:
+        return launch(
+            args.script,
+            n=args.n,
+            port=args.port,
+            heartbeat_s=args.heartbeat,
+            grace_s=args.grace,
+            timeout_s=args.timeout,
+        )
+    except NitroError as error:
+        print(f"nitro launch: {error}", file=sys.stderr)
+        return 2
 
 
 def _serve(args: argparse.Namespace) -> int:

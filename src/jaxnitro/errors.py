@@ -89,6 +89,12 @@ class Preempted(SystemExit):
         self.stop_reason = stop_reason
 
 
+class DistributedError(NitroError, RuntimeError):
+    """The processes of a multi-process run cannot join or keep up with each other:
+    a coordinator that never answers, a port already taken, processes that feed
+    different amounts of data."""
+
+
 class NotYetSupportedError(NitroError, NotImplementedError):
     """A spec feature whose implementation has not landed yet.
 

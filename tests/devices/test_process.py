@@ -107,39 +107,3 @@ def test_a_run_asking_for_more_devices_than_visible_is_refused_before_setup():
         "device\\(s\\) are visible",
     ):
         nx.Nitro(Eight(), **quiet())
-
-
-@pytest.mark.slow  # two processes of their own
-def test_a_run_in_one_of_several_processes_is_refused(tmp_path):
-    import os
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    support = Path(__file__).parents[1] / "support"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]),
-        "XLA_FLAGS": "",
-    }
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(support / "two_process_worker.py"), str(port), str(i)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [w.communicate(timeout=180)[0] for w in workers]
-    for index, output in enumerate(outputs):
-        assert (
-            f"refused: This process is one of 2 (jax.distributed is initialized; this "
-            f"is process {index}): training across processes is not supported yet"
-        ) in output, output

@@ -1,6 +1,6 @@
-"""One of two jax.distributed CPU processes on a loopback coordinator; it builds a
-Nitro and prints the error (tests/devices/test_process.py):
-`python two_process_worker.py PORT INDEX`."""
+"""One of two jax.distributed CPU processes on a loopback coordinator; it builds
+the handles a run across processes refuses and prints each error
+(tests/devices/test_distributed.py): `python two_process_worker.py PORT INDEX`."""
 
 import sys
 
@@ -9,20 +9,30 @@ def main(port: str, index: int) -> None:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}",
-        num_processes=2,
-        process_id=index,
-        initialization_timeout=60,
-    )
-    from experiments import Tiny
-
     import jaxnitro as nx
 
-    try:
-        nx.Nitro(Tiny(), logger=None, checkpointer=None)
-    except nx.NotYetSupportedError as error:
-        print(f"refused: {error}")
+    dist = nx.init_distributed(f"127.0.0.1:{port}", 2, index, timeout_s=60)
+    print(f"joined: rank {nx.rank(dist)} of {nx.world_size(dist)}")
+    from dist_worker import Sharded
+    from experiments import Tiny, make_batches
+
+    attempts = {
+        "eval": lambda: nx.Nitro(Tiny(), logger=None, checkpointer=None),
+        "fsdp": lambda: nx.Nitro(
+            Sharded(), sharding="fsdp", logger=None, checkpointer=None
+        ),
+        "predict": lambda: nx.Nitro(Sharded(), logger=None, checkpointer=None).predict(
+            make_batches(4, 4)[0]
+        ),
+        "uneven": lambda: nx.Nitro(
+            Sharded(n_train=64 if index == 0 else 48), logger=None, checkpointer=None
+        ),
+    }
+    for name, build in attempts.items():
+        try:
+            build()
+        except nx.NitroError as error:
+            print(f"{name} refused: {type(error).__name__}: {error}")
     jax.distributed.shutdown()
 
 

@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..devices.distributed import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..watch import is_non_finite, read_watched
 from .filenames import (
@@ -373,7 +374,8 @@ class Checkpointer:
 
         Returns:
             bool: whether the record was written. False when no selector admits
-            the epoch, and nothing is written.
+            the epoch, and in every process but rank 0 of a run across
+            processes: nothing is written then.
 
         Raises:
             CheckpointError: no directory yet; the metric is missing from
@@ -383,6 +385,8 @@ class Checkpointer:
                 bare filename.
             OSError: writing failed (a transient error is retried first).
         """
+        if not is_rank0():  # rank 0 writes for a run across processes
+            return False
         directory = self._directory()
         manifest = load_manifest(directory) if self._recovered else self._recover()
         all_entries = manifest.entries

@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..devices.distributed import is_rank0
 from ..errors import (
     CheckpointError,
     NitroWarning,
@@ -304,13 +305,14 @@ def lock_checkpoint_dir(
 ) -> RunDirLock | None:
     """Lock the directory `checkpointer` writes (its own `dir`, else `run_dir`).
 
-    Returns None, locking nothing, when checkpointing is off (`checkpointer` None),
+    Returns None, locking nothing, when checkpointing is off (`checkpointer` None)
+    or this process is not rank 0 of a run across processes (rank 0 writes),
     and with `unwritable_ok` when the directory cannot be written at all (a
     read-only mount a handle only evaluates from): nothing can write there, so
     there is nothing to guard, and the setup probe refuses what would write.
     """
-    if checkpointer is None:
-        return None
+    if checkpointer is None or not is_rank0():
+        return None  # in a run across processes, rank 0 alone writes
     directory = source_directory(checkpointer, run_dir)
     try:
         return lock_run_dir(directory, purpose=purpose)

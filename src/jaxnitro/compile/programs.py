@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..devices.placement import Placement, Role
+from ..devices.placement import Placement, Role, put
 from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
@@ -105,7 +105,7 @@ class PlacedExecutable:
         self.shardings = shardings
 
     def __call__(self, *args: Any) -> Any:
-        return self.compiled(*jax.device_put(args, self.shardings))
+        return self.compiled(*put(args, self.shardings))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.compiled, name)
@@ -201,7 +201,7 @@ class TraceContext:
         shardings: Any = None
         if placement is not None:
             shardings = _shardings(placement, kind, args)
-            args = jax.device_put(args, shardings[0])
+            args = put(args, shardings[0])
         key = self.key(kind, traced, args, baked)
 
         def build() -> Any:

@@ -48,9 +48,13 @@ def transfer(arrays: Mapping[str, Any], sharding: Any = None) -> dict[str, jax.A
     Host arrays go through the identity program; an array already on the device is
     placed with `jax.device_put` (the same object when it is already there), never
     donated. `sharding` is a `jax.sharding.Sharding`, a `jax.Device`, or None for
-    the default device.
+    the default device. A sharding over several processes' devices takes each
+    process's `arrays` as its rows of the global batch (B_local, ...), and returns
+    the global arrays (B_local * processes, ...).
     """
     placement = _placement(sharding)
+    if placement is not None and not placement.is_fully_addressable:
+        return _assemble(arrays, placement)
     host = {k: np.asarray(v) for k, v in arrays.items() if not isinstance(v, jax.Array)}
     placed = {
         k: jax.device_put(v, placement)
@@ -62,6 +66,19 @@ def transfer(arrays: Mapping[str, Any], sharding: Any = None) -> dict[str, jax.A
     for array in placed.values():
         array.block_until_ready()
     return {k: placed[k] for k in arrays}
+
+
+def _assemble(arrays: Mapping[str, Any], sharding: Any) -> dict[str, jax.Array]:
+    """In a run across processes: each process holds its own rows of the global
+    batch (rank 0 the first, ...), and the global arrays are assembled from every
+    process's, each process's rows on its own devices."""
+    placed = {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        for k, v in arrays.items()
+    }
+    for array in placed.values():
+        array.block_until_ready()
+    return placed
 
 
 def is_numeric_dtype(dtype: Any) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..errors import ConfigError
-from .process import visible_devices
+from .process import backend_name, visible_devices
 
 AXIS = "data"
 # The values a program takes, by where they go on the mesh.
@@ -49,6 +49,56 @@ BATCH_DIVIDES = (
     "{lower} or {upper}), or an n_devs that divides {size}."
 )
 
+PROCESS_BATCH_DIVIDES = (
+    "Each of the {world} processes feeds train batches of {size} samples (a global "
+    "batch of {total} over {world} x {n_devs} devices), and {size} does not divide "
+    "by its n_devs={n_devs} ({size} % {n_devs} = {rest}): each process splits its "
+    "part evenly across its own devices. Feed a multiple of {n_devs} per process "
+    "(a global batch that divides by {devices}), or choose n_devs to divide {size}."
+)
+
+
+def mesh_devices(n_devs: int) -> list[Any]:
+    """The devices of a run's mesh: the first `n_devs` of this process's, and in a
+    run across processes the first `n_devs` of every process's, rank by rank (so
+    each process's part of the batch lands on its own devices)."""
+    local = visible_devices()
+    if jax.process_count() == 1:
+        return local[:n_devs]
+    by_process: dict[int, list[Any]] = {}
+    for device in jax.devices(backend_name()):
+        by_process.setdefault(device.process_index, []).append(device)
+    return [d for p in sorted(by_process) for d in by_process[p][:n_devs]]
+
+
+def put(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put(tree, shardings)`, without its check across processes.
+
+    In a run across processes JAX checks, with a collective per leaf, that a value
+    sent to a sharding over every process's devices is the same on each; the
+    programs' small host inputs (step hyperparameters, the step's key data) would
+    pay several of those each step. Every process computes those values alike, so
+    a strongly typed numeric leaf is placed from this process's copy instead; a
+    weakly typed or key leaf, or a leaf already spread over the processes, goes
+    through `jax.device_put`.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(_put_alike, tree, shardings)
+
+
+def _put_alike(value: Any, sharding: Any) -> Any:
+    if (
+        sharding.is_fully_addressable
+        or (isinstance(value, jax.Array) and not value.is_fully_addressable)
+        or getattr(value, "weak_type", False)
+        or isinstance(value, bool | int | float | complex)  # weakly typed in JAX
+        or jax.dtypes.issubdtype(getattr(value, "dtype", None), jax.dtypes.extended)
+    ):
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda at: host[at])
+
 
 def check_sharding(value: Any, source: str) -> str:
     """The `sharding` run keyword: "replicated" or "fsdp"."""
@@ -65,6 +115,27 @@ def check_batch_divides(size: int, n_devs: int) -> None:
         raise ConfigError(
             BATCH_DIVIDES.format(
                 size=size, n_devs=n_devs, rest=rest, lower=lower, upper=lower + n_devs
+            )
+        )
+
+
+def check_process_batch_divides(size: int, n_devs: int, world: int) -> None:
+    """Refuse a per-process train batch of `size` samples that the process's
+    n_devs devices cannot split: the global batch, `size * world`, must divide by
+    the `world * n_devs` devices of the mesh."""
+    if world == 1:
+        check_batch_divides(size, n_devs)
+        return
+    rest = size % n_devs
+    if rest:
+        raise ConfigError(
+            PROCESS_BATCH_DIVIDES.format(
+                world=world,
+                size=size,
+                total=size * world,
+                n_devs=n_devs,
+                rest=rest,
+                devices=world * n_devs,
             )
         )
 
@@ -89,8 +160,9 @@ class Placement:
 
     @classmethod
     def build(cls, *, n_devs: int, mode: str) -> Placement:
-        """The mesh over the first `n_devs` visible devices."""
-        devices = np.array(visible_devices()[:n_devs])
+        """The mesh over the first `n_devs` visible devices; in a run across
+        processes, over the first `n_devs` of each process's, by rank."""
+        devices = np.array(mesh_devices(n_devs))
         return cls(Mesh(devices, (AXIS,)), check_sharding(mode, "caller"))
 
     @property
@@ -153,4 +225,4 @@ class Placement:
         """`tree` on the mesh as `role` says (a leaf already there is kept)."""
         if tree is None:
             return None
-        return jax.device_put(tree, self.shardings(tree, role))
+        return put(tree, self.shardings(tree, role))

@@ -10,12 +10,14 @@ else the experiment's `n_devs` method or field, else 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
 from ..errors import ConfigError, NotYetSupportedError
+from .distributed import distributed_from_environment
 
 BACKENDS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 
@@ -39,11 +41,11 @@ N_DEVS_VISIBLE = (
     "the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
     "XLA_FLAGS=--xla_force_host_platform_device_count={value})."
 )
-MULTI_PROCESS = (
-    "This process is one of {count} (jax.distributed is initialized; this is process "
-    "{index}): training across processes is not supported yet, and each process "
-    "would train on its own and write the same checkpoints. Run one process, with "
-    "n_devs for the devices it sees."
+FSDP_ACROSS_PROCESSES = (
+    'sharding="fsdp" across {count} processes is not supported yet: rank 0 writes '
+    "the checkpoints and would hold only its part of each split leaf. Use "
+    'sharding="replicated" (every device holds the whole model), or fsdp within '
+    "one process (n_devs for the devices it sees)."
 )
 
 
@@ -70,8 +72,9 @@ def backend_name() -> str:
 
 
 def visible_devices() -> list[Any]:
-    """The devices of the run backend, in JAX's order; a mesh takes a prefix."""
-    return list(jax.devices(backend_name()))
+    """This process's devices of the run backend, in JAX's order; a mesh takes a
+    prefix (of each process's, in a run across processes)."""
+    return list(jax.local_devices(backend=backend_name()))
 
 
 def pinned_n_devs() -> int | None:
@@ -136,8 +139,12 @@ def setup_devices(
     for that one run. Called with no arguments, it only reports.
 
     The batch size is global: it is split across the devices, so it must divide by
-    n_devs. To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before
-    it starts; n_devs takes a prefix of the visible devices.
+    n_devs. In a run across processes (`NITRO_COORDINATOR` set, as under `nitro
+    launch`) it joins the run first; `visible` and `n_devs` are then this
+    process's, and the mesh spans n_devs devices of every process.
+
+    To choose which GPUs a process sees, set `CUDA_VISIBLE_DEVICES` before it
+    starts; n_devs takes a prefix of the visible devices.
 
     Args:
         backend: the backend to run on, or None to keep the current one.
@@ -160,6 +167,7 @@ def setup_devices(
         ['backend', 'n_devs', 'pinned', 'visible']
     """
     global _SETUP
+    distributed_from_environment()  # before the first backend use, under a launcher
     chosen = _SETUP.backend if backend is None else _check_backend(backend)
     setup = DeviceSetup(backend=chosen, n_devs=_SETUP.n_devs)
     if n_devs is not None:
@@ -183,11 +191,46 @@ def device_report() -> dict[str, Any]:
     }
 
 
-def refuse_multi_process() -> None:
-    """Refuse a run in one of several `jax.distributed` processes (`dist` is
-    always None until multi-process training lands)."""
+def check_multi_process(sharding: str) -> None:
+    """Refuse what a run across `jax.distributed` processes cannot do yet: an
+    fsdp-split training state (rank 0 writes the checkpoints from its own copy)."""
+    count = jax.process_count()
+    if count > 1 and sharding == "fsdp":
+        raise NotYetSupportedError(FSDP_ACROSS_PROCESSES.format(count=count))
+
+
+EVAL_ACROSS_PROCESSES = (
+    "The data holds a `{name}` split, and this run spans {count} processes: "
+    "evaluation across processes is not supported yet (each process would score "
+    "only its own shard). Train across processes with a train split only (return "
+    "{{'train': ...}} from build_data when dist is not None), and validate or "
+    "evaluate in one process from the checkpoint rank 0 writes (weights=)."
+)
+
+
+EVAL_IN_ONE_PROCESS = (
+    "Validation, evaluation and prediction run in one process: this run spans "
+    "{count} processes, and evaluation across processes is not supported yet (each "
+    "process would score only its own shard). Evaluate in one process from the "
+    "checkpoint rank 0 writes (Nitro(e, weights=...))."
+)
+
+
+def check_eval_in_one_process() -> None:
+    """Refuse a forward pass for evaluation in a run across processes."""
     count = jax.process_count()
     if count > 1:
-        raise NotYetSupportedError(
-            MULTI_PROCESS.format(count=count, index=jax.process_index())
-        )
+        raise NotYetSupportedError(EVAL_IN_ONE_PROCESS.format(count=count))
+
+
+def check_process_splits(sizes: Mapping[str, int]) -> None:
+    """Refuse an evaluation split in a run across processes (`sizes`: split name ->
+    batches); a run of one process takes any."""
+    count = jax.process_count()
+    if count == 1:
+        return
+    for name in sizes:
+        if name != "train":
+            raise NotYetSupportedError(
+                EVAL_ACROSS_PROCESSES.format(name=name, count=count)
+            )

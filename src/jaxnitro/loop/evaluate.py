@@ -30,6 +30,7 @@ from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
 from ..devices.placement import padded_width
+from ..devices.process import check_eval_in_one_process
 from ..errors import ConfigError, HookError, NitroWarning, RoutingError, user_stacklevel
 from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
@@ -69,6 +70,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
     """Device outputs of forward on fields padded to the eval width, cut to `count`."""
     width = nitro.status.eval_width
     assert width is not None
+    check_eval_in_one_process()  # outputs spread over processes: not read yet
     ctx = nitro.prepared.ctx
     names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)

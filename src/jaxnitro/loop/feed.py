@@ -38,8 +38,9 @@ INLINE_PATHS = ("materialized", "inline")
 
 
 def stages_on_device() -> bool:
-    """Whether batches are worth staging on the device ahead of the step."""
-    return jax.default_backend() != "cpu"
+    """Whether batches are worth staging on the device ahead of the step; always
+    across processes, where each batch is assembled from every process's rows."""
+    return jax.default_backend() != "cpu" or jax.process_count() > 1
 
 
 class InlineFeed:

@@ -445,6 +445,8 @@ def _steps(
     names = nitro.prepared.routing.train_fields
     expected = nitro.prepared.routing.train_batch
     assert expected is not None
+    # Across processes a staged batch is the global one: every process's rows.
+    expected *= jax.process_count()
     plan = nitro.prepared.plan
     assert plan is not None
     settle = log.settle

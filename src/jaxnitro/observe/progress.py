@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Protocol
 
+from ..devices.distributed import is_rank0
 from ..errors import NitroWarning
 from .progress_bar import BarReporter, is_terminal_session
 from .progress_line import epoch_summary, format_values, stretch_name
@@ -188,7 +189,7 @@ def report_progress(
     """Send one event to the current reporter; one that raises is switched off."""
     global _reporter
     f = _reporter
-    if f is None:
+    if f is None or not is_rank0():  # rank 0 shows a run across processes
         return
     try:
         f(verb, label, total, epoch, max_epochs)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Protocol
 
+from ..devices.distributed import is_rank0
 from .monitors import MonitorRegistry, PhaseInfo, module_registry
 from .phases import Phase, Starting
 
@@ -151,17 +152,6 @@ def publish_phase(phase: Phase, nitro: Any = None, **info: Any) -> None:
     _check_phase(phase, "publish_phase")
     _check_info(info)
     module_registry().publish(phase, None, None, PhaseInfo(is_rank0=is_rank0(), **info))
-
-
-def is_rank0() -> bool:
-    """Whether this process is rank 0; True unless `jax.distributed` says otherwise.
-
-    Never initializes a JAX backend: before `jax.distributed.initialize` that would
-    make the multi-process setup fail.
-    """
-    import jax
-
-    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 def _check_phase(phase: Any, verb: str) -> None:

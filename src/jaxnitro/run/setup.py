@@ -35,8 +35,14 @@ from ..data.sources import (
     bind_run_seed,
     check_split,
 )
-from ..devices.placement import Placement, check_batch_divides, padded_width
-from ..devices.process import refuse_multi_process
+from ..devices.distributed import (
+    agree_across_processes,
+    distributed_from_environment,
+    is_rank0,
+    world_size,
+)
+from ..devices.placement import Placement, check_process_batch_divides, padded_width
+from ..devices.process import check_multi_process, check_process_splits
 from ..errors import (
     ConfigError,
     HookError,
@@ -235,11 +241,19 @@ class SetupSequence:
         refuse_later_features(e, kw)
         self._check_markers(e)
         assert_graphconst_hashable(e)
+        # Join the processes the environment names (nitro launch) before any
+        # backend starts; None in a run of one process.
+        self._dist = distributed_from_environment()
 
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
         check_resume_flag(self._run_config)
-        refuse_multi_process()
+        check_multi_process(self._run_config.sharding)
+        if not is_rank0() and self._run_config.logger is not None:
+            # Rank 0 logs for the run: the other processes train the same steps.
+            self._run_config = self._run_config.with_value(
+                "logger", None, source=self._run_config.sources["logger"]
+            )
         self._accessor_snapshot = {
             name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
         }
@@ -294,7 +308,11 @@ class SetupSequence:
 
         # Data, then derive, on the pre-conversion experiment.
         self._setup_phase("building data")
-        data = kw["data"] if data_given else hook_function(cls, "build_data")(e, None)
+        data = (
+            kw["data"]
+            if data_given
+            else hook_function(cls, "build_data")(e, self._dist)
+        )
         if not isinstance(data, Mapping):
             raise HookError(
                 f"build_data must return a dict of splits such as "
@@ -315,6 +333,7 @@ class SetupSequence:
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
+        check_process_splits(self._split_sizes)
         self._run_config = follow_max_steps(
             self._run_config, self.data, self._split_sizes
         )
@@ -458,10 +477,18 @@ class SetupSequence:
         the global train batch must split evenly, and the eval width is rounded up
         so a padded eval batch does too."""
         n_devs = self._run_config.n_devs
-        if n_devs == 1:
+        world = world_size(self._dist)
+        if n_devs == 1 and world == 1:
             return None
         if self._routing.train_batch is not None:
-            check_batch_divides(self._routing.train_batch, n_devs)
+            check_process_batch_divides(self._routing.train_batch, n_devs, world)
+        if world > 1:  # a process feeding less than the others would hang them
+            agree_across_processes(
+                {
+                    "train batches": self._split_sizes.get("train", 0),
+                    "samples per train batch": self._routing.train_batch or 0,
+                }
+            )
         if self._eval_width is not None:
             self._eval_width = padded_width(self._eval_width, n_devs)
         return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)

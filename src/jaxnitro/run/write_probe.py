@@ -17,6 +17,7 @@ from typing import Any
 
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.record import TMP_PREFIX
+from ..devices.distributed import is_rank0
 from ..errors import ConfigError
 from ..logging.jsonl import JSONLogger
 from ..logging.tensorboard import TensorBoardLogger
@@ -78,6 +79,8 @@ def probe_outputs(
         ConfigError: a directory cannot be written, naming it, the OS error and
             the fix.
     """
+    if not is_rank0():
+        return None  # in a run across processes, rank 0 alone writes
     logger_dir = _logger_directory(logger)
     if logger_dir is not None:
         probe_writable(logger_dir, f"the {type(logger).__name__}")
