@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .evaluator import Evaluated
+from .nn_models import ModelSpec
 from .source import Diagnostic, RunfileError
 from .stdlib_data import LoaderSpec
-from .nn_models import ModelSpec
 from .stdlib_optim import OptimizerSpec
 from .values import Builtin, Closure, kind_of
 
