@@ -310,3 +310,43 @@ def test_cross_entropy_refuses_what_it_cannot_score(values, kwargs, code, needle
     with pytest.raises(RunfileError) as caught:
         cross_entropy(*values, **kwargs)
     assert caught.value.codes == [code] and needle in str(caught.value)
+
+
+def test_a_sequential_model_trains_on_the_engine_and_explain_lists_it(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from jaxnitro.cli import main
+    from jaxnitro.runfile.running import run_file
+    from jaxnitro.runfile.stdlib_nn import flatten
+
+    examples = Path(__file__).parents[2] / "examples" / "runfiles"
+    shutil.copy(examples / "data" / "tiny-train.jsonl.gz", tmp_path)
+    path = tmp_path / "layers.sx"
+    path.write_text(
+        run_file_text(LAYERED)
+        .replace("data/tiny-train", "tiny-train")
+        .replace("(sgd :lr 0.5)", "(sgd :lr 0.5 :momentum 0.9)")
+    )
+    outcome = run_file(str(path), steps=6, run_dir=str(tmp_path / "run"))
+    losses = [row["train_loss"] for row in outcome.handle.history]
+    assert outcome.steps == 6 and outcome.train_loss < losses[0]
+    trained = flatten(outcome.handle.parameters)
+    assert sorted(trained) == sorted(LAYERED_NAMES)
+    assert main(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 9 arrays, 3216 elements" in out
+    assert "  model.1.0.weight  [16, 64]       1024" in out
+
+
+LAYERED_NAMES = [
+    "model.0.weight",
+    "model.1.0.weight",
+    "model.1.0.bias",
+    "model.1.1.weight",
+    "model.1.1.bias",
+    "model.2.scale",
+    "model.2.bias",
+    "model.3.weight",
+    "model.3.bias",
+]
