@@ -98,6 +98,8 @@ def test_layers_start_as_flax_nnx_does_from_the_key(write):
     assert not np.any(p["model.1.0.bias"]) and not np.any(p["model.3.bias"])
     # LeCun normal: standard deviation 1/sqrt(fan in) = 0.125 for 64 inputs
     assert float(p["model.1.1.weight"].std()) == pytest.approx(0.125, rel=0.15)
+    # the embedding: variance 1/dim, standard deviation 0.25 for 16 features
+    assert float(p["model.0.weight"].std()) == pytest.approx(0.25, rel=0.15)
     again = model(write, LAYERED).init(jax.random.key(0))
     other = model(write, LAYERED).init(jax.random.key(1))
     assert all(np.array_equal(p[n], again[n]) for n in p)
