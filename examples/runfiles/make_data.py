@@ -1,6 +1,6 @@
-"""Write the small data the example run files read, deterministically.
+"""Write the data the example run files read, deterministically.
 
-    python examples/runfiles/make_data.py [DIR]
+    python examples/runfiles/make_data.py [DIR] [--full]
 
 A run file's `(files [...])` paths are relative to the run file, so the data lives
 in `data/` beside `minimal.sx` and `realistic.sx` (DIR defaults to that folder).
@@ -8,19 +8,28 @@ Each record is one JSON line `{"input_ids": [...]}` of token ids drawn from a
 seeded stream with structure a small model learns in a few steps: each sequence
 counts up from a random start by a random stride, modulo the vocabulary it uses.
 
+Shipped in the repository (the command writes the same bytes again):
+
 - `data/tiny-train.jsonl.gz`: 256 windows of 17 tokens below 32 (minimal.sx).
 - `data/train.jsonl.gz`, `data/valid.jsonl.gz`: 512 and 64 windows of 65 tokens
   below 256, the window of realistic.sx's `smoke` variant (seq 64, window 65).
+
+Written on demand with `--full`, not shipped (150 KB of gzip, 9 MB of JSON text;
+`data/full/.gitignore` keeps them out of git):
+
+- `data/full/train.jsonl.gz`, `data/full/valid.jsonl.gz`: 2048 and 256 windows of
+  1025 tokens below 256, the window of realistic.sx's default and `small`
+  variants (seq 1024), which read `data/full/` whenever seq is not 64.
 
 The same command writes the same bytes on every machine (gzip's timestamp is 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -45,24 +54,46 @@ def write_jsonl_gz(path: str, rows: np.ndarray) -> None:
     os.replace(temporary, path)  # never a half-written data file
 
 
-def main(folder: str) -> list[str]:
-    """Write every example data file under `folder/data`; their paths."""
+SHIPPED = {
+    "tiny-train.jsonl.gz": (256, 17, 32, 0),
+    "train.jsonl.gz": (512, 65, 256, 1),
+    "valid.jsonl.gz": (64, 65, 256, 2),
+}
+"""The shipped files: name -> (windows, tokens a window, vocabulary, seed)."""
+
+FULL = {
+    "full/train.jsonl.gz": (2048, 1025, 256, 3),
+    "full/valid.jsonl.gz": (256, 1025, 256, 4),
+}
+"""The files `--full` writes for realistic.sx's seq 1024, in the same terms."""
+
+
+def main(folder: str, *, full: bool = False) -> list[str]:
+    """Write the example data under `folder/data` (and `data/full` when `full`);
+    the paths written."""
     data = os.path.join(folder, "data")
-    os.makedirs(data, exist_ok=True)
-    files = {
-        "tiny-train.jsonl.gz": windows(256, 17, 32, seed=0),
-        "train.jsonl.gz": windows(512, 65, 256, seed=1),
-        "valid.jsonl.gz": windows(64, 65, 256, seed=2),
-    }
+    files = {**SHIPPED, **(FULL if full else {})}
     written = []
-    for name, rows in files.items():
+    for name, (count, length, vocab, seed) in files.items():
         path = os.path.join(data, name)
-        write_jsonl_gz(path, rows)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_jsonl_gz(path, windows(count, length, vocab, seed))
         written.append(path)
+    if full:
+        with open(os.path.join(data, "full", ".gitignore"), "w") as ignore:
+            ignore.write("# written by make_data.py --full, not shipped\n*\n")
     return written
 
 
 if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
-    for path in main(sys.argv[1] if len(sys.argv) > 1 else here):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", default=here)
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="also write data/full/ (windows of 1025 tokens) for seq 1024",
+    )
+    args = parser.parse_args()
+    for path in main(args.folder, full=args.full):
         print(path)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .evaluator import Evaluated
+from .nn_models import ModelSpec
 from .source import Diagnostic, RunfileError
 from .stdlib_data import LoaderSpec
-from .stdlib_nn import GPTSpec
 from .stdlib_optim import OptimizerSpec
 from .values import Builtin, Closure, kind_of
 
@@ -27,7 +27,7 @@ FUNCTIONS = {
 
 VALUES: dict[str, tuple[type, str]] = {
     "train-loader": (LoaderSpec, "a loader, (loader ...)"),
-    "model": (GPTSpec, "a model, such as (gpt ...)"),
+    "model": (ModelSpec, "a model, such as (gpt ...)"),
     "optimizer": (OptimizerSpec, "an optimizer, such as (sgd ...) or (adamw ...)"),
 }
 REQUIRED = ("train-loader", "prepare", "model", "objective", "optimizer")

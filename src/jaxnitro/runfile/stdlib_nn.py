@@ -1,9 +1,18 @@
-"""The standard module "sexpgpu/nn": `gpt` and `cross-entropy`.
+"""The standard module "sexpgpu/nn": the models, the layers and `cross-entropy`.
 
-`gpt` declares the model: its parameters' names and shapes, their initial
-values, and a forward pass in plain JAX. `check` traces the forward pass with
-`jax.eval_shape`; `run` trains it on the engine, with the parameters as a tree
-nested by the dotted names (`model.blocks.0.attn.query.weight` is
+Every model value is a `ModelSpec` (`nn_models`): a frozen declaration of a Flax
+NNX module with named parameters, an init from the run seed and a forward pass.
+`gpt` is a whole transformer; `embedding`, `linear`, `mlp` and `layer-norm` are
+layers, each a model on its own, and `sequential` chains them into one:
+
+    (defvar model (sequential (embedding :vocab 32 :dim 16)
+                              (mlp :dims [16 64 16])
+                              (layer-norm :dim 16)
+                              (linear :in 16 :out 32)))
+
+declares `model.0.weight`, `model.1.0.weight`, `model.1.0.bias`, ...,
+`model.3.bias`. The engine holds the parameters as a tree nested by the dotted
+names (`model.blocks.0.attn.query.weight` is
 `params["model"]["blocks"]["0"]["attn"]["query"]["weight"]`).
 """
 
@@ -13,112 +22,201 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core import expect
+from .nn_layers import (
+    EmbeddingSpec,
+    LayerNormSpec,
+    LinearSpec,
+    MLPSpec,
+    SequentialSpec,
+    is_tokens,
+)
+from .nn_models import ModelSpec, require_flax
 from .source import Span, fail
-from .values import Builtin, Keyword, kind_of
+from .values import Builtin, Keyword, kind_of, show
+
+ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
+"""What `mlp :activation` takes (`nn_modules.ACTIVATIONS` holds the functions)."""
 
 
 @dataclass(frozen=True)
-class GPTSpec:
-    """A decoder-only transformer: learned token and position embeddings, pre-norm
-    blocks (RMS norm with a scale, attention and an MLP whose linear layers carry
-    biases) and an untied head. `4 + 14 * layers` parameter arrays."""
+class GPTSpec(ModelSpec):
+    """A decoder-only transformer (`nn_modules.GPT`): learned token and position
+    embeddings, pre-norm blocks (RMS norm with a scale, causal attention and an
+    MLP whose linear layers carry biases) and an untied head. `4 + 14 * layers`
+    parameter arrays."""
 
     vocab: int
     layers: int
     dim: int
     heads: int
     context: int
-    kind = "a model"
+    name = "gpt"
 
-    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every parameter's name (as groups select it) and shape."""
-        d, hidden = self.dim, 4 * self.dim
-        shapes: dict[str, tuple[int, ...]] = {
-            "model.embed.token": (self.vocab, d),
-            "model.embed.position": (self.context, d),
-        }
-        for i in range(self.layers):
-            block = f"model.blocks.{i}"
-            shapes[f"{block}.attn-norm.scale"] = (d,)
-            for part in ("query", "key", "value", "out"):
-                shapes[f"{block}.attn.{part}.weight"] = (d, d)
-                shapes[f"{block}.attn.{part}.bias"] = (d,)
-            shapes[f"{block}.mlp-norm.scale"] = (d,)
-            shapes[f"{block}.mlp.up.weight"] = (d, hidden)
-            shapes[f"{block}.mlp.up.bias"] = (hidden,)
-            shapes[f"{block}.mlp.down.weight"] = (hidden, d)
-            shapes[f"{block}.mlp.down.bias"] = (d,)
-        shapes["model.norm.scale"] = (d,)
-        shapes["model.head.weight"] = (d, self.vocab)
-        return shapes
+    def build(self, rngs: Any) -> Any:
+        from .nn_modules import GPT
 
-    def init(self, rng: Any) -> dict[str, Any]:
-        """Initial parameters by name: weights and embeddings normal with standard
-        deviation 0.02 (the residual projections scaled by `1/sqrt(2 * layers)`),
-        biases zero, norm scales one. `rng` is a JAX key."""
-        import jax
-        import jax.numpy as jnp
+        return GPT(
+            self.vocab, self.layers, self.dim, self.heads, self.context, rngs=rngs
+        )
 
-        shapes = self.parameter_shapes()
-        keys = jax.random.split(rng, len(shapes))
-        residual = 0.02 / (2 * self.layers) ** 0.5
-        params: dict[str, Any] = {}
-        for key, (name, shape) in zip(keys, shapes.items(), strict=True):
-            if name.endswith(".bias"):
-                params[name] = jnp.zeros(shape, jnp.float32)
-            elif name.endswith(".scale"):
-                params[name] = jnp.ones(shape, jnp.float32)
-            else:
-                std = residual if name.endswith(("out.weight", "down.weight")) else 0.02
-                params[name] = std * jax.random.normal(key, shape, jnp.float32)
-        return params
+    def takes(self) -> int | None:
+        return None
 
-    def apply(self, params: dict[str, Any], tokens: Any, span: Span) -> Any:
+    def gives(self) -> int:
+        return self.vocab
+
+    def forward(self, module: Any, inputs: Any, span: Any, where: str = "") -> Any:
         """Logits `[batch, time, vocab]` of integer tokens `[batch, time]`."""
-        import jax
-        import jax.numpy as jnp
-
-        if len(tokens.shape) != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        if not is_tokens(inputs) or len(inputs.shape) != 2:
             raise fail(
                 "E-SHAPE-002",
-                f"`gpt` takes integer tokens [batch, time], got {kind_of(tokens)}",
+                f"`gpt`{where} takes integer tokens [batch, time], "
+                f"got {kind_of(inputs)}",
                 span,
                 "pass (slice tokens 1 0 n) of an :i32 field as :inputs",
             )
-        batch, time = tokens.shape
+        time = inputs.shape[1]
         if time > self.context:
             raise fail(
                 "E-SHAPE-003",
-                f"`gpt` sees {time} positions but its :context is {self.context}",
+                f"`gpt`{where} sees {time} positions but its :context is "
+                f"{self.context}",
                 span,
                 f"pass :context {time} or more",
             )
-        p = params
+        return module(inputs)
 
-        def norm(x: Any, name: str) -> Any:
-            scale = p[name][None, None, :]
-            return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
 
-        def linear(x: Any, name: str) -> Any:
-            return x @ p[f"{name}.weight"] + p[f"{name}.bias"][None, None, :]
+def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int:
+    what = f"`:{key}` of `{builtin}`"
+    value = expect(kwargs[key], int, what, span, "a positive integer")
+    if value < 1:
+        raise fail(
+            "E-EVAL-007",
+            f"{what} must be positive, got {value}",
+            span,
+            f"write :{key} 1 or more",
+        )
+    return int(value)
 
-        x = p["model.embed.token"][tokens] + p["model.embed.position"][None, :time]
-        head_dim = self.dim // self.heads
-        mask = jnp.tril(jnp.ones((time, time), bool))[None, None]
-        for i in range(self.layers):
-            b = f"model.blocks.{i}"
-            h = norm(x, f"{b}.attn-norm.scale")
-            q, k, v = (
-                linear(h, f"{b}.attn.{n}").reshape(batch, time, self.heads, head_dim)
-                for n in ("query", "key", "value")
+
+def _flag(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> bool:
+    value = kwargs.get(key, True)
+    return bool(expect(value, bool, f"`:{key}` of `{builtin}`", span, "true or false"))
+
+
+def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
+    require_flax("gpt", span)
+    kwargs = {"context": 1024, **kwargs}
+    spec = GPTSpec(
+        *(
+            _positive(kwargs, k, "gpt", span)
+            for k in ("vocab", "layers", "dim", "heads", "context")
+        )
+    )
+    if spec.dim % spec.heads:
+        raise fail(
+            "E-SHAPE-001",
+            f"`gpt` :dim {spec.dim} is not divisible by :heads {spec.heads}",
+            span,
+            "pick :heads dividing :dim",
+        )
+    return spec
+
+
+def _embedding(values: list[Any], kwargs: dict[str, Any], span: Span) -> EmbeddingSpec:
+    require_flax("embedding", span)
+    return EmbeddingSpec(
+        _positive(kwargs, "vocab", "embedding", span),
+        _positive(kwargs, "dim", "embedding", span),
+    )
+
+
+def _linear(values: list[Any], kwargs: dict[str, Any], span: Span) -> LinearSpec:
+    require_flax("linear", span)
+    return LinearSpec(
+        _positive(kwargs, "in", "linear", span),
+        _positive(kwargs, "out", "linear", span),
+        _flag(kwargs, "bias", "linear", span),
+    )
+
+
+def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
+    require_flax("mlp", span)
+    dims = kwargs["dims"]
+    if (
+        not isinstance(dims, tuple)
+        or len(dims) < 2
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
+        or min(dims) < 1
+    ):
+        raise fail(
+            "E-EVAL-007",
+            "`:dims` of `mlp` must be a vector of two or more positive integers "
+            f"(the input size, the hidden sizes, the output size), got {show(dims)}",
+            span,
+            "write :dims [16 64 16]",
+        )
+    activation = kwargs.get("activation", Keyword("gelu"))
+    if not isinstance(activation, Keyword) or activation.name not in ACTIVATIONS:
+        raise fail(
+            "E-EVAL-007",
+            "`:activation` of `mlp` is "
+            + ", ".join(f":{a}" for a in ACTIVATIONS)
+            + f", got {show(activation)}",
+            span,
+            "write :activation :gelu",
+        )
+    return MLPSpec(dims, activation.name, _flag(kwargs, "bias", "mlp", span))
+
+
+def _layer_norm(values: list[Any], kwargs: dict[str, Any], span: Span) -> LayerNormSpec:
+    require_flax("layer-norm", span)
+    eps = expect(
+        kwargs.get("eps", 1e-5),
+        (int, float),
+        "`:eps` of `layer-norm`",
+        span,
+        "a number",
+    )
+    if eps <= 0:
+        raise fail(
+            "E-EVAL-007",
+            f"`:eps` of `layer-norm` must be positive, got {show(eps)}",
+            span,
+            "write :eps 1e-5",
+        )
+    return LayerNormSpec(_positive(kwargs, "dim", "layer-norm", span), float(eps))
+
+
+def _sequential(
+    values: list[Any], kwargs: dict[str, Any], span: Span
+) -> SequentialSpec:
+    for index, layer in enumerate(values):
+        if not isinstance(layer, ModelSpec):
+            raise fail(
+                "E-EVAL-007",
+                f"layer {index} of `sequential` must be a model or a layer, "
+                f"got {kind_of(layer)} {show(layer)}",
+                span,
+                "pass layers such as (linear :in 16 :out 32)",
             )
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
-            weights = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
-            mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-            x = x + linear(mixed.reshape(batch, time, self.dim), f"{b}.attn.out")
-            h = jax.nn.gelu(linear(norm(x, f"{b}.mlp-norm.scale"), f"{b}.mlp.up"))
-            x = x + linear(h, f"{b}.mlp.down")
-        return norm(x, "model.norm.scale") @ p["model.head.weight"]
+    for index in range(1, len(values)):
+        before, layer = values[index - 1], values[index]
+        wanted = layer.takes()
+        if wanted is None or wanted != before.gives():
+            takes = "integer tokens" if wanted is None else f"{wanted} features"
+            raise fail(
+                "E-SHAPE-011",
+                f"layer {index} of `sequential` (`{layer.name}`) takes {takes}, "
+                f"but layer {index - 1} (`{before.name}`) gives {before.gives()} "
+                "features",
+                span,
+                "only the first layer takes tokens"
+                if wanted is None
+                else f"make layer {index} take {before.gives()} features",
+            )
+    return SequentialSpec(tuple(values))
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -143,30 +241,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def _int(kwargs: dict[str, Any], key: str, span: Span) -> int:
-    value = expect(kwargs[key], int, f"`:{key}` of `gpt`", span, "a positive integer")
-    if value < 1:
-        raise fail(
-            "E-EVAL-007", f"`:{key}` of `gpt` must be positive, got {value}", span
-        )
-    return int(value)
-
-
-def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
-    kwargs = {"context": 1024, **kwargs}
-    spec = GPTSpec(
-        *(_int(kwargs, k, span) for k in ("vocab", "layers", "dim", "heads", "context"))
-    )
-    if spec.dim % spec.heads:
-        raise fail(
-            "E-SHAPE-001",
-            f"`gpt` :dim {spec.dim} is not divisible by :heads {spec.heads}",
-            span,
-            "pick :heads dividing :dim",
-        )
-    return spec
 
 
 def _cross_entropy(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
@@ -216,6 +290,45 @@ def exports() -> dict[str, Builtin]:
             ("vocab", "layers", "dim", "heads", "context"),
             ("vocab", "layers", "dim", "heads"),
             "(gpt :vocab 32 :layers 2 :dim 32 :heads 2)",
+        ),
+        "embedding": Builtin(
+            "embedding",
+            _embedding,
+            (0, 0),
+            ("vocab", "dim"),
+            ("vocab", "dim"),
+            "(embedding :vocab 32 :dim 16)",
+        ),
+        "linear": Builtin(
+            "linear",
+            _linear,
+            (0, 0),
+            ("in", "out", "bias"),
+            ("in", "out"),
+            "(linear :in 16 :out 32)",
+        ),
+        "mlp": Builtin(
+            "mlp",
+            _mlp,
+            (0, 0),
+            ("dims", "activation", "bias"),
+            ("dims",),
+            "(mlp :dims [16 64 16])",
+        ),
+        "layer-norm": Builtin(
+            "layer-norm",
+            _layer_norm,
+            (0, 0),
+            ("dim", "eps"),
+            ("dim",),
+            "(layer-norm :dim 16)",
+        ),
+        "sequential": Builtin(
+            "sequential",
+            _sequential,
+            (1, None),
+            (),
+            doc="(sequential (embedding :vocab 32 :dim 16) (linear :in 16 :out 32))",
         ),
         "cross-entropy": Builtin(
             "cross-entropy",

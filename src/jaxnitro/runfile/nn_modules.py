@@ -1,0 +1,197 @@
+"""The Flax NNX modules behind the "sexpgpu/nn" models.
+
+Each class is built from NNX layers (`nnx.Linear`, `nnx.Embed`, `nnx.LayerNorm`,
+`nnx.RMSNorm`); its attribute names are chosen so that the run file's parameter
+names follow from the NNX state paths by one rule (`nn_models.parameter_name`):
+`attn_norm` is `attn-norm`, an `nnx.Linear`'s `kernel` is `weight`, and an
+`nnx.Embed`'s table takes the name of the attribute holding it
+(`embed.token.embedding` is `embed.token`).
+
+This module imports Flax at import time; `nn_models` imports it only when a model
+is built, so the rest of the run file works without the `flax` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
+    "gelu": jax.nn.gelu,
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+"""The activations `mlp :activation` names."""
+
+GPT_STD = 0.02
+"""The standard deviation of `gpt`'s weights and embeddings (GPT-2's)."""
+
+
+class Embeddings(nnx.Module):
+    """`gpt`'s learned token and position embeddings: `token` [vocab, dim] and
+    `position` [context, dim]."""
+
+    def __init__(self, vocab: int, context: int, dim: int, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(GPT_STD)
+        self.token = nnx.Embed(vocab, dim, embedding_init=init, rngs=rngs)
+        self.position = nnx.Embed(context, dim, embedding_init=init, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """[batch, time] integer tokens -> [batch, time, dim] embeddings."""
+        # The tables are read directly: `nnx.Embed.__call__` casts to its `dtype`
+        # (float32 unless given), which would undo a bf16 run's compute dtype.
+        time = tokens.shape[1]
+        return self.token.embedding[...][tokens] + self.position.embedding[:time][None]
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention: `query`, `key`, `value` and `out`, each an
+    `nnx.Linear` [dim, dim] with a bias."""
+
+    def __init__(self, dim: int, heads: int, residual_std: float, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(GPT_STD)
+        self.heads = heads
+        self.query = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
+        self.key = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
+        self.value = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
+        self.out = nnx.Linear(
+            dim, dim, kernel_init=nnx.initializers.normal(residual_std), rngs=rngs
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[batch, time, dim] -> [batch, time, dim]; a position sees itself and the
+        positions before it."""
+        # Written out rather than jax.nn.dot_product_attention, whose XLA form (the
+        # one it picks by default) moves about 2% more bytes on the minimal model.
+        batch, time, dim = x.shape
+        head_dim = dim // self.heads
+        split = (batch, time, self.heads, head_dim)
+        q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
+        causal = jnp.tril(jnp.ones((time, time), bool))[None, None]
+        weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+        mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        return self.out(mixed.reshape(batch, time, dim))
+
+
+class FeedForward(nnx.Module):
+    """`gpt`'s MLP: `up` [dim, 4 dim], GELU, `down` [4 dim, dim], with biases."""
+
+    def __init__(self, dim: int, residual_std: float, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(GPT_STD)
+        self.up = nnx.Linear(dim, 4 * dim, kernel_init=init, rngs=rngs)
+        self.down = nnx.Linear(
+            4 * dim, dim, kernel_init=nnx.initializers.normal(residual_std), rngs=rngs
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[..., dim] -> [..., dim]."""
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+    """A pre-norm transformer block: `x + attn(attn_norm(x))`, then
+    `x + mlp(mlp_norm(x))`; the norms are RMS norms with a scale."""
+
+    def __init__(self, dim: int, heads: int, residual_std: float, *, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
+        self.attn = Attention(dim, heads, residual_std, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
+        self.mlp = FeedForward(dim, residual_std, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[batch, time, dim] -> [batch, time, dim]."""
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nnx.Module):
+    """A decoder-only transformer: `embed`, `blocks`, a final RMS `norm` and an
+    untied `head` [dim, vocab] without a bias. Weights and embeddings start
+    normal(0.02), the residual projections (`attn.out`, `mlp.down`) normal(0.02 /
+    sqrt(2 layers)); biases start at 0 and norm scales at 1."""
+
+    def __init__(
+        self,
+        vocab: int,
+        layers: int,
+        dim: int,
+        heads: int,
+        context: int,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        residual_std = GPT_STD / (2 * layers) ** 0.5
+        self.embed = Embeddings(vocab, context, dim, rngs=rngs)
+        self.blocks = nnx.List(
+            [Block(dim, heads, residual_std, rngs=rngs) for _ in range(layers)]
+        )
+        self.norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
+        self.head = nnx.Linear(
+            dim,
+            vocab,
+            use_bias=False,
+            kernel_init=nnx.initializers.normal(GPT_STD),
+            rngs=rngs,
+        )
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """[batch, time] integer tokens -> [batch, time, vocab] logits."""
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class Embedding(nnx.Module):
+    """The `embedding` layer: its table `weight` [vocab, dim] is an `nnx.Embed`
+    (NNX's default initialisation)."""
+
+    def __init__(self, vocab: int, dim: int, *, rngs: nnx.Rngs):
+        self.weight = nnx.Embed(vocab, dim, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """[...] integer tokens -> [..., dim] (in the table's dtype, see
+        `Embeddings`)."""
+        return self.weight.embedding[...][tokens]
+
+
+class MLP(nnx.Module):
+    """The `mlp` layer: `nnx.Linear` layers numbered from 0 between consecutive
+    sizes of `dims`, the activation between them (none after the last)."""
+
+    def __init__(
+        self, dims: Sequence[int], activation: str, bias: bool, *, rngs: nnx.Rngs
+    ):
+        self.activation = activation
+        self.layers = nnx.List(
+            [
+                nnx.Linear(a, b, use_bias=bias, rngs=rngs)
+                for a, b in zip(dims[:-1], dims[1:], strict=True)
+            ]
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[..., dims[0]] -> [..., dims[-1]]."""
+        act = ACTIVATIONS[self.activation]
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == len(self.layers) - 1 else act(layer(x))
+        return x
+
+
+class Sequential(nnx.Module):
+    """`sequential`: its `layers` applied in order (numbered from 0)."""
+
+    def __init__(self, layers: Sequence[nnx.Module]):
+        self.layers = nnx.List(list(layers))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The last layer's output of `x` passed through every layer."""
+        for layer in self.layers:
+            x = layer(x)
+        return x
