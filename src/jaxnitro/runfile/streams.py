@@ -6,6 +6,8 @@ records is a permutation seeded by the run seed and `k`, and stream position `p`
 is record `perm_k[p % n]` with `k = p // n`. Engine epoch `e` holds the batches of
 cadence block `e` (see `cadence.CadencePlan`), so its records are a fixed slice of
 the stream: any worker count, and a resume at epoch `e`, read the same records.
+A curriculum stage may switch the loader between blocks (`TrainBlocks.use`): the
+next blocks read the same stream positions of that loader's stream.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class TrainBlocks:
         self.epoch_token = 0
         self._epoch = 0
         self._current = 0
+        self._planned: tuple[int, np.ndarray, Records] | None = None
+
+    def use(self, stream: RecordStream) -> None:
+        """Read the blocks planned from now on from `stream` (a stage's loader)."""
+        self.stream = stream
 
     def __len__(self) -> int:
         return self.blocks[min(self._current, len(self.blocks) - 1)]
@@ -94,22 +101,26 @@ class TrainBlocks:
         size = self.batch_size
         return self.stream.rows(first * size, self.blocks[block] * size)
 
-    def begin_epoch(self) -> tuple[int, np.ndarray]:
-        """Plan the next epoch: its index and its records' rows, computed once so a
-        batch is one gather per field."""
+    def begin_epoch(self) -> tuple[int, np.ndarray, Records]:
+        """Plan the next epoch: its index, its records' rows (computed once, so a
+        batch is one gather per field) and the records they index."""
         epoch = self._epoch
         self._epoch += 1
         self._current = epoch
         self.epoch_token += 1
-        return epoch, self.epoch_rows(epoch)
+        self._planned = (epoch, self.epoch_rows(epoch), self.stream.records)
+        return self._planned
 
     def batch_at(self, i: int, plan: Any = None) -> dict[str, np.ndarray]:
         """Batch `i` of the epoch `plan`: what `begin_epoch` returned, an epoch
         index, or None for the last planned epoch."""
-        if plan is None or isinstance(plan, int):
-            plan = (plan, self.epoch_rows(self._current if plan is None else plan))
-        rows = plan[1][i * self.batch_size : (i + 1) * self.batch_size]
-        records = self.stream.records
+        if plan is None and self._planned is not None:
+            plan = self._planned
+        elif plan is None or isinstance(plan, int):
+            epoch = self._current if plan is None else plan
+            plan = (epoch, self.epoch_rows(epoch), self.stream.records)
+        _, all_rows, records = plan
+        rows = all_rows[i * self.batch_size : (i + 1) * self.batch_size]
         records.check_rows(rows)
         return {name: array[rows] for name, array in records.arrays.items()}
 
@@ -138,3 +149,8 @@ def eval_batches(
         }
         for start in range(0, n, batch_size)
     ]
+
+
+def train_split(blocks: TrainBlocks) -> Any:
+    """The train split as the engine gets it."""
+    return blocks
