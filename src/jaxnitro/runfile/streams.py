@@ -125,8 +125,21 @@ class TrainBlocks:
         return {name: array[rows] for name, array in records.arrays.items()}
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        plan = self.begin_epoch()
-        return (self.batch_at(i, plan) for i in range(len(self)))
+        """The next epoch's batches, read inline (`NoPrefetch`): one gather per
+        field for the whole block, then each batch is a view of it."""
+        _, rows, records = self.begin_epoch()
+        return self._views(rows, records)
+
+    def _views(
+        self, rows: np.ndarray, records: Records
+    ) -> Iterator[dict[str, np.ndarray]]:
+        gathered = {name: array[rows] for name, array in records.arrays.items()}
+        size = self.batch_size
+        for start in range(0, len(rows), size):
+            records.check_rows(rows[start : start + size])
+            yield {
+                name: array[start : start + size] for name, array in gathered.items()
+            }
 
 
 def eval_batches(
@@ -152,5 +165,18 @@ def eval_batches(
 
 
 def train_split(blocks: TrainBlocks) -> Any:
-    """The train split as the engine gets it."""
-    return blocks
+    """The train split as the engine gets it: inline on a CPU backend, else through
+    the engine's prefetch stream.
+
+    A batch is one gather per field from arrays in memory (microseconds), so on a
+    CPU backend worker threads only add hand-offs and compete with the step for
+    the cores: the run file then reads its batches on the training thread, as the
+    engine reads a list of built batches (`NoPrefetch`; measured with
+    benchmarks/runfile.py). On an accelerator the stream's threads stage the next
+    batch on the device while the current step runs.
+    """
+    import jax
+
+    import jaxnitro as nx
+
+    return nx.NoPrefetch(blocks) if jax.default_backend() == "cpu" else blocks
