@@ -135,3 +135,33 @@ def test_get_reads_a_keyword_list_and_names_a_missing_key(tmp_path):
     path.write_text("(defvar a (get 3 :x))\n")
     with pytest.raises(RunfileError, match=r"reads a keyword list, got an integer"):
         evaluate_file(str(path))
+
+
+def test_explain_says_when_the_curriculum_runs(staged):
+    from jaxnitro.runfile.explain import explain_lines
+
+    lines = explain_lines(str(staged))
+    assert (
+        "curriculum: after each cadence block; a stage's :lr-scale and :loader "
+        "apply from the next block" in lines
+    )
+    assert "run: 6 steps in 3 cadence blocks of 2 steps" in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("stage", "code", "message"),
+    [
+        ("(list :loader 3)", "E-RUN-006", "sets :loader to an integer"),
+        ("(list :lr-scale :x)", "E-RUN-005", "sets :lr-scale :x; it must be"),
+        ("(list :next prepare)", "E-RUN-005", "returned a function of 1 argument"),
+    ],
+)
+def test_a_stage_the_engine_cannot_apply_or_keep_is_refused(
+    staged, tmp_path, stage, code, message
+):
+    text = STAGED[: STAGED.index("(defun curriculum")]
+    text += f"(defun curriculum (stage ctx observations) {stage})\n"
+    staged.write_text(text + "(defrun :steps 2 :cadence 1 :seed 1)\n")
+    with pytest.raises(RunfileError, match=message) as caught:
+        run_file(str(staged), run_dir=str(tmp_path / "run"))
+    assert caught.value.codes == [code]

@@ -99,7 +99,7 @@ def test_sexpgpu_run_realistic_smoke_30_steps_on_cpu(examples):
         "  counter tokens 62400",
     ]
     log = (examples / "smoke" / "metrics.jsonl").read_text()
-    assert '"context": "validate"' in log and '"eval/loss"' in log
+    assert '"context": "validate"' in log and '"valid/loss"' in log
 
 
 @pytest.mark.slow
