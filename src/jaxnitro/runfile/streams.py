@@ -168,12 +168,13 @@ def train_split(blocks: TrainBlocks) -> Any:
     """The train split as the engine gets it: inline on a CPU backend, else through
     the engine's prefetch stream.
 
-    A batch is one gather per field from arrays in memory (microseconds), so on a
-    CPU backend worker threads only add hand-offs and compete with the step for
-    the cores: the run file then reads its batches on the training thread, as the
-    engine reads a list of built batches (`NoPrefetch`; measured with
-    benchmarks/runfile.py). On an accelerator the stream's threads stage the next
-    batch on the device while the current step runs.
+    A batch is a view of one gather per field a block (microseconds), so on a CPU
+    backend worker threads would only add hand-offs and compete with the step for
+    the cores: the run file reads its batches on the training thread, as the engine
+    reads the list of built batches a hand-written experiment gives it
+    (`NoPrefetch`; docs/runfile.md, "Speed", has the measurements). On an
+    accelerator the stream's threads stage the next batch on the device while the
+    current step runs.
     """
     import jax
 
