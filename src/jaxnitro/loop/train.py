@@ -1,7 +1,8 @@
 """The automatic training loop: epochs, validation, stopping rules, checkpoints, logs.
 
 Each epoch runs the micro-batches (`steps.run_epoch`), then validates, updates every
-Plateau and the early-stopping policy from the validation metrics, appends one
+Plateau and the early-stopping policy from the validation metrics, runs the
+`Nitro.on_epoch_end` hooks (whose metrics join the validation's), appends one
 history row, writes the validate line, and checkpoints. The run ends at max_epochs
 or max_steps ("completed"), at an early stop ("early_stop"), at a requested stop
 ("requested"), at a stop a SIGTERM requested ("preempted"), or by raising ("error").
