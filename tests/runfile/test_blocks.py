@@ -99,3 +99,17 @@ def test_a_pass_the_run_cannot_schedule_is_refused_by_check(
         "E-RUN-007": "an evaluation pass named",
     }[message]
     assert expected in str(caught.value)
+
+
+def test_sexpgpu_run_prints_each_pass_before_the_done_line(folder, capsys):
+    from jaxnitro.cli import main
+
+    path = folder / "passes.sx"
+    path.write_text(PASSES)
+    run_dir = str(folder / "run")
+    assert main(["run", str(path), "--steps", "4", "--run-dir", run_dir]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("eval quick at step 4: quick/objective ")
+    assert out[1].startswith("eval slow at step 4: slow/objective ")
+    assert out[2].startswith("done: 4 steps, train/loss ")
+    assert out[3:] == ["  counter records 16", "  counter tokens 272"]
