@@ -113,3 +113,27 @@ def test_sexpgpu_run_prints_each_pass_before_the_done_line(folder, capsys):
     assert out[1].startswith("eval slow at step 4: slow/objective ")
     assert out[2].startswith("done: 4 steps, train/loss ")
     assert out[3:] == ["  counter records 16", "  counter tokens 272"]
+
+
+def test_the_curriculum_observes_the_passes_that_ran_in_its_block(folder):
+    path = folder / "observed.sx"
+    path.write_text(
+        PASSES.replace(
+            "(defrun",
+            "(defun curriculum (stage ctx observations)\n"
+            "  (list :slow (get observations :slow/loss -1.0)\n"
+            "        :train (get observations :train/loss)))\n(defrun",
+        )
+    )
+    rows = list(run_file(str(path), run_dir=str(folder / "run")).handle.history)
+    text = (folder / "run" / "metrics.jsonl").read_text()
+    lines = [json.loads(x) for x in text.splitlines()]
+    stages = {
+        x["step"]: x["curriculum/stage"] for x in lines if "curriculum/stage" in x
+    }
+    validate = {x["step"]: x for x in lines if x.get("context") == "validate"}
+    assert stages[2].startswith("[:slow -1.0 :train ")  # slow runs every 4 steps
+    slow = float(stages[4].split()[1])
+    assert slow == pytest.approx(validate[4]["slow/loss"], rel=1e-6)
+    train = float(stages[6].split()[3][:-1])  # the block's mean objective
+    assert train == pytest.approx(rows[2]["train_loss"], rel=1e-6)
