@@ -247,3 +247,18 @@ def test_adamw_groups_step_as_optax_adamw_with_each_groups_settings(minimal, tmp
         updates, _ = rule.update(grads[name], rule.init(before[name]), before[name])
         expected = optax.apply_updates(before[name], updates)
         np.testing.assert_allclose(after[name], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_precision_computes_in_bf16_and_keeps_f32_master_weights(
+    minimal, tmp_path
+):
+    text = (EXAMPLES / "minimal.sx").read_text()
+    minimal.write_text(text)
+    f32 = run_file(str(minimal), steps=4, run_dir=str(tmp_path / "f32"))
+    minimal.write_text(text.replace(":precision :f32", ":precision :bf16"))
+    bf16 = run_file(str(minimal), steps=4, run_dir=str(tmp_path / "bf16"))
+    assert bf16.handle.config.precision == "bf16"
+    weights = jax.tree.leaves(bf16.handle.parameters)
+    assert {w.dtype for w in weights} == {jnp.dtype("float32")}
+    assert bf16.train_loss == pytest.approx(f32.train_loss, abs=0.05)
+    assert bf16.train_loss != f32.train_loss  # bf16 matmuls round differently

@@ -44,7 +44,10 @@ def test_explain_reads_the_realistic_smoke_variant_back(examples, capsys):
         "step: 4 micro-batches of 8 records (32 records a step), precision bf16" in out
     )
     assert "run: 2000 steps in 40 cadence blocks of 50 steps" in out
-    assert "evaluation pass valid: 16 batches of 8 records after each cadence" in out
+    assert (
+        "evaluation pass valid: 16 batches of 8 records every 100 steps and after "
+        "the last" in out
+    )
     assert "  lr 0.0015: run value" in out and "  seed 1: run value" in out
     assert "  layers 2: graph constant" in out and "  seq 64: graph constant" in out
 
@@ -96,7 +99,7 @@ def test_sexpgpu_run_realistic_smoke_30_steps_on_cpu(examples):
         "  counter tokens 62400",
     ]
     log = (examples / "smoke" / "metrics.jsonl").read_text()
-    assert '"context": "validate"' in log and '"eval/loss"' in log
+    assert '"context": "validate"' in log and '"valid/loss"' in log
 
 
 @pytest.mark.slow
@@ -119,29 +122,3 @@ def test_sexpgpu_run_a_sweep_runs_every_point_in_its_own_directory(examples):
     assert done.returncode == 0, done.stderr
     assert "sweep seeds: 2 runs" in done.stdout
     assert sorted(p.name for p in (examples / "sw").iterdir()) == ["seed=1", "seed=2"]
-
-
-def test_run_refuses_a_second_evaluation_pass(examples, capsys):
-    text = (examples / "realistic.sx").read_text()
-    start = text.index("(defeval valid")
-    block = text[start : text.index("(defun prepare")]
-    (examples / "two.sx").write_text(
-        text.replace(block, block + block.replace("defeval valid", "defeval again"))
-    )
-    assert main(["run", str(examples / "two.sx"), "--variant", "smoke"]) == 1
-    err = capsys.readouterr().err
-    assert "E-RUN-002 a second evaluation pass `again`" in err
-
-
-def test_run_refuses_a_curriculum_it_would_not_apply(examples, capsys):
-    text = (examples / "minimal.sx").read_text()
-    text = text.replace(
-        "(defrun",
-        "(defun curriculum (stage ctx observations) stage)\n\n(defrun",
-    )
-    (examples / "staged.sx").write_text(text)
-    assert main(["check", str(examples / "staged.sx")]) == 0
-    capsys.readouterr()
-    assert main(["run", str(examples / "staged.sx"), "--steps", "1"]) == 1
-    err = capsys.readouterr().err
-    assert "E-RUN-003 `curriculum` is defined, and `run` does not apply" in err

@@ -1,7 +1,8 @@
 """The automatic training loop: epochs, validation, stopping rules, checkpoints, logs.
 
 Each epoch runs the micro-batches (`steps.run_epoch`), then validates, updates every
-Plateau and the early-stopping policy from the validation metrics, appends one
+Plateau and the early-stopping policy from the validation metrics, runs the
+`Nitro.on_epoch_end` hooks (whose metrics join the validation's), appends one
 history row, writes the validate line, and checkpoints. The run ends at max_epochs
 or max_steps ("completed"), at an early stop ("early_stop"), at a requested stop
 ("requested"), at a stop a SIGTERM requested ("preempted"), or by raising ("error").
@@ -343,6 +344,8 @@ def _train(nitro: Nitro) -> None:
                 early, scales = (
                     _after_validation(nitro, epoch, metrics) if counted else (False, {})
                 )
+            added = _epoch_end_hooks(nitro, epoch, log.mean_loss(), flat)
+            flat = {**flat, **added}
             # A stop asked for during validation ends the run after this epoch too.
             requested = requested or nitro.status.stop_requested
             nitro.status.held_stop = _loss_so_far(nitro, log) if partial else None
@@ -359,8 +362,10 @@ def _train(nitro: Nitro) -> None:
                 )
             )
             _show_epoch(nitro, flat)
-            if metrics and midway is None:
+            if (metrics or added) and midway is None:
                 _log_validation(nitro, epoch, flat, scales)
+            elif added:  # the mid-epoch line at this step lacks what the hooks added
+                _log_validation(nitro, epoch, added, {})
             logproto.log_metrics(
                 nitro.logger,
                 {"data_wait_frac": data_wait_frac},
@@ -401,6 +406,25 @@ def _train(nitro: Nitro) -> None:
     uncut = nitro.prepared.uncut_sizes
     if uncut is not None:
         print_smoke_report(nitro, uncut)
+
+
+def _epoch_end_hooks(
+    nitro: Nitro, epoch: int, train_loss: float, flat: dict[str, Any]
+) -> dict[str, Any]:
+    """Run the `on_epoch_end` hooks in order; the metrics they added, flattened."""
+    added: dict[str, Any] = {}
+    for hook in nitro.status.epoch_end_hooks:
+        observations = {"train_loss": train_loss, **flat, **added}
+        returned = hook(nitro, epoch, observations)
+        if returned is None:
+            continue
+        if not isinstance(returned, dict):
+            raise ConfigError(
+                f"The on_epoch_end hook {getattr(hook, '__name__', hook)!r} returned "
+                f"{type(returned).__name__}; it returns a dict of metrics or None."
+            )
+        added.update(flatten(returned))
+    return added
 
 
 def _prepare_profile(nitro: Nitro) -> None:

@@ -59,7 +59,7 @@ from .config import RunConfig
 from .prepared import Prepared
 from .setup import SetupOutcome, SetupSequence
 from .state import TrainState
-from .status import RunStatus
+from .status import EpochEndHook, RunStatus
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -977,6 +977,37 @@ class Nitro:
         it pending).
         """
         self.status.stop_requested = True
+
+    def on_epoch_end(self, hook: EpochEndHook) -> Nitro:
+        """Call `hook(nitro, epoch, observations)` at the end of every epoch `train()`
+        runs, on the host, after the epoch's validation and before its history row
+        and its checkpoint: a place to evaluate more splits, log, or change Device
+        fields (`set_device`) before the next epoch starts.
+
+        `observations` holds `train_loss` (the epoch's mean train loss) and the
+        epoch's validation metrics, flattened. The scalars the hook returns (a
+        dict, or None for none) join those metrics: the history row, the validate
+        line and the checkpoint's metrics hold them. Hooks run in the order they
+        were registered, each seeing what the earlier ones returned; one that
+        raises ends the run with that error, as a failing step does.
+
+        Returns:
+            This handle, so calls chain.
+
+        Example::
+
+            def test_too(nitro, epoch, observations):
+                return {f"test/{k}": v for k, v in nitro.evaluate("test").items()}
+
+            nitro.on_epoch_end(test_too).train()
+        """
+        if not callable(hook):
+            raise ConfigError(
+                f"on_epoch_end takes a function (nitro, epoch, observations) -> "
+                f"metrics or None; got {type(hook).__name__}."
+            )
+        self.status.epoch_end_hooks.append(hook)
+        return self
 
     def set_device(self, *field_value: Any, **values: Any) -> Nitro:
         """Write Device fields of the live handle; compiles nothing.

@@ -9,12 +9,19 @@ released the data sources. The handle owns one (`nitro.status`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoint.lock import RunDirLock
 from ..checkpoint.record import CheckpointRecord
 from ..observe.profiling import StepProfiler
+
+EpochEndHook = Callable[[Any, int, dict[str, Any]], "Mapping[str, Any] | None"]
+"""`hook(nitro, epoch, observations) -> metrics or None`, called on the host at an
+epoch's end, after its validation and before its history row and checkpoint.
+`observations` holds `train_loss` (the epoch's mean) and the validation metrics,
+flattened; the metrics it returns join them (`Nitro.on_epoch_end`)."""
 
 
 @dataclass
@@ -45,6 +52,8 @@ class RunStatus:
         run_lock: this handle's share of the run directory's lock while it may
             write there (from setup for a resume, else for one `train()`); None
             when it holds none.
+        epoch_end_hooks: the functions `Nitro.on_epoch_end` registered, called
+            in order at each epoch end (`EpochEndHook`).
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -59,6 +68,7 @@ class RunStatus:
     profiler: StepProfiler | None = None
     step_seconds: float | None = None
     run_lock: RunDirLock | None = None
+    epoch_end_hooks: list[EpochEndHook] = field(default_factory=list)
 
     def release_run_lock(self) -> None:
         """Give up the handle's share of the run directory's lock, if it holds one."""

@@ -116,6 +116,7 @@ def check_file(path: str, selection: Selection | None = None) -> CheckReport:
                 "check the shapes prepare passes to the model",
             ) from None
     run = result.run
+    check_passes(result)
     graphs = (1 if run.microbatches == 1 else 2) + len(result.evals)
     optimizer = result.value("optimizer")
     return CheckReport(
@@ -125,6 +126,38 @@ def check_file(path: str, selection: Selection | None = None) -> CheckReport:
         run.steps,
         optimizer.assign(shapes),
     )
+
+
+def check_passes(result: Evaluated) -> None:
+    """Refuse evaluation passes the run cannot schedule.
+
+    Raises:
+        RunfileError: E-RUN-007 for a pass named `train` (the train split's name)
+            or named twice; E-RUN-004 for an `:every` that is not a multiple of
+            defrun's `:cadence` (a pass runs where a cadence block ends).
+    """
+    seen: set[str] = set()
+    cadence = result.run.cadence
+    for name, spec, span in result.evals:
+        if name == "train" or name in seen:
+            raise fail(
+                "E-RUN-007",
+                f"an evaluation pass named `{name}`"
+                + (" twice" if name in seen else ", the train split's name"),
+                span,
+                "give each (defeval NAME ...) a name of its own, other than train",
+            )
+        seen.add(name)
+        if spec.every is not None and spec.every % cadence:
+            raise fail(
+                "E-RUN-004",
+                f"pass `{name}` runs :every {spec.every} steps, which is not a "
+                f"multiple of defrun's :cadence {cadence}: a pass runs where a "
+                "cadence block ends",
+                span,
+                f"use :every {max(cadence, spec.every // cadence * cadence)}, or "
+                "leave :every out (after every block)",
+            )
 
 
 def _size(shape: tuple[int, ...]) -> int:

@@ -159,7 +159,7 @@ def _slice(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
 
 def core_names() -> dict[str, Any]:
     """The names bound in every run file before its first form."""
-    from . import stdlib_data, stdlib_optim, tensors
+    from . import curriculum, stdlib_data, stdlib_optim, tensors
 
     names: dict[str, Any] = {
         "+": _arith("+", operator.add, 0),
@@ -182,4 +182,5 @@ def core_names() -> dict[str, Any]:
     names.update(tensors.names())
     names.update(stdlib_data.names())
     names.update(stdlib_optim.core_names())
+    names.update(curriculum.names())
     return names

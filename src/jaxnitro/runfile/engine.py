@@ -2,11 +2,12 @@
 
 What maps to what:
 
-- `train-loader` and the first `defeval` pass are the splits `train` and `val`
-  (`streams`); `:steps` and `:cadence` become epochs (`cadence`).
+- `train-loader` is the split `train` and each `defeval` pass a split of its own
+  name (`streams`); `:steps` and `:cadence` become epochs (`cadence`), and the
+  passes and the `curriculum` run at each epoch end (`blocks`).
 - `forward` is `prepare` (or `eval-prepare` outside training) then the model; it
   returns `(prediction, targets)`, `loss` is `objective` of them, and `metrics` is
-  `evaluate` (traced, on the device).
+  `evaluate` with the objective beside it (traced, on the device).
 - The optimizer's groups are engine parameter groups, each with its own Optax rule;
   every group's learning rate (a number or a schedule), betas and eps are schedule
   entries, so they reach the programs as inputs: a learning-rate sweep compiles
@@ -38,7 +39,7 @@ from .source import fail
 from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec
 from .stdlib_nn import GPTSpec, flatten, nest
 from .stdlib_optim import OptimizerSpec, ScheduleSpec, schedule_value
-from .streams import RecordStream, TrainBlocks, eval_batches
+from .streams import RecordStream, TrainBlocks, eval_batches, train_split
 from .values import keyword_list
 
 ADAM_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.0}
@@ -71,6 +72,11 @@ class CompiledRun:
     plan: CadencePlan
     groups: tuple[GroupSettings, ...]
     graph: str
+    lr_scale: list[float] = field(default_factory=lambda: [1.0], compare=False)
+    """The current stage's `:lr-scale` (one item, set between blocks)."""
+    streams: dict[LoaderSpec, RecordStream] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def train_loader(self) -> LoaderSpec:
@@ -78,12 +84,31 @@ class CompiledRun:
         return self.result.value("train-loader")  # type: ignore[no-any-return]
 
     @property
-    def eval_pass(self) -> tuple[str, EvalSpec] | None:
-        """The first `defeval` pass (the engine's `val` split), or None."""
-        if not self.result.evals:
-            return None
-        name, spec, _ = self.result.evals[0]
-        return name, spec
+    def eval_passes(self) -> list[tuple[str, EvalSpec]]:
+        """The `defeval` passes in file order: each is a split of its name."""
+        return [(name, spec) for name, spec, _ in self.result.evals]
+
+    @property
+    def has_curriculum(self) -> bool:
+        """Whether the file defines `curriculum`."""
+        return "curriculum" in self.result.defined
+
+    def every(self, spec: EvalSpec) -> int:
+        """A pass's period in steps: its `:every`, else defrun's cadence."""
+        return spec.every or self.run.cadence
+
+    def record_stream(self, loader: LoaderSpec) -> RecordStream:
+        """The endless record stream of a train loader, read once per run.
+
+        Raises:
+            RunfileError: E-LOAD diagnostics of a missing file or a bad record.
+        """
+        found = self.streams.get(loader)
+        if found is None:
+            base = os.path.dirname(os.path.abspath(self.path))
+            found = RecordStream(read_records(loader, base), self.run.seed)
+            self.streams[loader] = found
+        return found
 
     def group_of(self, parameter: str) -> str:
         """The engine group of a parameter's dotted name."""
@@ -94,6 +119,9 @@ class CompiledRun:
         constant (the engine then computes nothing per step), else `step -> rate`
         over the run's steps."""
         rate, steps = group.lr, self.run.steps
+        if self.has_curriculum:  # a stage may scale it between blocks
+            scale = self.lr_scale
+            return lambda step: schedule_value(rate, int(step), steps) * scale[0]
         if not isinstance(rate, ScheduleSpec) or rate.name == "constant":
             return schedule_value(rate, 0, steps)
         return lambda step: schedule_value(rate, int(step), steps)
@@ -128,22 +156,22 @@ class CompiledRun:
         return dict(keyword_list(value) or {})
 
     def splits(self) -> dict[str, Any]:
-        """The engine's splits: `train` in cadence blocks, `val` from the first pass.
+        """The engine's splits: `train` in cadence blocks, one per pass by name.
 
         Raises:
             RunfileError: E-LOAD diagnostics of a missing file or a bad record.
         """
         base = os.path.dirname(os.path.abspath(self.path))
         loader = self.train_loader
-        stream = RecordStream(read_records(loader, base), self.run.seed)
-        data: dict[str, Any] = {
-            "train": TrainBlocks(stream, loader.batch_size, self.plan.batches_per_epoch)
-        }
-        found = self.eval_pass
-        if found is not None:
-            _, spec = found
+        blocks = TrainBlocks(
+            self.record_stream(loader),
+            loader.batch_size,
+            self.plan.batches_per_epoch,
+        )
+        data: dict[str, Any] = {"train": train_split(blocks)}
+        for name, spec in self.eval_passes:
             records = read_records(spec.loader, base)
-            data["val"] = eval_batches(records, spec.loader.batch_size, spec.batches)
+            data[name] = eval_batches(records, spec.loader.batch_size, spec.batches)
         return data
 
 
@@ -176,9 +204,13 @@ class RunfileExperiment(nx.Experiment):
         return _TRACED[self.graph].objective(prediction, targets)
 
     def metrics(self, outputs: Any) -> dict[str, Any]:
+        # The objective beside `evaluate`'s metrics; `blocks` names them by pass.
         prediction, targets = outputs
-        found = _TRACED[self.graph].evaluate(prediction, targets)
-        return {f"eval/{name}": (value, 1) for name, value in found.items()}
+        run = _TRACED[self.graph]
+        found = {"objective": (run.objective(prediction, targets), 1)}
+        for name, value in run.evaluate(prediction, targets).items():
+            found[f"eval/{name}"] = (value, 1)
+        return found
 
     def metrics_residency(self, hook: str) -> str:
         return "device"
@@ -292,8 +324,7 @@ def compile_run(
 
     Raises:
         RunfileError: any coded diagnostic `check` raises, E-RUN-001 for a
-            precision the engine does not run, E-RUN-002 for a second `defeval`,
-            E-RUN-003 for a `curriculum`, which `run` does not apply yet.
+            precision the engine does not run.
     """
     from .check import check_file, evaluate_checked
 
@@ -308,23 +339,6 @@ def compile_run(
             f"`:precision :{run.precision}` does not run on the engine yet",
             result.run_span,
             "use :precision :f32 or :bf16 (bf16 compute, f32 master weights)",
-        )
-    if len(result.evals) > 1:
-        name, _, span = result.evals[1]
-        raise fail(
-            "E-RUN-002",
-            f"a second evaluation pass `{name}`: the engine runs one pass "
-            f"(`{result.evals[0][0]}`) at each cadence boundary for now",
-            span,
-            "keep one (defeval ...) in the file, or check the others with "
-            "`sexpgpu check`",
-        )
-    if "curriculum" in result.defined:
-        raise fail(
-            "E-RUN-003",
-            "`curriculum` is defined, and `run` does not apply a curriculum yet",
-            result.defined["curriculum"],
-            "remove it to run the file (`check` still checks it)",
         )
     model: GPTSpec = result.value("model")
     optimizer: OptimizerSpec = result.value("optimizer")
@@ -355,8 +369,10 @@ def handle_keywords(compiled: CompiledRun, run_dir: str | None) -> dict[str, Any
         # One checkpoint a cadence block, the latest kept: `evaluate` metrics are
         # the run file's own, so there is no agreed "best" to rank by.
         "checkpointer": nx.Checkpointer(keep=nx.Last(1)),
-        # The objective on the evaluation pass, beside `evaluate`'s metrics.
-        "eval_loss": compiled.eval_pass is not None,
+        # `metrics` reports the objective on a pass itself: the engine's eval loss
+        # would make it the monitor, and a checkpointer ranking by it would miss
+        # it at the blocks where no pass runs.
+        "eval_loss": False,
     }
 
 

@@ -127,13 +127,16 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
         f"{plan.cadence} steps (engine epochs; the last of "
         f"{plan.steps_per_epoch[-1]}), seed {run.seed}"
     )
-    found = compiled.eval_pass
-    if found is not None:
-        name, spec = found
+    for name, spec in compiled.eval_passes:
         limit = "every record" if spec.batches is None else f"{spec.batches} batches"
         lines.append(
             f"evaluation pass {name}: {limit} of {spec.loader.batch_size} records "
-            f"after each cadence block (its :every {spec.every} is not read yet)"
+            f"every {compiled.every(spec)} steps and after the last"
+        )
+    if compiled.has_curriculum:
+        lines.append(
+            "curriculum: after each cadence block; a stage's :lr-scale and :loader "
+            "apply from the next block"
         )
     kinds = knob_kinds(path, selection)
     if kinds:

@@ -88,7 +88,7 @@ class EvalSpec:
     """An evaluation pass: its loader, how often it runs, how many batches."""
 
     loader: LoaderSpec
-    every: int
+    every: int | None  # None: after every cadence block
     batches: int | None
     kind = "an evaluation pass"
 
@@ -250,9 +250,10 @@ def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpe
             span,
         )
     batches = kwargs.get("batches")
+    every = kwargs.get("every")
     return EvalSpec(
         loader,
-        _positive(kwargs["every"], "`:every`", span),
+        None if every is None else _positive(every, "`:every`", span),
         None if batches is None else _positive(batches, "`:batches`", span),
     )
 
@@ -284,7 +285,7 @@ eval_pass = Builtin(
     _eval_pass,
     (0, 0),
     ("loader", "every", "batches"),
-    ("loader", "every"),
+    ("loader",),
     "(defeval name :loader (loader ...) :every N)",
 )
 defrun = Builtin(

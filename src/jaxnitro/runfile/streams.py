@@ -6,6 +6,8 @@ records is a permutation seeded by the run seed and `k`, and stream position `p`
 is record `perm_k[p % n]` with `k = p // n`. Engine epoch `e` holds the batches of
 cadence block `e` (see `cadence.CadencePlan`), so its records are a fixed slice of
 the stream: any worker count, and a resume at epoch `e`, read the same records.
+A curriculum stage may switch the loader between blocks (`TrainBlocks.use`): the
+next blocks read the same stream positions of that loader's stream.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class TrainBlocks:
         self.epoch_token = 0
         self._epoch = 0
         self._current = 0
+        self._planned: tuple[int, np.ndarray, Records] | None = None
+
+    def use(self, stream: RecordStream) -> None:
+        """Read the blocks planned from now on from `stream` (a stage's loader)."""
+        self.stream = stream
 
     def __len__(self) -> int:
         return self.blocks[min(self._current, len(self.blocks) - 1)]
@@ -94,28 +101,45 @@ class TrainBlocks:
         size = self.batch_size
         return self.stream.rows(first * size, self.blocks[block] * size)
 
-    def begin_epoch(self) -> tuple[int, np.ndarray]:
-        """Plan the next epoch: its index and its records' rows, computed once so a
-        batch is one gather per field."""
+    def begin_epoch(self) -> tuple[int, np.ndarray, Records]:
+        """Plan the next epoch: its index, its records' rows (computed once, so a
+        batch is one gather per field) and the records they index."""
         epoch = self._epoch
         self._epoch += 1
         self._current = epoch
         self.epoch_token += 1
-        return epoch, self.epoch_rows(epoch)
+        self._planned = (epoch, self.epoch_rows(epoch), self.stream.records)
+        return self._planned
 
     def batch_at(self, i: int, plan: Any = None) -> dict[str, np.ndarray]:
         """Batch `i` of the epoch `plan`: what `begin_epoch` returned, an epoch
         index, or None for the last planned epoch."""
-        if plan is None or isinstance(plan, int):
-            plan = (plan, self.epoch_rows(self._current if plan is None else plan))
-        rows = plan[1][i * self.batch_size : (i + 1) * self.batch_size]
-        records = self.stream.records
+        if plan is None and self._planned is not None:
+            plan = self._planned
+        elif plan is None or isinstance(plan, int):
+            epoch = self._current if plan is None else plan
+            plan = (epoch, self.epoch_rows(epoch), self.stream.records)
+        _, all_rows, records = plan
+        rows = all_rows[i * self.batch_size : (i + 1) * self.batch_size]
         records.check_rows(rows)
         return {name: array[rows] for name, array in records.arrays.items()}
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        plan = self.begin_epoch()
-        return (self.batch_at(i, plan) for i in range(len(self)))
+        """The next epoch's batches, read inline (`NoPrefetch`): one gather per
+        field for the whole block, then each batch is a view of it."""
+        _, rows, records = self.begin_epoch()
+        return self._views(rows, records)
+
+    def _views(
+        self, rows: np.ndarray, records: Records
+    ) -> Iterator[dict[str, np.ndarray]]:
+        gathered = {name: array[rows] for name, array in records.arrays.items()}
+        size = self.batch_size
+        for start in range(0, len(rows), size):
+            records.check_rows(rows[start : start + size])
+            yield {
+                name: array[start : start + size] for name, array in gathered.items()
+            }
 
 
 def eval_batches(
@@ -138,3 +162,22 @@ def eval_batches(
         }
         for start in range(0, n, batch_size)
     ]
+
+
+def train_split(blocks: TrainBlocks) -> Any:
+    """The train split as the engine gets it: inline on a CPU backend, else through
+    the engine's prefetch stream.
+
+    A batch is a view of one gather per field a block (microseconds), so on a CPU
+    backend worker threads would only add hand-offs and compete with the step for
+    the cores: the run file reads its batches on the training thread, as the engine
+    reads the list of built batches a hand-written experiment gives it
+    (`NoPrefetch`; docs/runfile.md, "Speed", has the measurements). On an
+    accelerator the stream's threads stage the next batch on the device while the
+    current step runs.
+    """
+    import jax
+
+    import jaxnitro as nx
+
+    return nx.NoPrefetch(blocks) if jax.default_backend() == "cpu" else blocks
