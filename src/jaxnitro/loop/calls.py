@@ -1,0 +1,265 @@
+"""The hot loop at steps_per_call > 1: several optimizer steps per dispatch.
+
+The loop gathers a call's batches from the feed (host arrays on every backend),
+stacks them with one `np.stack` per field (and, on an accelerator, places the stack
+with one transfer), and runs the scanned program (`compile/scanned.py`) on them. It
+reads back the PREVIOUS call's stacked losses while the device runs the current one,
+and settles every micro-batch of it through `EpochLog` exactly as the unscanned loop
+(`steps._steps`) does: the same running loss sum in the same order, the same train
+lines at the same steps with the same values, a divergence named at its own step.
+
+Where a call ends. At each call boundary the loop picks the call's length: the
+steps_per_call, cut short so that the call ends exactly at the epoch's end and at the
+next step event (max_steps, val_every_n_steps, checkpoint_every_n_steps), then
+rounded down to a power of two. So every event and the epoch's end fall on a call
+boundary, at their exact step, whatever the multiples, and a run compiles at most
+1 + log2(steps_per_call) scanned programs (steps_per_call and the powers of two below
+it, each once); an epoch of 60 steps at steps_per_call=8 runs 7 calls of 8 and one
+of 4. A mid-epoch resume starts its calls at the batch the stop left.
+
+Stop requests (`request_stop`, SIGTERM) are honoured at call boundaries: the epoch
+ends after the call in flight, up to steps_per_call - 1 steps later than an unscanned
+run would stop; what it trains up to there is exact, and so is its continuation.
+Early stopping and Plateau decide at validations, which fall on call boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..compile.boundary import StepOutputs
+from ..data.signature import batch_signature, changed_field
+from ..data.transfer import transfer
+from ..errors import ConfigError
+from ..observe.counter import advance_progress_counter
+from . import feed as feeds
+from .cadence import NEVER
+from .epoch_log import EpochLog, InFlight, Stacked, StepEvents, sliced
+from .step_programs import (
+    CallInputs,
+    call_inputs,
+    call_program,
+    call_rng,
+    check_batch,
+    check_epoch_count,
+    current_state,
+)
+
+if TYPE_CHECKING:
+    from ..run.handle import Nitro
+
+
+def call_length(steps_per_call: int, left: int, until_event: int) -> int:
+    """The steps of the next call: `steps_per_call`, or, when the epoch's end
+    (`left` steps away) or the next event (`until_event` steps away) comes sooner,
+    the largest power of two that does not pass it.
+
+    >>> [call_length(8, left, 100) for left in (60, 7, 4, 3, 1)]
+    [8, 4, 4, 2, 1]
+    >>> call_length(3, 100, 2)
+    2
+    """
+    room = min(steps_per_call, left, until_event)
+    if room >= steps_per_call:
+        return steps_per_call
+    if room <= 1:
+        return 1
+    return 1 << (room.bit_length() - 1)
+
+
+@dataclass
+class _Call:
+    """A dispatched call whose losses have not been read back yet."""
+
+    reported: StepOutputs  # every leaf stacked (steps, ...) or (steps, accum, ...)
+    first: int  # the optimizer steps done before it
+    batches: list[tuple[dict[str, Any], int]]  # each micro-batch: (host batch, index)
+    lines: list[dict[str, float] | None]  # each step's schedule line, when logged
+
+
+def _settle_call(log: EpochLog, call: _Call, accum: int) -> None:
+    """Settle each micro-batch of `call`, in order, as the unscanned loop would."""
+    reported = call.reported
+    losses = np.asarray(reported.loss)  # one read-back for the call's losses
+    outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
+    terms, stats = reported.terms, reported.stats
+    for j, (host, index) in enumerate(call.batches):
+        step, micro = divmod(j, accum)
+        at = (step,) if accum == 1 else (step, micro)
+        ends = micro == accum - 1
+        log.settle(
+            InFlight(
+                losses[at],
+                Stacked(terms, at) if terms else terms,
+                Stacked(stats, at) if stats else stats,
+                None if outputs is None else sliced(outputs, at),
+                host,
+                call.first + step + 1,
+                index,
+                ends,
+                call.lines[step] if ends else None,
+            )
+        )
+
+
+def _stacked(routed: list[dict[str, Any]], steps: int, accum: int) -> dict[str, Any]:
+    """A call's routed batches as one: each field `(steps, B, ...)`, or
+    `(steps, accum, B, ...)` under accumulation (one host copy per field)."""
+    out = {}
+    for name in routed[0]:
+        stack = np.stack([np.asarray(batch[name]) for batch in routed])
+        out[name] = (
+            stack if accum == 1 else stack.reshape((steps, accum, *stack.shape[1:]))
+        )
+    return out
+
+
+def call_steps(
+    nitro: Nitro,
+    epoch: int,
+    feed: Any,
+    log: EpochLog,
+    bar: Any,
+    skip: int = 0,
+    events: StepEvents | None = None,
+) -> int | None:
+    """The hot loop of one epoch in calls of several steps (`steps._steps`'s
+    contract: the state committed to the handle on every exit; returns how many
+    batches the feed delivered, or None when a stop or an event ended the epoch)."""
+    per_call = nitro.config.steps_per_call
+    accum = nitro.config.accum
+    seed = nitro.config.seed
+    names = nitro.prepared.routing.train_fields
+    expected = nitro.prepared.routing.train_batch
+    assert expected is not None
+    plan = nitro.prepared.plan
+    assert plan is not None
+    source = nitro.data["train"]
+    autolog = nitro.config.autolog_schedules and log.logging
+    every = log.every
+    on_device = feeds.stages_on_device()  # read here: a test may stand it in
+    # Without varying schedules every call of a length takes the same inputs.
+    constant = plan.is_constant and not nitro.prepared.device_schedules
+    made: dict[Any, CallInputs] = {}
+    programs: dict[Any, Any] = {}
+    start = nitro.train_state
+    weights, model_state = start.weights, start.model_state
+    accumulator, step = start.accumulator, start.step
+    pending: list[tuple[dict[str, Any], dict[str, Any], int]] = []
+    length = 0
+    count: int | None = None  # the epoch's batch count, read once its plan is drawn
+    signature: Any = None
+    in_flight: _Call | None = None
+    delivered: int | None = 0
+    profiler = nitro.status.profiler
+    event = NEVER if events is None else events.next_after(step)
+    try:
+        for index, (full, routed) in enumerate(feed):
+            check_batch(routed, names, expected, index, epoch)
+            if index < skip:  # trained before a stop: this epoch continues after it
+                feed.release(routed)
+                if bar is not None:
+                    bar.step()
+                delivered = index + 1
+                continue
+            if count is None:  # the epoch's first trained batch: its plan is drawn
+                if accum > 1:
+                    check_epoch_count(source, accum, epoch)
+                count = len(source)
+                signature = batch_signature(routed)
+            if not pending:
+                left = max((count - index) // accum, 1)
+                length = call_length(per_call, left, event - step)
+            pending.append((full, routed, index))
+            delivered = index + 1
+            if len(pending) < length * accum:
+                continue
+            if profiler is not None:
+                for done in range(step, step + length):
+                    profiler.at_step(done, weights)
+            device = nitro.device_values()
+            key = (length, id(device))
+            inputs = made.get(key) if constant else None
+            if inputs is None:
+                inputs = call_inputs(nitro, plan, device, step, length, accum)
+                if constant:
+                    made[key] = inputs
+            rng = call_rng(seed, step, length, accum)
+            batches = _stacked([r for _, r, _ in pending], length, accum)
+            if on_device:
+                batches = transfer(batches, None)
+            program = programs.get((length, inputs.layout))
+            if program is None:
+                program = call_program(
+                    nitro,
+                    current_state(start, weights, model_state, accumulator, step),
+                    batches,
+                    inputs,
+                    rng,
+                )
+                programs[(length, inputs.layout)] = program
+            try:
+                weights, model_state, accumulator, reported = program(
+                    inputs.values_shared,
+                    inputs.values_steps,
+                    weights,
+                    model_state,
+                    accumulator,
+                    batches,
+                    inputs.hp_shared,
+                    inputs.hp_steps,
+                    rng,
+                )
+            except TypeError:  # an executable refusing its arguments: no step ran
+                for _, batch, at in pending:
+                    refusal = changed_field(signature, batch, "train", at, epoch)
+                    if refusal is not None:
+                        raise ConfigError(refusal) from None
+                raise
+            lines = [
+                plan.scheduled_log(values)
+                if autolog and (step + i + 1) % every == 0
+                else None
+                for i, values in enumerate(inputs.schedule_values)
+            ]
+            call = _Call(reported, step, [(f, at) for f, _, at in pending], lines)
+            step += length
+            for _ in range(length):
+                advance_progress_counter()
+            for _, batch, _ in pending:
+                if bar is not None:
+                    bar.step()
+                feed.release(batch)
+            pending = []
+            if in_flight is not None:
+                _settle_call(log, in_flight, accum)
+            in_flight = call
+            if step >= event:  # calls end at events: only a step-based run's
+                assert events is not None
+                _settle_call(log, call, accum)
+                in_flight = None
+                nitro.commit_state(
+                    current_state(start, weights, model_state, accumulator, step)
+                )
+                leave = events.fire(step, log)
+                event = events.next_after(step)
+                now = nitro.train_state  # the events only read it
+                weights, model_state = now.weights, now.model_state
+                accumulator = now.accumulator
+                if leave:
+                    delivered = None
+                    break
+            if nitro.status.stop_requested:
+                delivered = None
+                break
+        if in_flight is not None:
+            _settle_call(log, in_flight, accum)
+    finally:
+        nitro.commit_state(
+            current_state(start, weights, model_state, accumulator, step)
+        )
+    return delivered
