@@ -177,6 +177,35 @@ def test_a_divergence_names_its_own_step_inside_a_call():
         nitro.train()
 
 
+@pytest.mark.parametrize(
+    ("change", "first", "changed"),
+    [("shape", 5, [5]), ("dtype", 5, [5]), ("dtype", 4, [4, 5, 6])],
+)
+def test_a_batch_that_changes_a_field_mid_call_is_refused_by_name(
+    change, first, changed
+):
+    # [4, 5, 6]: the whole second call (batches 4-6 at steps_per_call=4 over 7
+    # batches: a call of 2, then 1) stacks alike and its program refuses it.
+    batches = make_batches(16 * 7, 16)
+    for i in changed:
+        x = batches[i]["x"]
+        batches[i] = {
+            **batches[i],
+            "x": x[:, :4] if change == "shape" else x.astype(np.int32),
+        }
+
+    class Changing(Tiny):
+        def build_data(self, dist):
+            return {"train": batches}
+
+    nitro = nx.Nitro(Changing(), logger=None, checkpointer=None, steps_per_call=4)
+    with pytest.raises(
+        nx.ConfigError, match=f"Batch {first} of split `train` .*changes the {change}"
+    ):
+        nitro.train()
+    assert nitro.current_step == 4  # the first call trained; the second never ran
+
+
 def test_host_train_metrics_see_each_micro_batch(tmp_path):
     class HostMetrics(Tiny):
         def train_metrics(self, logits, *, y):

@@ -108,14 +108,28 @@ def _settle_call(log: EpochLog, call: _Call, accum: int) -> None:
 
 def _stacked(routed: list[dict[str, Any]], steps: int, accum: int) -> dict[str, Any]:
     """A call's routed batches as one: each field `(steps, B, ...)`, or
-    `(steps, accum, B, ...)` under accumulation (one host copy per field)."""
+    `(steps, accum, B, ...)` under accumulation (one host copy per field).
+
+    Raises ValueError when a field's batches differ in shape or dtype."""
     out = {}
     for name in routed[0]:
-        stack = np.stack([np.asarray(batch[name]) for batch in routed])
+        arrays = [np.asarray(batch[name]) for batch in routed]
+        if len({a.dtype for a in arrays}) > 1:  # np.stack would promote them
+            raise ValueError(f"field {name} holds several dtypes")
+        stack = np.stack(arrays)
         out[name] = (
             stack if accum == 1 else stack.reshape((steps, accum, *stack.shape[1:]))
         )
     return out
+
+
+def _refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
+    """Raise the refusal naming the first batch of a call whose field left the
+    compiled signature (as the unscanned loop names it); nothing when none did."""
+    for _, batch, index in pending:
+        refusal = changed_field(signature, batch, "train", index, epoch)
+        if refusal is not None:
+            raise ConfigError(refusal) from None
 
 
 def call_steps(
@@ -144,7 +158,7 @@ def call_steps(
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
     # Without varying schedules every call of a length takes the same inputs.
     constant = plan.is_constant and not nitro.prepared.device_schedules
-    made: dict[Any, CallInputs] = {}
+    made: dict[int, tuple[dict[str, Any], CallInputs]] = {}  # by call length
     programs: dict[Any, Any] = {}
     start = nitro.train_state
     weights, model_state = start.weights, start.model_state
@@ -181,19 +195,25 @@ def call_steps(
             if profiler is not None:
                 for done in range(step, step + length):
                     profiler.at_step(done, weights)
-            device = nitro.device_values()
-            key = (length, id(device))
-            inputs = made.get(key) if constant else None
-            if inputs is None:
+            device = nitro.device_values()  # set_device may have replaced it
+            memo = made.get(length) if constant else None
+            if memo is not None and memo[0] is device:
+                inputs = memo[1]
+            else:
                 inputs = call_inputs(nitro, plan, device, step, length, accum)
                 if constant:
-                    made[key] = inputs
+                    made[length] = (device, inputs)
             rng = call_rng(seed, step, length, accum)
-            batches = _stacked([r for _, r, _ in pending], length, accum)
+            try:
+                batches = _stacked([r for _, r, _ in pending], length, accum)
+            except ValueError:  # fields of several shapes do not stack
+                _refuse_changed(pending, signature, epoch)
+                raise
             if on_device:
                 batches = transfer(batches, None)
             program = programs.get((length, inputs.layout))
-            if program is None:
+            if program is None:  # a new length: held to the epoch's first batch
+                _refuse_changed(pending, signature, epoch)
                 program = call_program(
                     nitro,
                     current_state(start, weights, model_state, accumulator, step),
@@ -215,10 +235,7 @@ def call_steps(
                     rng,
                 )
             except TypeError:  # an executable refusing its arguments: no step ran
-                for _, batch, at in pending:
-                    refusal = changed_field(signature, batch, "train", at, epoch)
-                    if refusal is not None:
-                        raise ConfigError(refusal) from None
+                _refuse_changed(pending, signature, epoch)
                 raise
             lines = [
                 plan.scheduled_log(values)
@@ -228,8 +245,7 @@ def call_steps(
             ]
             call = _Call(reported, step, [(f, at) for f, _, at in pending], lines)
             step += length
-            for _ in range(length):
-                advance_progress_counter()
+            advance_progress_counter(length)
             for _, batch, _ in pending:
                 if bar is not None:
                     bar.step()
