@@ -5,15 +5,17 @@ The reference is `throughput.py`'s: a `jax.jit` + Optax RAdam loop over the same
 in-memory batches, one dispatch per step. Beside it, the hand-written scan: the same
 step under `jax.lax.scan`, K steps per dispatch over batches it stacks per call (its
 tail one step at a time), the most several steps per dispatch can give on this
-machine. jaxnitro runs with its default JSON-lines
-logger (a train line every 50 steps) and no checkpointer; its epochs are timed by the
-loop itself (the history's `seconds`; there is no validation here), the first epoch
-of each train() dropped. Each repetition times each side in
-turn (the median of 3 epochs each), so a slow stretch of the shared machine hits all
-sides alike; the ratios are medians of per-repetition ratios (`paired_ratio`).
+machine. jaxnitro runs with its default JSON-lines logger (a train line every 50
+steps) and no checkpointer; its epochs are timed by the loop itself (the history's
+`seconds`; there is no validation here), the first epoch of each train() dropped.
+Each repetition times each side in turn (the median of 3 epochs each), so a slow
+stretch of the shared machine hits all sides alike; the ratios are medians of
+per-repetition ratios (`paired_ratio`). Workloads: the two of `throughput.py` and a
+tiny MLP 32-16-10 at batch 16, whose CPU step is all dispatch.
 
-    python benchmarks/steps_per_call.py                      # K=8, both workloads
+    python benchmarks/steps_per_call.py                      # K=8, every workload
     python benchmarks/steps_per_call.py --steps-per-call 4 --reps 9
+    python benchmarks/steps_per_call.py --cores 1         # pinned to one core
 """
 
 from __future__ import annotations
@@ -156,14 +158,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps-per-call", type=int, default=8)
     parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("--cores", type=int, help="pin the process to this many cores")
     parser.add_argument(
         "--workload", choices=[*sorted(WORKLOADS), "tiny_mlp"], action="append"
     )
     args = parser.parse_args()
+    if args.cores is not None:
+        # XLA sizes its CPU thread pool from the affinity when the backend starts,
+        # at the first `jax.devices()` below.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
     import jax
 
     print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores"
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
+        f"{len(os.sched_getaffinity(0))} cores"
     )
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:

@@ -7,12 +7,13 @@ one program per step.
 
 import json
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from experiments import StopsAtStep, Tiny, make_batches
+from experiments import StopsAtStep, Tiny, make_batches, samples
 
 import jaxnitro as nx
 from jaxnitro.loop.calls import call_length
@@ -219,6 +220,23 @@ def test_host_train_metrics_see_each_micro_batch(tmp_path):
         tmp_path, "k2", HostMetrics(n_train=96), accum=2, steps_per_call=2
     )
     assert lines(run_dir, "train") == lines(base_dir, "train")
+    assert_same_state(base, got)
+
+
+class Streamed(Tiny):
+    """Tiny through the prefetch stream's fan-out (workers build the batches)."""
+
+    def build_data(self, dist):
+        train = grain.MapDataset.source(samples(16 * 7)).shuffle(seed=3).batch(16)
+        return {"train": nx.PrefetchIterator(train, workers=2)}
+
+
+def test_the_prefetch_stream_feeds_calls_as_it_feeds_steps():
+    base = nx.Nitro(Streamed(), logger=None, checkpointer=None)
+    base.train()
+    got = nx.Nitro(Streamed(), logger=None, checkpointer=None, steps_per_call=3)
+    got.train()
+    assert got.current_step == base.current_step == 14
     assert_same_state(base, got)
 
 

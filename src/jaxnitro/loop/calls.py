@@ -21,6 +21,9 @@ Stop requests (`request_stop`, SIGTERM) are honoured at call boundaries: the epo
 ends after the call in flight, up to steps_per_call - 1 steps later than an unscanned
 run would stop; what it trains up to there is exact, and so is its continuation.
 Early stopping and Plateau decide at validations, which fall on call boundaries.
+A `set_device` made while a call runs (from a logger or a monitor) takes effect from
+the next call; a train line is settled a call after its step, as the unscanned loop
+settles one a step after.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ routed host arrays on a CPU backend, which the executable places itself (an expl
 `jax.device_put` of the batch dict cost a third of a dispatch-bound step), or device
 batches staged ahead by the prefetch stream on an accelerator, released as soon as the
 step that uses them is dispatched. A non-finite loss raises naming its step and epoch,
-and whether the batch's inputs were already non-finite.
+and whether the batch's inputs were already non-finite. At steps_per_call > 1 the
+epoch runs `calls.call_steps` instead, several steps per dispatch; `EpochLog`
+(`epoch_log.py`) settles both loops' steps alike.
 """
 
 from __future__ import annotations
