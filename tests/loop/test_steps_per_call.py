@@ -163,6 +163,26 @@ def test_events_fall_at_their_exact_steps(tmp_path):
     assert kinds.count("train_calls") == 3
 
 
+def test_early_stopping_and_plateau_decide_at_the_same_steps(tmp_path):
+    kw = {
+        "max_epochs": 4,
+        "val_every_n_steps": 3,
+        "early_stop": nx.EarlyStopping(patience=2, min_delta=10.0),
+        "schedules": {"learning_rate": nx.Plateau(0.05, patience=1, factor=0.5)},
+    }
+    base = nx.Nitro(Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k1"), **kw)
+    base.train()
+    got = nx.Nitro(
+        Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k4"), steps_per_call=4, **kw
+    )
+    got.train()
+    assert got.status.stop_reason == base.status.stop_reason == "early_stop"
+    # Validations at 3, 6 and 7 (the epoch end): two without a gain of 10 stop it.
+    assert got.current_step == base.current_step == 7
+    assert_same_state(base, got)
+    assert lines(tmp_path / "k4", "validate") == lines(tmp_path / "k1", "validate")
+
+
 def test_a_divergence_names_its_own_step_inside_a_call():
     batches = make_batches(16 * 7, 16)
     batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
