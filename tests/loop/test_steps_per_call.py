@@ -16,7 +16,7 @@ import pytest
 from experiments import StopsAtStep, Tiny, make_batches, samples
 
 import jaxnitro as nx
-from jaxnitro.loop.calls import call_length
+from jaxnitro.loop.calls import call_length, steps_per_call
 
 
 class Everything(Tiny):
@@ -270,8 +270,8 @@ def test_the_binding_report_shows_steps_per_call_with_its_source():
     ("value", "message"),
     [
         (0, "steps_per_call must be >= 1, got 0"),
-        ("auto", "steps_per_call must be an int, got 'auto'"),
-        (2.0, "steps_per_call must be an int, got 2.0"),
+        ("fast", "steps_per_call must be a whole number >= 1 or \"auto\", got 'fast'"),
+        (2.0, 'steps_per_call must be a whole number >= 1 or "auto", got 2.0'),
     ],
 )
 def test_a_bad_steps_per_call_is_refused_at_construction(value, message):
@@ -312,3 +312,24 @@ def test_manual_mode_refuses_steps_per_call_naming_the_fix():
     nitro = nx.Nitro(OwnStep(), logger=None, checkpointer=None, steps_per_call=2)
     with pytest.raises(nx.ConfigError, match="steps_per_call=2 in manual training"):
         nitro.train()
+
+
+def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
+    assert "steps_per_call auto (keyword)" in nitro.binding_report()
+    picked = {}
+    for seconds in (None, 5e-3, 450e-6, 100e-6):
+        nitro.status.step_seconds = seconds
+        picked[seconds] = steps_per_call(nitro)
+    assert picked == {None: 1, 5e-3: 1, 450e-6: 4, 100e-6: 16}
+
+
+def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path):
+    base, base_dir = train(tmp_path, "k1", Tiny(n_train=16 * 7, max_epochs=3))
+    got, run_dir = train(
+        tmp_path, "auto", Tiny(n_train=16 * 7, max_epochs=3), steps_per_call="auto"
+    )
+    kinds = [kind for kind, _ in got.executables.compiled()]
+    assert kinds[0] == "train_step" and "train_calls" in kinds  # a CPU step < 2 ms
+    assert_same_state(base, got)
+    assert lines(run_dir, "train") == lines(base_dir, "train")

@@ -27,7 +27,7 @@ from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.schedules import Target
 from .cadence import NEVER
-from .calls import call_steps
+from .calls import call_steps, steps_per_call
 from .epoch_log import EpochLog, InFlight, StepEvents
 from .feed import open_feed
 from .step_programs import (
@@ -62,7 +62,7 @@ def run_epoch(
     validation and checkpoints, max_steps); it may end the epoch there.
     """
     log = EpochLog(nitro, epoch, carried, skip)
-    per_call = nitro.config.steps_per_call
+    per_call = steps_per_call(nitro)
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:

@@ -297,8 +297,9 @@ def _train(nitro: Nitro) -> None:
             stacklevel=3,
         )
         return
-    if nitro.prepared.manual and c.steps_per_call > 1:
-        raise ConfigError(MANUAL_PER_CALL.format(k=c.steps_per_call))
+    per_call = c.steps_per_call
+    if nitro.prepared.manual and isinstance(per_call, int) and per_call > 1:
+        raise ConfigError(MANUAL_PER_CALL.format(k=per_call))
     nitro.status.stop_reason = None  # a pending stop request is honoured, not reset
     _ensure_optimizer_state(nitro)
     _prepare_profile(nitro)
