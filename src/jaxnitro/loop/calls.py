@@ -18,8 +18,10 @@ it, each once); an epoch of 60 steps at steps_per_call=8 runs 7 calls of 8 and o
 of 4. A mid-epoch resume starts its calls at the batch the stop left.
 
 Stop requests (`request_stop`, SIGTERM) are honoured at call boundaries: the epoch
-ends after the call in flight, up to steps_per_call - 1 steps later than an unscanned
-run would stop; what it trains up to there is exact, and so is its continuation.
+ends after the call in flight. A stop asked for from a train line (settled a call
+late) lands up to 2 * steps_per_call - 1 steps after that line's step, where an
+unscanned run stops one step after it; what trains up to there is exact, and so is
+its continuation.
 Early stopping and Plateau decide at validations, which fall on call boundaries.
 A `set_device` made while a call runs (from a logger or a monitor) takes effect from
 the next call; a train line is settled a call after its step, as the unscanned loop
