@@ -44,3 +44,15 @@ def test_before_an_epoch_is_trained_the_step_time_is_not_measured():
     rows = nitro.cost_report(file=out)
     assert [row["program"] for row in rows] == ["eval_forward"]
     assert "step time: not measured yet" in out.getvalue()
+
+
+def test_at_steps_per_call_the_report_lists_scanned_programs_without_step_rates():
+    nitro = nx.Nitro(
+        Tiny(max_epochs=1), logger=None, checkpointer=None, steps_per_call=4
+    )
+    nitro.train()
+    out = io.StringIO()
+    rows = nitro.cost_report(file=out)
+    assert [row["program"] for row in rows].count("train_calls") == 1  # 4 batches
+    assert "optimizer step" not in {row["program"] for row in rows}
+    assert "not estimated at steps_per_call > 1" in out.getvalue()

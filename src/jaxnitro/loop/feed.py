@@ -125,15 +125,18 @@ def open_feed(
     fields: tuple[str, ...],
     name: str,
     placement: Placement | None = None,
+    stage: bool = True,
 ) -> InlineFeed | StreamFeed:
     """A training pass over `split` for 0-based `epoch`: `Staged(host, device)`.
 
     `device` holds the routed `fields`, each checked as `batch_stream` checks them:
     device arrays when staged on an accelerator (split along the batch axis over
     the run's mesh when there is one), host arrays otherwise (a field the source
-    already put on the device stays there). Close it on every exit path.
+    already put on the device stays there). `stage=False` keeps them on the host
+    on every backend: a steps_per_call run stacks a call's batches first and
+    places the stack with one transfer (`calls.py`). Close it on every exit path.
     """
-    on_device = stages_on_device()
+    on_device = stage and stages_on_device()
     sharding = _batch_sharding(placement)
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:

@@ -60,6 +60,7 @@ PLAIN_KEYWORDS = (
     "profile",
     "precision",
     "smoke",
+    "steps_per_call",
 )
 RUN_KEYWORDS = ACCESSOR_KEYWORDS + PLAIN_KEYWORDS
 

@@ -73,6 +73,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "profile": None,
     "precision": "f32",
     "smoke": None,  # read by smoke_requested: the keyword, else NITRO_SMOKE
+    "steps_per_call": 1,
 }
 
 INT_REQUIRED = (
@@ -105,6 +106,11 @@ RUN_DIR_FILE = (
 )
 CHECKPOINTER_TYPE = "checkpointer must be a Checkpointer or None, got {kind}."
 EVAL_WEIGHTS_VALUES = 'eval_weights={value!r}: it is "ema" or "raw".'
+STEPS_PER_CALL_MESH = (
+    "steps_per_call={k} with n_devs={n_devs}: a scanned call runs on one device; "
+    "its stacked batches have no layout on a mesh yet. Pass steps_per_call=1 with "
+    "n_devs={n_devs}, or n_devs=1 to keep steps_per_call={k}."
+)
 EVAL_WEIGHTS_NEEDS_EMA = (
     'eval_weights="ema" needs an EMA of the weights: set ema() on the experiment or '
     "pass ema=EMA(beta)."
@@ -219,6 +225,22 @@ def _check_checkpointer(value: Any, source: str) -> Checkpointer | None:
     return value
 
 
+STEPS_PER_CALL_VALUE = (
+    'steps_per_call must be a whole number >= 1 or "auto", got {value!r} (from the '
+    '{source}). Pass e.g. steps_per_call=8, or "auto" to pick it from the measured '
+    "step time."
+)
+
+
+def _check_steps_per_call(value: Any, source: str) -> int | Literal["auto"]:
+    """A count of steps per dispatch, or "auto" (`loop.calls.steps_per_call`)."""
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise ConfigError(STEPS_PER_CALL_VALUE.format(value=value, source=source))
+    return _counter("steps_per_call", low=1)(value, source)
+
+
 def _check_options(value: Any, source: str) -> Mapping[str, bool | int | float | str]:
     return MappingProxyType(check_compile_options(value))
 
@@ -253,6 +275,7 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "load_ema": _flag,
     "profile": lambda value, source: check_profile(value),
     "precision": lambda value, source: check_precision(value),
+    "steps_per_call": _check_steps_per_call,
 }
 
 
@@ -376,6 +399,7 @@ class RunConfig:
     profile: tuple[int, int] | None
     precision: str
     smoke: bool
+    steps_per_call: int | Literal["auto"] = 1
     sources: Mapping[str, Source]
 
     def __post_init__(self) -> None:
@@ -396,6 +420,11 @@ class RunConfig:
             raise ConfigError(EVAL_WEIGHTS_VALUES.format(value=self.eval_weights))
         if self.eval_weights == "ema" and self.ema is None:
             raise ConfigError(EVAL_WEIGHTS_NEEDS_EMA)
+        per_call = self.steps_per_call
+        if isinstance(per_call, int) and per_call > 1 and self.n_devs > 1:
+            raise ConfigError(
+                STEPS_PER_CALL_MESH.format(k=self.steps_per_call, n_devs=self.n_devs)
+            )
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
     @classmethod

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 # The programs one optimizer step runs, by how the run trains.
 STEP_PROGRAMS = ("train_step", "gradient", "optimizer")
+SCANNED_NO_RATES = (
+    "step rates: not estimated at steps_per_call > 1 (XLA's analysis costs a "
+    "scanned program's loop body once, not once per step); rerun with "
+    "steps_per_call=1 for the per-step rates."
+)
 
 
 def program_costs(executable: Any) -> tuple[float | None, float | None]:
@@ -96,6 +101,9 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
         )
     seconds = nitro.status.step_seconds
     per_step = step_costs(rows, nitro.config.accum)
+    if per_step is None and any(row["program"] == "train_calls" for row in rows):
+        print(SCANNED_NO_RATES, file=out)
+        return rows
     if seconds is None or per_step is None:
         print("step time: not measured yet (train an epoch first).", file=out)
         return rows

@@ -173,6 +173,10 @@ def binding_report(nitro: Nitro) -> str:
             notes.append(f"ema {plan.ema!r}, eval_weights {nitro.config.eval_weights}")
     if nitro.status.eval_width is not None:
         notes.append(f"eval batch width {nitro.status.eval_width}")
+    per_call = nitro.config.steps_per_call
+    notes.append(
+        f"steps_per_call {per_call} ({nitro.config.sources['steps_per_call']})"
+    )
     if "train" in nitro.data:
         dropped = dropped_samples(nitro.data["train"])
         notes.append(

@@ -1,0 +1,213 @@
+"""The host side of one training epoch: read-backs, the divergence check, train lines.
+
+The hot loop (`steps.py`, or `calls.py` at steps_per_call > 1) dispatches each
+micro-batch (or each call of several steps) and hands what it reported to `EpochLog`
+a dispatch later, as an `InFlight`; `EpochLog.settle` reads the loss back, checks it,
+keeps the epoch's running mean and writes the train line of every
+`log_every_n_steps`-th step. A scanned call reports its steps' loss terms and device
+train_metrics stacked: each micro-batch's share is a `Stacked` reference into them,
+sliced only once the logger has read the line's values back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import jax
+import numpy as np
+
+from ..data.finite import describe_nonfinite, nonfinite_fields
+from ..errors import DivergenceError
+from ..logging import protocol as logproto
+from ..logging.deferred import DeferredMetrics
+
+if TYPE_CHECKING:
+    from ..run.handle import Nitro
+
+
+class Stacked(NamedTuple):
+    """One micro-batch's share of a scanned call's stacked outputs.
+
+    Attributes:
+        tree: the call's outputs (loss terms or device train_metrics), each leaf
+            stacked `(steps, ...)` or `(steps, accum, ...)`; on the device until the
+            logger reads the line back, NumPy after.
+        at: the micro-batch's index into the leading axes, `(step,)` or
+            `(step, micro)`.
+    """
+
+    tree: Any
+    at: tuple[int, ...]
+
+
+def unstacked(value: Any) -> Any:
+    """`value` itself, or the micro-batch's slice of a `Stacked` one (read back)."""
+    if isinstance(value, Stacked):
+        return sliced(value.tree, value.at)
+    return value
+
+
+def sliced(tree: Any, at: tuple[int, ...]) -> Any:
+    """Every leaf of `tree` at index `at` of its leading axes."""
+    return jax.tree.map(lambda leaf: leaf[at], tree)
+
+
+@dataclass
+class InFlight:
+    """A dispatched micro-batch whose loss has not been read back yet."""
+
+    loss: Any
+    terms: Any
+    stats: Any
+    outputs: Any
+    host_batch: dict[str, Any]
+    step: int
+    index: int
+    ends_step: bool
+    schedule_line: dict[str, float] | None
+
+
+class EpochLog:
+    """The host side of one epoch: read-backs, the divergence check, train lines.
+
+    The epoch's mean loss is a running sum over its micro-batches, in order; a stop
+    partway through hands it on (`carried`), so the continued epoch's mean is the
+    whole epoch's, bitwise the same as a run never stopped.
+    """
+
+    def __init__(
+        self,
+        nitro: Nitro,
+        epoch: int,
+        carried: tuple[float, int] = (0.0, 0),
+        skip: int = 0,
+    ) -> None:
+        self.nitro = nitro
+        self.epoch = epoch
+        self.loss_sum, self.loss_count = carried
+        self.trained = skip
+        """Batches of the epoch trained so far, those a stopped run trained included."""
+        self.step_losses: list[float] = []
+        self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
+        self.check = nitro.config.check_divergence
+        self.every = nitro.config.log_every_n_steps
+        self.logging = nitro.logger is not None
+        self.feed: Any = None  # the epoch's batches, for the time spent waiting
+        self.progress = nitro.progress()  # shows the latest train loss
+
+    def settle(self, item: InFlight) -> None:
+        loss = float(item.loss)
+        if self.check and not math.isfinite(loss):
+            raise DivergenceError(divergence_message(loss, item, self.epoch))
+        self.loss_sum += loss
+        self.loss_count += 1
+        if self.progress is not None:
+            self.progress.show({"loss": loss}, throttle=True)
+        self.trained += 1
+        self.step_losses.append(loss)
+        if item.terms:
+            self.step_terms.append(item.terms)
+        if item.outputs is not None:  # train_metrics on the host: every micro-batch
+            item.stats = self._host_train_metrics(item)
+            item.outputs = None
+        if not item.ends_step:
+            return
+        if self.logging and item.step % self.every == 0:
+            self._log_line(item)
+        self.step_losses = []
+        self.step_terms = []
+
+    def _log_line(self, item: InFlight) -> None:
+        # The loss terms and device train_metrics stay on the device: the logger
+        # reads them back later, with the other lines it holds (logging/deferred.py).
+        loss = sum(self.step_losses) / len(self.step_losses)
+        line = DeferredMetrics(
+            (self.step_terms, item.stats),
+            functools.partial(_train_line, loss, item.schedule_line),
+        )
+        logproto.log_deferred(
+            self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
+        )
+
+    def _host_train_metrics(self, item: InFlight) -> Any:
+        nitro = self.nitro
+        names = nitro.prepared.routing.fields["train_metrics"].select(
+            tuple(item.host_batch)
+        )
+        return nitro.prepared.hooks["train_metrics"](
+            nitro.experiment,
+            jax.device_get(item.outputs),
+            **{k: item.host_batch[k] for k in names},
+        )
+
+    def mean_loss(self) -> float:
+        """The epoch's mean train loss (NaN if it ran no micro-batch)."""
+        return self.loss_sum / self.loss_count if self.loss_count else math.nan
+
+    def carried(self) -> tuple[float, int]:
+        """The running loss sum and count, for the rest of an epoch a stop cut."""
+        return self.loss_sum, self.loss_count
+
+
+class StepEvents(Protocol):
+    """What the hot loop calls at the steps a step-based run places events on
+    (`cadence.StepCadence`): validation, a checkpoint, max_steps."""
+
+    def next_after(self, step: int) -> int:
+        """The first step after `step` with an event; `cadence.NEVER` for none."""
+        ...
+
+    def fire(self, step: int, log: EpochLog) -> bool:
+        """Run the events of `step`, the handle holding the state after it and
+        `log` every micro-batch up to it; True: leave the epoch here."""
+        ...
+
+
+def divergence_message(loss: float, item: InFlight, epoch: int) -> str:
+    """The divergence error, saying whether the batch's inputs were already
+    non-finite: bad data wants fixing, not a lower learning rate. The inputs are
+    read only now, so finite batches cost the hot loop nothing."""
+    where = (
+        f"The training loss is {loss} at step {item.step} of epoch {epoch} (batch "
+        f"{item.index} of the epoch)."
+    )
+    found = nonfinite_fields(item.host_batch)
+    if found:
+        return (
+            f"{where} The batch's inputs were already non-finite "
+            f"({describe_nonfinite(found)}): the data, not the optimization, is at "
+            f"fault. There is no rollback: fix or filter those samples in the source "
+            f"and resume from the last checkpoint."
+        )
+    return (
+        f"{where} The batch's inputs were all finite, so the model diverged. There "
+        f"is no rollback: resume from the last checkpoint with a lower learning "
+        f"rate, or pass check_divergence=False to continue from the diverged state."
+    )
+
+
+def _train_line(
+    loss: float, schedule_line: dict[str, float] | None, fetched: Any
+) -> dict[str, Any]:
+    """The train line of a step: its mean loss, each loss term averaged over the
+    step's micro-batches as the loss is, the train_metrics of its last micro-batch
+    (the spec's train line) and the schedule values; `fetched` is `(terms, stats)`
+    read back (a scanned call's shares of them `Stacked`)."""
+    terms = [unstacked(t) for t in fetched[0]]
+    stats = unstacked(fetched[1])
+    line: dict[str, Any] = {"loss": loss}
+    for name in terms[0] if terms else ():
+        line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
+    for name, value in dict(stats or {}).items():
+        line[str(name)] = _scalar(value)
+    if schedule_line:
+        line.update(schedule_line)
+    return line
+
+
+def _scalar(value: Any) -> Any:
+    array = np.asarray(value)
+    return array.item() if array.ndim == 0 else array

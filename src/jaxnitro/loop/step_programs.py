@@ -1,0 +1,323 @@
+"""The training executables the hot loops run, and the inputs they take per step.
+
+`training_programs` gives the unscanned programs (the fused train step at accum 1,
+the gradient and optimizer programs above, or manual mode's step); `call_program`
+gives the scanned one that runs several optimizer steps per dispatch
+(`compile/scanned.py`), and `call_inputs` builds what it takes for one call: every
+host-made step input (schedule values, the gradient rule's fields, the EMA's decay,
+the scheduled Device fields) computed on the host for each step of the call and
+stacked, the rng inputs stacked, and the device-resident ones (masks, anchors,
+unscheduled Device fields) passed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..compile.cache import program_cache
+from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
+from ..compile.scanned import scanned_fn, split_inputs
+from ..data.sources import batch_size
+from ..errors import ConfigError, NitroError
+from ..optim.plan import OptimizerPlan, scheduled_devices
+from ..optim.schedules import Target
+from .manual import manual_program
+
+if TYPE_CHECKING:
+    from ..run.handle import Nitro
+    from ..run.state import TrainState
+
+
+def training_programs(
+    nitro: Nitro,
+    state: TrainState,
+    batch: dict[str, Any],
+    values: dict[str, Any],
+    hp: dict[str, Any],
+    rng: Any,
+) -> tuple[Any, Any]:
+    """The training executables, from the handle or the cache.
+
+    accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
+    `(gradient, optimizer)`, the gradient accumulated over micro-batches. Manual
+    mode: `(manual_step, None)`, the experiment's own step (`manual.py`), run as
+    the fused one is.
+    """
+    if nitro.prepared.manual:
+        return manual_program(nitro, state, batch, values, hp, rng), None
+    ctx = nitro.prepared.ctx
+    accum = nitro.config.accum
+    plan = nitro.prepared.plan
+    assert plan is not None
+    fields = nitro.prepared.routing.gradient_fields
+    assert fields is not None  # routed at setup for a run with a train split
+    traced = ("forward", "loss") + (
+        ("train_metrics",) if fields.train_metrics is not None else ()
+    )
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
+    constants = {**plan.constants(), **plan.gradient_constants()}
+
+    announce = nitro.executables.announcer()
+    if accum == 1:
+        args = (values, state.weights, state.model_state, batch, hp, rng)
+        step = nitro.executables.get(
+            "train_step",
+            (shapes, fields, repr(constants)),
+            lambda: ctx.compile(
+                program_cache(),
+                "train_step",
+                train_step_fn(ctx, fields, plan),
+                args,
+                traced=traced,
+                baked={"mode": "train", "fields": fields, **constants},
+                donate=(1,),  # the Weights
+                on_compile=announce,
+            ),
+        )
+        return step, None
+
+    grad_args = (
+        values,
+        state.params,
+        state.model_state,
+        state.accumulator,
+        batch,
+        hp["grad"],
+        rng,
+    )
+    gradient = nitro.executables.get(
+        "gradient",
+        (shapes, accum, fields, repr(plan.gradient_constants())),
+        lambda: ctx.compile(
+            program_cache(),
+            "gradient",
+            gradient_fn(ctx, fields, accum, plan),
+            grad_args,
+            traced=traced,
+            baked={
+                "inv_accum": 1.0 / accum,
+                "mode": "train",
+                "fields": fields,
+                **plan.gradient_constants(),
+            },
+            donate=(3,),  # the accumulator
+            on_compile=announce,
+        ),
+    )
+    opt_args = (values, state.weights, state.accumulator, hp)
+    optimizer = nitro.executables.get(
+        "optimizer",
+        repr(plan.constants()),
+        lambda: ctx.compile(
+            program_cache(),
+            "optimizer",
+            optimizer_fn(ctx, plan),
+            opt_args,
+            traced=(),  # the rule's code is in its key: plan.constants()
+            baked=plan.constants(),
+            donate=(1, 2),  # the Weights and the accumulator
+            on_compile=announce,
+        ),
+    )
+    return gradient, optimizer
+
+
+def check_batch(
+    host: dict[str, np.ndarray],
+    names: tuple[str, ...],
+    expected: int,
+    index: int,
+    epoch: int,
+) -> None:
+    """Refuse a train batch of another size (a partial batch met mid-epoch)."""
+    for name in names:
+        if host[name].shape[:1] != (expected,):
+            size = batch_size(host, names)
+            raise ConfigError(
+                f"Train batch {index} of epoch {epoch} holds {size} samples, the "
+                f"first held {expected}. The train split must drop its partial last "
+                f"batch and keep one batch size (drop_remainder=True / "
+                f"drop_last=True)."
+            )
+
+
+def device_inputs(
+    nitro: Nitro, device: dict[str, Any], current: dict[Target, float]
+) -> dict[str, Any]:
+    """The Device fields `device` with the scheduled ones overridden by NumPy values
+    from `current`, the step's `schedule_values`."""
+    scheduled = nitro.prepared.device_schedules
+    if not scheduled:
+        return device
+    return {**device, **scheduled_devices(current, scheduled)}
+
+
+def current_state(
+    start: TrainState, weights: Any, model_state: Any, accumulator: Any, step: int
+) -> TrainState:
+    """The training state the hot loop holds in locals, as one value."""
+    return start._replace(
+        weights=weights, model_state=model_state, accumulator=accumulator, step=step
+    )
+
+
+@dataclass(frozen=True)
+class CallInputs:
+    """What one scanned call takes beside the state and the stacked batches.
+
+    Attributes:
+        values_shared / values_steps: the Device fields, the device-resident ones
+            once and the host-made ones (the scheduled fields) stacked `(n, ...)`.
+        hp_shared / hp_steps: the optimizer step inputs, split the same way.
+        layout: which leaves are stacked, `(values_treedef, values_stacked,
+            hp_treedef, hp_stacked)`; part of the program's memo.
+        schedule_values: each step's `schedule_values`, for its train line.
+    """
+
+    values_shared: list[Any]
+    values_steps: list[Any]
+    hp_shared: list[Any]
+    hp_steps: list[Any]
+    layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]]
+    schedule_values: list[dict[Target, float]]
+
+
+SHARED_CHANGED = (
+    "Step input {path} is a device array that changed between optimizer steps {a} "
+    "and {b} of one steps_per_call call; a scanned call passes device-resident step "
+    "inputs once. Pass steps_per_call=1, or report this: the plan should make it a "
+    "host value."
+)
+
+
+def _split(trees: list[Any], first: int) -> tuple[Any, tuple[bool, ...], list, list]:
+    """`(treedef, stacked, shared leaves, stacked leaves)` of the per-step `trees`."""
+    treedef, stacked = split_inputs(trees[0])
+    flat = [jax.tree_util.tree_leaves(t) for t in trees]
+    shared = [leaf for leaf, s in zip(flat[0], stacked, strict=True) if not s]
+    steps = []
+    for i, s in enumerate(stacked):
+        if s:
+            steps.append(np.stack([np.asarray(leaves[i]) for leaves in flat]))
+            continue
+        for n, leaves in enumerate(flat[1:], start=1):
+            if leaves[i] is not flat[0][i]:
+                raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + n))
+    return treedef, tuple(stacked), shared, steps
+
+
+def call_inputs(
+    nitro: Nitro,
+    plan: OptimizerPlan,
+    device: dict[str, Any],
+    first: int,
+    length: int,
+    accum: int,
+) -> CallInputs:
+    """The inputs of the scanned call running optimizer steps `first` to
+    `first + length - 1` (0-based, global), with Device fields `device`."""
+    schedule = [plan.schedule_values(s) for s in range(first, first + length)]
+    hps = [plan.step_inputs(first + i, v) for i, v in enumerate(schedule)]
+    values = [device_inputs(nitro, device, v) for v in schedule]
+    vdef, vstacked, vshared, vsteps = _split(values, first)
+    hdef, hstacked, hshared, hsteps = _split(hps, first)
+    return CallInputs(
+        vshared, vsteps, hshared, hsteps, (vdef, vstacked, hdef, hstacked), schedule
+    )
+
+
+def call_rng(seed: int, first: int, length: int, accum: int) -> np.ndarray:
+    """Each micro-batch's `step_rng_input` for the call from step `first`: uint32
+    `(length, 3)`, or `(length, accum, 3)` under accumulation.
+
+    >>> call_rng(42, 7, 2, 1).tolist()
+    [[42, 7, 0], [42, 8, 0]]
+    """
+    rng = np.empty((length, accum, 3), np.uint32)
+    rng[..., 0] = seed % 2**32
+    rng[..., 1] = (np.arange(first, first + length) % 2**32)[:, None]
+    rng[..., 2] = np.arange(accum)[None, :]
+    return rng[:, 0] if accum == 1 else rng
+
+
+def call_program(
+    nitro: Nitro,
+    state: TrainState,
+    batches: dict[str, Any],
+    inputs: CallInputs,
+    rng: np.ndarray,
+) -> Any:
+    """The scanned executable for a call shaped as `batches` (its leading axis is
+    the call's step count), from the handle or the cache."""
+    ctx = nitro.prepared.ctx
+    accum = nitro.config.accum
+    plan = nitro.prepared.plan
+    assert plan is not None
+    fields = nitro.prepared.routing.gradient_fields
+    assert fields is not None
+    traced = ("forward", "loss") + (
+        ("train_metrics",) if fields.train_metrics is not None else ()
+    )
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batches.items())
+    constants = {**plan.constants(), **plan.gradient_constants()}
+    args = (
+        inputs.values_shared,
+        inputs.values_steps,
+        state.weights,
+        state.model_state,
+        state.accumulator,
+        batches,
+        inputs.hp_shared,
+        inputs.hp_steps,
+        rng,
+    )
+    announce = nitro.executables.announcer()
+    return nitro.executables.get(
+        "train_calls",
+        (shapes, accum, fields, repr(constants), inputs.layout),
+        lambda: ctx.compile(
+            program_cache(),
+            "train_calls",
+            scanned_fn(ctx, fields, accum, plan, inputs.layout),
+            args,
+            traced=traced,
+            baked={
+                "mode": "train_calls",
+                "fields": fields,
+                "inv_accum": 1.0 / accum,
+                "layout": repr(inputs.layout),
+                **constants,
+            },
+            donate=(2, 4),  # the Weights and the accumulator
+            on_compile=lambda kind: announce("train_step"),
+        ),
+    )
+
+
+EPOCH_ACCUM = (
+    "The train split has {count} batches in epoch {epoch} (len() read after the "
+    "epoch's plan was drawn), which does not divide by accum={accum} ({count} % "
+    "{accum} = {rest}): every optimizer step takes {accum} micro-batches, and the "
+    "last {rest} would carry their gradient into the next epoch. Keep each epoch's "
+    "batch count a multiple of accum (have begin_epoch drop the extra batches), or "
+    "change accum or the batch size so it divides."
+)
+
+
+def check_epoch_count(source: Any, accum: int, epoch: int) -> None:
+    """Refuse an epoch whose batch count does not divide by accum, before it trains.
+
+    Called once the feed has delivered the epoch's first batch, so the plan that
+    may change the count is drawn on every path (the fan-out's `begin_epoch`, the
+    source's own `__iter__`)."""
+    count = len(source)
+    if count % accum:
+        raise ConfigError(
+            EPOCH_ACCUM.format(
+                count=count, epoch=epoch, accum=accum, rest=count % accum
+            )
+        )

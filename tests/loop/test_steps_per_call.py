@@ -1,0 +1,335 @@
+"""steps_per_call: several optimizer steps per dispatch, bitwise the steps of k=1.
+
+Every comparison here is exact (`assert_array_equal`, `==` on JSON lines): on CPU a
+scanned call computes the same parameters, optimizer state, EMA and logged values as
+one program per step.
+"""
+
+import json
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from experiments import StopsAtStep, Tiny, make_batches, samples
+
+import jaxnitro as nx
+from jaxnitro.loop.calls import call_length, steps_per_call
+
+
+class Everything(Tiny):
+    """Tiny with dropout keyed by step_rng, a loss term drawn from it, device
+    train_metrics, SAM, an EMA and clipping: every per-step input a call stacks."""
+
+    n_train: int = 16 * 10
+
+    def forward(self, model, params, state, *, x):
+        hidden = jax.nn.relu(x @ params["w1"] + params["b1"][None, :])
+        if nx.training():
+            keep = jax.random.bernoulli(nx.step_rng(), 0.75, hidden.shape)
+            hidden = jnp.where(keep, hidden / 0.75, 0.0)
+        return hidden @ params["w2"] / self.temperature, state
+
+    def loss(self, logits, *, y):
+        draw = jax.random.uniform(nx.step_rng())
+        return super().loss(logits, y=y), {"u": draw}
+
+    def train_metrics(self, logits, *, y):
+        return {"acc": jnp.mean(logits.argmax(-1) == y.argmax(-1))}
+
+    def grad_rule(self):
+        return nx.SAM(0.05)
+
+
+def schedules(total):
+    return {
+        "learning_rate": optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, total),
+        "smoothing": optax.linear_schedule(0.0, 0.2, total),
+    }
+
+
+def lines(run_dir, context):
+    rows = []
+    for text in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(text)
+        if row.get("context") == context:
+            rows.append({k: v for k, v in row.items() if k != "run_id"})
+    return rows
+
+
+def train(tmp_path, name, experiment, **kw):
+    run_dir = tmp_path / name
+    nitro = nx.Nitro(
+        experiment,
+        run_dir=str(run_dir),
+        checkpointer=None,
+        log_every_n_steps=1,
+        **kw,
+    )
+    nitro.train()
+    return nitro, run_dir
+
+
+def assert_same_state(a, b):
+    for x, y in zip(
+        jax.tree.leaves(a.train_state.weights),
+        jax.tree.leaves(b.train_state.weights),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_every_per_step_input_trains_bitwise_as_one_step_per_call(tmp_path, accum):
+    steps = 2 * 10 // accum  # two epochs; 10 (or 5) steps each: k=3, 4 leave tails
+    kw = {
+        "accum": accum,
+        "gradient_clip_norm": 0.5,
+        "ema": nx.EMA(0.9),
+        "schedules": schedules(steps),
+    }
+    base, base_dir = train(tmp_path, "k1", Everything(), steps_per_call=1, **kw)
+    for k in (3, 4):
+        got, run_dir = train(tmp_path, f"k{k}", Everything(), steps_per_call=k, **kw)
+        assert got.current_step == steps
+        assert_same_state(base, got)
+        train_lines = lines(run_dir, "train")
+        assert len(train_lines) == steps
+        assert train_lines == lines(base_dir, "train")  # loss, loss/u, acc, schedules
+        assert lines(run_dir, "validate") == lines(base_dir, "validate")
+        assert [r["train_loss"] for r in got.history] == [
+            r["train_loss"] for r in base.history
+        ]
+
+
+def test_a_stop_lands_on_a_call_boundary_and_the_resume_is_exact(tmp_path):
+    straight, _ = train(tmp_path, "straight", Tiny(n_train=16 * 7), steps_per_call=1)
+    stopper = StopsAtStep(2)  # read back while the call of steps 4-6 runs
+    first = nx.Nitro(
+        Tiny(n_train=16 * 7),
+        run_dir=str(tmp_path / "stopped"),
+        logger=stopper,
+        log_every_n_steps=1,
+        steps_per_call=3,
+    )
+    stopper.nitro = first
+    first.train()
+    assert (first.current_epoch, first.current_step) == (1, 6)
+    assert first.status.stop_reason == "requested"
+    for k in (3, 1):  # the rest of epoch 1 (one step), then epoch 2 in calls
+        again = nx.Nitro(
+            Tiny(n_train=16 * 7),
+            run_dir=str(tmp_path / "stopped"),
+            logger=None,
+            resume="auto",
+            steps_per_call=k,
+        )
+        assert again.current_step == 6
+        again.train()
+        assert again.current_step == 14
+        assert_same_state(straight, again)
+        assert again.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
+        if k == 3:
+            break
+
+
+def test_events_fall_at_their_exact_steps(tmp_path):
+    kw = {"val_every_n_steps": 4, "checkpoint_every_n_steps": 5, "max_steps": 13}
+    base = nx.Nitro(
+        Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k1"), log_every_n_steps=1, **kw
+    )
+    base.train()
+    got = nx.Nitro(
+        Tiny(n_train=16 * 7),
+        run_dir=str(tmp_path / "k4"),
+        log_every_n_steps=1,
+        steps_per_call=4,
+        **kw,
+    )
+    got.train()
+    assert got.current_step == 13
+    assert_same_state(base, got)
+    validated = [r["step"] for r in lines(tmp_path / "k4", "validate")]
+    assert validated == [r["step"] for r in lines(tmp_path / "k1", "validate")]
+    assert validated == [4, 7, 8, 12, 13]  # every 4, and each epoch's end (7, 13)
+    assert lines(tmp_path / "k4", "train") == lines(tmp_path / "k1", "train")
+    steps = sorted(e.step for e in got.checkpointer.entries())
+    assert steps == sorted(e.step for e in base.checkpointer.entries())
+    # Calls of 4, cut to 2 and 1 at events and epoch ends: three scanned programs,
+    # each looked up once.
+    kinds = [kind for kind, _ in got.executables.compiled()]
+    assert kinds.count("train_calls") == 3
+
+
+def test_early_stopping_and_plateau_decide_at_the_same_steps(tmp_path):
+    kw = {
+        "max_epochs": 4,
+        "val_every_n_steps": 3,
+        "early_stop": nx.EarlyStopping(patience=2, min_delta=10.0),
+        "schedules": {"learning_rate": nx.Plateau(0.05, patience=1, factor=0.5)},
+    }
+    base = nx.Nitro(Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k1"), **kw)
+    base.train()
+    got = nx.Nitro(
+        Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k4"), steps_per_call=4, **kw
+    )
+    got.train()
+    assert got.status.stop_reason == base.status.stop_reason == "early_stop"
+    # Validations at 3, 6 and 7 (the epoch end): two without a gain of 10 stop it.
+    assert got.current_step == base.current_step == 7
+    assert_same_state(base, got)
+    assert lines(tmp_path / "k4", "validate") == lines(tmp_path / "k1", "validate")
+
+
+def test_a_divergence_names_its_own_step_inside_a_call():
+    batches = make_batches(16 * 7, 16)
+    batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
+
+    class Poisoned(Tiny):
+        def build_data(self, dist):
+            return {"train": batches}
+
+    nitro = nx.Nitro(Poisoned(), logger=None, checkpointer=None, steps_per_call=4)
+    with pytest.raises(
+        nx.DivergenceError, match=r"at step 5 of epoch 1 \(batch 4 .*already non-finite"
+    ):
+        nitro.train()
+
+
+@pytest.mark.parametrize(
+    ("change", "first", "changed"),
+    [("shape", 5, [5]), ("dtype", 5, [5]), ("dtype", 4, [4, 5, 6])],
+)
+def test_a_batch_that_changes_a_field_mid_call_is_refused_by_name(
+    change, first, changed
+):
+    # [4, 5, 6]: the whole second call (batches 4-6 at steps_per_call=4 over 7
+    # batches: a call of 2, then 1) stacks alike and its program refuses it.
+    batches = make_batches(16 * 7, 16)
+    for i in changed:
+        x = batches[i]["x"]
+        batches[i] = {
+            **batches[i],
+            "x": x[:, :4] if change == "shape" else x.astype(np.int32),
+        }
+
+    class Changing(Tiny):
+        def build_data(self, dist):
+            return {"train": batches}
+
+    nitro = nx.Nitro(Changing(), logger=None, checkpointer=None, steps_per_call=4)
+    with pytest.raises(
+        nx.ConfigError, match=f"Batch {first} of split `train` .*changes the {change}"
+    ):
+        nitro.train()
+    assert nitro.current_step == 4  # the first call trained; the second never ran
+
+
+def test_host_train_metrics_see_each_micro_batch(tmp_path):
+    class HostMetrics(Tiny):
+        def train_metrics(self, logits, *, y):
+            return {"acc": float(np.mean(logits.argmax(-1) == y.argmax(-1)))}
+
+        def metrics_residency(self, hook):
+            return "host"
+
+    base, base_dir = train(tmp_path, "k1", HostMetrics(n_train=96), accum=2)
+    got, run_dir = train(
+        tmp_path, "k2", HostMetrics(n_train=96), accum=2, steps_per_call=2
+    )
+    assert lines(run_dir, "train") == lines(base_dir, "train")
+    assert_same_state(base, got)
+
+
+class Streamed(Tiny):
+    """Tiny through the prefetch stream's fan-out (workers build the batches)."""
+
+    def build_data(self, dist):
+        train = grain.MapDataset.source(samples(16 * 7)).shuffle(seed=3).batch(16)
+        return {"train": nx.PrefetchIterator(train, workers=2)}
+
+
+def test_the_prefetch_stream_feeds_calls_as_it_feeds_steps():
+    base = nx.Nitro(Streamed(), logger=None, checkpointer=None)
+    base.train()
+    got = nx.Nitro(Streamed(), logger=None, checkpointer=None, steps_per_call=3)
+    got.train()
+    assert got.current_step == base.current_step == 14
+    assert_same_state(base, got)
+
+
+def test_the_binding_report_shows_steps_per_call_with_its_source():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=8)
+    assert "steps_per_call 8 (keyword)" in nitro.binding_report()
+    assert nitro.config.steps_per_call == 8
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "steps_per_call must be >= 1, got 0"),
+        ("fast", "steps_per_call must be a whole number >= 1 or \"auto\", got 'fast'"),
+        (2.0, 'steps_per_call must be a whole number >= 1 or "auto", got 2.0'),
+    ],
+)
+def test_a_bad_steps_per_call_is_refused_at_construction(value, message):
+    with pytest.raises(nx.ConfigError, match=message):
+        nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=value)
+
+
+def test_steps_per_call_on_a_mesh_is_refused_naming_both():
+    with pytest.raises(nx.ConfigError, match="steps_per_call=4 with n_devs=2"):
+        nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4, n_devs=2)
+
+
+@pytest.mark.parametrize(
+    ("left", "until", "expected"), [(60, 100, 8), (4, 100, 4), (7, 3, 2), (9, 1, 1)]
+)
+def test_a_call_is_cut_to_a_power_of_two_at_the_epoch_end_or_an_event(
+    left, until, expected
+):
+    assert call_length(8, left, until) == expected
+
+
+class OwnStep(Tiny):
+    """Manual mode: one optimizer, stepped by the experiment's own train_step."""
+
+    def setup_optimizers(self, model, params, state, mesh):
+        return nx.setup_optimizer(optax.sgd(0.1), params)
+
+    def train_step(self, model, params, opt_state, state, *, x, y):
+        loss, grads = nx.backward(
+            lambda p: Tiny.loss(self, self.forward(model, p, state, x=x)[0], y=y),
+            params,
+        )
+        opt_state, params = nx.step_optimizer(opt_state, params, grads)
+        return {"loss": loss, "params": params, "state": state, "opt_state": opt_state}
+
+
+def test_manual_mode_refuses_steps_per_call_naming_the_fix():
+    nitro = nx.Nitro(OwnStep(), logger=None, checkpointer=None, steps_per_call=2)
+    with pytest.raises(nx.ConfigError, match="steps_per_call=2 in manual training"):
+        nitro.train()
+
+
+def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
+    nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
+    assert "steps_per_call auto (keyword)" in nitro.binding_report()
+    picked = {}
+    for seconds in (None, 5e-3, 450e-6, 100e-6):
+        nitro.status.step_seconds = seconds
+        picked[seconds] = steps_per_call(nitro)
+    assert picked == {None: 1, 5e-3: 1, 450e-6: 4, 100e-6: 16}
+
+
+def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path):
+    base, base_dir = train(tmp_path, "k1", Tiny(n_train=16 * 7, max_epochs=3))
+    got, run_dir = train(
+        tmp_path, "auto", Tiny(n_train=16 * 7, max_epochs=3), steps_per_call="auto"
+    )
+    kinds = [kind for kind, _ in got.executables.compiled()]
+    assert kinds[0] == "train_step" and "train_calls" in kinds  # a CPU step < 2 ms
+    assert_same_state(base, got)
+    assert lines(run_dir, "train") == lines(base_dir, "train")
