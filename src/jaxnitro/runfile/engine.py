@@ -34,10 +34,11 @@ import jaxnitro as nx
 from .cadence import CadencePlan, cadence_plan
 from .evaluator import Evaluated, Evaluator
 from .knobs import Selection
+from .nn_models import ModelSpec
 from .records import read_records
 from .source import fail
 from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec
-from .stdlib_nn import GPTSpec, flatten, nest
+from .stdlib_nn import flatten, nest
 from .stdlib_optim import OptimizerSpec, ScheduleSpec, schedule_value
 from .streams import RecordStream, TrainBlocks, eval_batches, train_split
 from .values import keyword_list
@@ -66,7 +67,7 @@ class CompiledRun:
 
     path: str
     result: Evaluated = field(repr=False)
-    model: GPTSpec
+    model: ModelSpec
     optimizer: OptimizerSpec
     run: RunSpec
     plan: CadencePlan
@@ -249,7 +250,7 @@ class RunfileExperiment(nx.Experiment):
         return {"opt": entries}
 
 
-def _groups(optimizer: OptimizerSpec, model: GPTSpec) -> tuple[GroupSettings, ...]:
+def _groups(optimizer: OptimizerSpec, model: ModelSpec) -> tuple[GroupSettings, ...]:
     shapes = model.parameter_shapes()
     held = optimizer.assign(shapes)
     defaults = ADAM_DEFAULTS if optimizer.rule == "adamw" else SGD_DEFAULTS
@@ -281,7 +282,7 @@ def graph_key(result: Evaluated) -> str:
     file: equal for two knob settings exactly when they trace the same programs."""
     import jax
 
-    model: GPTSpec = result.value("model")
+    model: ModelSpec = result.value("model")
     run: RunSpec = result.run
     probe = CompiledRun(
         result.path,
@@ -340,7 +341,7 @@ def compile_run(
             result.run_span,
             "use :precision :f32 or :bf16 (bf16 compute, f32 master weights)",
         )
-    model: GPTSpec = result.value("model")
+    model: ModelSpec = result.value("model")
     optimizer: OptimizerSpec = result.value("optimizer")
     plan = cadence_plan(
         steps=run.steps,
