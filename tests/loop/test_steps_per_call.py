@@ -333,3 +333,13 @@ def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path
     assert kinds[0] == "train_step" and "train_calls" in kinds  # a CPU step < 2 ms
     assert_same_state(base, got)
     assert lines(run_dir, "train") == lines(base_dir, "train")
+
+
+def test_across_processes_steps_per_call_is_refused_and_auto_is_one(monkeypatch):
+    fixed = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4)
+    auto = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
+    auto.status.step_seconds = 100e-6
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(nx.ConfigError, match="steps_per_call=4 in a run across 2"):
+        steps_per_call(fixed)
+    assert steps_per_call(auto) == 1

@@ -65,6 +65,13 @@ AUTO_MOST = 16
 """The most steps "auto" puts in one call (a stop request waits for the call)."""
 
 
+ACROSS_PROCESSES = (
+    "steps_per_call={k} in a run across {count} processes: a scanned call's stacked "
+    'batches have no layout on a mesh yet. Pass steps_per_call=1 (or "auto", '
+    "which is 1 across processes) to train across processes."
+)
+
+
 def steps_per_call(nitro: Nitro) -> int:
     """The steps per call of the epoch about to run.
 
@@ -72,15 +79,18 @@ def steps_per_call(nitro: Nitro) -> int:
     measures the step time, `nitro.status.step_seconds`), then the largest power
     of two up to `AUTO_MOST` whose call takes at most `AUTO_CALL_SECONDS` at the
     last epoch's step time. Every count trains the same steps bit for bit, so the
-    choice changes the speed only. "auto" is 1 on a mesh and in manual training
-    mode.
+    choice changes the speed only. "auto" is 1 on a mesh, across processes and in
+    manual training mode.
 
     Example: a 450 us step gets 4 steps a call, a 100 us step 16, a 5 ms step 1.
     """
     per_call = nitro.config.steps_per_call
+    processes = jax.process_count()
     if per_call != "auto":
+        if int(per_call) > 1 and processes > 1:
+            raise ConfigError(ACROSS_PROCESSES.format(k=per_call, count=processes))
         return int(per_call)
-    if nitro.prepared.manual or nitro.config.n_devs > 1:
+    if nitro.prepared.manual or nitro.config.n_devs > 1 or processes > 1:
         return 1
     seconds = nitro.status.step_seconds
     if not seconds:
