@@ -193,6 +193,14 @@ def _leaf_signature(leaf: Any) -> Hashable:
     return ("python", type(leaf))
 
 
+# The shortest XLA compile the persistent cache keeps. On a CPU even an eager op
+# (a parameter initializer's random draw, a zeros_like) takes 10-400 ms to compile
+# and a few ms to read back, and a second process runs dozens of them before its
+# first step: cached, they took the warm first step from 0.55x of the cold one to
+# about 0.2x (benchmarks/first_step.py). Copies and the like that compile in a few
+# ms stay out: not worth a file each.
+PERSISTENT_MIN_COMPILE_SECS = 0.01
+
 _PERSISTENT_LOCK = threading.Lock()
 _persistent_configured = False
 
@@ -217,6 +225,7 @@ def configure_persistent_cache() -> str | None:
             "xla",
         )
         jax.config.update("jax_compilation_cache_dir", directory)
-        # Tiny eager ops are not worth a disk round trip.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs", PERSISTENT_MIN_COMPILE_SECS
+        )
         return directory
