@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from experiments import Tiny, make_batches
+from experiments import HostBuilt, make_batches
 
 import jaxnitro as nx
 from jaxnitro.compile.boundary import owned_copy
@@ -71,22 +71,6 @@ def test_owned_copy_gives_the_dtype_and_weak_type_jnp_array_gives(leaf):
         reference.weak_type,
         reference.shape,
     )
-
-
-class HostBuilt(Tiny):
-    """Tiny with NumPy parameters: its own hooks compile nothing at setup."""
-
-    def build_model(self, rng):
-        g = np.random.default_rng(0)
-        return (
-            None,
-            {
-                "w1": g.normal(size=(8, self.width)).astype(np.float32),
-                "b1": np.zeros(self.width, np.float32),
-                "w2": g.normal(size=(self.width, 3)).astype(np.float32),
-            },
-            {},
-        )
 
 
 def test_setup_compiles_no_xla_program_of_its_own():
