@@ -22,6 +22,7 @@ directory setting, same minimum compile time), so "warm" compares like with like
     python benchmarks/first_step.py --rounds 1 --workload tutorial_mlp
     python benchmarks/first_step.py --phases        # jaxnitro's phases, one process
     python benchmarks/first_step.py --imports       # python -X importtime, summed
+    python benchmarks/first_step.py --before /tmp/old/src   # an A/B of two builds
 
 The phase split comes from timers this script wraps around jaxnitro's setup
 functions (no timer lives in the package) and from JAX's own compile events
@@ -177,29 +178,33 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
 
         settle = steps.EpochLog.settle
         first_loss: list[float] = []
+        first_cpu: list[float] = []
 
         def timed_settle(log: Any, item: Any) -> None:
             settle(log, item)
             if not first_loss:
                 first_loss.append(time.perf_counter())
+                first_cpu.append(time.process_time())
 
         steps.EpochLog.settle = timed_settle  # type: ignore[method-assign]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         nitro = nx.Nitro(exp(max_epochs=1), logger=None, checkpointer=None)
         built = time.perf_counter()
         nitro.train()
         returned = time.perf_counter()
         result["setup"] = built - start
         result["first_step"] = first_loss[0] - start
+        result["first_step_cpu"] = first_cpu[0] - cpu
         result["train_returned"] = returned - start
     else:
         from throughput import reference_loop
 
         _persistent_cache(directory)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         _, first = reference_loop(widths, batches)
         first()  # ends with the loss on the host (block_until_ready)
         result["first_step"] = time.perf_counter() - start
+        result["first_step_cpu"] = time.process_time() - cpu
     names = list(marks)
     pairs = zip(names[:-1], names[1:], strict=True)
     result["before_clock"] = {label: marks[label] - marks[was] for was, label in pairs}
@@ -208,9 +213,17 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     return result
 
 
-def _run(name: str, side: str, cache: str | None, phases: bool = False) -> dict:
+def _run(
+    name: str,
+    side: str,
+    cache: str | None,
+    phases: bool = False,
+    src: str | None = None,
+) -> dict:
     env = dict(os.environ)
     env.pop("FIRST_STEP_CACHE", None)
+    if src is not None:  # another build of jaxnitro: its `src` folder first
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     if cache is None:
         env["JAXNITRO_COMPILATION_CACHE"] = "off"
     else:
@@ -225,41 +238,58 @@ def _run(name: str, side: str, cache: str | None, phases: bool = False) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def rounds(name: str, count: int) -> dict[str, list[float]]:
-    """`count` rounds of cold / first / warm for both sides, interleaved."""
+def rounds(name: str, count: int, before: str | None) -> dict[str, list[float]]:
+    """`count` rounds of cold / first / warm for each side, interleaved; with
+    `before` (another build's `src` folder) that build's jaxnitro too."""
+    sides = [("jaxnitro", "jaxnitro", None), ("reference", "reference", None)]
+    if before is not None:
+        sides.insert(1, ("before", "jaxnitro", before))
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(count):
-        for side in ("jaxnitro", "reference"):
-            times[f"{side} cold"].append(_run(name, side, None)["first_step"])
-            with tempfile.TemporaryDirectory() as cache:
-                times[f"{side} first"].append(_run(name, side, cache)["first_step"])
-                times[f"{side} warm"].append(_run(name, side, cache)["first_step"])
+        with tempfile.TemporaryDirectory() as root:
+            # Each kind of start for every side back to back, so a slow stretch
+            # of a shared machine hits the runs it pairs alike.
+            for kind in ("cold", "first", "warm"):
+                for label, side, src in sides:
+                    cache = None if kind == "cold" else os.path.join(root, label)
+                    out = _run(name, side, cache, src=src)
+                    times[f"{label} {kind}"].append(out["first_step"])
+                    times[f"{label} {kind} cpu"].append(out["first_step_cpu"])
     return times
 
 
-def report(name: str, times: dict[str, list[float]]) -> None:
-    med = {key: statistics.median(values) for key, values in times.items()}
-    for key, values in times.items():
-        shown = ", ".join(f"{v:.3f}" for v in values)
-        print(f"  {key:16s} median {med[key]:.3f} s  ({shown})")
-    paired = statistics.median(
-        o / r
-        for o, r in zip(times["jaxnitro cold"], times["reference cold"], strict=True)
-    )
-    print(f"  cold: jaxnitro / reference = {paired:.2f}x (median of paired rounds)")
-    for side in ("jaxnitro", "reference"):
-        warm = statistics.median(
-            w / f
-            for w, f in zip(times[f"{side} warm"], times[f"{side} first"], strict=True)
-        )
-        cold = statistics.median(
-            w / c
-            for w, c in zip(times[f"{side} warm"], times[f"{side} cold"], strict=True)
-        )
-        print(
-            f"  {side}: warm / first = {warm:.2f}x, warm / cold (cache off) = "
-            f"{cold:.2f}x"
-        )
+def _ratio(top: list[float], bottom: list[float]) -> str:
+    """The median of the paired ratios, and the ratio of the best (fastest) runs."""
+    paired = statistics.median(a / b for a, b in zip(top, bottom, strict=True))
+    return f"{paired:.2f}x paired, {min(top) / min(bottom):.2f}x best"
+
+
+def report(times: dict[str, list[float]]) -> None:
+    """Each side's runs, then the ratios: wall-clock, and CPU time (the process's
+    own, which other jobs on a shared machine disturb far less)."""
+    sides = [key[: -len(" cold")] for key in times if key.endswith(" cold")]
+    for side in sides:
+        for kind in ("cold", "first", "warm"):
+            for clock in ("", " cpu"):
+                values = times[f"{side} {kind}{clock}"]
+                shown = ", ".join(f"{v:.3f}" for v in values)
+                label = f"{side} {kind}{clock or ' wall'}"
+                print(
+                    f"  {label:22s} median {statistics.median(values):.3f} s, "
+                    f"best {min(values):.3f} s  ({shown})"
+                )
+    for clock in ("", " cpu"):
+        print(f"  {'CPU time' if clock else 'wall-clock'}:")
+        for side in sides:
+            if side != "reference":
+                cold = _ratio(
+                    times[f"{side} cold{clock}"], times[f"reference cold{clock}"]
+                )
+                print(f"    cold, {side} / reference: {cold}")
+        for side in sides:
+            warm = _ratio(times[f"{side} warm{clock}"], times[f"{side} first{clock}"])
+            off = _ratio(times[f"{side} warm{clock}"], times[f"{side} cold{clock}"])
+            print(f"    {side}: warm / first {warm}; warm / cold {off}")
 
 
 def show_phases(name: str) -> None:
@@ -317,6 +347,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phases", action="store_true")
     parser.add_argument("--imports", action="store_true")
+    parser.add_argument(
+        "--before", help="another build's src folder, measured beside this one"
+    )
     parser.add_argument("--internal", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.internal:
@@ -331,7 +364,7 @@ def main() -> None:
             show_phases(name)
             continue
         print(f"{name}:")
-        report(name, rounds(name, args.rounds))
+        report(rounds(name, args.rounds, args.before))
 
 
 if __name__ == "__main__":
