@@ -9,9 +9,10 @@ values, seeds, max_epochs and run_dir are in no key. A hit that served the wrong
 would be the worst bug this framework could have, so every static a program captures
 belongs in its key.
 
-JAX's persistent compilation cache is configured too, so a second process skips XLA
-compilation: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches it off
-("0", "off", "false").
+JAX's persistent compilation cache is configured too (by setup, before any hook runs),
+so a second process skips XLA compilation of every program and eager op that took 10
+ms or more to compile: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches
+it off ("0", "off", "false").
 """
 
 from __future__ import annotations
