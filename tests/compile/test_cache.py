@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compile_counts import kinds_compiled
-from experiments import QuietLogger, Tiny, make_batches
+from experiments import HostBuilt, QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
 from jaxnitro.compile.cache import ProgramKey, typed_key
@@ -208,6 +208,36 @@ def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatc
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_the_persistent_cache_is_on_before_build_model_runs(tmp_path, monkeypatch):
+    # A second process's parameter initializers (eager ops in build_model) then
+    # read their programs from the cache, and so does every compile of 10 ms or
+    # more, not only the step's.
+    from jaxnitro.compile import cache
+
+    seen = {}
+
+    class Records(HostBuilt):
+        def build_model(self, rng):
+            seen["dir"] = jax.config.jax_compilation_cache_dir
+            seen["min"] = jax.config.jax_persistent_cache_min_compile_time_secs
+            return super().build_model(rng)
+
+    monkeypatch.setattr(cache, "_persistent_configured", False)
+    monkeypatch.setenv("JAXNITRO_COMPILATION_CACHE", str(tmp_path / "xla"))
+    previous = (
+        jax.config.jax_compilation_cache_dir,
+        jax.config.jax_persistent_cache_min_compile_time_secs,
+    )
+    jax.random.key(0)  # compiled before the cache is on: setup compiles nothing
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        nx.Nitro(Records(), data={"train": make_batches(32, 16)}, **quiet())
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
+    assert seen == {"dir": str(tmp_path / "xla"), "min": 0.01}
 
 
 def test_compile_options_are_part_of_every_program_key():

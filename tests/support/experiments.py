@@ -83,6 +83,22 @@ class Tiny(nx.Experiment):
         return 0.05
 
 
+class HostBuilt(Tiny):
+    """Tiny with NumPy parameters: its hooks compile nothing at setup."""
+
+    def build_model(self, rng):
+        g = np.random.default_rng(0)
+        return (
+            None,
+            {
+                "w1": g.normal(size=(N_FEATURES, self.width)).astype(np.float32),
+                "b1": np.zeros(self.width, np.float32),
+                "w2": g.normal(size=(self.width, N_CLASSES)).astype(np.float32),
+            },
+            {},
+        )
+
+
 class TinyMetrics(Tiny):
     """Tiny with accuracy and a summed confusion matrix."""
 

@@ -9,9 +9,10 @@ values, seeds, max_epochs and run_dir are in no key. A hit that served the wrong
 would be the worst bug this framework could have, so every static a program captures
 belongs in its key.
 
-JAX's persistent compilation cache is configured too, so a second process skips XLA
-compilation: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches it off
-("0", "off", "false").
+JAX's persistent compilation cache is configured too (by setup, before any hook runs),
+so a second process skips XLA compilation of every program and eager op that took 10
+ms or more to compile: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches
+it off ("0", "off", "false").
 """
 
 from __future__ import annotations
@@ -193,6 +194,14 @@ def _leaf_signature(leaf: Any) -> Hashable:
     return ("python", type(leaf))
 
 
+# The shortest XLA compile the persistent cache keeps. On a CPU even an eager op
+# (a parameter initializer's random draw, a zeros_like) takes 10-400 ms to compile
+# and a few ms to read back, and a second process runs dozens of them before its
+# first step: cached, they took the warm first step from 0.55x of the cold one to
+# about 0.2x (benchmarks/first_step.py). Copies and the like that compile in a few
+# ms stay out: not worth a file each.
+PERSISTENT_MIN_COMPILE_SECS = 0.01
+
 _PERSISTENT_LOCK = threading.Lock()
 _persistent_configured = False
 
@@ -217,6 +226,7 @@ def configure_persistent_cache() -> str | None:
             "xla",
         )
         jax.config.update("jax_compilation_cache_dir", directory)
-        # Tiny eager ops are not worth a disk round trip.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs", PERSISTENT_MIN_COMPILE_SECS
+        )
         return directory

@@ -13,7 +13,6 @@ import numbers
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
@@ -173,7 +172,9 @@ def to_host_array(name: str, dtype: np.dtype, value: Any) -> np.ndarray:
 def to_device(name: str, declared: Any, value: Any) -> jax.Array:
     """Place a Device field's host value on the device with its declared dtype."""
     dtype = device_dtype(declared, value)
-    return jnp.asarray(to_host_array(name, dtype, value))
+    # device_put, not jnp.asarray: on a NumPy array the latter compiles an XLA
+    # program per shape and dtype before the first step.
+    return jax.device_put(to_host_array(name, dtype, value))
 
 
 def to_host_value(value: Any) -> Any:

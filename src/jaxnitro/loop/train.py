@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from ..checkpoint.lock import lock_checkpoint_dir
+from ..compile.boundary import owned_copy
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
@@ -82,7 +83,7 @@ def _ensure_optimizer_state(nitro: Nitro) -> None:
         # The record's arrays are no longer needed: everything is placed.
         nitro.status.pending_record = None
     if plan.ema is not None and state.ema is None:
-        state = state.with_weights(ema=jax.tree.map(jnp.array, params))  # the weights
+        state = state.with_weights(ema=owned_copy(params))  # the weights
     if nitro.config.accum > 1 and state.accumulator is None:
         state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
     nitro.commit_state(state)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..errors import HookError
@@ -123,5 +122,6 @@ def leaf_mask(
                 f"{hook}{plain_keypath(path)!r} returned {verdict!r}; it must return "
                 f"True or False."
             )
-        values.append(jnp.asarray(1.0 if verdict else 0.0, jnp.float32))
+        # device_put of a host scalar: jnp.asarray may compile a conversion.
+        values.append(jax.device_put(np.float32(1.0 if verdict else 0.0)))
     return jax.tree_util.tree_unflatten(treedef, values)

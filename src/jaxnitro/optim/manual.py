@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..compile.boundary import owned_copy
 from ..errors import HookError
 from .rule_key import rule_key
 
@@ -230,7 +231,7 @@ def place_opt_states(opt_state: Any) -> Any:
                 f"opt_state{jax.tree_util.keystr(path)}; every leaf of an optimizer "
                 f"state must be an array."
             )
-    return jax.tree.map(jnp.array, opt_state)
+    return owned_copy(opt_state)
 
 
 # The subtree name of an optimizer state that is itself an OptState (no subtrees).

@@ -30,6 +30,7 @@ from ..checkpoint.sources import (
     resolve_weights_source,
     resume_source,
 )
+from ..compile.boundary import owned_copy
 from ..errors import CheckpointError, ConfigError, NitroWarning
 from ..optim.plan import OptimizerPlan
 from .config import RunConfig
@@ -231,7 +232,7 @@ def optimizer_state(
     """The optimizer state training starts from: `record`'s (the one a resume or
     `restore_optimizer=True` keeps for train() to restore), else `fresh`."""
     if record is None:
-        return jax.tree.map(jnp.array, fresh)
+        return owned_copy(fresh)
     recorded = record.header.optimizer_layout
     if not jax.tree.leaves(fresh):
         # A stateless rule (plain SGD): its state has no arrays, so no record holds

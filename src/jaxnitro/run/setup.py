@@ -302,6 +302,9 @@ class SetupSequence:
                     "preset", recorded_preset, source="record"
                 )
 
+        # Before any hook runs: build_data and build_model's eager ops (a
+        # parameter initializer's random draws) hit the cache in a second process.
+        configure_persistent_cache()
         seed = self._run_config.seed
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -470,7 +473,6 @@ class SetupSequence:
             loads=self._record is not None or self._weights is not None,
         )
         self._log_resume()
-        configure_persistent_cache()
 
     def _mesh(self) -> Placement | None:
         """The run's mesh (None for one device), once the probe knows the batch:

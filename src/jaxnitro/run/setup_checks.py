@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..compile.boundary import owned_copy
 from ..data.transfer import is_numeric_dtype
 from ..errors import ConfigError, RoutingError, user_stacklevel
 from ..experiment.routing import HookFields
@@ -222,7 +223,7 @@ def w0_provider(
             problem = anchor_mismatch(source, params)
             if problem is not None:
                 raise ConfigError(W0_MISMATCH.format(problem=problem))
-            cached.append(jax.tree.map(jnp.array, source))  # training donates params
+            cached.append(owned_copy(source))  # training donates params
         return cached[0]
 
     return provide

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
-import jax.numpy as jnp
-
-from ..compile.boundary import Weights
+from ..compile.boundary import Weights, owned_copy
 from ..devices.placement import Placement
 
 
@@ -61,8 +58,7 @@ class TrainState(NamedTuple):
     def initial(cls, params: Any, model_state: Any) -> TrainState:
         """The state `build_model` (or a restore) starts from: own device copies,
         since the optimizer step donates (overwrites) what it is given."""
-        owned = jax.tree.map(jnp.array, params)
-        return cls(Weights(owned, None, None), jax.tree.map(jnp.array, model_state))
+        return cls(Weights(owned_copy(params), None, None), owned_copy(model_state))
 
     def placed(self, placement: Placement | None) -> TrainState:
         """This state on the run's mesh: the weights and the accumulator as the
