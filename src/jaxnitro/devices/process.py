@@ -10,7 +10,6 @@ else the experiment's `n_devs` method or field, else 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,40 +196,3 @@ def check_multi_process(sharding: str) -> None:
     count = jax.process_count()
     if count > 1 and sharding == "fsdp":
         raise NotYetSupportedError(FSDP_ACROSS_PROCESSES.format(count=count))
-
-
-EVAL_ACROSS_PROCESSES = (
-    "The data holds a `{name}` split, and this run spans {count} processes: "
-    "evaluation across processes is not supported yet (each process would score "
-    "only its own shard). Train across processes with a train split only (return "
-    "{{'train': ...}} from build_data when dist is not None), and validate or "
-    "evaluate in one process from the checkpoint rank 0 writes (weights=)."
-)
-
-
-EVAL_IN_ONE_PROCESS = (
-    "Validation, evaluation and prediction run in one process: this run spans "
-    "{count} processes, and evaluation across processes is not supported yet (each "
-    "process would score only its own shard). Evaluate in one process from the "
-    "checkpoint rank 0 writes (Nitro(e, weights=...))."
-)
-
-
-def check_eval_in_one_process() -> None:
-    """Refuse a forward pass for evaluation in a run across processes."""
-    count = jax.process_count()
-    if count > 1:
-        raise NotYetSupportedError(EVAL_IN_ONE_PROCESS.format(count=count))
-
-
-def check_process_splits(sizes: Mapping[str, int]) -> None:
-    """Refuse an evaluation split in a run across processes (`sizes`: split name ->
-    batches); a run of one process takes any."""
-    count = jax.process_count()
-    if count == 1:
-        return
-    for name in sizes:
-        if name != "train":
-            raise NotYetSupportedError(
-                EVAL_ACROSS_PROCESSES.format(name=name, count=count)
-            )

@@ -42,7 +42,7 @@ from ..devices.distributed import (
     world_size,
 )
 from ..devices.placement import Placement, check_process_batch_divides, padded_width
-from ..devices.process import check_multi_process, check_process_splits
+from ..devices.process import check_multi_process
 from ..errors import (
     ConfigError,
     HookError,
@@ -333,7 +333,6 @@ class SetupSequence:
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
-        check_process_splits(self._split_sizes)
         self._run_config = follow_max_steps(
             self._run_config, self.data, self._split_sizes
         )
@@ -487,10 +486,15 @@ class SetupSequence:
                 {
                     "train batches": self._split_sizes.get("train", 0),
                     "samples per train batch": self._routing.train_batch or 0,
+                    **{
+                        f"{name} batches": size
+                        for name, size in self._split_sizes.items()
+                        if name != "train"
+                    },
                 }
             )
-        if self._eval_width is not None:
-            self._eval_width = padded_width(self._eval_width, n_devs)
+        if self._eval_width is not None:  # each process pads its part of the width
+            self._eval_width = padded_width(self._eval_width, n_devs) * world
         return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)
 
     def _setup_phase(self, label: str) -> None:
