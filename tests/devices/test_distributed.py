@@ -1,7 +1,7 @@
 """A run across processes: the `dist` handle, joining a job (and the refusals when a
 coordinator never answers), the global batch assembled from every process's rows, a
-2-process run equal to a 1-process run, rank 0 alone writing, and what a run across
-processes refuses."""
+2-process run equal to a 1-process run, rank 0 alone writing, and processes that
+feed different data refused."""
 
 import json
 import os
@@ -248,7 +248,7 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
 
 
 @pytest.mark.slow  # two processes of their own
-def test_a_run_across_processes_refuses_what_it_cannot_do_yet(tmp_path):
+def test_a_run_across_processes_refuses_processes_feeding_different_data(tmp_path):
     port = _free_port()
     workers = [
         subprocess.Popen(
@@ -265,21 +265,12 @@ def test_a_run_across_processes_refuses_what_it_cannot_do_yet(tmp_path):
     for index, output in enumerate(outputs):
         assert f"joined: rank {index} of 2" in output, output
         assert (
-            "eval refused: NotYetSupportedError: The data holds a `val` split, and "
-            "this run spans 2 processes: evaluation across processes is not "
-            "supported yet"
-        ) in output, output
-        assert (
-            'fsdp refused: NotYetSupportedError: sharding="fsdp" across 2 processes '
-            "is not supported yet"
-        ) in output, output
-        assert (
-            "predict refused: NotYetSupportedError: Validation, evaluation and "
-            "prediction run in one process: this run spans 2 processes"
-        ) in output, output
-        assert (
             "uneven refused: DistributedError: The 2 processes of this run feed "
             "different data: train batches: rank 0 4, rank 1 3."
+        ) in output, output
+        assert (
+            "uneven val refused: DistributedError: The 2 processes of this run feed "
+            "different data: val batches: rank 0 2, rank 1 1."
         ) in output, output
 
 

@@ -79,7 +79,9 @@ def main(
         keywords["resume"] = "auto"
     else:
         keywords["early_stop"] = nx.EarlyStopping("loss", "min", 1, min_delta=10.0)
-    nitro = nx.Nitro(EvalSharded(), **keywords)
+    # fsdp splits a leaf of 1024 elements or more: w1 (8, 128) and its moments.
+    width = 128 if sharding == "fsdp" else EvalSharded.width
+    nitro = nx.Nitro(EvalSharded(width=width), **keywords)
     nitro.train()
     seen = {
         "history": list(nitro.history),

@@ -1,5 +1,6 @@
 """One of two jax.distributed CPU processes on a loopback coordinator; it builds
-the handles a run across processes refuses and prints each error
+the handles a run across processes refuses (processes that feed different data)
+and prints each error
 (tests/devices/test_distributed.py): `python two_process_worker.py PORT INDEX`."""
 
 import sys
@@ -14,18 +15,20 @@ def main(port: str, index: int) -> None:
     dist = nx.init_distributed(f"127.0.0.1:{port}", 2, index, timeout_s=60)
     print(f"joined: rank {nx.rank(dist)} of {nx.world_size(dist)}")
     from dist_worker import Sharded
-    from experiments import Tiny, make_batches
+    from experiments import make_batches
 
     attempts = {
-        "eval": lambda: nx.Nitro(Tiny(), logger=None, checkpointer=None),
-        "fsdp": lambda: nx.Nitro(
-            Sharded(), sharding="fsdp", logger=None, checkpointer=None
-        ),
-        "predict": lambda: nx.Nitro(Sharded(), logger=None, checkpointer=None).predict(
-            make_batches(4, 4)[0]
-        ),
         "uneven": lambda: nx.Nitro(
             Sharded(n_train=64 if index == 0 else 48), logger=None, checkpointer=None
+        ),
+        "uneven val": lambda: nx.Nitro(
+            Sharded(),
+            data={
+                **Sharded().build_data(dist),
+                "val": make_batches(16 if index == 0 else 8, 8),
+            },
+            logger=None,
+            checkpointer=None,
         ),
     }
     for name, build in attempts.items():

@@ -118,3 +118,26 @@ def gather_fields(
 def gather_whole(outputs: Any) -> Any:
     """Outputs split over every process's devices, whole on every process's host."""
     return jax.tree.map(lambda leaf: _allgather(leaf, tiled=True), outputs)
+
+
+def _split_over_processes(leaf: Any) -> bool:
+    return (
+        isinstance(leaf, jax.Array)
+        and not leaf.is_fully_addressable
+        and not leaf.is_fully_replicated
+    )
+
+
+def gather_split_leaves(tree: Any) -> Any:
+    """`tree` with every leaf split over several processes' devices (an fsdp
+    training state across processes) gathered whole onto every host; every other
+    leaf as it is. A collective for each split leaf: every process calls it with
+    the same tree, in the same order, since the leaves and their shardings are
+    alike on every process."""
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(_whole_if_split, tree)
+
+
+def _whole_if_split(leaf: Any) -> Any:
+    return _allgather(leaf, tiled=True) if _split_over_processes(leaf) else leaf

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from ..errors import ConfigError, NotYetSupportedError
+from ..errors import ConfigError
 from .distributed import distributed_from_environment
 
 BACKENDS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -39,12 +39,6 @@ N_DEVS_VISIBLE = (
     "this process. Pass n_devs <= {visible}, or make more devices visible before "
     "the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
     "XLA_FLAGS=--xla_force_host_platform_device_count={value})."
-)
-FSDP_ACROSS_PROCESSES = (
-    'sharding="fsdp" across {count} processes is not supported yet: rank 0 writes '
-    "the checkpoints and would hold only its part of each split leaf. Use "
-    'sharding="replicated" (every device holds the whole model), or fsdp within '
-    "one process (n_devs for the devices it sees)."
 )
 
 
@@ -188,11 +182,3 @@ def device_report() -> dict[str, Any]:
         "n_devs": _SETUP.n_devs or 1,
         "pinned": _SETUP.n_devs,
     }
-
-
-def check_multi_process(sharding: str) -> None:
-    """Refuse what a run across `jax.distributed` processes cannot do yet: an
-    fsdp-split training state (rank 0 writes the checkpoints from its own copy)."""
-    count = jax.process_count()
-    if count > 1 and sharding == "fsdp":
-        raise NotYetSupportedError(FSDP_ACROSS_PROCESSES.format(count=count))

@@ -42,7 +42,6 @@ from ..devices.distributed import (
     world_size,
 )
 from ..devices.placement import Placement, check_process_batch_divides, padded_width
-from ..devices.process import check_multi_process
 from ..errors import (
     ConfigError,
     HookError,
@@ -248,7 +247,6 @@ class SetupSequence:
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
         check_resume_flag(self._run_config)
-        check_multi_process(self._run_config.sharding)
         if not is_rank0() and self._run_config.logger is not None:
             # Rank 0 logs for the run: the other processes train the same steps.
             self._run_config = self._run_config.with_value(
