@@ -272,6 +272,11 @@ def test_a_run_across_processes_refuses_processes_feeding_different_data(tmp_pat
             "uneven val refused: DistributedError: The 2 processes of this run feed "
             "different data: val batches: rank 0 2, rank 1 1."
         ) in output, output
+        # Every rank refuses a part without rows alike (none waits on the other).
+        assert (
+            "empty part refused: ConfigError: Batch 1 of split `val`: rank 1 feeds "
+            "0 of its rows (counts by rank: [2, 0])"
+        ) in output, output
 
 
 @pytest.mark.slow  # three processes of their own

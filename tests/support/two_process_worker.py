@@ -6,6 +6,16 @@ and prints each error
 import sys
 
 
+def _val_with_empty_part(index: int) -> list:
+    """A val split of two batches whose last one rank 1 feeds no rows of."""
+    from experiments import make_batches
+
+    first, last = make_batches(6, 4)
+    if index == 1:
+        last = {k: v[:0] for k, v in last.items()}
+    return [first, last]
+
+
 def main(port: str, index: int) -> None:
     import jax
 
@@ -30,6 +40,12 @@ def main(port: str, index: int) -> None:
             logger=None,
             checkpointer=None,
         ),
+        "empty part": lambda: nx.Nitro(
+            Sharded(),
+            data={**Sharded().build_data(dist), "val": _val_with_empty_part(index)},
+            logger=None,
+            checkpointer=None,
+        ).validate(),
     }
     for name, build in attempts.items():
         try:

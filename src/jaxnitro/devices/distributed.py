@@ -376,10 +376,10 @@ def distributed_from_environment() -> Distributed | None:
 
 PROCESSES_DISAGREE = (
     "The {count} processes of this run feed different data: {shown}. Every process "
-    "must feed the same number of train batches of the same size (its shard of each "
-    "global batch), or the ones that finish first leave the others waiting in a "
-    "collective. Shard every split evenly by rank (e.g. dist.shard(array, "
-    "batch_size))."
+    "must feed the same number of batches in each split, of the same size (its "
+    "shard of each global batch; an eval split's short last batch aside), or the "
+    "ones that finish first leave the others waiting in a collective. Shard every "
+    "split evenly by rank (e.g. dist.shard(array, batch_size))."
 )
 
 

@@ -484,6 +484,8 @@ class SetupSequence:
                 {
                     "train batches": self._split_sizes.get("train", 0),
                     "samples per train batch": self._routing.train_batch or 0,
+                    # Each process pads its eval chunks to its part of one width.
+                    "samples in the first eval batch": self._eval_width or 0,
                     **{
                         f"{name} batches": size
                         for name, size in self._split_sizes.items()
