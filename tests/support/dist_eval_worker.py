@@ -1,16 +1,17 @@
 """A training script with validation, evaluation and prediction for the
-multi-process tests (tests/devices/test_dist_eval.py), run under `nitro launch` or
-as one plain process: `python dist_eval_worker.py RUN_DIR OUT_DIR [N_DEVS
-[SHARDING [EPOCHS]]]`.
+multi-process tests (tests/devices/test_gather.py), run under `nitro launch` or as
+one plain process: `python dist_eval_worker.py RUN_DIR OUT_DIR [N_DEVS [SHARDING
+[EPOCHS]]]`.
 
 It trains `EvalSharded` (TinyMetrics: accuracy, a summed confusion matrix, the
-eval loss) with early stopping on a loss that must improve by 10 (so it stops
-after epoch 2 of 4), each process feeding its rows of every global batch, the
-short last eval batches included (`dist.shard(..., drop_last=False)`). Each rank
-then evaluates the test split and predicts one 10-row batch (every rank the same
-batch), and writes what it saw to OUT_DIR/rank{R}.json: the history's rows, the
-epoch it stopped at, the test metrics and the predictions. With EPOCHS above 4 it
-resumes the run RUN_DIR holds, without early stopping, to EPOCHS.
+eval loss) with early stopping on the val accuracy, patience 1 (it does not
+improve in epoch 2, so the run stops there, of 4), each process feeding its rows
+of every global batch, the short last eval batches included
+(`dist.shard(..., drop_last=False)`). Each rank then evaluates the test split and
+predicts one 10-row batch (every rank the same batch), and writes what it saw to
+OUT_DIR/rank{R}.json: the history's rows, the epoch it stopped at, the test
+metrics and the predictions. With EPOCHS above 4 it resumes the run RUN_DIR
+holds, without early stopping, to EPOCHS.
 """
 
 import json
@@ -78,7 +79,7 @@ def main(
     if epochs > EvalSharded.max_epochs:  # continue the run this run_dir holds
         keywords["resume"] = "auto"
     else:
-        keywords["early_stop"] = nx.EarlyStopping("loss", "min", 1, min_delta=10.0)
+        keywords["early_stop"] = nx.EarlyStopping("acc", "max", patience=1)
     # fsdp splits a leaf of 1024 elements or more: w1 (8, 128) and its moments.
     width = 128 if sharding == "fsdp" else EvalSharded.width
     nitro = nx.Nitro(EvalSharded(width=width), **keywords)
