@@ -1,7 +1,7 @@
 """A run across processes: the `dist` handle, joining a job (and the refusals when a
 coordinator never answers), the global batch assembled from every process's rows, a
-2-process run equal to a 1-process run, rank 0 alone writing, and processes that
-feed different data refused."""
+2-process run equal to a 1-process run, rank 0 alone writing, processes that feed
+different data refused, and one rank's stop request ending every rank's evaluation."""
 
 import json
 import os
@@ -248,7 +248,7 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
 
 
 @pytest.mark.slow  # two processes of their own
-def test_a_run_across_processes_refuses_processes_feeding_different_data(tmp_path):
+def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_path):
     port = _free_port()
     workers = [
         subprocess.Popen(
@@ -264,6 +264,8 @@ def test_a_run_across_processes_refuses_processes_feeding_different_data(tmp_pat
     outputs = [w.communicate(timeout=180)[0] for w in workers]
     for index, output in enumerate(outputs):
         assert f"joined: rank {index} of 2" in output, output
+        # Rank 0 alone asked: both stopped after the first global batch of 8.
+        assert "stopped evaluate: {'rows': 8}" in output, output
         assert (
             "uneven refused: DistributedError: The 2 processes of this run feed "
             "different data: train batches: rank 0 4, rank 1 3."

@@ -27,8 +27,9 @@ def test_the_real_rows_are_each_process_part_without_its_padding():
 
 
 def test_one_process_counts_its_chunk_and_refuses_an_empty_one():
-    counts = gather.chunk_counts(3, True, split="val", index=0, width=4)
-    assert counts.tolist() == [3]
+    shared = gather.chunk_counts(3, True, split="val", index=0, width=4)
+    assert (shared.counts.tolist(), shared.stop) == ([3], False)
+    assert gather.chunk_counts(3, True, split="val", index=0, width=4, stop=True).stop
     with pytest.raises(
         nx.ConfigError,
         match=r"Batch 2 of split `val`: rank 0 feeds 0 of its rows \(counts by rank: "

@@ -1,6 +1,7 @@
-"""One of two jax.distributed CPU processes on a loopback coordinator; it builds
-the handles a run across processes refuses (processes that feed different data)
-and prints each error
+"""One of two jax.distributed CPU processes on a loopback coordinator; it evaluates
+while rank 0 alone requests a stop and prints the metrics, then builds the handles
+a run across processes refuses (processes that feed different data) and prints
+each error
 (tests/devices/test_distributed.py): `python two_process_worker.py PORT INDEX`."""
 
 import sys
@@ -14,6 +15,34 @@ def _val_with_empty_part(index: int) -> list:
     if index == 1:
         last = {k: v[:0] for k, v in last.items()}
     return [first, last]
+
+
+def _evaluate_stopped_by_rank_0(dist, index: int) -> dict:
+    """Evaluate a val split of 3 global batches of 8 while rank 0 alone requests a
+    stop in its first batch's metrics: every rank stops after that batch."""
+    from dist_worker import Sharded
+    from experiments import make_batches
+
+    import jaxnitro as nx
+
+    handle = []
+
+    class StopsOnRank0(Sharded):
+        def metrics(self, logits, *, y):
+            if index == 0:
+                handle[0].request_stop()
+            return {"rows": (len(y), "sum")}
+
+    val = [{k: dist.shard(v, 8) for k, v in make_batches(24, 24)[0].items()}]
+    val = [{k: v[s : s + 4] for k, v in val[0].items()} for s in range(0, 12, 4)]
+    nitro = nx.Nitro(
+        StopsOnRank0(),
+        data={**Sharded().build_data(dist), "val": val},
+        logger=None,
+        checkpointer=None,
+    )
+    handle.append(nitro)
+    return nitro.evaluate("val")
 
 
 def main(port: str, index: int) -> None:
@@ -47,6 +76,7 @@ def main(port: str, index: int) -> None:
             checkpointer=None,
         ).validate(),
     }
+    print(f"stopped evaluate: {_evaluate_stopped_by_rank_0(dist, index)}")
     for name, build in attempts.items():
         try:
             build()

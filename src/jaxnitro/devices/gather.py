@@ -17,7 +17,7 @@ host by default and sees the whole batch, so the outputs travel.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -47,18 +47,38 @@ def _allgather(value: Any, tiled: bool) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(value, tiled=tiled))
 
 
+class ChunkCounts(NamedTuple):
+    """What the processes said of their current eval chunk, the same on each."""
+
+    counts: np.ndarray
+    """Every process's real rows, rank by rank."""
+    stop: bool
+    """Whether any process asked to stop before this chunk (then every one does)."""
+
+
 def chunk_counts(
-    n_real: int, ends_batch: bool, *, split: str, index: int, width: int
-) -> np.ndarray:
-    """Every process's real count of its current eval chunk, rank by rank (a
-    collective: every process calls it for each chunk).
+    n_real: int,
+    ends_batch: bool,
+    *,
+    split: str,
+    index: int,
+    width: int,
+    stop: bool = False,
+) -> ChunkCounts:
+    """Every process's real count of its current eval chunk, rank by rank, and
+    whether any process asks to `stop` before it (a collective: every process
+    calls it for each chunk, so a stop one rank requested ends every rank's pass
+    at the same chunk).
 
     Raises:
         ConfigError: on every process alike, when the processes disagree on where
             the source batch ends, or one feeds no rows.
     """
-    both = _allgather(np.array([n_real, int(ends_batch)], np.int64), tiled=False)
-    counts, ends = both[:, 0], both[:, 1]
+    mine = np.array([n_real, int(ends_batch), int(stop)], np.int64)
+    every = _allgather(mine, tiled=False)
+    if every[:, 2].any():
+        return ChunkCounts(every[:, 0], True)
+    counts, ends = every[:, 0], every[:, 1]
     world = len(counts)
     if not (ends == ends[0]).all():
         shown = ", ".join(
@@ -80,7 +100,7 @@ def chunk_counts(
                 world=world,
             )
         )
-    return counts
+    return ChunkCounts(counts, False)
 
 
 def _real_rows(whole: np.ndarray, counts: np.ndarray) -> np.ndarray:

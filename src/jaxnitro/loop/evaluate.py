@@ -266,7 +266,8 @@ def _evaluate_split(
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
-            if stoppable and not inside and nitro.status.stop_requested:
+            stop = stoppable and not inside and nitro.status.stop_requested
+            if stop and not across:
                 break
             if item.n_real == 0 and not across:  # across: refused on every rank
                 raise ConfigError(
@@ -275,7 +276,18 @@ def _evaluate_split(
                     f"the source."
                 )
             if across:  # every process's rows, on every process
-                item, outputs = _gathered(nitro, item, split, index)
+                shared = chunk_counts(
+                    item.n_real,
+                    item.ends_batch,
+                    split=split,
+                    index=index,
+                    width=process_width(nitro.status.eval_width),
+                    stop=stop,
+                )
+                if shared.stop:  # one rank's request stops every rank here
+                    nitro.status.stop_requested = True
+                    break
+                item, outputs = _gathered(nitro, item, shared.counts)
             else:
                 outputs = forward_padded(nitro, item.device, item.n_real)
             chunk, keys = item.host, tuple(item.host)
@@ -327,15 +339,12 @@ def _evaluate_split(
 
 
 def _gathered(
-    nitro: Nitro, item: EvalStaged, split: str, index: int
+    nitro: Nitro, item: EvalStaged, counts: np.ndarray
 ) -> tuple[EvalStaged, Any]:
     """Across processes: the chunk as one process would see it (every process's
-    real rows, rank by rank, and its count) and the forward outputs of those rows,
-    on the host of every process alike."""
+    real rows, rank by rank, `counts` of them) and the forward outputs of those
+    rows, on the host of every process alike."""
     width = process_width(nitro.status.eval_width or 0)
-    counts = chunk_counts(
-        item.n_real, item.ends_batch, split=split, index=index, width=width
-    )
     spread = forward_padded(nitro, item.device, None)
     outputs = gather_outputs(spread, counts)
     _delete(spread)
