@@ -1,7 +1,7 @@
 """A run across processes: the `dist` handle, joining a job (and the refusals when a
 coordinator never answers), the global batch assembled from every process's rows, a
-2-process run equal to a 1-process run, rank 0 alone writing, and what a run across
-processes refuses."""
+2-process run equal to a 1-process run, rank 0 alone writing, processes that feed
+different data refused, and one rank's stop request ending every rank's evaluation."""
 
 import json
 import os
@@ -248,7 +248,7 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
 
 
 @pytest.mark.slow  # two processes of their own
-def test_a_run_across_processes_refuses_what_it_cannot_do_yet(tmp_path):
+def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_path):
     port = _free_port()
     workers = [
         subprocess.Popen(
@@ -264,22 +264,20 @@ def test_a_run_across_processes_refuses_what_it_cannot_do_yet(tmp_path):
     outputs = [w.communicate(timeout=180)[0] for w in workers]
     for index, output in enumerate(outputs):
         assert f"joined: rank {index} of 2" in output, output
-        assert (
-            "eval refused: NotYetSupportedError: The data holds a `val` split, and "
-            "this run spans 2 processes: evaluation across processes is not "
-            "supported yet"
-        ) in output, output
-        assert (
-            'fsdp refused: NotYetSupportedError: sharding="fsdp" across 2 processes '
-            "is not supported yet"
-        ) in output, output
-        assert (
-            "predict refused: NotYetSupportedError: Validation, evaluation and "
-            "prediction run in one process: this run spans 2 processes"
-        ) in output, output
+        # Rank 0 alone asked: both stopped after the first global batch of 8.
+        assert "stopped evaluate: {'rows': 8}" in output, output
         assert (
             "uneven refused: DistributedError: The 2 processes of this run feed "
             "different data: train batches: rank 0 4, rank 1 3."
+        ) in output, output
+        assert (
+            "uneven val refused: DistributedError: The 2 processes of this run feed "
+            "different data: val batches: rank 0 2, rank 1 1."
+        ) in output, output
+        # Every rank refuses a part without rows alike (none waits on the other).
+        assert (
+            "empty part refused: ConfigError: Batch 1 of split `val`: rank 1 feeds "
+            "0 of its rows (counts by rank: [2, 0])"
         ) in output, output
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..devices.distributed import is_rank0
+from ..devices.gather import gather_split_leaves
 from ..errors import CheckpointError, ConfigError
 from ..watch import is_non_finite, read_watched
 from .filenames import (
@@ -385,6 +386,9 @@ class Checkpointer:
                 bare filename.
             OSError: writing failed (a transient error is retried first).
         """
+        # Across processes, an fsdp leaf is split over every process's devices:
+        # each process joins the gathering (a collective), and rank 0 writes.
+        trees = {k: gather_split_leaves(v) for k, v in trees.items()}
         if not is_rank0():  # rank 0 writes for a run across processes
             return False
         directory = self._directory()

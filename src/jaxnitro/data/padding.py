@@ -23,7 +23,11 @@ def pad_batch(batch: Mapping[str, np.ndarray], size: int) -> dict[str, np.ndarra
     for name, value in batch.items():
         array = np.asarray(value)
         missing = size - array.shape[0]
-        if missing > 0:
+        if missing > 0 and array.shape[0] == 0:
+            # Nothing to repeat: zeros keep the width (across processes every
+            # process's part must have it); such a part is refused before it runs.
+            array = np.zeros((size, *array.shape[1:]), array.dtype)
+        elif missing > 0:
             array = np.concatenate([array, np.repeat(array[-1:], missing, axis=0)])
         padded[name] = array
     return padded

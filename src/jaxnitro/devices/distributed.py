@@ -106,17 +106,21 @@ class Distributed:
         """Whether this process logs and writes checkpoints."""
         return self.rank == 0
 
-    def shard(self, array: Any, batch_size: int) -> Any:
+    def shard(self, array: Any, batch_size: int, *, drop_last: bool = True) -> Any:
         """This process's rows of `array` (n, ...), for a source with batches of
         `batch_size // world_size` rows whose global batches are `array`'s batches
         of `batch_size`: global batch k is rows [k*B, (k+1)*B), and this process
         holds its rank's consecutive slice of each. A trailing partial batch is
-        dropped (a train split drops it anyway).
+        dropped (a train split drops it anyway), or with `drop_last=False` split
+        as evenly as it goes, lower ranks first (an eval split keeps every row:
+        its batches' parts, joined rank by rank, are the whole batches again).
 
         Example:
             >>> dist = Distributed(1, 2, (), (), None)
             >>> dist.shard(np.arange(10), 4).tolist()
             [2, 3, 6, 7]
+            >>> dist.shard(np.arange(10), 4, drop_last=False).tolist()
+            [2, 3, 6, 7, 9]
         """
         array = np.asarray(array)
         if batch_size % self.world_size:
@@ -129,7 +133,11 @@ class Distributed:
         local = batch_size // self.world_size
         whole = len(array) // batch_size * batch_size
         blocks = array[:whole].reshape(-1, self.world_size, local, *array.shape[1:])
-        return blocks[:, self.rank].reshape(-1, *array.shape[1:])
+        mine = blocks[:, self.rank].reshape(-1, *array.shape[1:])
+        if drop_last or whole == len(array):
+            return mine
+        rest = np.array_split(array[whole:], self.world_size)[self.rank]
+        return np.concatenate([mine, rest])
 
 
 def rank(dist: Distributed | None) -> int:
@@ -368,10 +376,10 @@ def distributed_from_environment() -> Distributed | None:
 
 PROCESSES_DISAGREE = (
     "The {count} processes of this run feed different data: {shown}. Every process "
-    "must feed the same number of train batches of the same size (its shard of each "
-    "global batch), or the ones that finish first leave the others waiting in a "
-    "collective. Shard every split evenly by rank (e.g. dist.shard(array, "
-    "batch_size))."
+    "must feed the same number of batches in each split, of the same size (its "
+    "shard of each global batch; an eval split's short last batch aside), or the "
+    "ones that finish first leave the others waiting in a collective. Shard every "
+    "split evenly by rank (e.g. dist.shard(array, batch_size))."
 )
 
 

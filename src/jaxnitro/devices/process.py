@@ -10,13 +10,12 @@ else the experiment's `n_devs` method or field, else 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from ..errors import ConfigError, NotYetSupportedError
+from ..errors import ConfigError
 from .distributed import distributed_from_environment
 
 BACKENDS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -40,12 +39,6 @@ N_DEVS_VISIBLE = (
     "this process. Pass n_devs <= {visible}, or make more devices visible before "
     "the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
     "XLA_FLAGS=--xla_force_host_platform_device_count={value})."
-)
-FSDP_ACROSS_PROCESSES = (
-    'sharding="fsdp" across {count} processes is not supported yet: rank 0 writes '
-    "the checkpoints and would hold only its part of each split leaf. Use "
-    'sharding="replicated" (every device holds the whole model), or fsdp within '
-    "one process (n_devs for the devices it sees)."
 )
 
 
@@ -189,48 +182,3 @@ def device_report() -> dict[str, Any]:
         "n_devs": _SETUP.n_devs or 1,
         "pinned": _SETUP.n_devs,
     }
-
-
-def check_multi_process(sharding: str) -> None:
-    """Refuse what a run across `jax.distributed` processes cannot do yet: an
-    fsdp-split training state (rank 0 writes the checkpoints from its own copy)."""
-    count = jax.process_count()
-    if count > 1 and sharding == "fsdp":
-        raise NotYetSupportedError(FSDP_ACROSS_PROCESSES.format(count=count))
-
-
-EVAL_ACROSS_PROCESSES = (
-    "The data holds a `{name}` split, and this run spans {count} processes: "
-    "evaluation across processes is not supported yet (each process would score "
-    "only its own shard). Train across processes with a train split only (return "
-    "{{'train': ...}} from build_data when dist is not None), and validate or "
-    "evaluate in one process from the checkpoint rank 0 writes (weights=)."
-)
-
-
-EVAL_IN_ONE_PROCESS = (
-    "Validation, evaluation and prediction run in one process: this run spans "
-    "{count} processes, and evaluation across processes is not supported yet (each "
-    "process would score only its own shard). Evaluate in one process from the "
-    "checkpoint rank 0 writes (Nitro(e, weights=...))."
-)
-
-
-def check_eval_in_one_process() -> None:
-    """Refuse a forward pass for evaluation in a run across processes."""
-    count = jax.process_count()
-    if count > 1:
-        raise NotYetSupportedError(EVAL_IN_ONE_PROCESS.format(count=count))
-
-
-def check_process_splits(sizes: Mapping[str, int]) -> None:
-    """Refuse an evaluation split in a run across processes (`sizes`: split name ->
-    batches); a run of one process takes any."""
-    count = jax.process_count()
-    if count == 1:
-        return
-    for name in sizes:
-        if name != "train":
-            raise NotYetSupportedError(
-                EVAL_ACROSS_PROCESSES.format(name=name, count=count)
-            )

@@ -29,8 +29,9 @@ from ..compile.cache import program_cache
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
+from ..data.stream import EvalStaged
+from ..devices.gather import chunk_counts, gather_fields, gather_outputs, gather_whole
 from ..devices.placement import padded_width
-from ..devices.process import check_eval_in_one_process
 from ..errors import ConfigError, HookError, NitroWarning, RoutingError, user_stacklevel
 from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
@@ -39,7 +40,6 @@ from ..observe.counter import advance_progress_counter
 from .feed import open_eval_feed
 
 if TYPE_CHECKING:
-    from ..data.stream import EvalStaged
     from ..run.handle import Nitro
 
 
@@ -55,22 +55,45 @@ def _delete(tree: Any) -> None:
             leaf.delete()
 
 
+def across_processes() -> bool:
+    """Whether the eval programs span several processes' devices (`jax.distributed`)."""
+    return jax.process_count() > 1
+
+
+def process_width(width: int) -> int:
+    """Each process's part of the eval `width` (the global batch the programs see)."""
+    return width // jax.process_count()
+
+
+def eval_width_for(size: int, n_devs: int) -> int:
+    """The eval width for a first batch of `size` rows (this process's, across
+    processes): rounded up to divide by the n_devs devices of every process."""
+    return padded_width(size, n_devs) * jax.process_count()
+
+
 def forward_chunk(
     nitro: Nitro, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> tuple[Any, int]:
-    """Device outputs of forward on one chunk (<= the eval width), sliced back."""
+    """Outputs of forward on one chunk (<= the eval width), sliced back: device
+    arrays, or across processes host arrays (every process passes the same chunk
+    and gets the whole outputs)."""
     width = nitro.status.eval_width
     assert width is not None
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
-    return forward_padded(nitro, padded, count), count
+    if not across_processes():
+        return forward_padded(nitro, padded, count), count
+    spread = forward_padded(nitro, padded, None)
+    whole = gather_whole(spread)
+    _delete(spread)
+    return jax.tree.map(lambda leaf: leaf[:count], whole), count
 
 
-def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
-    """Device outputs of forward on fields padded to the eval width, cut to `count`."""
+def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int | None) -> Any:
+    """Device outputs of forward on fields padded to the eval width, cut to `count`
+    (None: left padded, as across processes, where every process's part is)."""
     width = nitro.status.eval_width
     assert width is not None
-    check_eval_in_one_process()  # outputs spread over processes: not read yet
     ctx = nitro.prepared.ctx
     names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)
@@ -97,7 +120,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int) -> Any:
     nitro.executables.check_once(
         ("batch first", width), lambda: check_batch_first(outputs, width)
     )
-    if count < width:
+    if count is not None and count < width:
         full = outputs
         outputs = slice_outputs(full, count)
         jax.block_until_ready(outputs)
@@ -224,14 +247,15 @@ def _evaluate_split(
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
     if nitro.status.eval_width is None:
         probe = first_batch(split, source)
-        nitro.status.eval_width = padded_width(
+        nitro.status.eval_width = eval_width_for(
             batch_size(probe, fields["forward"].select(tuple(probe))),
             nitro.config.n_devs,
         )
+    across = across_processes()
     feed = open_eval_feed(
         source,
         select=functools.lru_cache(maxsize=8)(fields["forward"].select),
-        width=nitro.status.eval_width,
+        width=process_width(nitro.status.eval_width),
         name=split,
         placement=nitro.prepared.ctx.placement,
     )
@@ -242,16 +266,31 @@ def _evaluate_split(
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
-            if stoppable and not inside and nitro.status.stop_requested:
+            stop = stoppable and not inside and nitro.status.stop_requested
+            if stop and not across:
                 break
-            if item.n_real == 0:
+            if item.n_real == 0 and not across:  # across: refused on every rank
                 raise ConfigError(
                     f"Batch {index} of split `{split}` holds 0 samples (axis 0 of its "
                     f"fields is 0): it would score nothing. Drop empty batches in "
                     f"the source."
                 )
+            if across:  # every process's rows, on every process
+                shared = chunk_counts(
+                    item.n_real,
+                    item.ends_batch,
+                    split=split,
+                    index=index,
+                    width=process_width(nitro.status.eval_width),
+                    stop=stop,
+                )
+                if shared.stop:  # one rank's request stops every rank here
+                    nitro.status.stop_requested = True
+                    break
+                item, outputs = _gathered(nitro, item, shared.counts)
+            else:
+                outputs = forward_padded(nitro, item.device, item.n_real)
             chunk, keys = item.host, tuple(item.host)
-            outputs = forward_padded(nitro, item.device, item.n_real)
             feed.release(item.device)  # dispatched: the runtime frees it after use
             if has_metrics:
                 names = fields["metrics"].select(keys)
@@ -297,6 +336,20 @@ def _evaluate_split(
     training = isinstance(previous, phases.TrainStepping)
     _warn_nonfinite(split, result, nitro.current_epoch if training else None)
     return result
+
+
+def _gathered(
+    nitro: Nitro, item: EvalStaged, counts: np.ndarray
+) -> tuple[EvalStaged, Any]:
+    """Across processes: the chunk as one process would see it (every process's
+    real rows, rank by rank, `counts` of them) and the forward outputs of those
+    rows, on the host of every process alike."""
+    width = process_width(nitro.status.eval_width or 0)
+    spread = forward_padded(nitro, item.device, None)
+    outputs = gather_outputs(spread, counts)
+    _delete(spread)
+    host = gather_fields(item.host, counts, width)
+    return EvalStaged(host, item.device, int(counts.sum()), item.ends_batch), outputs
 
 
 def _warn_nonfinite(split: str, metrics: Mapping[str, Any], epoch: int | None) -> None:
@@ -451,7 +504,7 @@ def predict_batch(nitro: Nitro, batch: Any) -> Any:
     names = nitro.prepared.routing.fields["forward"].select(tuple(batch))
     if nitro.status.eval_width is None:
         nitro.status.eval_width = padded_width(
-            batch_size(batch, names), nitro.config.n_devs
+            batch_size(batch, names), nitro.config.n_devs * jax.process_count()
         )
     previous = nitro.phase
     nitro.set_phase(phases.EvalStepping())

@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+
 from ..checkpoint.header import RecordHeader
 from ..errors import CheckpointError, ConfigError, NitroWarning, user_stacklevel
 from .config import RunConfig
@@ -68,7 +70,10 @@ def data_signature(
         return None
     return {
         "splits": {n: split_sizes[n] for n in COMPARED_SPLITS if n in split_sizes},
-        "batch_size": routing.train_batch,
+        # The global batch: each process feeds its part, so a record written
+        # across processes resumes in one process (or another count) that feeds
+        # the same global batches.
+        "batch_size": routing.train_batch * jax.process_count(),
         "fields": {
             name: {
                 "shape": list(routing.sample_shapes.get(name, ())),

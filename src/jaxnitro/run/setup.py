@@ -42,7 +42,6 @@ from ..devices.distributed import (
     world_size,
 )
 from ..devices.placement import Placement, check_process_batch_divides, padded_width
-from ..devices.process import check_multi_process, check_process_splits
 from ..errors import (
     ConfigError,
     HookError,
@@ -248,7 +247,6 @@ class SetupSequence:
         # Every run value resolved and checked before any long work.
         self._run_config = RunConfig.resolve(e, kw)
         check_resume_flag(self._run_config)
-        check_multi_process(self._run_config.sharding)
         if not is_rank0() and self._run_config.logger is not None:
             # Rank 0 logs for the run: the other processes train the same steps.
             self._run_config = self._run_config.with_value(
@@ -336,7 +334,6 @@ class SetupSequence:
         self._split_sizes = {
             name: check_split(name, s) for name, s in self.data.items()
         }
-        check_process_splits(self._split_sizes)
         self._run_config = follow_max_steps(
             self._run_config, self.data, self._split_sizes
         )
@@ -489,10 +486,17 @@ class SetupSequence:
                 {
                     "train batches": self._split_sizes.get("train", 0),
                     "samples per train batch": self._routing.train_batch or 0,
+                    # Each process pads its eval chunks to its part of one width.
+                    "samples in the first eval batch": self._eval_width or 0,
+                    **{
+                        f"{name} batches": size
+                        for name, size in self._split_sizes.items()
+                        if name != "train"
+                    },
                 }
             )
-        if self._eval_width is not None:
-            self._eval_width = padded_width(self._eval_width, n_devs)
+        if self._eval_width is not None:  # each process pads its part of the width
+            self._eval_width = padded_width(self._eval_width, n_devs) * world
         return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)
 
     def _setup_phase(self, label: str) -> None:
