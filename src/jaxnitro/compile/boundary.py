@@ -70,4 +70,12 @@ def owned_copy(tree: Any) -> Any:
         >>> owned_copy({"w": np.ones(2, np.float32)})["w"].dtype
         dtype('float32')
     """
-    return jax.device_put(tree, may_alias=False)
+    return jax.tree.map(_owned_leaf, tree)
+
+
+def _owned_leaf(leaf: Any) -> Any:
+    # A device array keeps its own sharding: across processes it is not fully
+    # addressable, and `device_put` without a target refuses such an array.
+    if isinstance(leaf, jax.Array):
+        return jax.device_put(leaf, leaf.sharding, may_alias=False)
+    return jax.device_put(leaf, may_alias=False)
