@@ -4,6 +4,7 @@ both stopping at the same step and resuming to the straight run's weights."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,12 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _run(args: list[str], *, launch: bool) -> subprocess.CompletedProcess:
     # Across processes a mesh of 4 devices, 2 of each process; alone, 1 device.
     worker = [str(SUPPORT / "dist_stop_worker.py"), *args, "2" if launch else "1"]
@@ -101,3 +108,35 @@ def test_one_rank_stop_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path
     assert sorted(got) == sorted(expected) == ["b1", "w1", "w2"]
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # two processes of their own
+def test_a_sigterm_on_one_rank_preempts_every_rank_at_one_step(tmp_path):
+    port = _free_port()
+    job = {"NITRO_COORDINATOR": f"127.0.0.1:{port}", "NITRO_NUM_PROCESSES": "2"}
+    worker = [str(SUPPORT / "dist_stop_worker.py"), str(tmp_path), "3", "2", "2"]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, *worker],
+            env={**_env(), **job, "NITRO_PROCESS_ID": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=150)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    # Rank 0 got the SIGTERM: it checkpoints at the agreed step and exits 143.
+    assert ranks[0].returncode == 143, outputs[0]
+    assert "jaxnitro: preempted (SIGTERM): stopped at epoch 2, step 6;" in outputs[0]
+    # Rank 1 did not: it stops at the same step, preempted too, and exits 0.
+    assert ranks[1].returncode == 0, outputs[1]
+    assert "rank 1 of 2 ended at step 6: preempted" in outputs[1], outputs[1]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    written = [e["file"] for e in manifest["entries"]]
+    assert written[-1] == "epoch-0002-step-6.safetensors"
