@@ -309,3 +309,40 @@ def test_a_divergence_on_finite_inputs_says_the_model_diverged():
     message = str(caught.value)
     assert "The batch's inputs were all finite, so the model diverged." in message
     assert "with a lower learning rate" in message
+
+
+class _AsksToStopAtBatch1(list):
+    """Train batches that call `request_stop` on `nitro` as they yield batch 1."""
+
+    nitro = None
+
+    def __iter__(self):
+        for index, batch in enumerate(list.__iter__(self)):
+            if index == 1 and self.nitro is not None:
+                self.nitro.request_stop()
+            yield batch
+
+
+@pytest.mark.parametrize("agreed, stopped_at", [(False, 2), (True, 5)])
+def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
+    monkeypatch, agreed, stopped_at
+):
+    """Across processes the step loop reads the agreed stop: a request made before
+    step 2 ends the epoch at the next agreement point (steps 1, 5, ... here), where
+    every rank votes, and not at the next step, as it does in one process."""
+    from jaxnitro.devices import agreement
+    from jaxnitro.loop.steps import run_epoch
+    from jaxnitro.loop.train import _ensure_optimizer_state
+
+    monkeypatch.setattr(agreement, "AGREE_MOST_STEPS", 4)
+    monkeypatch.setattr(agreement, "AGREE_SECONDS", 1e9)  # every 4 steps
+    data = _AsksToStopAtBatch1(make_batches(128, 16))
+    nitro = nx.Nitro(Tiny(), data={"train": data}, logger=None, checkpointer=None)
+    data.nitro = nitro
+    _ensure_optimizer_state(nitro)
+    agreed_stop = agreement.StopAgreement(nitro.current_step) if agreed else None
+    log = run_epoch(nitro, 1, agreement=agreed_stop)
+    assert (nitro.current_step, log.trained) == (stopped_at, stopped_at)
+    if agreed_stop is not None:
+        assert (agreed_stop.stop_requested, agreed_stop.preempted) == (True, False)
+        assert agreed_stop.next_at == 9

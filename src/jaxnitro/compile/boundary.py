@@ -70,12 +70,15 @@ def owned_copy(tree: Any) -> Any:
         >>> owned_copy({"w": np.ones(2, np.float32)})["w"].dtype
         dtype('float32')
     """
-    return jax.tree.map(_owned_leaf, tree)
+    leaves = jax.tree.leaves(tree)
+    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
+        return jax.device_put(tree, may_alias=False)
+    # Across processes a leaf spans other hosts' devices: copied where it lies
+    # (device_put without a target would move it to this process's first device).
+    return jax.tree.map(_owned_in_place, tree)
 
 
-def _owned_leaf(leaf: Any) -> Any:
-    # A device array keeps its own sharding: across processes it is not fully
-    # addressable, and `device_put` without a target refuses such an array.
+def _owned_in_place(leaf: Any) -> Any:
     if isinstance(leaf, jax.Array):
         return jax.device_put(leaf, leaf.sharding, may_alias=False)
     return jax.device_put(leaf, may_alias=False)

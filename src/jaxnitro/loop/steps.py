@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ..data.signature import Signature, batch_signature, changed_field
+from ..devices.agreement import StopAgreement
 from ..errors import ConfigError
 from ..experiment.rng import step_rng_input
 from ..logging import protocol as logproto
@@ -50,6 +51,7 @@ def run_epoch(
     skip: int = 0,
     carried: tuple[float, int] = (0.0, 0),
     events: StepEvents | None = None,
+    agreement: StopAgreement | None = None,
 ) -> EpochLog:
     """One epoch of micro-batches from the train split's feed; closed on every exit.
 
@@ -60,6 +62,8 @@ def run_epoch(
     `carried`: their running loss sum and count, which the epoch's mean continues.
     `events`: called after each optimizer step it places an event on (mid-epoch
     validation and checkpoints, max_steps); it may end the epoch there.
+    `agreement`: across processes, the stop every rank agrees on, which the loop
+    reads instead of the process's own request (None in one process).
     """
     log = EpochLog(nitro, epoch, carried, skip)
     per_call = steps_per_call(nitro)
@@ -78,9 +82,11 @@ def run_epoch(
     )
     log.feed = feed
     accum = nitro.config.accum
-    hot_loop = _steps if per_call == 1 else call_steps
     try:
-        delivered = hot_loop(nitro, epoch, feed, log, bar, skip, events)
+        if per_call == 1:
+            delivered = _steps(nitro, epoch, feed, log, bar, skip, events, agreement)
+        else:  # refused across processes: no agreement to keep
+            delivered = call_steps(nitro, epoch, feed, log, bar, skip, events)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
             nitro.commit_state(_zeroed_accumulator(nitro.train_state))
@@ -125,6 +131,7 @@ def _steps(
     bar: Any,
     skip: int = 0,
     events: StepEvents | None = None,
+    agreement: StopAgreement | None = None,
 ) -> int | None:
     """The hot loop. Every attribute it reads per step is bound to a local first;
     the per-step work is the dispatch plus one read-back. The training state lives
@@ -134,6 +141,11 @@ def _steps(
     At a step `events` places an event on (one integer compare per step finds it)
     the in-flight micro-batch is read back and the state committed first, so the
     events see the state after that step.
+
+    Across processes (`agreement` given) every rank stops at the same step: the
+    stop check reads the agreed flag, which changes only at the agreement points
+    every rank votes at (`agreement.next_at`; one integer compare per step finds
+    them, and in one process it never matches).
 
     Returns how many batches the feed delivered, or None when a stop request, an
     event or max_steps ended the epoch early."""
@@ -163,6 +175,9 @@ def _steps(
     delivered: int | None = 0
     profiler = nitro.status.profiler  # None unless the run keyword profile= is set
     event = NEVER if events is None else events.next_after(step)
+    status = nitro.status  # the process's own stop request and its kind
+    stops: Any = status if agreement is None else agreement  # what the check reads
+    agree_at = NEVER if agreement is None else agreement.next_at
     try:
         for index, (full, routed) in enumerate(feed):
             check_batch(routed, names, expected, index, epoch)
@@ -254,6 +269,9 @@ def _steps(
                 settle(in_flight)
             in_flight = current
             delivered = index + 1
+            if ends_step and step >= agree_at:  # across processes: every rank votes
+                assert agreement is not None
+                agree_at = agreement.vote(step, status.stop_requested, status.preempted)
             if ends_step and step >= event:  # rare: only a step-based run's events
                 assert events is not None
                 settle(current)
@@ -270,7 +288,7 @@ def _steps(
                 if leave:
                     delivered = None
                     break
-            if ends_step and nitro.status.stop_requested:
+            if ends_step and stops.stop_requested:
                 delivered = None
                 break
         if in_flight is not None:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from ..checkpoint.lock import lock_checkpoint_dir
 from ..compile.boundary import owned_copy
+from ..devices.agreement import StopAgreement
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
@@ -197,9 +198,12 @@ class _StepEvents:
     """The mid-epoch events of one train() (`steps.StepEvents`): validation and
     checkpoints every N steps, and max_steps."""
 
-    def __init__(self, nitro: Nitro, cadence: StepCadence) -> None:
+    def __init__(self, nitro: Nitro, cadence: StepCadence, stops: Any) -> None:
         self.nitro = nitro
         self.cadence = cadence
+        self.stops = stops
+        """Where the stop flag is read: the handle's status, or across processes
+        the agreed stop (`StopAgreement`), the same on every rank."""
         self.validated: _Validation | None = None
         """The last mid-epoch validation, which the epoch end reuses at its step."""
         self.seconds = 0.0
@@ -220,7 +224,7 @@ class _StepEvents:
         source = nitro.data["train"]
         if log.trained >= len(source):
             return False  # the epoch's last step: the epoch end runs what is due
-        if cadence.ends_at(step) or nitro.status.stop_requested:
+        if cadence.ends_at(step) or self.stops.stop_requested:
             return True  # the epoch end validates and checkpoints, once
         flat: dict[str, Any] = {}
         leave = False
@@ -237,7 +241,7 @@ class _StepEvents:
                 )
                 for _ in range(log.trained):
                     bar.step()
-        leave = leave or nitro.status.stop_requested
+        leave = leave or self.stops.stop_requested
         if cadence.checkpoints_at(step) and not leave:
             held = nitro.status.held_stop
             nitro.status.held_stop = _loss_so_far(nitro, log)  # where the epoch is
@@ -287,7 +291,10 @@ def _train(nitro: Nitro) -> None:
             stacklevel=3,
         )
         return
-    events = None if cadence.is_empty else _StepEvents(nitro, cadence)
+    # Across processes every rank reads one agreed stop (devices/agreement.py).
+    agreement = StopAgreement(nitro.current_step) if jax.process_count() > 1 else None
+    stops: Any = nitro.status if agreement is None else agreement
+    events = None if cadence.is_empty else _StepEvents(nitro, cadence, stops)
     skip = _trained_this_epoch(nitro)
     if nitro.current_epoch >= max_epochs and not skip:
         warnings.warn(
@@ -323,6 +330,7 @@ def _train(nitro: Nitro) -> None:
                 skip=skip if epoch == first else 0,
                 carried=carried if epoch == first else (0.0, 0),
                 events=events,
+                agreement=agreement,
             )
             stepped = nitro.current_step - steps_before
             if stepped:  # the loop read each step's loss back: the device is done
@@ -333,7 +341,7 @@ def _train(nitro: Nitro) -> None:
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro.sync_scheduled_devices()
-            requested = nitro.status.stop_requested
+            requested = stops.stop_requested
             partial = 0 < log.trained < len(nitro.data["train"])
             midway = events.at(nitro.current_step) if events is not None else None
             if midway is not None:  # validated at this step already: not again
@@ -358,8 +366,13 @@ def _train(nitro: Nitro) -> None:
                 )
             added = _epoch_end_hooks(nitro, epoch, log.mean_loss(), flat)
             flat = {**flat, **added}
+            if agreement is not None:  # every rank is at this epoch's end: it votes
+                status = nitro.status
+                agreement.vote(
+                    nitro.current_step, status.stop_requested, status.preempted
+                )
             # A stop asked for during validation ends the run after this epoch too.
-            requested = requested or nitro.status.stop_requested
+            requested = requested or stops.stop_requested
             nitro.status.held_stop = _loss_so_far(nitro, log) if partial else None
             reached = cadence.ends_at(nitro.current_step)
             if nitro.status.history and nitro.status.history[-1]["epoch"] == epoch:
@@ -386,7 +399,7 @@ def _train(nitro: Nitro) -> None:
                 context="data",
             )
             if requested:
-                reason = "preempted" if nitro.status.preempted else "requested"
+                reason = "preempted" if stops.preempted else "requested"
             elif early:
                 reason = "early_stop"
             elif epoch == max_epochs or reached:
