@@ -336,6 +336,9 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
 
     monkeypatch.setattr(agreement, "AGREE_MOST_STEPS", 4)
     monkeypatch.setattr(agreement, "AGREE_SECONDS", 1e9)  # every 4 steps
+    # The request comes as the loop reads batch 1: the inline feed pins that
+    # moment (staging threads read ahead, so under --staged it would come sooner).
+    monkeypatch.setattr(feed, "stages_on_device", lambda: False)
     data = _AsksToStopAtBatch1(make_batches(128, 16))
     nitro = nx.Nitro(Tiny(), data={"train": data}, logger=None, checkpointer=None)
     data.nitro = nitro
