@@ -158,7 +158,11 @@ def _steps(
     expected *= jax.process_count()
     plan = nitro.prepared.plan
     assert plan is not None
+    # Bound once: the loop reads each of these every step.
     settle = log.settle
+    release = feed.release
+    device_values = nitro.device_values
+    bar_step = None if bar is None else bar.step
     autolog = nitro.config.autolog_schedules and log.logging
     every = log.every
     gradient: Any = None
@@ -196,8 +200,9 @@ def _steps(
                 if profiler is not None:
                     profiler.at_step(step, weights)
             rng = step_rng_input(seed, step, index % accum)  # what step_rng() folds
-            if nitro.device_values() is not device:  # set_device may replace it
-                device = nitro.device_values()
+            live = device_values()  # set_device may replace it between steps
+            if live is not device:
+                device = live
                 values = device_inputs(nitro, device, step_values)
             if gradient is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
@@ -260,11 +265,11 @@ def _steps(
             if ends_step:
                 step += 1
                 advance_progress_counter()
-            if bar is not None:
-                bar.step()
+            if bar_step is not None:
+                bar_step()
             # The step is dispatched: a staged device batch can go (the runtime frees
             # it when the step has run), which bounds device memory per batch.
-            feed.release(routed)
+            release(routed)
             if in_flight is not None:
                 settle(in_flight)
             in_flight = current
