@@ -173,6 +173,13 @@ def _steps(
     accumulator, step = start.accumulator, start.step
     step_values: dict[Target, float] = {}
     hp: dict[str, Any] = {}
+    # While no schedule varies, the plan hands back one constant tree each step; it
+    # is placed once, since each host scalar in it costs the executable a transfer
+    # per call. On a mesh the executable places its arguments itself (in the same
+    # way for a host or a device value), so there the tree stays on the host.
+    one_device = nitro.prepared.ctx.placement is None and jax.process_count() == 1
+    host_hp: Any = None  # the tree `placed_hp` is a copy of
+    placed_hp: Any = None
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
     signature: Signature = {}
@@ -195,7 +202,14 @@ def _steps(
                 index % accum == 0
             ):  # a new optimizer step: its schedules, evaluated once
                 step_values = plan.schedule_values(step)
-                hp = plan.step_inputs(step, step_values)
+                fresh = plan.step_inputs(step, step_values)
+                if fresh is host_hp and one_device:  # the constant tree again
+                    if placed_hp is None:
+                        placed_hp = jax.device_put(fresh)
+                    hp = placed_hp
+                else:
+                    hp = host_hp = fresh
+                    placed_hp = None
                 device = None
                 if profiler is not None:
                     profiler.at_step(step, weights)
