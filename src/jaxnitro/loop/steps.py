@@ -158,7 +158,11 @@ def _steps(
     expected *= jax.process_count()
     plan = nitro.prepared.plan
     assert plan is not None
+    # Bound once: the loop reads each of these every step.
     settle = log.settle
+    release = feed.release
+    device_values = nitro.device_values
+    bar_step = None if bar is None else bar.step
     autolog = nitro.config.autolog_schedules and log.logging
     every = log.every
     gradient: Any = None
@@ -169,6 +173,13 @@ def _steps(
     accumulator, step = start.accumulator, start.step
     step_values: dict[Target, float] = {}
     hp: dict[str, Any] = {}
+    # While no schedule varies, the plan hands back one constant tree each step; it
+    # is placed once, since each host scalar in it costs the executable a transfer
+    # per call. On a mesh the executable places its arguments itself (in the same
+    # way for a host or a device value), so there the tree stays on the host.
+    one_device = nitro.prepared.ctx.placement is None and jax.process_count() == 1
+    host_hp: Any = None  # the tree `placed_hp` is a copy of
+    placed_hp: Any = None
     device: dict[str, Any] | None = None  # the Device fields `values` was merged from
     values: dict[str, Any] = {}
     signature: Signature = {}
@@ -191,13 +202,21 @@ def _steps(
                 index % accum == 0
             ):  # a new optimizer step: its schedules, evaluated once
                 step_values = plan.schedule_values(step)
-                hp = plan.step_inputs(step, step_values)
+                fresh = plan.step_inputs(step, step_values)
+                if fresh is host_hp and one_device:  # the constant tree again
+                    if placed_hp is None:
+                        placed_hp = jax.device_put(fresh)
+                    hp = placed_hp
+                else:
+                    hp = host_hp = fresh
+                    placed_hp = None
                 device = None
                 if profiler is not None:
                     profiler.at_step(step, weights)
             rng = step_rng_input(seed, step, index % accum)  # what step_rng() folds
-            if nitro.device_values() is not device:  # set_device may replace it
-                device = nitro.device_values()
+            live = device_values()  # set_device may replace it between steps
+            if live is not device:
+                device = live
                 values = device_inputs(nitro, device, step_values)
             if gradient is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
@@ -260,11 +279,11 @@ def _steps(
             if ends_step:
                 step += 1
                 advance_progress_counter()
-            if bar is not None:
-                bar.step()
+            if bar_step is not None:
+                bar_step()
             # The step is dispatched: a staged device batch can go (the runtime frees
             # it when the step has run), which bounds device memory per batch.
-            feed.release(routed)
+            release(routed)
             if in_flight is not None:
                 settle(in_flight)
             in_flight = current
