@@ -3,14 +3,13 @@ the agreement points fall, and two processes of which one alone asks to stop,
 both stopping at the same step and resuming to the straight run's weights."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from process_jobs import child_env, free_port
 
 import jaxnitro as nx
 from jaxnitro.devices import agreement
@@ -49,32 +48,13 @@ def test_the_agreement_starts_after_the_first_step_and_keeps_a_stop():
     assert (agreed.stop_requested, agreed.preempted) == (True, True)
 
 
-def _env() -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("NITRO_", "JAX_COORD"))
-    }
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(SRC), str(SUPPORT)]),
-        XLA_FLAGS="--xla_force_host_platform_device_count=2",
-        JAX_PLATFORMS="cpu",
-        JAXNITRO_COMPILATION_CACHE="off",
-    )
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _run(args: list[str], *, launch: bool) -> subprocess.CompletedProcess:
     # Across processes a mesh of 4 devices, 2 of each process; alone, 1 device.
     worker = [str(SUPPORT / "dist_stop_worker.py"), *args, "2" if launch else "1"]
     command = ["-m", "jaxnitro.cli", "launch", "-n", "2", "--timeout", "150"]
     return subprocess.run(
         [sys.executable, *(command if launch else []), *worker],
-        env=_env(),
+        env=child_env(2),
         capture_output=True,
         text=True,
         timeout=200,
@@ -112,13 +92,13 @@ def test_one_rank_stop_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path
 
 @pytest.mark.slow  # two processes of their own
 def test_a_sigterm_on_one_rank_preempts_every_rank_at_one_step(tmp_path):
-    port = _free_port()
+    port = free_port()
     job = {"NITRO_COORDINATOR": f"127.0.0.1:{port}", "NITRO_NUM_PROCESSES": "2"}
     worker = [str(SUPPORT / "dist_stop_worker.py"), str(tmp_path), "3", "2", "2"]
     ranks = [
         subprocess.Popen(
             [sys.executable, *worker],
-            env={**_env(), **job, "NITRO_PROCESS_ID": str(rank)},
+            env={**child_env(2), **job, "NITRO_PROCESS_ID": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

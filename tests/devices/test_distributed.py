@@ -4,7 +4,6 @@ coordinator never answers), the global batch assembled from every process's rows
 different data refused, and one rank's stop request ending every rank's evaluation."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,34 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from process_jobs import child_env, free_port
 
 import jaxnitro as nx
 from jaxnitro.devices import distributed, placement
 
 SUPPORT = Path(__file__).parents[1] / "support"
 SRC = Path(nx.__file__).parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _env(devices: int = 1, **extra: str) -> dict[str, str]:
-    """A child's environment: the package and the test support on its path, CPU
-    with `devices` fake devices, no job named unless `extra` names one."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("NITRO_", "JAX_COORD"))
-    }
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(SRC), str(SUPPORT)]),
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        JAX_PLATFORMS="cpu",
-        JAXNITRO_COMPILATION_CACHE="off",
-        **extra,
-    )
-    return env
 
 
 def test_one_process_has_no_handle_rank_0_and_world_size_1():
@@ -71,7 +49,7 @@ def test_shard_refuses_a_global_batch_the_processes_do_not_divide():
 
 
 def test_a_coordinator_that_never_answers_is_named_with_the_timeout():
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     start = time.monotonic()
     with pytest.raises(
         nx.DistributedError,
@@ -104,7 +82,7 @@ def test_joining_after_the_backend_started_names_the_fix():
         match=r"must run before anything uses a JAX backend.*Call "
         r"jaxnitro.init_distributed\(\) \(or setup_devices\(\)\) at the top",
     ):
-        nx.init_distributed(f"127.0.0.1:{_free_port()}", 2, 0)
+        nx.init_distributed(f"127.0.0.1:{free_port()}", 2, 0)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +112,7 @@ def test_bad_job_settings_are_refused_by_name(kwargs, message):
 
 
 def test_the_environment_names_the_job(monkeypatch):
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv(distributed.COORDINATOR_ENV, f"127.0.0.1:{port}")
     monkeypatch.setenv(distributed.NUM_PROCESSES_ENV, "3")
     monkeypatch.setenv(distributed.PROCESS_ID_ENV, "2")
@@ -182,7 +160,7 @@ def test_a_rank_other_than_0_logs_nothing_and_writes_no_checkpoint(monkeypatch):
 def _launch(args, *, devices=1, timeout=240, **extra):
     return subprocess.run(
         [sys.executable, "-m", "jaxnitro.cli", "launch", *args],
-        env=_env(devices, **extra),
+        env=child_env(devices, **extra),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -196,7 +174,7 @@ def _params(path) -> dict:
 def _one_process(run_dir, *args):
     return subprocess.run(
         [sys.executable, str(SUPPORT / "dist_worker.py"), str(run_dir), "1", *args],
-        env=_env(1),
+        env=child_env(1),
         capture_output=True,
         text=True,
         timeout=240,
@@ -249,12 +227,12 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
 
 @pytest.mark.slow  # two processes of their own
 def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_path):
-    port = _free_port()
+    port = free_port()
     workers = [
         subprocess.Popen(
             [sys.executable, str(SUPPORT / "two_process_worker.py"), str(port), str(i)],
             cwd=tmp_path,
-            env=_env(1),
+            env=child_env(1),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -309,7 +287,7 @@ def test_the_launcher_stops_the_others_when_a_process_dies(tmp_path):
 
 @pytest.mark.slow  # two processes of their own
 def test_without_a_launcher_the_survivor_stops_after_the_heartbeat_timeout(tmp_path):
-    port = _free_port()
+    port = free_port()
     job = {
         distributed.COORDINATOR_ENV: f"127.0.0.1:{port}",
         distributed.NUM_PROCESSES_ENV: "2",
@@ -324,7 +302,7 @@ def test_without_a_launcher_the_survivor_stops_after_the_heartbeat_timeout(tmp_p
                 "1",
                 "7",
             ],
-            env=_env(1, **job, **{distributed.PROCESS_ID_ENV: str(i)}),
+            env=child_env(1, **job, **{distributed.PROCESS_ID_ENV: str(i)}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

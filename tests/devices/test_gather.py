@@ -4,13 +4,13 @@ processes of their own) validation, evaluate, predict and an fsdp run across 2
 processes equal to one process, every rank scoring the same metrics."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from process_jobs import child_env
 
 import jaxnitro as nx
 from jaxnitro.devices import gather
@@ -53,19 +53,6 @@ def test_one_process_leaves_a_training_state_as_it_is():
     assert gather.gather_split_leaves(tree) is tree
 
 
-def _env(devices: int) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("NITRO_", "JAX_COORD"))
-    }
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(SRC), str(SUPPORT)]),
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        JAX_PLATFORMS="cpu",
-        JAXNITRO_COMPILATION_CACHE="off",
-    )
-    return env
-
-
 def _run(args: list[str], *, devices: int, processes: int = 1):
     """The worker in one plain process, or under `nitro launch -n processes`."""
     if processes == 1:
@@ -74,7 +61,7 @@ def _run(args: list[str], *, devices: int, processes: int = 1):
         launch = ["-m", "jaxnitro.cli", "launch", "-n", str(processes)]
         command = [sys.executable, *launch, "--timeout", "200", WORKER, *args]
     result = subprocess.run(
-        command, env=_env(devices), capture_output=True, text=True, timeout=240
+        command, env=child_env(devices), capture_output=True, text=True, timeout=240
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
