@@ -5,6 +5,7 @@ move the key; argument names are part of the code.
 
 import dataclasses
 import importlib
+import re
 import sys
 import textwrap
 import types
@@ -17,7 +18,8 @@ from compile_counts import kinds_compiled
 from experiments import Tiny, make_batches, mlp
 
 import jaxnitro as nx
-from jaxnitro.compile.fingerprint import fingerprint
+from jaxnitro.compile import fingerprint as fingerprint_module
+from jaxnitro.compile.fingerprint import _Fingerprinter, fingerprint
 
 
 def quiet(**kw):
@@ -176,6 +178,12 @@ class ReadsNamespace(Tiny):
         return out * SCALE_NAMESPACE.factor, state
 
 
+class ReadsVocabulary(Tiny):
+    def forward(self, model, params, state, *, x):
+        out, state = Tiny.forward(self, model, params, state, x=x)
+        return out * len(VOCABULARY[2]), state
+
+
 class ReadsVmappedHelper(Tiny):
     def forward(self, model, params, state, *, x):
         out, state = Tiny.forward(self, model, params, state, x=x)
@@ -226,6 +234,9 @@ SCALER = Scaler(1.0).apply
 SCALE_NAMESPACE = types.SimpleNamespace(factor=1.0)
 
 
+VOCABULARY = np.array(["cat", "dog", "x"], dtype=object)  # Python objects
+
+
 JIT_FACTOR = 1.0
 
 
@@ -266,6 +277,8 @@ def _set_scale(cls, value):
         _jitted_scale.clear_cache()  # jax.jit's own cache would serve the old trace
     elif cls is ReadsModule:
         scale_module.factor = value
+    elif cls is ReadsVocabulary:
+        VOCABULARY[2] = "x" * int(value)  # written in place
     else:
         cls.factor = value
 
@@ -284,6 +297,7 @@ def _set_scale(cls, value):
         ReadsVmappedHelper,
         ReadsBoundMethod,
         ReadsThroughClosure,
+        ReadsVocabulary,
     ],
 )
 def test_a_value_a_hook_reads_is_in_the_key(cls):
@@ -547,3 +561,109 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path):
         for seed in (1, 2, 3, 4)
     }
     assert len(outputs) == 1
+
+
+# --- values the fingerprint describes by their elements, or cannot describe ---------
+
+
+LABEL_NAMES = np.array(["cat", "dog", "bird"], dtype=object)
+
+
+class ReadsLabelNames(Tiny):
+    def loss(self, logits, *, y):
+        return Tiny.loss(self, logits, y=y) * len(LABEL_NAMES[0]) / 3
+
+
+def test_an_object_array_a_hook_reads_trains_and_its_elements_are_in_the_key():
+    """A vocabulary held as an object array: its bytes are addresses, so it is
+    described element by element; the same words in a new array hit the cache, a
+    changed word recompiles what reads it."""
+    global LABEL_NAMES
+
+    def run():
+        nx.Nitro(ReadsLabelNames(max_epochs=1), **quiet()).train()
+
+    try:
+        assert kinds_compiled(run) != []
+        LABEL_NAMES = np.array(["cat", "dog", "bird"], dtype=object)
+        assert kinds_compiled(run) == []
+        LABEL_NAMES = np.array(["bird", "dog", "cat"], dtype=object)
+        assert kinds_compiled(run) == ["eval_loss", "train_step"]
+    finally:
+        LABEL_NAMES = np.array(["cat", "dog", "bird"], dtype=object)
+
+
+def test_an_object_array_is_described_by_its_elements():
+    words = np.array(["a", "b", None], dtype=object)
+    rows = np.array([(1, "a")], dtype=[("i", np.int32), ("s", object)])
+
+    def prints(array):
+        return fingerprint(lambda x: x * len(array))
+
+    assert prints(words) == prints(np.array(["a", "b", None], dtype=object))
+    assert prints(words) != prints(np.array(["a", "c", None], dtype=object))
+    assert prints(words) != prints(np.array(["a", "b", None], dtype=object)[None])
+    assert prints(rows) != prints(np.array([(1, "b")], dtype=rows.dtype))
+
+
+def test_an_object_array_too_large_to_describe_is_named_with_a_warning(monkeypatch):
+    monkeypatch.setattr(fingerprint_module, "OBJECT_ELEMENTS_DESCRIBED", 2)
+    words = np.array(["a", "b", "c"], dtype=object)
+
+    def reads_words(x):
+        return x * len(words)
+
+    assert _Fingerprinter(contents=True).value(words) == (
+        "undigestable numpy.ndarray object(3,): holds 3 Python objects, more than "
+        "the 2 described"
+    )
+    message = (
+        "jaxnitro: the compile cache cannot see the contents of a numpy.ndarray "
+        "object(3,), reached from `{}` (holds 3 Python objects, more than the 2 "
+        "described). A compiled program is reused while the code is unchanged"
+    ).format(f"{reads_words.__module__}.{reads_words.__qualname__}")
+    with pytest.warns(nx.NitroWarning, match=re.escape(message)):
+        fingerprint(reads_words)
+
+
+class LazyTable:
+    """A handle that opens on first use: any attribute read before that raises."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"LazyTable is not open (reading {name})")
+
+
+LAZY_TABLE = None  # opened in the test: pytest's collection reads the module's globals
+
+
+class ReadsLazyTable(Tiny):
+    def loss(self, logits, *, y):
+        assert LAZY_TABLE is not None
+        return Tiny.loss(self, logits, y=y)
+
+
+def test_a_value_whose_attributes_raise_is_named_and_both_checks_say_so():
+    """The fingerprint never raises: the stale-handle check and the compile cache
+    each warn, once, that they cannot see the value."""
+    reason = (
+        f"a {__name__}.LazyTable, reached from `{__name__}.ReadsLazyTable.loss` "
+        f"(RuntimeError: LazyTable is not open (reading __wrapped__))"
+    )
+    global LAZY_TABLE
+    LAZY_TABLE = LazyTable()
+    try:
+        with pytest.warns(nx.NitroWarning) as record:
+            for _ in range(2):  # and once only
+                nx.Nitro(ReadsLazyTable(max_epochs=1), **quiet()).train()
+    finally:
+        LAZY_TABLE = None
+    assert sorted(str(w.message) for w in record) == [
+        f"jaxnitro: the compile cache cannot see the contents of {reason}. A "
+        f"compiled program is reused while the code is unchanged, so after a change "
+        f"to this value the programs that read it keep the value they were traced "
+        f"with. Make it a value the fingerprint can read (numbers, strings, tuples, "
+        f"dataclasses, NumPy arrays), pass it to the hook as an input, or call "
+        f"`nx.cache_reset()` after changing it.",
+        f"jaxnitro: the stale-handle check cannot see {reason}: a change to it will "
+        f"not be reported. Rebuild the `Nitro` after changing it.",
+    ]

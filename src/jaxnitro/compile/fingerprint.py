@@ -5,9 +5,15 @@ cache key holds the fingerprints of the hooks a program traces and, transitively
 the user functions and classes they reach: globals they read (and the attributes they
 read of user modules), what they read on `self`'s class, closures, defaults, and the
 fields of user objects they reach. Functions from installed libraries (and from
-jaxnitro) are named, not walked: they change only with a new process. Constants are
-fingerprinted by value, and NumPy and JAX arrays by content, since a traced function
-bakes them in.
+jaxnitro) are named, not walked: they change only with a new process; which code is
+the user's is `library_code`'s rule. Constants are fingerprinted by value, and NumPy
+and JAX arrays by content, since a traced function bakes them in; an array of Python
+objects (a vocabulary, a table of labels) by the description of each element.
+
+A value that cannot be described (one whose attributes raise, an array of more
+Python objects than are described, an array no process can read whole) is named by
+its type and the reason, and `fingerprint` warns once that neither the compile cache
+nor the stale-handle check can see a change to it: the fingerprint never raises.
 """
 
 from __future__ import annotations
@@ -16,45 +22,46 @@ import dataclasses
 import dis
 import functools
 import hashlib
-import os
-import sys
-import sysconfig
 import types
+import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-_LIBRARY_ROOTS = tuple(
-    os.path.realpath(p)
-    for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (p := sysconfig.get_paths().get(key))
+from ..errors import NitroWarning, user_stacklevel
+from .library_code import is_user_code, is_user_module
+
+# An array of Python objects is described element by element up to this many; a
+# larger one (a vocabulary of millions of words) is named by its type and shape.
+OBJECT_ELEMENTS_DESCRIBED = 100_000
+
+UNDIGESTABLE_IN_KEY = (
+    "jaxnitro: the compile cache cannot see the contents of a {what}, reached from "
+    "{where} ({reason}). A compiled program is reused while the code is unchanged, so "
+    "after a change to this value the programs that read it keep the value they were "
+    "traced with. Make it a value the fingerprint can read (numbers, strings, "
+    "tuples, dataclasses, NumPy arrays), pass it to the hook as an input, or call "
+    "`nx.cache_reset()` after changing it."
 )
-_OWN_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
+UNDIGESTABLE_IN_STALE_CHECK = (
+    "jaxnitro: the stale-handle check cannot see a {what}, reached from {where} "
+    "({reason}): a change to it will not be reported. Rebuild the `Nitro` "
+    "after changing it."
+)
 
 
-def _is_user_module(module: types.ModuleType) -> bool:
-    """A module of the user's: not installed, not built in (one made in memory, or
-    a notebook's `__main__`, has no file and counts as the user's)."""
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return module.__name__ not in sys.builtin_module_names
-    return not _is_library_file(path)
+class Undigestable(NamedTuple):
+    """A value the fingerprint names by its type: what it is, why, and where."""
+
+    what: str  # its type (and an array's dtype and shape): "numpy.ndarray object(3,)"
+    reason: str  # "holds 200000 Python objects, more than the 100000 described"
+    where: str  # "`module.function`" that reads it, or "the value fingerprinted"
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_library_file(path: str) -> bool:
-    real = os.path.realpath(path)
-    if real.startswith(_OWN_ROOT + os.sep):
-        return True
-    return any(real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
-
-
-def is_user_code(obj: Any) -> bool:
-    """Whether `obj` is defined in the user's code rather than an installed library."""
-    module = sys.modules.get(getattr(obj, "__module__", None) or "")
-    return module is None or _is_user_module(module)
+class _CannotDescribe(Exception):
+    """Raised inside the fingerprinter for a value it declines to describe."""
 
 
 class _Fingerprinter:
@@ -62,6 +69,8 @@ class _Fingerprinter:
         self._memo: dict[int, str] = {}
         self._active: set[int] = set()
         self._contents = contents
+        self._within: list[str] = []  # the user functions being walked, innermost last
+        self.undigestable: list[Undigestable] = []
 
     def of(self, obj: Any, owner: type | None = None) -> str:
         key = id(obj)
@@ -99,6 +108,13 @@ class _Fingerprinter:
             # jax.grad, jax.vmap, jax.checkpoint: library code around the user's.
             inner = ",".join(self.value(f, owner) for f in _wrapped_code(fn))
             return f"library:{fn.__module__}.{fn.__qualname__}({inner})"
+        self._within.append(f"{fn.__module__}.{fn.__qualname__}")
+        try:
+            return self._user_function(fn, owner)
+        finally:
+            self._within.pop()
+
+    def _user_function(self, fn: types.FunctionType, owner: type | None) -> str:
         parts = [f"fn:{fn.__module__}.{fn.__qualname__}", self._code(fn.__code__)]
         # A wrapper that copied the user's name and module (jax.vmap's, a
         # decorator's) reaches the user's function through `__wrapped__`.
@@ -122,7 +138,7 @@ class _Fingerprinter:
             (name, module)
             for name in sorted(loaded)
             if isinstance(module := fn.__globals__.get(name), types.ModuleType)
-            and _is_user_module(module)
+            and is_user_module(module)
         ]
         for name in names:
             if name in loaded and name in fn.__globals__:
@@ -171,7 +187,14 @@ class _Fingerprinter:
         )
 
     def value(self, value: Any, owner: type | None = None) -> str:
-        """A stable description of a value a traced function may depend on."""
+        """A stable description of a value a traced function may depend on; one that
+        cannot be described is named by its type, and noted in `undigestable`."""
+        try:
+            return self._value(value, owner)
+        except Exception as error:  # whatever it is, the fingerprint goes on
+            return self._undigestable(value, error)
+
+    def _value(self, value: Any, owner: type | None) -> str:
         if isinstance(value, staticmethod | classmethod):
             value = value.__func__
         if isinstance(value, property):
@@ -206,7 +229,10 @@ class _Fingerprinter:
             # digest is kept; a NumPy array may be written in place, so it is not.
             if isinstance(value, jax.Array):
                 return _jax_array_digest(value)
-            return _array_digest(np.asarray(value))
+            array = np.asarray(value)
+            if array.dtype.hasobject:
+                return self._object_array(array)
+            return _array_digest(array)
         if isinstance(value, types.ModuleType):
             return f"module:{value.__name__}"
         if _is_code_like(value) or isinstance(value, type):
@@ -223,6 +249,34 @@ class _Fingerprinter:
                 return f"instance of {self.of(kind)}"
             return f"instance of {self.of(kind)} {{{self._state(value)}}}"
         return f"object:{kind.__module__}.{kind.__qualname__}"
+
+    def _object_array(self, array: np.ndarray) -> str:
+        """An array of Python objects, by the description of each element: a
+        vocabulary that changes must change the key, and its bytes are addresses."""
+        if array.size > OBJECT_ELEMENTS_DESCRIBED:
+            raise _CannotDescribe(
+                f"holds {array.size} Python objects, more than the "
+                f"{OBJECT_ELEMENTS_DESCRIBED} described"
+            )
+        # tolist(): the elements themselves (a structured array's rows as tuples).
+        text = ",".join(self.value(item) for item in array.ravel().tolist())
+        digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        return f"array:{array.dtype}{array.shape}:objects {digest}"
+
+    def _undigestable(self, value: Any, error: Exception) -> str:
+        kind = type(value)
+        what = f"{kind.__module__}.{kind.__qualname__}"
+        if isinstance(value, np.ndarray | jax.Array):
+            what += f" {value.dtype}{value.shape}"
+        # The description keys programs and is kept in checkpoint records, so it
+        # holds the reason's kind, never its text (which may hold an address).
+        if isinstance(error, _CannotDescribe):
+            short = reason = str(error)
+        else:
+            short, reason = type(error).__name__, f"{type(error).__name__}: {error}"
+        where = f"`{self._within[-1]}`" if self._within else "the value fingerprinted"
+        self.undigestable.append(Undigestable(what, reason, where))
+        return f"undigestable {what}: {short}"
 
     def _state(self, obj: Any) -> str:
         """A user object's fields (a dataclass's, or its `__dict__` and slots): a
@@ -365,4 +419,21 @@ def fingerprint(*objects: Any, owner: type | None = None, contents: bool = True)
     """
     printer = _Fingerprinter(contents)
     text = "\n".join(printer.value(obj, owner) for obj in objects)
+    for seen in printer.undigestable:
+        _warn_undigestable(seen, contents=contents)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+_WARNED: set[tuple[bool, Undigestable]] = set()
+
+
+def _warn_undigestable(seen: Undigestable, *, contents: bool) -> None:
+    """Warn, once a process for each value and purpose, that a fingerprint cannot
+    see a value (a cache key is taken for every program, the stale check for every
+    verb)."""
+    if (contents, seen) in _WARNED:
+        return
+    _WARNED.add((contents, seen))
+    template = UNDIGESTABLE_IN_KEY if contents else UNDIGESTABLE_IN_STALE_CHECK
+    text = template.format(what=seen.what, reason=seen.reason, where=seen.where)
+    warnings.warn(text, NitroWarning, stacklevel=user_stacklevel())

@@ -14,7 +14,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..compile.fingerprint import code_names, fingerprint, is_user_code
+from ..compile.fingerprint import code_names, fingerprint
+from ..compile.library_code import is_user_code
 from ..errors import HookError
 from .base import Experiment
 

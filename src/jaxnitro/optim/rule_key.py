@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..compile.cache import Identity
-from ..compile.fingerprint import fingerprint, is_user_code
+from ..compile.fingerprint import fingerprint
+from ..compile.library_code import is_user_code
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _MAX_DEPTH = 64
