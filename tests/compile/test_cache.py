@@ -92,7 +92,7 @@ def test_graphconst_change_compiles_new_programs():
     kinds = kinds_compiled(
         lambda: nx.Nitro(Tiny(max_epochs=1, width=24), accum=2, **quiet()).train()
     )
-    assert kinds == ["gradient", "optimizer"]
+    assert kinds == ["train_step"]  # one program runs the micro-batches and the step
 
 
 class Offsets(Tiny):
@@ -166,25 +166,25 @@ def test_baked_constants_key_with_their_types():
     assert key((("clip", 0.0),)) != key((("clip", -0.0),))
 
 
-def test_clip_threshold_compiles_nothing_and_switching_it_on_only_the_optimizer():
+def test_clip_threshold_compiles_nothing_and_switching_it_on_only_the_train_step():
     def run(clip, accum):
         nx.Nitro(
             Tiny(max_epochs=1), gradient_clip_norm=clip, accum=accum, **quiet()
         ).train()
 
     run(0.0, 2)
-    assert kinds_compiled(lambda: run(1.0, 2)) == ["optimizer"]
+    assert kinds_compiled(lambda: run(1.0, 2)) == ["train_step"]
     assert kinds_compiled(lambda: run(2.5, 2)) == []  # the threshold is an input
     run(1.0, 1)
     assert kinds_compiled(lambda: run(0.5, 1)) == []
 
 
-def test_accum_recompiles_only_the_gradient():
+def test_accum_recompiles_only_the_train_step():
     nx.Nitro(Tiny(max_epochs=1), accum=2, **quiet()).train()
     accum = kinds_compiled(
         lambda: nx.Nitro(Tiny(max_epochs=1), accum=4, **quiet()).train()
     )
-    assert accum == ["gradient"]
+    assert accum == ["train_step"]
 
 
 def test_cache_reset_empties_and_counts():

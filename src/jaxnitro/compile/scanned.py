@@ -1,39 +1,55 @@
-"""The scanned train program: several optimizer steps per dispatch (`steps_per_call`).
+"""The train program of the automatic loop: one to K optimizer steps per dispatch.
 
-One program runs `length` optimizer steps with `jax.lax.scan` over the step body the
-unscanned programs trace (`programs.gradient_fn` and `OptimizerPlan.apply`), so a
-dispatch-bound run pays one launch, one argument placement and one Python call per
-`length` steps instead of per step.
+One program runs a call of `count` optimizer steps (1 <= count <= K) over a block of K
+steps' batches staged on the device, from block position `start`, with a loop whose
+trip count is a traced input (`lax.fori_loop`). So a single program serves every call
+length up to K: steps_per_call=1 is a call of length 1, and a call cut short by the
+epoch's end or an event takes the same program. A dispatch-bound run pays one launch
+and one Python call per call, and no host-to-device transfer beyond the block's
+batches: the step number and the step rng are carried on the device (`counter`), and
+each micro-batch's loss is written into a device ring (`tally`) the host reads back
+only when a log line, the progress bar or the divergence check needs it.
 
-    train_calls(values_shared, values_stacked, Weights, model_state, accumulator,
-                batches, hp_shared, hp_stacked, rng)
-        -> (Weights, model_state, accumulator, StepOutputs stacked)
+    train_step(values_shared, values_steps, Weights, model_state, accumulator, block,
+               hp_shared, hp_steps, counter, start, count, tally)
+        -> (Weights, model_state, accumulator, StepOutputs stacked, counter, tally)
         donates: Weights and the accumulator
 
-What varies per step is stacked along a leading axis of `length`: the batches
-(`(length, B, ...)`, or `(length, accum, B, ...)` under accumulation), the host-made
-step inputs (`hp_stacked`, `values_stacked`: every schedule value, computed on the
-host for each of the steps, so schedules stay exact) and the rng inputs (uint32
-`(length, 3)` or `(length, accum, 3)`, `experiment/rng.py`). What every step shares
-(the decay anchors and masks, the unscheduled Device fields: device arrays) is passed
-once. Each step's `StepOutputs` come back stacked, `(length, ...)` or
-`(length, accum, ...)`, so the host settles and logs every step as an unscanned run
-does.
+- `block`: every routed field stacked `(K, B, ...)`, or `(K, accum, B, ...)` under
+  accumulation; steps past the epoch's end are padding a call never reaches.
+- `values_steps`, `hp_steps`: the host-made step inputs (every schedule value,
+  computed on the host for each of the block's steps, so schedules stay exact)
+  stacked `(K, ...)` and placed once a block (once an epoch when no schedule
+  varies); `values_shared`, `hp_shared`: what every step shares (masks, anchors,
+  unscheduled Device fields: device arrays), passed as they are.
+- `counter`: uint32[3] `(seed, global optimizer step of the call's first step, 0)`;
+  step j of the call folds `(seed, step + j, micro)` into `step_rng()`, exactly the
+  input the unscanned programs take (`experiment/rng.py`). It comes back advanced
+  by `count`.
+- `start`, `count`: int32 scalars, the call's first block position and its length
+  (device constants made once, `call_positions`).
+- `tally`: float32[T], the loss of micro-batch m (global index `step * accum +
+  micro`) at `m % T`; it comes back with the call's losses written, not donated, so
+  the host may still read an earlier one.
+
+Each step's `StepOutputs` come back stacked `(K, ...)` (or `(K, accum, ...)`) by
+position in the call; rows past `count` are zeros.
 
 The step body is the unscanned one, operation for operation: the gradient of each
-micro-batch added into the accumulator as `a + g / accum`, the optimizer step on
-the accumulated gradient, the accumulator zeroed. On CPU the parameters come out
-bitwise equal to the same steps run one program per step
-(`tests/loop/test_steps_per_call.py`).
+micro-batch added into the accumulator as `a + g / accum`, the optimizer step on the
+accumulated gradient, the accumulator zeroed. On CPU the parameters come out bitwise
+equal whatever the steps per call (`tests/loop/test_steps_per_call.py`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..optim.plan import OptimizerPlan
 from .programs import GradientFields, TraceContext, gradient_fn
@@ -43,7 +59,7 @@ def split_inputs(tree: Any) -> tuple[Any, tuple[bool, ...]]:
     """`(treedef, stacked)`: which leaves of a step-input tree vary per step.
 
     A host value (a NumPy scalar or array, a Python number: what the plan and the
-    schedules compute each step) is stacked along the call's steps; a device array
+    schedules compute each step) is stacked along the block's steps; a device array
     (a mask, an anchor, an unscheduled Device field: made once) is shared.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -60,6 +76,20 @@ def merge_inputs(
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+@functools.lru_cache(maxsize=8)
+def call_positions(block_steps: int) -> tuple[jax.Array, ...]:
+    """int32 device scalars 0..K, placed once per process: a call's `start` and
+    `count` are handles to these, so a dispatch transfers no position."""
+    return tuple(jax.device_put([np.int32(i) for i in range(block_steps + 1)]))
+
+
+def _at(tree: Any, index: Any) -> Any:
+    """Every leaf of `tree` at `index` (traced) of its leading axis."""
+    return jax.tree.map(
+        lambda leaf: jax.lax.dynamic_index_in_dim(leaf, index, keepdims=False), tree
+    )
+
+
 def scanned_fn(
     ctx: TraceContext,
     fields: GradientFields,
@@ -67,7 +97,7 @@ def scanned_fn(
     plan: OptimizerPlan,
     layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]],
 ) -> Callable:
-    """The scanned program for `accum` micro-batches per step.
+    """The train program for `accum` micro-batches per step (module docstring).
 
     `layout`: `(values_treedef, values_stacked, hp_treedef, hp_stacked)` from
     `split_inputs`, fixed for the program (it is part of its key).
@@ -100,34 +130,75 @@ def scanned_fn(
         weights = plan.apply(view, weights, accumulator, hp)
         return weights, state, jax.tree.map(jnp.zeros_like, accumulator), reported
 
+    micro_index = np.arange(accum, dtype=np.uint32)
+
     def program(
         values_shared,
         values_steps,
         weights,
         state,
         accumulator,
-        batches,
+        block,
         hp_shared,
         hp_steps,
-        rng,
+        counter,
+        start,
+        count,
+        tally,
     ):
-        def body(carry, xs):
-            weights, state, accumulator = carry
-            batch, values_step, hp_step, step_rng = xs
-            device_values = merge_inputs(
-                values_def, values_stacked, values_shared, values_step
-            )
-            hp = merge_inputs(hp_def, hp_stacked, hp_shared, hp_step)
-            weights, state, accumulator, reported = one_step(
-                device_values, weights, state, accumulator, batch, hp, step_rng
-            )
-            return (weights, state, accumulator), reported
+        first = counter[1]
 
-        (weights, state, accumulator), reported = jax.lax.scan(
-            body,
-            (weights, state, accumulator),
-            (batches, values_steps, hp_steps, rng),
+        def inputs(j):
+            at = start + j
+            values = merge_inputs(
+                values_def, values_stacked, values_shared, _at(values_steps, at)
+            )
+            hp = merge_inputs(hp_def, hp_stacked, hp_shared, _at(hp_steps, at))
+            step = first + j.astype(jnp.uint32)
+            if accum == 1:
+                rng = jnp.stack([counter[0], step, jnp.uint32(0)])
+            else:
+                rng = jnp.stack(
+                    [
+                        jnp.full((accum,), counter[0]),
+                        jnp.full((accum,), step),
+                        jnp.asarray(micro_index),
+                    ],
+                    axis=-1,
+                )
+            return values, _at(block, at), hp, rng, step
+
+        def run(j, weights, state, accumulator):
+            values, batch, hp, rng, step = inputs(j)
+            return one_step(values, weights, state, accumulator, batch, hp, rng), step
+
+        # The reported tree's shapes, for the stacked buffers the loop fills.
+        shapes = jax.eval_shape(
+            lambda: run(jnp.int32(0), weights, state, accumulator)[0][3]
         )
-        return weights, state, accumulator, reported
+        steps = jax.tree.leaves(block)[0].shape[0]
+        stacked = jax.tree.map(lambda s: jnp.zeros((steps, *s.shape), s.dtype), shapes)
+        size = tally.shape[0]
+
+        def body(j, carry):
+            weights, state, accumulator, stacked, tally = carry
+            (weights, state, accumulator, reported), step = run(
+                j, weights, state, accumulator
+            )
+            stacked = jax.tree.map(
+                lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, j, 0),
+                stacked,
+                reported,
+            )
+            rows = (step * accum + micro_index) % size
+            losses = jnp.reshape(reported.loss, (accum,)).astype(tally.dtype)
+            tally = tally.at[rows.astype(jnp.int32)].set(losses)
+            return weights, state, accumulator, stacked, tally
+
+        weights, state, accumulator, stacked, tally = jax.lax.fori_loop(
+            0, count, body, (weights, state, accumulator, stacked, tally)
+        )
+        counter = counter.at[1].add(count.astype(jnp.uint32))
+        return weights, state, accumulator, stacked, counter, tally
 
     return program

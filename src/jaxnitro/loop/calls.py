@@ -1,35 +1,42 @@
-"""The hot loop at steps_per_call > 1: several optimizer steps per dispatch.
+"""The hot loop of the automatic mode: calls of one to K optimizer steps.
 
-The loop gathers a call's batches from the feed (host arrays on every backend),
-stacks them with one `np.stack` per field (and, on an accelerator, places the stack
-with one transfer), and runs the scanned program (`compile/scanned.py`) on them. It
-reads back the PREVIOUS call's stacked losses while the device runs the current one,
-and settles every micro-batch of it through `EpochLog` exactly as the unscanned loop
-(`steps._steps`) does: the same running loss sum in the same order, the same train
-lines at the same steps with the same values, a divergence named at its own step.
+The loop gathers a block of K steps' batches from the feed (host arrays on every
+backend), stacks them with one `np.stack` per field, places the stack with one
+transfer on an accelerator, and runs calls of the train program (`compile/scanned.py`)
+over the block: `steps_per_call` steps a call, cut short at the epoch's end and at the
+next step event. One program serves every call length, so steps_per_call=1 is a call
+of length 1 of this same loop, and a run compiles one train program.
+
+Per call the host transfers nothing: the block's position and the call's length are
+device constants, the step number and the step rng are carried on the device, and the
+schedule values are stacked per block (placed once an epoch while none varies). Per
+call it reads nothing back either: each micro-batch's loss lands in a device ring
+(`tally`), which the host reads only when something needs a loss: the train line of
+a logged step (read a call after its step, as the one-step loop always did), the
+progress bar (a few times a second), a step event, the epoch's end, and at the
+latest every `SETTLE_EVERY` micro-batches, so the divergence check runs while
+the device keeps its queue. Settling goes through `EpochLog` exactly as the unscanned
+loop (`steps._steps`) does: the same running loss sum in the same order, the same
+train lines at the same steps with the same values, a divergence named at its own step
+(found at the next read, up to `SETTLE_EVERY` micro-batches later, with no rollback).
 
 Where a call ends. At each call boundary the loop picks the call's length: the
 steps_per_call, cut short so that the call ends exactly at the epoch's end and at the
-next step event (max_steps, val_every_n_steps, checkpoint_every_n_steps), then
-rounded down to a power of two. So every event and the epoch's end fall on a call
-boundary, at their exact step, whatever the multiples, and a run compiles at most
-1 + log2(steps_per_call) scanned programs (steps_per_call and the powers of two below
-it, each once); an epoch of 60 steps at steps_per_call=8 runs 7 calls of 8 and one
-of 4. A mid-epoch resume starts its calls at the batch the stop left.
+next step event (max_steps, val_every_n_steps, checkpoint_every_n_steps) and at the
+block's end. So every event and the epoch's end fall on a call boundary, at their
+exact step. A mid-epoch resume starts its blocks at the batch the stop left.
 
 Stop requests (`request_stop`, SIGTERM) are honoured at call boundaries: the epoch
 ends after the call in flight. A stop asked for from a train line (settled a call
-late) lands up to 2 * steps_per_call - 1 steps after that line's step, where an
-unscanned run stops one step after it; what trains up to there is exact, and so is
-its continuation.
-Early stopping and Plateau decide at validations, which fall on call boundaries.
-A `set_device` made while a call runs (from a logger or a monitor) takes effect from
-the next call; a train line is settled a call after its step, as the unscanned loop
-settles one a step after.
+late) lands up to 2 * steps_per_call - 1 steps after that line's step; what trains
+up to there is exact, and so is its continuation. Early stopping and Plateau decide
+at validations, which fall on call boundaries. A `set_device` made while a call runs
+(from a logger or a monitor) takes effect from the next call.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,7 @@ import jax
 import numpy as np
 
 from ..compile.boundary import StepOutputs
+from ..compile.scanned import call_positions
 from ..data.signature import batch_signature, changed_field
 from ..data.transfer import transfer
 from ..errors import ConfigError
@@ -48,7 +56,6 @@ from .step_programs import (
     CallInputs,
     call_inputs,
     call_program,
-    call_rng,
     check_batch,
     check_epoch_count,
     current_state,
@@ -63,6 +70,22 @@ AUTO_CALL_SECONDS = 2e-3
 its argument placement and its Python (tens of microseconds) are a small part."""
 AUTO_MOST = 16
 """The most steps "auto" puts in one call (a stop request waits for the call)."""
+BLOCK_STEPS = 8
+"""The fewest steps a staged block holds: at steps_per_call=1 a block of 8 batches is
+placed with one transfer and read by 8 calls (a separate transfer per batch cost a
+TPU step 150-300 us, more than the step itself)."""
+BLOCK_BYTES = 256 * 2**20
+"""A block holds fewer than BLOCK_STEPS batches (down to steps_per_call) where that
+many would pass this many bytes on the device."""
+TALLY_SIZE = 512
+"""Micro-batch losses the device ring holds (float32)."""
+SETTLE_EVERY = 256
+"""The most micro-batches the loop leaves unread: the divergence check's latency."""
+SETTLE_HOST_BYTES = 64 * 2**20
+"""The most host-batch bytes the unread micro-batches may hold (kept for a
+divergence message); fewer micro-batches are left unread where they are large."""
+BAR_SECONDS = 0.25
+"""How often the progress bar's loss is refreshed (a read-back each time)."""
 
 
 ACROSS_PROCESSES = (
@@ -99,83 +122,114 @@ def steps_per_call(nitro: Nitro) -> int:
     return 1 << (fits.bit_length() - 1)
 
 
+def runs_in_calls(nitro: Nitro) -> bool:
+    """Whether the epoch runs in this loop: the automatic mode on one device in one
+    process. Manual mode, a mesh and a run across processes run the one-step loop
+    (`steps._steps`), whose programs lay their arguments out over devices."""
+    return (
+        not nitro.prepared.manual
+        and nitro.prepared.ctx.placement is None
+        and jax.process_count() == 1
+    )
+
+
+def block_steps(per_call: int, batch_bytes: int) -> int:
+    """The steps a staged block holds: at least `per_call`, up to `BLOCK_STEPS`
+    while the block stays under `BLOCK_BYTES`.
+
+    >>> block_steps(1, 1000), block_steps(16, 1000), block_steps(2, 100 * 2**20)
+    (8, 16, 2)
+    """
+    fits = max(1, BLOCK_BYTES // max(batch_bytes, 1))
+    return max(per_call, min(BLOCK_STEPS, fits))
+
+
 def call_length(steps_per_call: int, left: int, until_event: int) -> int:
-    """The steps of the next call: `steps_per_call`, or, when the epoch's end
-    (`left` steps away) or the next event (`until_event` steps away) comes sooner,
-    the largest power of two that does not pass it.
+    """The steps of the next call: `steps_per_call`, or fewer when the block's or
+    epoch's end (`left` steps away) or the next event (`until_event` steps away)
+    comes sooner.
 
     >>> [call_length(8, left, 100) for left in (60, 7, 4, 3, 1)]
-    [8, 4, 4, 2, 1]
+    [8, 7, 4, 3, 1]
     >>> call_length(3, 100, 2)
     2
     """
-    room = min(steps_per_call, left, until_event)
-    if room >= steps_per_call:
-        return steps_per_call
-    if room <= 1:
-        return 1
-    return 1 << (room.bit_length() - 1)
+    return max(1, min(steps_per_call, left, until_event))
 
 
 @dataclass
 class _Call:
     """A dispatched call whose losses have not been read back yet."""
 
-    reported: StepOutputs  # every leaf stacked (steps, ...) or (steps, accum, ...)
+    reported: StepOutputs  # every leaf stacked (K, ...) or (K, accum, ...)
     first: int  # the optimizer steps done before it
     batches: list[tuple[dict[str, Any], int]]  # each micro-batch: (host batch, index)
     lines: list[dict[str, float] | None]  # each step's schedule line, when logged
+    tally: Any  # the loss ring as this call left it
 
 
-def _settle_call(log: EpochLog, call: _Call, accum: int) -> None:
-    """Settle each micro-batch of `call`, in order, as the unscanned loop would."""
-    reported = call.reported
-    losses = np.asarray(reported.loss)  # one read-back for the call's losses
-    outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
-    terms, stats = reported.terms, reported.stats
-    for j, (host, index) in enumerate(call.batches):
-        step, micro = divmod(j, accum)
-        at = (step,) if accum == 1 else (step, micro)
-        ends = micro == accum - 1
-        log.settle(
-            InFlight(
-                losses[at],
-                Stacked(terms, at) if terms else terms,
-                Stacked(stats, at) if stats else stats,
-                None if outputs is None else sliced(outputs, at),
-                host,
-                call.first + step + 1,
-                index,
-                ends,
-                call.lines[step] if ends else None,
+def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
+    """Settle each micro-batch of `calls`, in order, as the unscanned loop would,
+    from one read-back of the last call's loss ring."""
+    if not calls:
+        return
+    ring = np.asarray(calls[-1].tally)
+    size = ring.shape[0]
+    for call in calls:
+        reported = call.reported
+        outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
+        terms, stats = reported.terms, reported.stats
+        for j, (host, index) in enumerate(call.batches):
+            step, micro = divmod(j, accum)
+            at = (step,) if accum == 1 else (step, micro)
+            ends = micro == accum - 1
+            log.settle(
+                InFlight(
+                    ring[((call.first + step) * accum + micro) % size],
+                    Stacked(terms, at) if terms else terms,
+                    Stacked(stats, at) if stats else stats,
+                    None if outputs is None else sliced(outputs, at),
+                    host,
+                    call.first + step + 1,
+                    index,
+                    ends,
+                    call.lines[step] if ends else None,
+                )
             )
-        )
 
 
-def _stacked(routed: list[dict[str, Any]], steps: int, accum: int) -> dict[str, Any]:
-    """A call's routed batches as one: each field `(steps, B, ...)`, or
-    `(steps, accum, B, ...)` under accumulation (one host copy per field).
+def _stacked(
+    routed: list[dict[str, Any]], steps: int, accum: int, size: int
+) -> dict[str, Any]:
+    """A block's routed batches as one: each field `(size, B, ...)`, or `(size,
+    accum, B, ...)` under accumulation (one host copy per field); a block of fewer
+    than `size` steps is padded with its last batch, which no call reaches.
 
     Raises ValueError when a field's batches differ in shape or dtype."""
     out = {}
+    pad = (size - steps) * accum
     for name in routed[0]:
         arrays = [np.asarray(batch[name]) for batch in routed]
         if len({a.dtype for a in arrays}) > 1:  # np.stack would promote them
             raise ValueError(f"field {name} holds several dtypes")
-        stack = np.stack(arrays)
+        stack = np.stack(arrays + arrays[-1:] * pad)
         out[name] = (
-            stack if accum == 1 else stack.reshape((steps, accum, *stack.shape[1:]))
+            stack if accum == 1 else stack.reshape((size, accum, *stack.shape[1:]))
         )
     return out
 
 
 def _refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
-    """Raise the refusal naming the first batch of a call whose field left the
+    """Raise the refusal naming the first batch of a block whose field left the
     compiled signature (as the unscanned loop names it); nothing when none did."""
     for _, batch, index in pending:
         refusal = changed_field(signature, batch, "train", index, epoch)
         if refusal is not None:
             raise ConfigError(refusal) from None
+
+
+def _host_bytes(batch: dict[str, Any]) -> int:
+    return sum(int(getattr(v, "nbytes", 0)) for v in batch.values())
 
 
 def call_steps(
@@ -187,9 +241,9 @@ def call_steps(
     skip: int = 0,
     events: StepEvents | None = None,
 ) -> int | None:
-    """The hot loop of one epoch in calls of several steps (`steps._steps`'s
-    contract: the state committed to the handle on every exit; returns how many
-    batches the feed delivered, or None when a stop or an event ended the epoch)."""
+    """The hot loop of one epoch in calls (`steps._steps`'s contract: the state
+    committed to the handle on every exit; returns how many batches the feed
+    delivered, or None when a stop or an event ended the epoch)."""
     per_call = steps_per_call(nitro)
     accum = nitro.config.accum
     seed = nitro.config.seed
@@ -199,25 +253,55 @@ def call_steps(
     plan = nitro.prepared.plan
     assert plan is not None
     source = nitro.data["train"]
+    status = nitro.status
     autolog = nitro.config.autolog_schedules and log.logging
     every = log.every
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
-    # Without varying schedules every call of a length takes the same inputs.
+    host_outputs = bool(nitro.prepared.routing.gradient_fields.host_outputs)  # type: ignore[union-attr]
+    # Without varying schedules every block takes the same step inputs.
     constant = plan.is_constant and not nitro.prepared.device_schedules
-    made: dict[int, tuple[dict[str, Any], CallInputs]] = {}  # by call length
-    programs: dict[Any, Any] = {}
+    # The placed step inputs: (device values, the block's first step, inputs).
+    made: tuple[Any, int | None, CallInputs] | None = None
+    program: Any = None
     start = nitro.train_state
     weights, model_state = start.weights, start.model_state
     accumulator, step = start.accumulator, start.step
-    pending: list[tuple[dict[str, Any], dict[str, Any], int]] = []
-    length = 0
+    counter = jax.device_put(np.array([seed % 2**32, step % 2**32, 0], np.uint32))
+    tally: Any = None
+    size = 0  # the block's steps, fixed by the epoch's first batch
+    positions: tuple[Any, ...] = ()
     count: int | None = None  # the epoch's batch count, read once its plan is drawn
     signature: Any = None
-    in_flight: _Call | None = None
+    unread: list[_Call] = []  # dispatched, losses not read back yet
+    unread_micro = 0
+    settle_at = SETTLE_EVERY  # unread micro-batches that force a read
+    due = False  # a logged step is unread: read after the next call
+    last_read = time.perf_counter()
     delivered: int | None = 0
-    profiler = nitro.status.profiler
+    profiler = status.profiler
     event = NEVER if events is None else events.next_after(step)
-    try:
+
+    def read_all() -> None:
+        nonlocal unread, unread_micro, last_read, due
+        _settle(log, unread, accum)
+        unread, unread_micro, due = [], 0, False
+        last_read = time.perf_counter()
+
+    def read_but_last() -> None:
+        # The calls before the one just dispatched: the device keeps that one queued.
+        nonlocal unread, unread_micro, last_read, due
+        done, unread = unread[:-1], unread[-1:]
+        _settle(log, done, accum)
+        unread_micro = len(unread[0].batches) if unread else 0
+        due = False
+        last_read = time.perf_counter()
+
+    def blocks() -> Any:
+        """`(pending, steps, stacked batches)` for each block of the epoch; a
+        source that ends mid-block yields the whole steps it delivered."""
+        nonlocal count, signature, size, positions, settle_at, tally, delivered
+        reading: list[tuple[dict[str, Any], dict[str, Any], int]] = []
+        block = 0
         for index, (full, routed) in enumerate(feed):
             check_batch(routed, names, expected, index, epoch)
             if index < skip:  # trained before a stop: this epoch continues after it
@@ -231,95 +315,144 @@ def call_steps(
                     check_epoch_count(source, accum, epoch)
                 count = len(source)
                 signature = batch_signature(routed)
-            if not pending:
-                left = max((count - index) // accum, 1)
-                length = call_length(per_call, left, event - step)
-            pending.append((full, routed, index))
+                size = block_steps(per_call, _host_bytes(routed) * accum)
+                positions = call_positions(size)
+                settle_at = max(
+                    per_call * accum,
+                    min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(_host_bytes(full), 1)),
+                )
+                # Room for what may stay unread, and the calls dispatched meanwhile.
+                ring = max(TALLY_SIZE, 4 * (settle_at + size * accum))
+                tally = jax.device_put(np.zeros(ring, np.float32))
+            if not reading:
+                block = min(size, max((count - index) // accum, 1))
+            reading.append((full, routed, index))
             delivered = index + 1
-            if len(pending) < length * accum:
-                continue
-            if profiler is not None:
-                for done in range(step, step + length):
-                    profiler.at_step(done, weights)
-            device = nitro.device_values()  # set_device may have replaced it
-            memo = made.get(length) if constant else None
-            if memo is not None and memo[0] is device:
-                inputs = memo[1]
-            else:
-                inputs = call_inputs(nitro, plan, device, step, length, accum)
-                if constant:
-                    made[length] = (device, inputs)
-            rng = call_rng(seed, step, length, accum)
-            try:
-                batches = _stacked([r for _, r, _ in pending], length, accum)
-            except ValueError:  # fields of several shapes do not stack
-                _refuse_changed(pending, signature, epoch)
-                raise
-            if on_device:
-                batches = transfer(batches, None)
-            program = programs.get((length, inputs.layout))
-            if program is None:  # a new length: held to the epoch's first batch
-                _refuse_changed(pending, signature, epoch)
-                program = call_program(
-                    nitro,
-                    current_state(start, weights, model_state, accumulator, step),
-                    batches,
-                    inputs,
-                    rng,
+            if len(reading) == block * accum:
+                yield reading, block, _staged(reading, block)
+                reading = []
+        whole = len(reading) // accum  # a source that ran short: its whole steps
+        if whole:
+            reading = reading[: whole * accum]
+            yield reading, whole, _staged(reading, whole)
+
+    def _staged(reading: list[Any], block: int) -> dict[str, Any]:
+        try:
+            batches = _stacked([r for _, r, _ in reading], block, accum, size)
+        except ValueError:  # fields of several shapes do not stack
+            _refuse_changed(reading, signature, epoch)
+            raise
+        return transfer(batches, None) if on_device else batches
+
+    try:
+        for pending, block, batches in blocks():
+            done_in_block = 0
+            while done_in_block < block:
+                length = call_length(per_call, block - done_in_block, event - step)
+                if profiler is not None:
+                    for at in range(step, step + length):
+                        profiler.at_step(at, weights)
+                device = nitro.device_values()  # set_device may have replaced it
+                block_first = step - done_in_block
+                if (
+                    made is None
+                    or made[0] is not device
+                    or made[1] not in (None, block_first)
+                ):
+                    inputs = call_inputs(nitro, plan, device, block_first, block, size)
+                    # Without varying schedules one placed copy serves every block.
+                    made = (device, None if constant else block_first, inputs)
+                inputs = made[2]
+                if program is None:  # the epoch's first call
+                    _refuse_changed(pending, signature, epoch)
+                    program = call_program(
+                        nitro,
+                        current_state(start, weights, model_state, accumulator, step),
+                        batches,
+                        inputs,
+                        counter,
+                        positions,
+                        tally,
+                    )
+                try:
+                    (
+                        weights,
+                        model_state,
+                        accumulator,
+                        reported,
+                        counter,
+                        tally,
+                    ) = program(
+                        inputs.values_shared,
+                        inputs.values_steps,
+                        weights,
+                        model_state,
+                        accumulator,
+                        batches,
+                        inputs.hp_shared,
+                        inputs.hp_steps,
+                        counter,
+                        positions[done_in_block],
+                        positions[length],
+                        tally,
+                    )
+                except TypeError:  # an executable refusing its arguments: no step ran
+                    _refuse_changed(pending, signature, epoch)
+                    raise
+                first_micro = done_in_block * accum
+                micro = pending[first_micro : first_micro + length * accum]
+                row = done_in_block
+                lines = [
+                    plan.scheduled_log(inputs.schedule_values[row + i])
+                    if autolog and (step + i + 1) % every == 0
+                    else None
+                    for i in range(length)
+                ]
+                logged = log.logging and (step + length) // every > step // every
+                call = _Call(
+                    reported, step, [(f, at) for f, _, at in micro], lines, tally
                 )
-                programs[(length, inputs.layout)] = program
-            try:
-                weights, model_state, accumulator, reported = program(
-                    inputs.values_shared,
-                    inputs.values_steps,
-                    weights,
-                    model_state,
-                    accumulator,
-                    batches,
-                    inputs.hp_shared,
-                    inputs.hp_steps,
-                    rng,
-                )
-            except TypeError:  # an executable refusing its arguments: no step ran
-                _refuse_changed(pending, signature, epoch)
-                raise
-            lines = [
-                plan.scheduled_log(values)
-                if autolog and (step + i + 1) % every == 0
-                else None
-                for i, values in enumerate(inputs.schedule_values)
-            ]
-            call = _Call(reported, step, [(f, at) for f, _, at in pending], lines)
-            step += length
-            advance_progress_counter(length)
-            for _, batch, _ in pending:
-                if bar is not None:
-                    bar.step()
-                feed.release(batch)
-            pending = []
-            if in_flight is not None:
-                _settle_call(log, in_flight, accum)
-            in_flight = call
-            if step >= event:  # calls end at events: only a step-based run's
-                assert events is not None
-                _settle_call(log, call, accum)
-                in_flight = None
-                nitro.commit_state(
-                    current_state(start, weights, model_state, accumulator, step)
-                )
-                leave = events.fire(step, log)
-                event = events.next_after(step)
-                now = nitro.train_state  # the events only read it
-                weights, model_state = now.weights, now.model_state
-                accumulator = now.accumulator
-                if leave:
+                step += length
+                done_in_block += length
+                advance_progress_counter(length)
+                for _, batch, _ in micro:
+                    if bar is not None:
+                        bar.step()
+                    feed.release(batch)
+                unread.append(call)
+                unread_micro += length * accum
+                if (
+                    due  # the previous call holds a logged step
+                    or host_outputs  # train_metrics on the host: every micro-batch
+                    or unread_micro >= settle_at
+                    or (
+                        bar is not None
+                        and time.perf_counter() - last_read > BAR_SECONDS
+                    )
+                ):
+                    read_but_last()
+                due = due or logged
+                if step >= event:  # calls end at events: only a step-based run's
+                    assert events is not None
+                    read_all()
+                    nitro.commit_state(
+                        current_state(start, weights, model_state, accumulator, step)
+                    )
+                    leave = events.fire(step, log)
+                    event = events.next_after(step)
+                    made = None  # a validation may have moved a Plateau's rate
+                    now = nitro.train_state  # the events only read it
+                    weights, model_state = now.weights, now.model_state
+                    accumulator = now.accumulator
+                    if leave:
+                        delivered = None
+                        break
+                if status.stop_requested:
                     delivered = None
                     break
-            if nitro.status.stop_requested:
-                delivered = None
+            if delivered is None:
                 break
-        if in_flight is not None:
-            _settle_call(log, in_flight, accum)
+        read_all()
     finally:
         nitro.commit_state(
             current_state(start, weights, model_state, accumulator, step)

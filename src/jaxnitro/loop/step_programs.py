@@ -167,15 +167,16 @@ def current_state(
 
 @dataclass(frozen=True)
 class CallInputs:
-    """What one scanned call takes beside the state and the stacked batches.
+    """What the calls over one block take beside the state and the stacked batches.
 
     Attributes:
         values_shared / values_steps: the Device fields, the device-resident ones
-            once and the host-made ones (the scheduled fields) stacked `(n, ...)`.
+            once and the host-made ones (the scheduled fields) stacked `(K, ...)`,
+            placed on the device.
         hp_shared / hp_steps: the optimizer step inputs, split the same way.
         layout: which leaves are stacked, `(values_treedef, values_stacked,
             hp_treedef, hp_stacked)`; part of the program's memo.
-        schedule_values: each step's `schedule_values`, for its train line.
+        schedule_values: each block step's `schedule_values`, for its train line.
     """
 
     values_shared: list[Any]
@@ -188,25 +189,61 @@ class CallInputs:
 
 SHARED_CHANGED = (
     "Step input {path} is a device array that changed between optimizer steps {a} "
-    "and {b} of one steps_per_call call; a scanned call passes device-resident step "
-    "inputs once. Pass steps_per_call=1, or report this: the plan should make it a "
-    "host value."
+    "and {b} of one block of steps; a call passes device-resident step inputs once "
+    "a block. Report this: the plan should make it a host value."
 )
 
 
-def _split(trees: list[Any], first: int) -> tuple[Any, tuple[bool, ...], list, list]:
-    """`(treedef, stacked, shared leaves, stacked leaves)` of the per-step `trees`."""
+_BROADCAST: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _rows(leaf: jax.Array, size: int) -> jax.Array:
+    """A device array repeated `size` times along a new leading axis, made once
+    while the array lives (a Device field keeps its value until `set_device`)."""
+    held = _BROADCAST.get((id(leaf), size))
+    if held is not None and held[0] is leaf:
+        return held[1]
+    if len(_BROADCAST) > 64:
+        _BROADCAST.clear()
+    rows = jax.numpy.broadcast_to(leaf[None], (size, *leaf.shape))
+    _BROADCAST[(id(leaf), size)] = (leaf, rows)
+    return rows
+
+
+def _split(
+    trees: list[Any], first: int, size: int, *, every_leaf: bool = False
+) -> tuple[Any, tuple[bool, ...], list, list]:
+    """`(treedef, stacked, shared leaves, stacked leaves)` of the per-step `trees`,
+    each stacked leaf padded to `size` rows with its last one (rows no call reaches)
+    and placed on the device with one transfer. `every_leaf` stacks the device
+    leaves too (each repeated), so the layout does not follow which are host-made."""
     treedef, stacked = split_inputs(trees[0])
     flat = [jax.tree_util.tree_leaves(t) for t in trees]
+    flat += [flat[-1]] * (size - len(flat))
+    if every_leaf:
+        device = [not s for s in stacked]
+        stacked = tuple(True for _ in stacked)
     shared = [leaf for leaf, s in zip(flat[0], stacked, strict=True) if not s]
     steps = []
+    repeated = {}
     for i, s in enumerate(stacked):
+        if s and every_leaf and device[i]:
+            if any(leaves[i] is not flat[0][i] for leaves in flat[1 : len(trees)]):
+                raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + 1))
+            repeated[len(steps)] = _rows(flat[0][i], size)
+            steps.append(None)
+            continue
         if s:
             steps.append(np.stack([np.asarray(leaves[i]) for leaves in flat]))
             continue
-        for n, leaves in enumerate(flat[1:], start=1):
+        for n, leaves in enumerate(flat[1 : len(trees)], start=1):
             if leaves[i] is not flat[0][i]:
                 raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + n))
+    placed = jax.device_put([x for x in steps if x is not None])
+    placed_it = iter(placed)
+    steps = [
+        repeated[i] if i in repeated else next(placed_it) for i in range(len(steps))
+    ]
     return treedef, tuple(stacked), shared, steps
 
 
@@ -216,32 +253,21 @@ def call_inputs(
     device: dict[str, Any],
     first: int,
     length: int,
-    accum: int,
+    size: int,
 ) -> CallInputs:
-    """The inputs of the scanned call running optimizer steps `first` to
-    `first + length - 1` (0-based, global), with Device fields `device`."""
+    """The inputs of the calls over a block of `size` steps whose first `length`
+    run optimizer steps `first` to `first + length - 1` (0-based, global), with
+    Device fields `device`."""
     schedule = [plan.schedule_values(s) for s in range(first, first + length)]
     hps = [plan.step_inputs(first + i, v) for i, v in enumerate(schedule)]
     values = [device_inputs(nitro, device, v) for v in schedule]
-    vdef, vstacked, vshared, vsteps = _split(values, first)
-    hdef, hstacked, hshared, hsteps = _split(hps, first)
+    # Every Device field is stacked, scheduled or not: which fields a run schedules
+    # must not change the program (a Device field schedules without a compile).
+    vdef, vstacked, vshared, vsteps = _split(values, first, size, every_leaf=True)
+    hdef, hstacked, hshared, hsteps = _split(hps, first, size)
     return CallInputs(
         vshared, vsteps, hshared, hsteps, (vdef, vstacked, hdef, hstacked), schedule
     )
-
-
-def call_rng(seed: int, first: int, length: int, accum: int) -> np.ndarray:
-    """Each micro-batch's `step_rng_input` for the call from step `first`: uint32
-    `(length, 3)`, or `(length, accum, 3)` under accumulation.
-
-    >>> call_rng(42, 7, 2, 1).tolist()
-    [[42, 7, 0], [42, 8, 0]]
-    """
-    rng = np.empty((length, accum, 3), np.uint32)
-    rng[..., 0] = seed % 2**32
-    rng[..., 1] = (np.arange(first, first + length) % 2**32)[:, None]
-    rng[..., 2] = np.arange(accum)[None, :]
-    return rng[:, 0] if accum == 1 else rng
 
 
 def call_program(
@@ -249,10 +275,12 @@ def call_program(
     state: TrainState,
     batches: dict[str, Any],
     inputs: CallInputs,
-    rng: np.ndarray,
+    counter: Any,
+    positions: tuple[Any, ...],
+    tally: Any,
 ) -> Any:
-    """The scanned executable for a call shaped as `batches` (its leading axis is
-    the call's step count), from the handle or the cache."""
+    """The train program for a block shaped as `batches` (its leading axis is the
+    block's step count), from the handle or the cache (`compile/scanned.py`)."""
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan
@@ -273,15 +301,18 @@ def call_program(
         batches,
         inputs.hp_shared,
         inputs.hp_steps,
-        rng,
+        counter,
+        positions[0],
+        positions[1],
+        tally,
     )
     announce = nitro.executables.announcer()
     return nitro.executables.get(
-        "train_calls",
-        (shapes, accum, fields, repr(constants), inputs.layout),
+        "train_step",
+        (shapes, accum, fields, repr(constants), inputs.layout, tally.shape),
         lambda: ctx.compile(
             program_cache(),
-            "train_calls",
+            "train_step",
             scanned_fn(ctx, fields, accum, plan, inputs.layout),
             args,
             traced=traced,
@@ -293,7 +324,7 @@ def call_program(
                 **constants,
             },
             donate=(2, 4),  # the Weights and the accumulator
-            on_compile=lambda kind: announce("train_step"),
+            on_compile=announce,
         ),
     )
 

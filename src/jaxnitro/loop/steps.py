@@ -28,7 +28,7 @@ from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.schedules import Target
 from .cadence import NEVER
-from .calls import call_steps, steps_per_call
+from .calls import call_steps, runs_in_calls, steps_per_call
 from .epoch_log import EpochLog, InFlight, StepEvents
 from .feed import open_feed
 from .step_programs import (
@@ -66,7 +66,9 @@ def run_epoch(
     reads instead of the process's own request (None in one process).
     """
     log = EpochLog(nitro, epoch, carried, skip)
-    per_call = steps_per_call(nitro)
+    in_calls = agreement is None and runs_in_calls(nitro)
+    if not in_calls:
+        steps_per_call(nitro)  # refuses a count above 1 across processes, by name
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:
@@ -78,15 +80,15 @@ def run_epoch(
         fields=nitro.prepared.routing.train_fields,
         name="train",
         placement=nitro.prepared.ctx.placement,
-        stage=per_call == 1,  # a scanned call stacks host batches, then places them
+        stage=not in_calls,  # the calls loop stacks a block's batches, then places it
     )
     log.feed = feed
     accum = nitro.config.accum
     try:
-        if per_call == 1:
-            delivered = _steps(nitro, epoch, feed, log, bar, skip, events, agreement)
-        else:  # refused across processes: no agreement to keep
+        if in_calls:  # one process: no agreement to keep
             delivered = call_steps(nitro, epoch, feed, log, bar, skip, events)
+        else:
+            delivered = _steps(nitro, epoch, feed, log, bar, skip, events, agreement)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
             nitro.commit_state(_zeroed_accumulator(nitro.train_state))

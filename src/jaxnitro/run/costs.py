@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 
 # The programs one optimizer step runs, by how the run trains.
 STEP_PROGRAMS = ("train_step", "gradient", "optimizer")
-SCANNED_NO_RATES = (
-    "step rates: not estimated at steps_per_call > 1 (XLA's analysis costs a "
-    "scanned program's loop body once, not once per step); rerun with "
-    "steps_per_call=1 for the per-step rates."
+ACCUM_NO_RATES = (
+    "step rates: not estimated under accumulation (XLA's analysis costs the train "
+    "program's loop over micro-batches once, not accum times); rerun with accum=1 "
+    "for the per-step rates."
 )
 
 
@@ -53,10 +53,15 @@ def cost_rows(nitro: Nitro) -> list[dict[str, Any]]:
 
 
 def step_costs(rows: list[dict[str, Any]], accum: int) -> tuple[float, float] | None:
-    """The flops and bytes of one optimizer step: the fused step, or `accum`
-    gradient calls plus one optimizer call; None when a program is not compiled."""
+    """The flops and bytes of one optimizer step: the train program (XLA costs its
+    loop over steps once: one step, whatever the steps per call), or on a mesh
+    `accum` gradient calls plus one optimizer call; None when a program is not
+    compiled or the step's cost is not known (the train program under
+    accumulation)."""
     by_kind = {row["program"]: row for row in rows}
     if "train_step" in by_kind:
+        if accum > 1:
+            return None
         parts = [(by_kind["train_step"], 1)]
     elif "gradient" in by_kind and "optimizer" in by_kind:
         parts = [(by_kind["gradient"], accum), (by_kind["optimizer"], 1)]
@@ -101,8 +106,8 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
         )
     seconds = nitro.status.step_seconds
     per_step = step_costs(rows, nitro.config.accum)
-    if per_step is None and any(row["program"] == "train_calls" for row in rows):
-        print(SCANNED_NO_RATES, file=out)
+    if per_step is None and nitro.config.accum > 1:
+        print(ACCUM_NO_RATES, file=out)
         return rows
     if seconds is None or per_step is None:
         print("step time: not measured yet (train an epoch first).", file=out)
