@@ -7,12 +7,36 @@ and that import must not start JAX before the clock does.
 
 Run a benchmark as `python benchmarks/<script>.py`: Python puts this folder on
 `sys.path`, so `from _common import ...` finds this file.
+
+One process at a time: on a TPU machine only one process can open the chip, and JAX
+opens it at the first `jax.devices()`, array operation or `jax.default_backend()`. A
+script that measures in child processes (`throughput.py`, `first_step.py`) therefore
+never imports JAX in the parent: each child reports its backend (`backend_info()`) in
+its JSON output, and the parent prints the banner from that. `run_child_json` checks
+the rule before it starts a child.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
-from collections.abc import Iterable
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+
+TPU_LOCK_ERROR = "libtpu multi-process lockfile"
+"""What a process that opens a TPU chip another process holds dies with."""
+
+PARENT_IMPORTED_JAX = (
+    "{script} imported JAX in the process that starts its measuring children. On a "
+    "TPU machine only one process can open the chip, so a parent that starts the "
+    "backend (jax.devices(), jax.default_backend(), any array operation) makes every "
+    "child die with 'Internal error when accessing libtpu multi-process lockfile'. "
+    "Keep `import jax` inside the functions the children run, and read the backend "
+    "from the children's JSON output (their 'backend' entry)."
+)
 
 WORKLOADS = {
     # name: (layer widths, batch size, batches per epoch)
@@ -95,3 +119,70 @@ def paired_ratio(reference: Iterable[float], other: Iterable[float]) -> float:
     a slow stretch of a shared machine hits both sides of a pair and cancels out.
     """
     return statistics.median(r / o for r, o in zip(reference, other, strict=True))
+
+
+def backend_info() -> dict:
+    """This process's JAX backend: version, platform, device kind and device count.
+
+    Starts the backend: call it only in the process that measures.
+    """
+    import jax
+
+    devices = jax.devices()
+    return {
+        "jax": jax.__version__,
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "devices": len(devices),
+    }
+
+
+def banner(info: dict | None = None) -> str:
+    """The banner line: JAX version, device kind, platform, devices, usable cores.
+
+    `info` is a child's `backend_info()`; without it, this process's own (which starts
+    the backend here).
+    """
+    info = backend_info() if info is None else info
+    count = info["devices"]
+    return (
+        f"jax {info['jax']} on {info['device_kind']} ({info['platform']}, {count} "
+        f"device{'s' if count != 1 else ''}), {len(os.sched_getaffinity(0))} cores"
+    )
+
+
+class BannerOnce:
+    """Prints the banner of the first child's backend, once (a parent's banner)."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, info: dict) -> None:
+        if not self.shown:
+            print(banner(info), flush=True)
+            self.shown = True
+
+
+def run_child_json(
+    args: Sequence[str], env: dict[str, str], *, retries: int = 2
+) -> dict:
+    """Run `python args...` and parse the last line of its stdout as JSON.
+
+    Raises RuntimeError (with the child's stderr) if the child fails, and before it
+    starts if this process has imported JAX (see PARENT_IMPORTED_JAX). A child that
+    found the TPU chip still held (the previous child's process not yet gone) is run
+    again after 5 seconds, up to `retries` times.
+    """
+    if "jax" in sys.modules:
+        raise RuntimeError(PARENT_IMPORTED_JAX.format(script=sys.argv[0]))
+    attempt = 0
+    while True:
+        done = subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env
+        )
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        if TPU_LOCK_ERROR not in done.stderr or attempt == retries:
+            raise RuntimeError(done.stderr)
+        attempt += 1
+        time.sleep(5)

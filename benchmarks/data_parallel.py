@@ -1,6 +1,6 @@
-"""Data parallelism on 4 CPU devices against one: correctness and what it costs.
+"""Data parallelism on 4 devices against one: correctness and what it costs.
 
-The four devices are XLA's forced host devices
+By default the four devices are XLA's forced host devices
 (`--xla_force_host_platform_device_count`), which share the same CPU cores, so no
 speedup is expected: this measures what the mesh machinery costs per step (the
 batch split, the collectives, the arguments placed before each call) and that the
@@ -9,38 +9,77 @@ numbers agree. Each layout trains the compute-bound MLP (784-1024-1024-10, batch
 epochs 2..N (the first carries the compile), and the parameter difference is
 against the single-device run.
 
+Forced host devices exist only on the CPU platform, so the script sets
+`JAX_PLATFORMS=cpu` and adds the flag to `XLA_FLAGS` for its own process, before JAX
+starts, on any machine (an accelerator machine included: it runs there on the host's
+CPU and leaves the accelerator alone), and its banner says so. `--native` uses the
+backend's own devices instead, and stops with a message where there are fewer than 4.
+
     python benchmarks/data_parallel.py [--epochs 6]
+    python benchmarks/data_parallel.py --native    # a machine with 4+ accelerators
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from _common import WORKLOADS, banner, make_experiment, synthetic_batches
 
-import statistics  # noqa: E402
-
-from _common import WORKLOADS, make_experiment, synthetic_batches  # noqa: E402
+DEVICES = 4
+FORCE_FLAG = "--xla_force_host_platform_device_count"
+TOO_FEW_DEVICES = (
+    "data_parallel.py needs {wanted} devices; this backend has {found} ({kind}). "
+    "Run it without --native: it then forces {wanted} CPU host devices for itself."
+)
 
 LAYOUTS = {
     "1 device": {},
-    "4 devices, replicated": {"n_devs": 4},
-    "4 devices, fsdp": {"n_devs": 4, "sharding": "fsdp"},
+    f"{DEVICES} devices, replicated": {"n_devs": DEVICES},
+    f"{DEVICES} devices, fsdp": {"n_devs": DEVICES, "sharding": "fsdp"},
 }
+
+
+def force_cpu_devices() -> str:
+    """Pin this process to the CPU platform with `DEVICES` host devices (before JAX
+    starts); what it set, for the banner."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flags = os.environ.get("XLA_FLAGS", "")
+    if FORCE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {FORCE_FLAG}={DEVICES}".strip()
+    return (
+        f"JAX_PLATFORMS=cpu and XLA_FLAGS={os.environ['XLA_FLAGS']} set by this script"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help=f"the backend's own devices (needs {DEVICES}), not forced CPU devices",
+    )
     args = parser.parse_args()
+    note = "the backend's own devices (--native)"
+    if not args.native:
+        note = force_cpu_devices()
 
     import jax
     import numpy as np
 
     import jaxnitro as nx
 
+    print(f"{banner()}; {note}")
+    devices = jax.devices()
+    if len(devices) < DEVICES:
+        sys.exit(
+            TOO_FEW_DEVICES.format(
+                wanted=DEVICES, found=len(devices), kind=devices[0].device_kind
+            )
+        )
     widths, batch, count = WORKLOADS["compute_bound_mlp"]
     experiment = make_experiment(widths, synthetic_batches(batch, count))
     reference = None

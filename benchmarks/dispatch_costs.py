@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 
-from _common import apply, cross_entropy, init_params, synthetic_batches
+from _common import apply, banner, cross_entropy, init_params, synthetic_batches
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
     import numpy as np
     import optax
 
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+    print(banner())
     widths = (784, 128, 10)
     tx = optax.radam(1e-3)
     host = synthetic_batches(100, 64)

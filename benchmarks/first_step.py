@@ -27,6 +27,9 @@ directory setting, same minimum compile time), so "warm" compares like with like
 The phase split comes from timers this script wraps around jaxnitro's setup
 functions (no timer lives in the package) and from JAX's own compile events
 (`jax.monitoring`: tracing, lowering to MLIR, XLA compilation, cache retrievals).
+
+The parent process never imports JAX (on a TPU machine only one process can open the
+chip): the banner's backend is the one the first child reports.
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from _common import WORKLOADS, synthetic_batches
+from _common import (
+    WORKLOADS,
+    BannerOnce,
+    backend_info,
+    run_child_json,
+    synthetic_batches,
+)
+
+SHOW_BANNER = BannerOnce()
 
 # The setup functions timed as phases: (module, attribute, phase label). Each is a
 # name `jaxnitro.run.setup` (or the loop) calls through its module's globals, so
@@ -210,6 +221,7 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     result["before_clock"] = {label: marks[label] - marks[was] for was, label in pairs}
     result["phases"] = dict(clock.seconds)
     result["counts"] = dict(clock.counts)
+    result["backend"] = backend_info()
     return result
 
 
@@ -229,13 +241,12 @@ def _run(
     else:
         env["JAXNITRO_COMPILATION_CACHE"] = cache
         env["FIRST_STEP_CACHE"] = cache
-    args = [sys.executable, __file__, "--internal", name, side]
+    args = [__file__, "--internal", name, side]
     if phases:
         args.append("--phases")
-    done = subprocess.run(args, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_child_json(args, env)
+    SHOW_BANNER(out["backend"])
+    return out
 
 
 def rounds(name: str, count: int, before: str | None) -> dict[str, list[float]]:
@@ -363,8 +374,9 @@ def main() -> None:
         if args.phases:
             show_phases(name)
             continue
+        times = rounds(name, args.rounds, args.before)
         print(f"{name}:")
-        report(rounds(name, args.rounds, args.before))
+        report(times)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ Each repetition empties the compile cache and times setup plus the first trainin
 (which compiles the gradient and optimizer programs), alternating the two experiments.
 
     python benchmarks/host_field_compile.py
+    python benchmarks/host_field_compile.py --reps 2    # fewer compiles
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -19,6 +21,7 @@ os.environ.setdefault("JAXNITRO_COMPILATION_CACHE", "off")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import banner  # noqa: E402
 
 import jaxnitro as nx  # noqa: E402
 
@@ -65,11 +68,15 @@ def first_step_seconds(images: np.ndarray | None) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7, help="compiles of each side")
+    reps = parser.parse_args().reps
+    print(banner())
     big = np.random.default_rng(0).random((50_000, 1000), dtype=np.float32)  # 200 MB
     print(f"Host field: {big.nbytes / 2**20:.0f} MB")
     first_step_seconds(None)  # warm up the backend and imports
     with_field, without = [], []
-    for _ in range(7):
+    for _ in range(reps):
         with_field.append(first_step_seconds(big))
         without.append(first_step_seconds(None))
     a, b = statistics.median(with_field), statistics.median(without)

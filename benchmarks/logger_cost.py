@@ -22,7 +22,13 @@ import argparse
 import statistics
 import tempfile
 
-from _common import WORKLOADS, make_experiment, paired_ratio, synthetic_batches
+from _common import (
+    WORKLOADS,
+    banner,
+    make_experiment,
+    paired_ratio,
+    synthetic_batches,
+)
 
 
 def measure(rounds: int, epochs: int, every: int | None) -> dict:
@@ -76,6 +82,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     rounds = 10 if args.quick else 30
+    print(banner())
     out = measure(rounds, 2, args.every)
     every = "default" if args.every is None else str(args.every)
     print(

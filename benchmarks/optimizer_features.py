@@ -4,10 +4,12 @@ decay of that group toward its initial weights (L2-SP), global-norm clipping and
 of the weights, on the tutorial-sized MLP (784-128-10, batch 100).
 
     python benchmarks/optimizer_features.py
+    python benchmarks/optimizer_features.py --reps 5    # fewer epoch pairs
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -17,6 +19,7 @@ import optax
 from _common import (
     WORKLOADS,
     apply,
+    banner,
     cross_entropy,
     init_params,
     make_experiment,
@@ -116,6 +119,10 @@ def hand_written(widths, batches):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=25, help="epoch pairs")
+    reps = parser.parse_args().reps
+    print(banner())
     widths, batch, count = WORKLOADS["tutorial_mlp"]
     batches = synthetic_batches(batch, count)
     exp = experiment(widths, batches)
@@ -129,7 +136,7 @@ def main() -> None:
 
     ours()
     mine, theirs = [], []
-    for _ in range(25):  # one epoch each, interleaved: paired samples
+    for _ in range(reps):  # one epoch each, interleaved: paired samples
         mine.append(ours())
         start = time.perf_counter()
         reference()

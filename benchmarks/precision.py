@@ -6,6 +6,9 @@ and macro recall and the mean optimizer-step time of the last epoch. The target 
 bf16 accuracy within 0.5 points of f32; on a CPU bf16 is usually slower, since XLA
 emulates much of bfloat16 there, so the step time is reported, not judged.
 
+The tutorial needs flax, grain and scikit-learn (`pip install -e .[examples]`; on the
+TPU machine `source scripts/tpu/env.sh test` with the carried wheels).
+
     python benchmarks/precision.py [--epochs N]
 """
 
@@ -14,6 +17,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+
+from _common import backend_info, banner
 
 
 def tutorial_module():
@@ -49,6 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args()
+    info = backend_info()
+    print(banner(info))
     tutorial = tutorial_module()
     results = {p: run(tutorial, p, args.epochs) for p in ("f32", "bf16")}
     print(f"tutorial, {args.epochs} epochs, same seed")
@@ -61,7 +68,9 @@ def main() -> None:
     gap = (results["f32"]["acc"] - results["bf16"]["acc"]) * 100
     ratio = results["bf16"]["step_ms"] / results["f32"]["step_ms"]
     print(f"bf16 accuracy gap: {gap:+.2f} points (target: within 0.5)")
-    print(f"bf16 step time: {ratio:.2f}x f32 (CPU: emulated bfloat16)")
+    cpu = info["platform"] == "cpu"
+    where = "CPU: emulated bfloat16" if cpu else f"on {info['device_kind']}"
+    print(f"bf16 step time: {ratio:.2f}x f32 ({where})")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import statistics
 import tempfile
 import time
 
+from _common import banner
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples", "runfiles")
 CADENCE = 50
@@ -142,7 +144,9 @@ def through_run_file(folder: str, blocks: int) -> tuple[float, float, list]:
     run_dir = os.path.join(folder, "runfile")
     outcome = run_file(path, run_dir=run_dir)
     note_best("runfile", outcome.handle.history)
-    batches = outcome.handle.data["train"].source  # the cadence blocks (unwrapped)
+    from jaxnitro.data.protocol import unwrap_source
+
+    batches = unwrap_source(outcome.handle.data["train"])  # the cadence blocks
     return steady(outcome.handle.history), data_wait(run_dir), batches
 
 
@@ -206,6 +210,7 @@ def main() -> None:
         help="feed the Python API the run file's train source, not a list",
     )
     args = parser.parse_args()
+    print(banner())
     folder = tempfile.mkdtemp(prefix="runfile-bench-")
     try:
         shutil.copytree(os.path.join(EXAMPLES, "data"), os.path.join(folder, "data"))
@@ -226,8 +231,10 @@ def main() -> None:
                 )
 
             if first == "python":
-                split = train_source(folder, args.blocks)
-                source = getattr(split, "source", split)  # NoPrefetch on a CPU
+                from jaxnitro.data.protocol import unwrap_source
+
+                # NoPrefetch on a CPU, the bare blocks on an accelerator
+                source = unwrap_source(train_source(folder, args.blocks))
                 direct, direct_cpu = python_side(source)
             gc.collect()
             (rate, wait, source), cpu = cpu_timed(

@@ -9,6 +9,7 @@ loop does.
 
     python benchmarks/split_step.py
     python benchmarks/split_step.py --cores 1   # pinned to one core
+    python benchmarks/split_step.py --reps 3    # fewer repetitions
 
 On several cores XLA's CPU runtime runs a program's independent kernels side by side,
 so inside the fused step the update's kernels overlap the backward pass; `--cores 1`
@@ -29,6 +30,7 @@ import optax
 from _common import (
     WORKLOADS,
     apply,
+    banner,
     cross_entropy,
     init_params,
     synthetic_batches,
@@ -119,17 +121,16 @@ def measure(name: str, reps: int = 15) -> tuple[float, ...]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cores", type=int, help="pin the process to this many cores")
-    cores = parser.parse_args().cores
+    parser.add_argument("--reps", type=int, default=15, help="timed epochs a variant")
+    args = parser.parse_args()
+    cores = args.cores
     if cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
-        # which is at the first `jax.devices()` below, after this.
+        # which is at the first `jax.devices()` (in `banner()`), after this.
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
-    print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
-        f"{len(os.sched_getaffinity(0))} cores"
-    )
+    print(banner())
     for name in WORKLOADS:
-        fused, split, fused_sync, gradient_sync = measure(name)
+        fused, split, fused_sync, gradient_sync = measure(name, args.reps)
         print(
             f"{name}: s/epoch fused {fused:.4f}, split {split:.4f}; the split costs "
             f"{100 * (split / fused - 1):.1f}%. Read back every step: fused "

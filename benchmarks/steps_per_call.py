@@ -29,6 +29,7 @@ import time
 from _common import (
     WORKLOADS,
     apply,
+    banner,
     cross_entropy,
     init_params,
     make_experiment,
@@ -165,14 +166,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
-        # at the first `jax.devices()` below.
+        # at the first `jax.devices()` (in `banner()`).
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
-    import jax
-
-    print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
-        f"{len(os.sched_getaffinity(0))} cores"
-    )
+    print(banner())
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
         r = measure(name, k, args.reps)

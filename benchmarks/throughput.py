@@ -9,6 +9,9 @@ RAdam) is measured beside it when `keras` is importable.
 
     python benchmarks/throughput.py            # both workloads, prints ratios
     python benchmarks/throughput.py --quick    # fewer repetitions
+
+The parent process never imports JAX (on a TPU machine only one process can open the
+chip): the banner's backend is the one the first child reports.
 """
 
 from __future__ import annotations
@@ -18,17 +21,18 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 
 from _common import (
     WORKLOADS,
+    BannerOnce,
     apply,
+    backend_info,
     cross_entropy,
     init_params,
     make_experiment,
     paired_ratio,
+    run_child_json,
     synthetic_batches,
 )
 
@@ -142,6 +146,7 @@ def measure_throughput(name: str, reps: int, epochs: int) -> dict:
         if side in sides:
             result[f"{side}_paired"] = paired_ratio(sides["reference"], sides[side])
     result["samples_per_epoch"] = batch * count
+    result["backend"] = backend_info()
     return result
 
 
@@ -171,17 +176,12 @@ def measure_first_step(name: str, side: str) -> dict:
         first()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "peak_rss_mb": peak}
+    return {"seconds": seconds, "peak_rss_mb": peak, "backend": backend_info()}
 
 
 def subprocess_json(*args: str) -> dict:
     env = dict(os.environ, JAXNITRO_COMPILATION_CACHE="off")
-    done = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, env=env
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child_json([__file__, *args], env)
 
 
 def main() -> None:
@@ -200,13 +200,10 @@ def main() -> None:
     # One epoch per side per repetition: the finest interleaving, so a slow minute on
     # a shared machine hits both sides alike.
     reps, epochs = (9, 1) if args.quick else (25, 1)
-    import jax
-
-    print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} cores"
-    )
+    show_banner = BannerOnce()  # this process starts no backend: the children do
     for name in WORKLOADS:
         t = subprocess_json("--internal", "throughput", name, str(reps), str(epochs))
+        show_banner(t["backend"])
         line = (
             f"{name}: throughput jaxnitro/reference = "
             f"{t['jaxnitro_paired']:.3f}x paired, "
