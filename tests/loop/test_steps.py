@@ -76,9 +76,7 @@ def test_data_wait_frac_is_logged_once_per_epoch(tmp_path):
 
 
 @pytest.mark.parametrize("staged", [1, 2])
-def test_device_memory_holds_a_bounded_number_of_batches(
-    monkeypatch, staged
-):
+def test_device_memory_holds_a_bounded_number_of_batches(monkeypatch, staged):
     """On an accelerator the prefetch stages routed fields on the device ahead of the
     step; forced here on the CPU, so the staged buffers are real device arrays."""
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)

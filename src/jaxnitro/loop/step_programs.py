@@ -1,13 +1,14 @@
 """The training executables the hot loops run, and the inputs they take per step.
 
-`training_programs` gives the unscanned programs (the fused train step at accum 1,
-the gradient and optimizer programs above, or manual mode's step); `call_program`
-gives the scanned one that runs several optimizer steps per dispatch
-(`compile/scanned.py`), and `call_inputs` builds what it takes for one call: every
-host-made step input (schedule values, the gradient rule's fields, the EMA's decay,
-the scheduled Device fields) computed on the host for each step of the call and
-stacked, the rng inputs stacked, and the device-resident ones (masks, anchors,
-unscheduled Device fields) passed once.
+`training_programs` gives the one-step loop's programs (a mesh, several processes,
+manual mode: the fused train step at accum 1, the gradient and optimizer programs
+above, or manual mode's step); `call_program` gives the automatic loop's train
+program, one to K optimizer steps per dispatch (`compile/scanned.py`), and
+`call_inputs` builds what it takes for one block of K steps: every host-made step
+input (schedule values, the gradient rule's fields, the EMA's decay) computed on the
+host for each step and stacked, every Device field stacked (scheduled or not, so a
+schedule compiles nothing), all placed with one transfer, and the device-resident
+optimizer inputs (masks, anchors) passed once.
 """
 
 from __future__ import annotations
@@ -217,32 +218,25 @@ def _split(
     each stacked leaf padded to `size` rows with its last one (rows no call reaches)
     and placed on the device with one transfer. `every_leaf` stacks the device
     leaves too (each repeated), so the layout does not follow which are host-made."""
-    treedef, stacked = split_inputs(trees[0])
+    treedef, host = split_inputs(trees[0])
     flat = [jax.tree_util.tree_leaves(t) for t in trees]
     flat += [flat[-1]] * (size - len(flat))
-    if every_leaf:
-        device = [not s for s in stacked]
-        stacked = tuple(True for _ in stacked)
-    shared = [leaf for leaf, s in zip(flat[0], stacked, strict=True) if not s]
-    steps = []
-    repeated = {}
-    for i, s in enumerate(stacked):
-        if s and every_leaf and device[i]:
-            if any(leaves[i] is not flat[0][i] for leaves in flat[1 : len(trees)]):
-                raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + 1))
-            repeated[len(steps)] = _rows(flat[0][i], size)
-            steps.append(None)
-            continue
-        if s:
-            steps.append(np.stack([np.asarray(leaves[i]) for leaves in flat]))
-            continue
+    stacked = tuple(every_leaf or h for h in host)
+    for i, is_host in enumerate(host):  # a device leaf must stay the same array
         for n, leaves in enumerate(flat[1 : len(trees)], start=1):
-            if leaves[i] is not flat[0][i]:
+            if not is_host and leaves[i] is not flat[0][i]:
                 raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + n))
-    placed = jax.device_put([x for x in steps if x is not None])
-    placed_it = iter(placed)
-    steps = [
-        repeated[i] if i in repeated else next(placed_it) for i in range(len(steps))
+    shared = [leaf for leaf, s in zip(flat[0], stacked, strict=True) if not s]
+    rows = [
+        np.stack([np.asarray(leaves[i]) for leaves in flat])
+        for i, h in enumerate(host)
+        if h
+    ]
+    placed = iter(jax.device_put(rows))  # the host-made rows: one transfer
+    steps: list[Any] = [
+        next(placed) if is_host else _rows(flat[0][i], size)
+        for i, is_host in enumerate(host)
+        if stacked[i]
     ]
     return treedef, tuple(stacked), shared, steps
 

@@ -1,16 +1,16 @@
-"""One training epoch: the hot loop of micro-batches and its host-side bookkeeping.
+"""One training epoch: the feed, then the hot loop that fits the run.
 
-With accum == 1 each batch runs one fused train_step program; with accum > 1 each
-micro-batch runs the gradient program, and every accum-th the optimizer program. Then
-the loop reads back the PREVIOUS micro-batch's loss: the device runs ahead by one
-micro-batch while the host waits. The batches come from the split's feed (`feed.py`):
-routed host arrays on a CPU backend, which the executable places itself (an explicit
-`jax.device_put` of the batch dict cost a third of a dispatch-bound step), or device
-batches staged ahead by the prefetch stream on an accelerator, released as soon as the
-step that uses them is dispatched. A non-finite loss raises naming its step and epoch,
-and whether the batch's inputs were already non-finite. At steps_per_call > 1 the
-epoch runs `calls.call_steps` instead, several steps per dispatch; `EpochLog`
-(`epoch_log.py`) settles both loops' steps alike.
+In the automatic mode on one device in one process the epoch runs `calls.call_steps`:
+blocks of batches staged with one transfer, calls of 1 to K steps of one program, no
+loss read back per step. On a mesh, across processes and in manual mode it runs
+`_steps` here, one program a micro-batch (their programs lay their arguments out over
+devices; folding them into the calls loop is the next step): with accum == 1 each
+batch runs one fused train_step program; with accum > 1 each micro-batch runs the
+gradient program, and every accum-th the optimizer program. That loop reads back the
+PREVIOUS micro-batch's loss: the device runs ahead by one micro-batch while the host
+waits. A non-finite loss raises naming its step and epoch, and whether the batch's
+inputs were already non-finite. `EpochLog` (`epoch_log.py`) settles both loops'
+steps alike.
 """
 
 from __future__ import annotations
