@@ -343,3 +343,52 @@ def test_across_processes_steps_per_call_is_refused_and_auto_is_one(monkeypatch)
     with pytest.raises(nx.ConfigError, match="steps_per_call=4 in a run across 2"):
         steps_per_call(fixed)
     assert steps_per_call(auto) == 1
+
+
+def test_one_program_serves_every_steps_per_call_up_to_the_block():
+    nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None).train()
+    before = nx.cache_stats()["misses"]
+    for k in (2, 3, 8):  # blocks of 8 steps: the program of steps_per_call=1
+        nitro = nx.Nitro(
+            Tiny(max_epochs=1), logger=None, checkpointer=None, steps_per_call=k
+        )
+        nitro.train()
+    assert nx.cache_stats()["misses"] == before
+
+
+def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
+    monkeypatch, tmp_path
+):
+    """64 steps at log_every_n_steps=16: the loss ring is read a call after each
+    line's step and at the epoch's end, not once a step, and every step's loss
+    still reaches the lines and the epoch's mean."""
+    import jaxnitro.loop.calls as calls
+
+    reads = []
+    settle = calls._settle
+
+    def counted(log, done, accum):
+        if done:
+            reads.append(sum(len(call.batches) for call in done))
+        settle(log, done, accum)
+
+    monkeypatch.setattr(calls, "_settle", counted)
+    train(tmp_path, "k1", Tiny(n_train=16 * 64, max_epochs=1))  # a line a step
+    assert sum(reads) == 64  # each micro-batch settled once
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 64, max_epochs=1),
+        run_dir=str(tmp_path / "every16"),
+        checkpointer=None,
+        log_every_n_steps=16,
+    )
+    reads.clear()
+    nitro.train()
+    assert sum(reads) == 64
+    # A read a call after each of the lines at 16, 32, 48; the epoch's end reads
+    # the last 16 steps (the line at 64 among them).
+    assert reads == [16, 16, 16, 16]
+    steps = [row["step"] for row in lines(tmp_path / "every16", "train")]
+    assert steps == [16, 32, 48, 64]
+    losses = [row["loss"] for row in lines(tmp_path / "k1", "train")]
+    every16 = [row["loss"] for row in lines(tmp_path / "every16", "train")]
+    assert every16 == [losses[s - 1] for s in steps]  # the same values, read late
