@@ -346,14 +346,25 @@ def test_across_processes_steps_per_call_is_refused_and_auto_is_one(monkeypatch)
 
 
 def test_one_program_serves_every_steps_per_call_up_to_the_block():
-    nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None).train()
+    def run(k):  # width 23: programs no other test compiled
+        nx.Nitro(
+            Tiny(max_epochs=1, width=23),
+            logger=None,
+            checkpointer=None,
+            steps_per_call=k,
+        ).train()
+
+    misses = nx.cache_stats()["misses"]
+    run(2)
+    compiled = nx.cache_stats()["misses"] - misses
+    assert compiled >= 1
+    for k in (3, 8):  # blocks of 8 steps: the same program, other call lengths
+        before = nx.cache_stats()["misses"]
+        run(k)
+        assert nx.cache_stats()["misses"] == before
     before = nx.cache_stats()["misses"]
-    for k in (2, 3, 8):  # blocks of 8 steps: the program of steps_per_call=1
-        nitro = nx.Nitro(
-            Tiny(max_epochs=1), logger=None, checkpointer=None, steps_per_call=k
-        )
-        nitro.train()
-    assert nx.cache_stats()["misses"] == before
+    run(1)  # one step a call: the program without the loop
+    assert nx.cache_stats()["misses"] == before + 1
 
 
 def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
@@ -392,3 +403,14 @@ def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
     losses = [row["loss"] for row in lines(tmp_path / "k1", "train")]
     every16 = [row["loss"] for row in lines(tmp_path / "every16", "train")]
     assert every16 == [losses[s - 1] for s in steps]  # the same values, read late
+
+
+def test_on_an_accelerator_the_default_is_auto_and_on_a_cpu_one(monkeypatch):
+    on_cpu = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    assert on_cpu.config.steps_per_call == 1
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    accelerated = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    assert accelerated.config.steps_per_call == "auto"
+    assert "steps_per_call auto (default)" in accelerated.binding_report()
+    kept = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=1)
+    assert kept.config.steps_per_call == 1

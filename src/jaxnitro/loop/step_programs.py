@@ -272,9 +272,12 @@ def call_program(
     counter: Any,
     positions: tuple[Any, ...],
     tally: Any,
+    *,
+    single: bool,
 ) -> Any:
     """The train program for a block shaped as `batches` (its leading axis is the
-    block's step count), from the handle or the cache (`compile/scanned.py`)."""
+    block's step count), from the handle or the cache (`compile/scanned.py`);
+    `single`: every call runs one step (steps_per_call=1)."""
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan
@@ -303,11 +306,11 @@ def call_program(
     announce = nitro.executables.announcer()
     return nitro.executables.get(
         "train_step",
-        (shapes, accum, fields, repr(constants), inputs.layout, tally.shape),
+        (shapes, accum, fields, repr(constants), inputs.layout, tally.shape, single),
         lambda: ctx.compile(
             program_cache(),
             "train_step",
-            scanned_fn(ctx, fields, accum, plan, inputs.layout),
+            scanned_fn(ctx, fields, accum, plan, inputs.layout, single=single),
             args,
             traced=traced,
             baked={
@@ -315,6 +318,7 @@ def call_program(
                 "fields": fields,
                 "inv_accum": 1.0 / accum,
                 "layout": repr(inputs.layout),
+                "single": single,
                 **constants,
             },
             donate=(2, 4),  # the Weights and the accumulator

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
+import jax
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
@@ -73,7 +74,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {
     "profile": None,
     "precision": "f32",
     "smoke": None,  # read by smoke_requested: the keyword, else NITRO_SMOKE
-    "steps_per_call": 1,
+    "steps_per_call": 1,  # "auto" when the default backend is not the CPU
 }
 
 INT_REQUIRED = (
@@ -464,6 +465,10 @@ class RunConfig:
             passed = name in keywords and given is not None
             values[name] = given
             sources[name] = "keyword" if passed else "default"
+        if sources["steps_per_call"] == "default" and jax.default_backend() != "cpu":
+            # On an accelerator a step is mostly launch: several steps a call, at
+            # the count the first epoch's step time picks (the same bits as one).
+            values["steps_per_call"] = "auto"
         if values["eval_weights"] is None:  # the EMA, checked above, decides
             values["eval_weights"] = "ema" if values["ema"] is not None else "raw"
         return cls(**values, sources=sources)
