@@ -414,3 +414,26 @@ def test_on_an_accelerator_the_default_is_auto_and_on_a_cpu_one(monkeypatch):
     assert "steps_per_call auto (default)" in accelerated.binding_report()
     kept = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=1)
     assert kept.config.steps_per_call == 1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_continued_epoch_then_whole_ones_log_every_step(tmp_path, k):
+    """A stopped epoch continues with a short block; the next epoch's whole blocks
+    reuse the placed step inputs and still log each step's line."""
+    stopper = StopsAtStep(3)
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 8, max_epochs=2),
+        run_dir=str(tmp_path),
+        checkpointer=None,
+        logger=stopper,
+        log_every_n_steps=1,
+        steps_per_call=k,
+    )
+    stopper.nitro = nitro
+    nitro.train()
+    stopped = nitro.current_step
+    assert 3 < stopped < 8
+    stopper.step = None
+    nitro.train()
+    assert nitro.current_step == 16
+    assert [row["step"] for row in nitro.history] == [8, 16]

@@ -259,6 +259,7 @@ def call_inputs(
     # must not change the program (a Device field schedules without a compile).
     vdef, vstacked, vshared, vsteps = _split(values, first, size, every_leaf=True)
     hdef, hstacked, hshared, hsteps = _split(hps, first, size)
+    schedule += schedule[-1:] * (size - length)  # rows no call reaches, as above
     return CallInputs(
         vshared, vsteps, hshared, hsteps, (vdef, vstacked, hdef, hstacked), schedule
     )
