@@ -17,11 +17,12 @@ only when a log line, the progress bar or the divergence check needs it.
 
 - `block`: every routed field stacked `(K, B, ...)`, or `(K, accum, B, ...)` under
   accumulation; steps past the epoch's end are padding a call never reaches.
-- `values_steps`, `hp_steps`: the host-made step inputs (every schedule value,
-  computed on the host for each of the block's steps, so schedules stay exact)
-  stacked `(K, ...)` and placed once a block (once an epoch when no schedule
-  varies); `values_shared`, `hp_shared`: what every step shares (masks, anchors,
-  unscheduled Device fields: device arrays), passed as they are.
+- `values_steps`: every Device field stacked `(K, ...)`, scheduled or not (so a
+  schedule changes no program); `hp_steps`: the host-made optimizer inputs (every
+  schedule value, computed on the host for each of the block's steps, so schedules
+  stay exact) stacked `(K, ...)`; both placed once a block (once while no schedule
+  varies); `values_shared` (empty), `hp_shared`: what every step shares (masks,
+  anchors: device arrays), passed as they are.
 - `counter`: uint32[3] `(seed, global optimizer step of the call's first step, 0)`;
   step j of the call folds `(seed, step + j, micro)` into `step_rng()`, exactly the
   input the unscanned programs take (`experiment/rng.py`). It comes back advanced
