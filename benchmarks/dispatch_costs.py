@@ -15,6 +15,13 @@ thing a training loop may do per step beside the dispatch:
 - `+ placed scalar`: a `jax.device_put` of a Python int a step;
 - `staged by a thread`: the batches placed by a second thread through a queue while
   the loop runs (the prefetch stream's transfer thread);
+- `block 8 placed in loop`: every 8 steps the loop stacks 8 batches (`np.stack`) and
+  places the block with one transfer; each step's program reads its row (a device
+  scalar position);
+- `block 8 staged by a thread`: the same blocks stacked and placed by a second thread
+  through a queue of 2 while the loop runs;
+- `8 batches placed by a thread`: a second thread places 8 batches with one
+  `device_put` of the list (no stack), the loop takes each as a device batch;
 - `scan 8`: eight steps a dispatch over stacked device batches (`lax.scan`);
 - `while 8 (dynamic n)`: the same under `lax.fori_loop` with a traced trip count, so
   one program serves every call length up to 8.
@@ -84,6 +91,15 @@ def main() -> None:
 
     many = jax.jit(scanned, donate_argnums=(0, 1))
     dyn = jax.jit(looped, donate_argnums=(0, 1))
+    indexed = jax.jit(
+        lambda p, o, xs, ys, j: step(p, o, xs[j], ys[j]), donate_argnums=(0, 1)
+    )
+    positions = jax.device_put([np.int32(j) for j in range(8)])
+
+    def block_of(i: int) -> tuple:
+        rows = [host[(i + j) % len(host)] for j in range(8)]
+        return tuple(np.stack([b[k] for b in rows]) for k in ("x", "y"))
+
     stacked = [
         (
             jax.device_put(np.stack([b["x"] for b in host[i : i + 8]])),
@@ -103,15 +119,37 @@ def main() -> None:
         p, o, loss = one(p, o, device[0]["x"], device[0]["y"])
         loss.block_until_ready()
         losses: list = []
-        if variant == "staged by a thread":
-            q: queue.Queue = queue.Queue(maxsize=4)
+        q: queue.Queue = queue.Queue(maxsize=4 if variant.startswith("staged") else 2)
 
-            def produce():
-                for i in range(steps):
+        def produce():
+            for i in range(0, steps, 1 if variant.startswith("staged") else 8):
+                if variant.startswith("staged"):
                     q.put(jax.device_put(host[i % len(host)]))
+                elif variant.startswith("block"):
+                    q.put(jax.device_put(block_of(i)))
+                else:
+                    rows = [host[(i + j) % len(host)] for j in range(8)]
+                    q.put(jax.device_put(rows))
 
-            producer = threading.Thread(target=produce, daemon=True)
+        producer = threading.Thread(target=produce, daemon=True)
         start = time.perf_counter()
+        if variant in ("block 8 staged by a thread", "8 batches placed by a thread"):
+            producer.start()
+        if variant.startswith("block") or variant.startswith("8 batches"):
+            for i in range(0, steps, 8):
+                if variant == "block 8 placed in loop":
+                    xs, ys = jax.device_put(block_of(i))
+                else:
+                    got = q.get()
+                for j in range(8):
+                    if variant == "8 batches placed by a thread":
+                        p, o, loss = one(p, o, got[j]["x"], got[j]["y"])
+                    else:
+                        if variant == "block 8 staged by a thread":
+                            xs, ys = got
+                        p, o, loss = indexed(p, o, xs, ys, positions[j])
+            loss.block_until_ready()
+            return (time.perf_counter() - start) / (steps // 8 * 8)
         if variant.startswith("scan") or variant.startswith("while"):
             for i in range(steps // 8):
                 xs, ys = stacked[i % len(stacked)]
@@ -170,6 +208,9 @@ def main() -> None:
         "+ numpy rng",
         "+ placed scalar",
         "staged by a thread",
+        "block 8 placed in loop",
+        "block 8 staged by a thread",
+        "8 batches placed by a thread",
         "scan 8",
         "while 8 (dynamic n)",
     ]
@@ -184,7 +225,14 @@ def main() -> None:
         print(f"{v:28s} {best[v] * 1e6:8.1f} us/step  {base / best[v]:6.3f}x")
 
     # Per-operation costs, outside any loop.
+    block = block_of(0)
     ops = {
+        "np.stack(8 batches)": lambda: block_of(0),
+        "device_put(block of 8)": lambda: jax.device_put(block),
+        "device_put(block of 8), ready": lambda: jax.block_until_ready(
+            jax.device_put(block)
+        ),
+        "device_put(8 batches)": lambda: jax.device_put(host[:8]),
         "device_put(batch)": lambda: jax.device_put(host[0]),
         "device_put(uint32[3])": lambda: jax.device_put(np.zeros(3, np.uint32)),
     }

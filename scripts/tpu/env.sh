@@ -3,11 +3,13 @@
 #
 # That machine has no internet. JAX, jaxlib and libtpu sit on PYTHONPATH; everything
 # else jaxnitro needs installs from the machine's own package index
-# (file:///opt/pypi/simple) into /tmp/site, and what the index lacks from the wheels
-# carried in .whl-tpu/ (scripts/tpu/fetch_wheels.sh makes them here; pass
-# carry=[".whl-tpu"]). /tmp/site and src/ go at the END of PYTHONPATH, so that the
-# machine's own JAX stays the one imported. Prints the versions it ends with.
-_nitro_site=/tmp/site
+# (file:///opt/pypi/simple) into .tpu-scratch/site-<what>, and what the index lacks
+# from the wheels carried in .whl-tpu/ (scripts/tpu/fetch_wheels.sh makes them here;
+# pass carry=[".whl-tpu"]). The folder is git-ignored, so a later call on a machine
+# still warm finds it and installs nothing. It and src/ go at the END of PYTHONPATH,
+# so that the machine's own JAX stays the one imported. Prints the versions it ends
+# with.
+_nitro_site=$PWD/.tpu-scratch/site-${1:-runtime}
 _nitro_runtime="optax safetensors rich flatbuffers"
 _nitro_test="flax scikit-learn tensorboardX tensorboard matplotlib pandas
 starlette uvicorn httpx mcp hypothesis pytest jaxtyping wadler-lindig typing-extensions
@@ -20,6 +22,11 @@ _nitro_install() {
     local wanted="$_nitro_runtime"
     [ "${1:-runtime}" = test ] && wanted="$wanted $_nitro_test"
     local start=$SECONDS
+    if [ -f "$_nitro_site/.done" ]; then
+        echo "tpu env: $_nitro_site already installed"
+        _nitro_path
+        return
+    fi
     # shellcheck disable=SC2086
     if ! _nitro_pip --index-url file:///opt/pypi/simple $wanted 2>/tmp/pip-all.err; then
         echo "tpu env: one install of all failed; one package at a time:" >&2
@@ -32,8 +39,12 @@ _nitro_install() {
         _nitro_pip --no-index --no-deps --no-compile .whl-tpu/*.whl \
             || echo "tpu env: the carried wheels did not install" >&2
     fi
-    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$_nitro_site:$PWD/src"
+    touch "$_nitro_site/.done"
     echo "tpu env: installed in $((SECONDS - start)) s"
+    _nitro_path
+}
+_nitro_path() {
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$_nitro_site:$PWD/src"
     python3 -c 'import jax, optax, numpy; print("tpu env: jax", jax.__version__, jax.__file__, "optax", optax.__version__, "numpy", numpy.__version__, "devices", jax.devices())'
 }
 _nitro_install "${1:-runtime}"

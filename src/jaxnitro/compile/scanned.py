@@ -6,13 +6,15 @@ trip count is a traced input (`lax.fori_loop`). So a single program serves every
 length up to K: steps_per_call=1 is a call of length 1, and a call cut short by the
 epoch's end or an event takes the same program. A dispatch-bound run pays one launch
 and one Python call per call, and no host-to-device transfer beyond the block's
-batches: the step number and the step rng are carried on the device (`counter`), and
-each micro-batch's loss is written into a device ring (`tally`) the host reads back
-only when a log line, the progress bar or the divergence check needs it.
+batches: the step number and the step rng are carried on the device, and each
+micro-batch's loss is written into a device ring the host reads back only when a log
+line, the progress bar or the divergence check needs it. Both travel in one buffer
+(`ring`): on a TPU host each argument and each result of a call costs several
+microseconds of dispatch, so a call takes and returns as few as it can.
 
     train_step(values_shared, values_steps, Weights, model_state, accumulator, block,
-               hp_shared, hp_steps, counter, start, count, tally)
-        -> (Weights, model_state, accumulator, StepOutputs stacked, counter, tally)
+               hp_shared, hp_steps, start, count, ring)
+        -> (Weights, model_state, accumulator, StepOutputs stacked, ring)
         donates: Weights and the accumulator
 
 - `block`: every routed field stacked `(K, B, ...)`, or `(K, accum, B, ...)` under
@@ -23,18 +25,19 @@ only when a log line, the progress bar or the divergence check needs it.
   stay exact) stacked `(K, ...)`; both placed once a block (once while no schedule
   varies); `values_shared` (empty), `hp_shared`: what every step shares (masks,
   anchors: device arrays), passed as they are.
-- `counter`: uint32[3] `(seed, global optimizer step of the call's first step, 0)`;
-  step j of the call folds `(seed, step + j, micro)` into `step_rng()`, exactly the
-  input the unscanned programs take (`experiment/rng.py`). It comes back advanced
-  by `count`.
 - `start`, `count`: int32 scalars, the call's first block position and its length
   (device constants made once, `call_positions`).
-- `tally`: float32[T], the loss of micro-batch m (global index `step * accum +
-  micro`) at `m % T`; it comes back with the call's losses written, not donated, so
-  the host may still read an earlier one.
+- `ring`: uint32[3 + T]. Words 0-2 are the counter `(seed, global optimizer step of
+  the call's first step, 0)`: step j of the call folds `(seed, step + j, micro)`
+  into `step_rng()`, exactly the input the unscanned programs take
+  (`experiment/rng.py`), and the step comes back advanced by `count`. Words 3 on
+  are the loss ring, float32 bits (`ring_losses`): the loss of micro-batch m
+  (global index `step * accum + micro`) at `3 + m % T`. Not donated, so the host
+  may still read an earlier one.
 
 Each step's `StepOutputs` come back stacked `(K, ...)` (or `(K, accum, ...)`) by
-position in the call; rows past `count` are zeros.
+position in the call, without the loss (the ring holds it); rows past `count` are
+zeros.
 
 The step body is the unscanned one, operation for operation: the gradient of each
 micro-batch added into the accumulator as `a + g / accum`, the optimizer step on the
@@ -75,6 +78,28 @@ def merge_inputs(
     shared_it, step_it = iter(shared), iter(step)
     leaves = [next(step_it) if s else next(shared_it) for s in stacked]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+RING_HEAD = 3
+"""The ring's first words: the counter `(seed, step, 0)`."""
+
+
+def new_ring(seed: int, step: int, size: int) -> np.ndarray:
+    """A host ring of `size` losses whose counter starts at optimizer `step`."""
+    ring = np.zeros(RING_HEAD + size, np.uint32)
+    ring[:RING_HEAD] = (seed % 2**32, step % 2**32, 0)
+    return ring
+
+
+def ring_losses(ring: Any) -> np.ndarray:
+    """The float32 losses of a ring read back (a view, no copy).
+
+    >>> ring = new_ring(0, 0, 2)
+    >>> ring[3:] = np.array([1.5, 2.0], np.float32).view(np.uint32)
+    >>> ring_losses(ring).tolist()
+    [1.5, 2.0]
+    """
+    return np.asarray(ring)[RING_HEAD:].view(np.float32)
 
 
 @functools.lru_cache(maxsize=8)
@@ -147,12 +172,11 @@ def scanned_fn(
         block,
         hp_shared,
         hp_steps,
-        counter,
         start,
         count,
-        tally,
+        ring,
     ):
-        first = counter[1]
+        seed, first = ring[0], ring[1]
 
         def inputs(j):
             at = start + j
@@ -162,11 +186,11 @@ def scanned_fn(
             hp = merge_inputs(hp_def, hp_stacked, hp_shared, _at(hp_steps, at))
             step = first + j.astype(jnp.uint32)
             if accum == 1:
-                rng = jnp.stack([counter[0], step, jnp.uint32(0)])
+                rng = jnp.stack([seed, step, jnp.uint32(0)])
             else:
                 rng = jnp.stack(
                     [
-                        jnp.full((accum,), counter[0]),
+                        jnp.full((accum,), seed),
                         jnp.full((accum,), step),
                         jnp.asarray(micro_index),
                     ],
@@ -178,45 +202,48 @@ def scanned_fn(
             values, batch, hp, rng, step = inputs(j)
             return one_step(values, weights, state, accumulator, batch, hp, rng), step
 
-        size = tally.shape[0]
+        size = ring.shape[0] - RING_HEAD
 
-        def record(tally, step, reported):
-            rows = (step * accum + micro_index) % size
-            losses = jnp.reshape(reported.loss, (accum,)).astype(tally.dtype)
-            return tally.at[rows.astype(jnp.int32)].set(losses)
+        def record(ring, step, reported):
+            rows = RING_HEAD + (step * accum + micro_index) % size
+            losses = jnp.reshape(reported.loss, (accum,)).astype(jnp.float32)
+            bits = jax.lax.bitcast_convert_type(losses, jnp.uint32)
+            return ring.at[rows.astype(jnp.int32)].set(bits)
+
+        def kept(reported):  # the loss travels in the ring alone
+            return reported._replace(loss=None)
 
         if single:  # every call is one step: no loop around it
             (weights, state, accumulator, reported), step = run(
                 jnp.int32(0), weights, state, accumulator
             )
-            stacked = jax.tree.map(lambda x: x[None], reported)
-            tally = record(tally, step, reported)
-            counter = counter.at[1].add(jnp.uint32(1))
-            return weights, state, accumulator, stacked, counter, tally
+            stacked = jax.tree.map(lambda x: x[None], kept(reported))
+            ring = record(ring, step, reported).at[1].add(jnp.uint32(1))
+            return weights, state, accumulator, stacked, ring
 
         # The reported tree's shapes, for the stacked buffers the loop fills.
         shapes = jax.eval_shape(
-            lambda: run(jnp.int32(0), weights, state, accumulator)[0][3]
+            lambda: kept(run(jnp.int32(0), weights, state, accumulator)[0][3])
         )
         steps = jax.tree.leaves(block)[0].shape[0]
         stacked = jax.tree.map(lambda s: jnp.zeros((steps, *s.shape), s.dtype), shapes)
 
         def body(j, carry):
-            weights, state, accumulator, stacked, tally = carry
+            weights, state, accumulator, stacked, ring = carry
             (weights, state, accumulator, reported), step = run(
                 j, weights, state, accumulator
             )
             stacked = jax.tree.map(
                 lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, j, 0),
                 stacked,
-                reported,
+                kept(reported),
             )
-            return weights, state, accumulator, stacked, record(tally, step, reported)
+            return weights, state, accumulator, stacked, record(ring, step, reported)
 
-        weights, state, accumulator, stacked, tally = jax.lax.fori_loop(
-            0, count, body, (weights, state, accumulator, stacked, tally)
+        weights, state, accumulator, stacked, ring = jax.lax.fori_loop(
+            0, count, body, (weights, state, accumulator, stacked, ring)
         )
-        counter = counter.at[1].add(count.astype(jnp.uint32))
-        return weights, state, accumulator, stacked, counter, tally
+        ring = ring.at[1].add(count.astype(jnp.uint32))
+        return weights, state, accumulator, stacked, ring
 
     return program

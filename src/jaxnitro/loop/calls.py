@@ -14,12 +14,14 @@ and a stack would only copy.
 Per call the host transfers nothing: the block's position and the call's length are
 device constants, the step number and the step rng are carried on the device, and the
 schedule values are stacked per block (placed once an epoch while none varies). Per
-call it reads nothing back either: each micro-batch's loss lands in a device ring
-(`tally`), which the host reads only when something needs a loss: the train line of
-a logged step (read a call after its step, as the one-step loop always did), the
-progress bar (a few times a second), a step event, the epoch's end, and at the
-latest every `SETTLE_EVERY` micro-batches, so the divergence check runs while
-the device keeps its queue. Settling goes through `EpochLog` exactly as the unscanned
+call it reads nothing back either: each micro-batch's loss lands in a device ring,
+which the host reads only when something needs a loss: the train line of a logged
+step, the progress bar (a few times a second), a step event, the epoch's end, and at
+the latest every `SETTLE_EVERY` micro-batches, so the divergence check runs while
+the device keeps its queue. A read is planned a call ahead: the call holding what is
+needed starts its ring's copy to the host as it is dispatched, and the host reads it
+after dispatching the next call (a blocking read of a fresh result cost a TPU step
+about 400 us). Settling goes through `EpochLog` exactly as the unscanned
 loop (`steps._steps`) does: the same running loss sum in the same order, the same
 train lines at the same steps with the same values, a divergence named at its own step
 (found at the next read, up to `SETTLE_EVERY` micro-batches later, with no rollback).
@@ -48,9 +50,8 @@ import jax
 import numpy as np
 
 from ..compile.boundary import StepOutputs
-from ..compile.scanned import call_positions
+from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
 from ..data.signature import batch_signature, changed_field
-from ..data.transfer import transfer
 from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
@@ -164,24 +165,18 @@ def call_length(steps_per_call: int, left: int, until_event: int) -> int:
 _CARRIED: dict[str, Any] = {}
 """What one epoch's calls leave for the next, so an epoch starts without placing
 anything (each placement cost 170-310 us on a TPU, and a short epoch pays it in
-full): "counter" `((seed, step), counter)`, "tally" the last loss ring, "inputs"
+full): "ring" `((seed, step, size), ring)`, the counter and loss ring, "inputs"
 `(plan, device values, K, CallInputs)` of a plan with no varying schedule."""
 
 
-def _counter(seed: int, step: int) -> Any:
-    """The device counter `(seed, step, 0)`: the last epoch's, when it ended there."""
-    held = _CARRIED.get("counter")
-    if held is not None and held[0] == (seed % 2**32, step):
+def _ring(seed: int, step: int, size: int) -> Any:
+    """The device ring of `size` losses with the counter `(seed, step, 0)`
+    (`compile/scanned.py`): the last epoch's, when it ended there (its old losses
+    are never read)."""
+    held = _CARRIED.get("ring")
+    if held is not None and held[0] == (seed % 2**32, step, size):
         return held[1]
-    return jax.device_put(np.array([seed % 2**32, step % 2**32, 0], np.uint32))
-
-
-def _tally(size: int) -> Any:
-    """A loss ring of `size` float32 (its old contents are never read)."""
-    held = _CARRIED.get("tally")
-    if held is not None and held.shape == (size,):
-        return held
-    return jax.device_put(np.zeros(size, np.float32))
+    return jax.device_put(new_ring(seed, step, size))
 
 
 @dataclass
@@ -192,7 +187,7 @@ class _Call:
     first: int  # the optimizer steps done before it
     batches: list[tuple[dict[str, Any], int]]  # each micro-batch: (host batch, index)
     lines: list[dict[str, float] | None]  # each step's schedule line, when logged
-    tally: Any  # the loss ring as this call left it
+    ring: Any  # the counter and loss ring as this call left it
 
 
 def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
@@ -200,7 +195,7 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
     from one read-back of the last call's loss ring."""
     if not calls:
         return
-    ring = np.asarray(calls[-1].tally)
+    ring = ring_losses(calls[-1].ring)
     size = ring.shape[0]
     for call in calls:
         reported = call.reported
@@ -229,8 +224,9 @@ def _stacked(
     routed: list[dict[str, Any]], steps: int, accum: int, size: int
 ) -> dict[str, Any]:
     """A block's routed batches as one: each field `(size, B, ...)`, or `(size,
-    accum, B, ...)` under accumulation (one host copy per field); a block of fewer
-    than `size` steps is padded with its last batch, which no call reaches.
+    accum, B, ...)` under accumulation (one host copy per field; a field whose
+    batches are all device arrays is stacked on the device); a block of fewer than
+    `size` steps is padded with its last batch, which no call reaches.
 
     Raises ValueError when a field's batches differ in shape or dtype."""
     if size == steps == accum == 1:  # a view of the one batch: no copy
@@ -238,10 +234,15 @@ def _stacked(
     out = {}
     pad = (size - steps) * accum
     for name in routed[0]:
-        arrays = [np.asarray(batch[name]) for batch in routed]
-        if len({a.dtype for a in arrays}) > 1:  # np.stack would promote them
+        arrays = [batch[name] for batch in routed]
+        if not all(isinstance(a, jax.Array) for a in arrays):
+            arrays = [np.asarray(a) for a in arrays]
+        if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
             raise ValueError(f"field {name} holds several dtypes")
-        stack = np.stack(arrays + arrays[-1:] * pad)
+        if isinstance(arrays[0], jax.Array):  # on the device already: stays there
+            stack = jax.numpy.stack(arrays + arrays[-1:] * pad)
+        else:
+            stack = np.stack(arrays + arrays[-1:] * pad)
         out[name] = (
             stack if accum == 1 else stack.reshape((size, accum, *stack.shape[1:]))
         )
@@ -295,8 +296,7 @@ def call_steps(
     start = nitro.train_state
     weights, model_state = start.weights, start.model_state
     accumulator, step = start.accumulator, start.step
-    counter = _counter(seed, step)
-    tally: Any = None
+    ring: Any = None
     size = 0  # the block's steps, fixed by the epoch's first batch
     positions: tuple[Any, ...] = ()
     count: int | None = None  # the epoch's batch count, read once its plan is drawn
@@ -304,7 +304,7 @@ def call_steps(
     unread: list[_Call] = []  # dispatched, losses not read back yet
     unread_micro = 0
     settle_at = SETTLE_EVERY  # unread micro-batches that force a read
-    due = False  # a logged step is unread: read after the next call
+    due = False  # the last call's ring is being copied: read after the next call
     last_read = time.perf_counter()
     delivered: int | None = 0
     profiler = status.profiler
@@ -328,7 +328,7 @@ def call_steps(
     def blocks() -> Any:
         """`(pending, steps, stacked batches)` for each block of the epoch; a
         source that ends mid-block yields the whole steps it delivered."""
-        nonlocal count, signature, size, positions, settle_at, tally, delivered, made
+        nonlocal count, signature, size, positions, settle_at, ring, delivered, made
         reading: list[tuple[dict[str, Any], dict[str, Any], int]] = []
         block = 0
         for index, (full, routed) in enumerate(feed):
@@ -355,8 +355,8 @@ def call_steps(
                     min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(_host_bytes(full), 1)),
                 )
                 # Room for what may stay unread, and the calls dispatched meanwhile.
-                ring = max(TALLY_SIZE, 4 * (settle_at + size * accum))
-                tally = _tally(ring)
+                losses = max(TALLY_SIZE, 4 * (settle_at + size * accum))
+                ring = _ring(seed, step, losses)
                 held = _CARRIED.get("inputs")
                 if (
                     constant
@@ -386,8 +386,12 @@ def call_steps(
             raise
         # On a CPU backend the executable takes host arrays itself, but a block
         # that serves several calls would be copied again for each: placed once.
+        # `device_put` returns once the copy is under way (a TPU v5e host: 320 us
+        # for a 2.5 MB block, ready 1 ms later) and the call that reads the block
+        # waits for it on the device: waiting here would drain the device's
+        # queue every block.
         placed = on_device or per_call < block
-        return transfer(batches, None) if placed else batches
+        return jax.device_put(batches) if placed else batches
 
     try:
         for pending, block, batches in blocks():
@@ -417,9 +421,8 @@ def call_steps(
                         current_state(start, weights, model_state, accumulator, step),
                         batches,
                         inputs,
-                        counter,
                         positions,
-                        tally,
+                        ring,
                         single=per_call == 1,
                     )
                 try:
@@ -428,8 +431,7 @@ def call_steps(
                         model_state,
                         accumulator,
                         reported,
-                        counter,
-                        tally,
+                        ring,
                     ) = program(
                         inputs.values_shared,
                         inputs.values_steps,
@@ -439,10 +441,9 @@ def call_steps(
                         batches,
                         inputs.hp_shared,
                         inputs.hp_steps,
-                        counter,
                         positions[done_in_block],
                         positions[length],
-                        tally,
+                        ring,
                     )
                 except TypeError:  # an executable refusing its arguments: no step ran
                     _refuse_changed(pending, signature, epoch)
@@ -458,7 +459,7 @@ def call_steps(
                 ]
                 logged = log.logging and (step + length) // every > step // every
                 call = _Call(
-                    reported, step, [(f, at) for f, _, at in micro], lines, tally
+                    reported, step, [(f, at) for f, _, at in micro], lines, ring
                 )
                 step += length
                 done_in_block += length
@@ -469,17 +470,19 @@ def call_steps(
                     feed.release(batch)
                 unread.append(call)
                 unread_micro += length * accum
-                if (
-                    due  # the previous call holds a logged step
+                if due:  # the previous call's ring was asked for: read it now
+                    read_but_last()
+                due = (
+                    logged  # its train line
                     or host_outputs  # train_metrics on the host: every micro-batch
-                    or unread_micro >= settle_at
+                    or unread_micro + per_call * accum >= settle_at
                     or (
                         bar is not None
                         and time.perf_counter() - last_read > BAR_SECONDS
                     )
-                ):
-                    read_but_last()
-                due = due or logged
+                )
+                if due:  # read after the next call: its copy starts now
+                    ring.copy_to_host_async()
                 if step >= event:  # calls end at events: only a step-based run's
                     assert events is not None
                     read_all()
@@ -505,7 +508,7 @@ def call_steps(
         nitro.commit_state(
             current_state(start, weights, model_state, accumulator, step)
         )
-        if tally is not None:
-            _CARRIED["counter"] = ((seed % 2**32, step), counter)
-            _CARRIED["tally"] = tally
+        if ring is not None:
+            losses = ring.shape[0] - RING_HEAD
+            _CARRIED["ring"] = ((seed % 2**32, step, losses), ring)
     return delivered

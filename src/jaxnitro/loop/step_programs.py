@@ -270,9 +270,8 @@ def call_program(
     state: TrainState,
     batches: dict[str, Any],
     inputs: CallInputs,
-    counter: Any,
     positions: tuple[Any, ...],
-    tally: Any,
+    ring: Any,
     *,
     single: bool,
 ) -> Any:
@@ -299,15 +298,14 @@ def call_program(
         batches,
         inputs.hp_shared,
         inputs.hp_steps,
-        counter,
         positions[0],
         positions[1],
-        tally,
+        ring,
     )
     announce = nitro.executables.announcer()
     return nitro.executables.get(
         "train_step",
-        (shapes, accum, fields, repr(constants), inputs.layout, tally.shape, single),
+        (shapes, accum, fields, repr(constants), inputs.layout, ring.shape, single),
         lambda: ctx.compile(
             program_cache(),
             "train_step",

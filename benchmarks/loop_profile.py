@@ -1,0 +1,220 @@
+"""Where a step of jaxnitro's hot loop goes, on this backend.
+
+On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
+`throughput.py`'s), one process:
+
+- the floors: the hand-written `jax.jit` step over NumPy batches and over batches
+  already on the device (microseconds a step);
+- what a dispatch costs per argument on this backend: a jitted function of n device
+  scalars returning n scalars, for a few n (a launch's fixed cost and its cost per
+  buffer);
+- jaxnitro at steps_per_call 1 and K (the history's epoch seconds, per step);
+- jaxnitro's own train call replayed alone (the executable the loop calls, with the
+  arguments of its last call, outputs fed back in): the loop's floor, all Python
+  of the loop taken away;
+- a cProfile of one jaxnitro epoch at steps_per_call 1: the functions with the most
+  own time, in microseconds a step.
+
+    python benchmarks/loop_profile.py
+    python benchmarks/loop_profile.py --steps-per-call 8 --top 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import tempfile
+import time
+
+from _common import (
+    WORKLOADS,
+    apply,
+    banner,
+    cross_entropy,
+    init_params,
+    make_experiment,
+    synthetic_batches,
+)
+
+EPOCHS = 3
+
+
+def floors(widths, batches: list[dict], reps: int) -> dict[str, float]:
+    """Microseconds a step of the hand-written loop, NumPy and device batches."""
+    import jax
+    import optax
+
+    tx = optax.radam(1e-3)
+
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: cross_entropy(apply(p, x), y))(
+            params
+        )
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    jitted = jax.jit(step, donate_argnums=(0, 1))
+    placed = [jax.device_put(b) for b in batches]
+    out: dict[str, float] = {}
+    for name, feed in (("numpy batch", batches), ("device batch", placed)):
+        params = init_params(widths)
+        opt = tx.init(params)
+        params, opt, loss = jitted(params, opt, feed[0]["x"], feed[0]["y"])
+        loss.block_until_ready()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for b in feed:
+                params, opt, loss = jitted(params, opt, b["x"], b["y"])
+            loss.block_until_ready()
+            times.append((time.perf_counter() - start) / len(feed))
+        out[name] = statistics.median(times) * 1e6
+    return out
+
+
+def per_buffer(counts: tuple[int, ...], calls: int = 400) -> dict[int, float]:
+    """Microseconds a call of a jitted function of n device scalars returning n."""
+    import jax
+    import jax.numpy as jnp
+
+    out = {}
+    for n in counts:
+        fn = jax.jit(lambda *xs: tuple(x + 1 for x in xs))
+        args = tuple(jnp.float32(i) for i in range(n))
+        args = fn(*args)
+        jax.block_until_ready(args)
+        start = time.perf_counter()
+        for _ in range(calls):
+            args = fn(*args)
+        jax.block_until_ready(args)
+        out[n] = (time.perf_counter() - start) / calls * 1e6
+    return out
+
+
+def nitro_steps(exp, per_call: int) -> float:
+    """Microseconds a step of jaxnitro at `per_call` (median epoch, first dropped)."""
+    import jaxnitro as nx
+
+    nitro = nx.Nitro(
+        exp(max_epochs=1 + EPOCHS),
+        run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+        checkpointer=None,
+        steps_per_call=per_call,
+    )
+    nitro.train()
+    return statistics.median(row["seconds"] for row in nitro.history[1:])
+
+
+def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
+    """`(us a call, steps a call, argument buffers, output buffers)` of jaxnitro's
+    train call replayed with its last call's arguments, outputs fed back in."""
+    import jax
+
+    import jaxnitro as nx
+    import jaxnitro.loop.calls as calls_module
+
+    captured: dict[str, object] = {}
+    real = calls_module.call_program
+
+    def capturing(*args, **kwargs):
+        program = real(*args, **kwargs)
+
+        def wrapper(*call_args):
+            # Copies of the state the call donates, for the replay.
+            kept = list(call_args)
+            for i in (2, 3, 4):
+                kept[i] = jax.tree.map(lambda a: a.copy(), call_args[i])
+            captured["program"], captured["args"] = program, kept
+            return program(*call_args)
+
+        return wrapper
+
+    calls_module.call_program = capturing
+    try:
+        nx.Nitro(
+            exp(max_epochs=1),
+            run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+            checkpointer=None,
+            steps_per_call=per_call,
+        ).train()
+    finally:
+        calls_module.call_program = real
+    program, args = captured["program"], list(captured["args"])  # type: ignore[arg-type]
+    n_in = len(jax.tree.leaves(args))
+    steps = 1 if per_call == 1 else int(args[9])
+    out = program(*args)  # type: ignore[operator]
+    n_out = len(jax.tree.leaves(out))
+    jax.block_until_ready(out)
+    start = time.perf_counter()
+    for _ in range(calls):
+        args[2], args[3], args[4], args[10] = out[0], out[1], out[2], out[4]
+        out = program(*args)  # type: ignore[operator]
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls * 1e6, steps, n_in, n_out
+
+
+def profile(exp, per_call: int, top: int, count: int) -> None:
+    """A cProfile of `EPOCHS` epochs after a first one: own time in us a step."""
+    import jaxnitro as nx
+
+    profiler = cProfile.Profile()
+
+    def after(nitro, epoch, observations):
+        profiler.enable()  # from the end of the first epoch (its compile) on
+
+    nitro = nx.Nitro(
+        exp(max_epochs=1 + EPOCHS),
+        run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+        checkpointer=None,
+        steps_per_call=per_call,
+    )
+    nitro.on_epoch_end(after)
+    nitro.train()
+    profiler.disable()
+    steps = EPOCHS * count
+    stats = pstats.Stats(profiler)
+    table = stats.stats  # type: ignore[attr-defined]
+    rows = sorted(table.items(), key=lambda kv: -kv[1][2])[:top]
+    total = sum(v[2] for v in table.values())
+    print(f"cProfile, steps_per_call={per_call}: {total / steps * 1e6:.1f} us a step")
+    print(f"{'own us/step':>12} {'cum us/step':>12} {'calls/step':>10}  function")
+    for (file, line, name), (_, calls, own, cum, _) in rows:
+        where = "/".join(file.rsplit("/", 2)[-2:]) + f":{line}" if line else ""
+        print(
+            f"{own / steps * 1e6:12.1f} {cum / steps * 1e6:12.1f} "
+            f"{calls / steps:10.2f}  {name} {where}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps-per-call", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tutorial_mlp")
+    args = parser.parse_args()
+    print(banner())
+
+    widths, batch, count = WORKLOADS[args.workload]
+    batches = synthetic_batches(batch, count)
+    exp = make_experiment(widths, batches)
+
+    for name, us in floors(widths, batches, args.reps).items():
+        print(f"hand-written, {name}: {us:.1f} us a step")
+    for n, us in per_buffer((1, 4, 16, 64)).items():
+        print(f"jit of {n} device scalars -> {n}: {us:.1f} us a call")
+    for k in sorted({1, args.steps_per_call}):
+        seconds = nitro_steps(exp, k)
+        print(f"jaxnitro steps_per_call={k}: {seconds / count * 1e6:.1f} us a step")
+        us, steps, n_in, n_out = replay(exp, k)
+        print(
+            f"jaxnitro's train call alone, {steps} steps a call ({n_in} buffers in, "
+            f"{n_out} out): {us:.1f} us a call, {us / steps:.1f} us a step"
+        )
+    profile(exp, 1, args.top, count)
+
+
+if __name__ == "__main__":
+    main()
