@@ -239,10 +239,11 @@ def _stacked(
             arrays = [np.asarray(a) for a in arrays]
         if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
             raise ValueError(f"field {name} holds several dtypes")
-        if isinstance(arrays[0], jax.Array):  # on the device already: stays there
-            stack = jax.numpy.stack(arrays + arrays[-1:] * pad)
-        else:
-            stack = np.stack(arrays + arrays[-1:] * pad)
+        stack: Any = (  # a field on the device already stays there
+            jax.numpy.stack(arrays + arrays[-1:] * pad)
+            if isinstance(arrays[0], jax.Array)
+            else np.stack(arrays + arrays[-1:] * pad)
+        )
         out[name] = (
             stack if accum == 1 else stack.reshape((size, accum, *stack.shape[1:]))
         )
