@@ -17,6 +17,10 @@ microseconds of dispatch, so a call takes and returns as few as it can.
         -> (Weights, model_state, accumulator, StepOutputs stacked, ring)
         donates: Weights and the accumulator
 
+A state of at most a few tens of megabytes (`compile/packed.py`) comes in and goes
+out packed: its flat buffers in the Weights' place (donated), `()` for model_state
+and the accumulator.
+
 - `block`: every routed field stacked `(K, B, ...)`, or `(K, accum, B, ...)` under
   accumulation; steps past the epoch's end are padding a call never reaches.
 - `values_steps`: every Device field stacked `(K, ...)`, scheduled or not (so a
@@ -56,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..optim.plan import OptimizerPlan
+from .packed import Packing
 from .programs import GradientFields, TraceContext, gradient_fn
 
 
@@ -124,6 +129,7 @@ def scanned_fn(
     layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]],
     *,
     single: bool = False,
+    packing: Packing | None = None,
 ) -> Callable:
     """The train program for `accum` micro-batches per step (module docstring).
 
@@ -131,7 +137,10 @@ def scanned_fn(
     `split_inputs`, fixed for the program (it is part of its key). `single`: every
     call runs one step (steps_per_call=1), so the program runs it without a loop
     (`count` is ignored) and reports it stacked `(1, ...)`: a loop of one cost a
-    CPU step about 10% (its carried state copied in and out).
+    CPU step about 10% (its carried state copied in and out). `packing`: the
+    state `(Weights, model_state, accumulator)` comes in and goes out as its flat
+    buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
+    two.
     """
     compute = gradient_fn(ctx, fields, 1, plan)
     scale = 1.0 / accum
@@ -163,6 +172,11 @@ def scanned_fn(
 
     micro_index = np.arange(accum, dtype=np.uint32)
 
+    def packed(weights: Any, state: Any, accumulator: Any) -> tuple[Any, Any, Any]:
+        if packing is None:
+            return weights, state, accumulator
+        return packing.pack((weights, state, accumulator)), (), ()
+
     def program(
         values_shared,
         values_steps,
@@ -176,6 +190,8 @@ def scanned_fn(
         count,
         ring,
     ):
+        if packing is not None:
+            weights, state, accumulator = packing.unpack(weights)
         seed, first = ring[0], ring[1]
 
         def inputs(j):
@@ -219,7 +235,7 @@ def scanned_fn(
             )
             stacked = jax.tree.map(lambda x: x[None], kept(reported))
             ring = record(ring, step, reported).at[1].add(jnp.uint32(1))
-            return weights, state, accumulator, stacked, ring
+            return (*packed(weights, state, accumulator), stacked, ring)
 
         # The reported tree's shapes, for the stacked buffers the loop fills.
         shapes = jax.eval_shape(
@@ -244,6 +260,6 @@ def scanned_fn(
             0, count, body, (weights, state, accumulator, stacked, ring)
         )
         ring = ring.at[1].add(count.astype(jnp.uint32))
-        return weights, state, accumulator, stacked, ring
+        return (*packed(weights, state, accumulator), stacked, ring)
 
     return program

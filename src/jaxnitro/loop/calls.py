@@ -50,6 +50,13 @@ import jax
 import numpy as np
 
 from ..compile.boundary import StepOutputs
+from ..compile.packed import (
+    Packing,
+    pack_program,
+    packing_of,
+    packs_state,
+    unpack_program,
+)
 from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
 from ..data.signature import batch_signature, changed_field
 from ..errors import ConfigError
@@ -68,6 +75,7 @@ from .step_programs import (
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
+    from ..run.state import TrainState
 
 
 AUTO_CALL_SECONDS = 2e-3
@@ -177,6 +185,38 @@ def _ring(seed: int, step: int, size: int) -> Any:
     if held is not None and held[0] == (seed % 2**32, step, size):
         return held[1]
     return jax.device_put(new_ring(seed, step, size))
+
+
+def _state_trees(state: TrainState) -> tuple[Any, Any, Any]:
+    return state.weights, state.model_state, state.accumulator
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _carry_in(state: TrainState, packing: Packing | None) -> tuple[Any, Any, Any]:
+    """The state arguments of the calls (`compile/scanned.py`): `state`'s trees, or
+    with a `packing` its flat buffers: the last epoch's, when the handle still holds
+    the trees they were unpacked into (an epoch then starts without a dispatch)."""
+    trees = _state_trees(state)
+    if packing is None:
+        return trees
+    held = _CARRIED.pop("packed", None)
+    if held is not None and held[0] == packing and _same(held[1], trees):
+        return held[2]
+    return pack_program(packing)(trees), (), ()
+
+
+def _carry_out(
+    start: TrainState, carry: tuple[Any, Any, Any], step: int, packing: Packing | None
+) -> TrainState:
+    """The training state the calls have reached, as the handle holds it (new
+    buffers: packed ones stay valid for the next call)."""
+    if packing is None:
+        return current_state(start, *carry, step)
+    weights, model_state, accumulator = unpack_program(packing)(carry[0])
+    return current_state(start, weights, model_state, accumulator, step)
 
 
 @dataclass
@@ -295,8 +335,9 @@ def call_steps(
     made: tuple[Any, int | None, CallInputs] | None = None
     program: Any = None
     start = nitro.train_state
-    weights, model_state = start.weights, start.model_state
-    accumulator, step = start.accumulator, start.step
+    step = start.step
+    packing = packing_of(_state_trees(start)) if packs_state() else None
+    carry = _carry_in(start, packing)
     ring: Any = None
     size = 0  # the block's steps, fixed by the epoch's first batch
     positions: tuple[Any, ...] = ()
@@ -401,7 +442,7 @@ def call_steps(
                 length = call_length(per_call, block - done_in_block, event - step)
                 if profiler is not None:
                     for at in range(step, step + length):
-                        profiler.at_step(at, weights)
+                        profiler.at_step(at, carry[0])
                 device = nitro.device_values()  # set_device may have replaced it
                 block_first = step - done_in_block
                 if (
@@ -419,26 +460,19 @@ def call_steps(
                     _refuse_changed(pending, signature, epoch)
                     program = call_program(
                         nitro,
-                        current_state(start, weights, model_state, accumulator, step),
+                        carry,
                         batches,
                         inputs,
                         positions,
                         ring,
                         single=per_call == 1,
+                        packing=packing,
                     )
                 try:
-                    (
-                        weights,
-                        model_state,
-                        accumulator,
-                        reported,
-                        ring,
-                    ) = program(
+                    first_arg, second, third, reported, ring = program(
                         inputs.values_shared,
                         inputs.values_steps,
-                        weights,
-                        model_state,
-                        accumulator,
+                        *carry,
                         batches,
                         inputs.hp_shared,
                         inputs.hp_steps,
@@ -446,6 +480,7 @@ def call_steps(
                         positions[length],
                         ring,
                     )
+                    carry = (first_arg, second, third)
                 except TypeError:  # an executable refusing its arguments: no step ran
                     _refuse_changed(pending, signature, epoch)
                     raise
@@ -487,15 +522,14 @@ def call_steps(
                 if step >= event:  # calls end at events: only a step-based run's
                     assert events is not None
                     read_all()
-                    nitro.commit_state(
-                        current_state(start, weights, model_state, accumulator, step)
-                    )
+                    nitro.commit_state(_carry_out(start, carry, step, packing))
+                    committed = _state_trees(nitro.train_state)
                     leave = events.fire(step, log)
                     event = events.next_after(step)
                     made = None  # a validation may have moved a Plateau's rate
-                    now = nitro.train_state  # the events only read it
-                    weights, model_state = now.weights, now.model_state
-                    accumulator = now.accumulator
+                    now = _state_trees(nitro.train_state)  # the events only read it
+                    if not _same(now, committed):
+                        carry = _carry_in(nitro.train_state, packing)
                     if leave:
                         delivered = None
                         break
@@ -506,9 +540,10 @@ def call_steps(
                 break
         read_all()
     finally:
-        nitro.commit_state(
-            current_state(start, weights, model_state, accumulator, step)
-        )
+        nitro.commit_state(_carry_out(start, carry, step, packing))
+        if packing is not None:  # the next epoch starts from these flat buffers
+            held = _state_trees(nitro.train_state)
+            _CARRIED["packed"] = (packing, held, carry)
         if ring is not None:
             losses = ring.shape[0] - RING_HEAD
             _CARRIED["ring"] = ((seed % 2**32, step, losses), ring)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from ..compile.cache import program_cache
+from ..compile.packed import Packing
 from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
 from ..compile.scanned import scanned_fn, split_inputs
 from ..data.sources import batch_size
@@ -267,17 +268,20 @@ def call_inputs(
 
 def call_program(
     nitro: Nitro,
-    state: TrainState,
+    carry: tuple[Any, Any, Any],
     batches: dict[str, Any],
     inputs: CallInputs,
     positions: tuple[Any, ...],
     ring: Any,
     *,
     single: bool,
+    packing: Packing | None,
 ) -> Any:
     """The train program for a block shaped as `batches` (its leading axis is the
     block's step count), from the handle or the cache (`compile/scanned.py`);
-    `single`: every call runs one step (steps_per_call=1)."""
+    `carry`: the state arguments `(Weights, model_state, accumulator)`, or with a
+    `packing` `(flat buffers, (), ())`; `single`: every call runs one step
+    (steps_per_call=1)."""
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
     plan = nitro.prepared.plan
@@ -292,9 +296,7 @@ def call_program(
     args = (
         inputs.values_shared,
         inputs.values_steps,
-        state.weights,
-        state.model_state,
-        state.accumulator,
+        *carry,
         batches,
         inputs.hp_shared,
         inputs.hp_steps,
@@ -305,11 +307,22 @@ def call_program(
     announce = nitro.executables.announcer()
     return nitro.executables.get(
         "train_step",
-        (shapes, accum, fields, repr(constants), inputs.layout, ring.shape, single),
+        (
+            shapes,
+            accum,
+            fields,
+            repr(constants),
+            inputs.layout,
+            ring.shape,
+            single,
+            packing,
+        ),
         lambda: ctx.compile(
             program_cache(),
             "train_step",
-            scanned_fn(ctx, fields, accum, plan, inputs.layout, single=single),
+            scanned_fn(
+                ctx, fields, accum, plan, inputs.layout, single=single, packing=packing
+            ),
             args,
             traced=traced,
             baked={
@@ -318,6 +331,7 @@ def call_program(
                 "inv_accum": 1.0 / accum,
                 "layout": repr(inputs.layout),
                 "single": single,
+                "packing": repr(packing),
                 **constants,
             },
             donate=(2, 4),  # the Weights and the accumulator

@@ -1,0 +1,184 @@
+"""A small train state passed to the train program packed (compile/packed.py).
+
+On an accelerator the calls loop passes the weights, optimizer state, model state
+and accumulator as one flat buffer per dtype. A CPU backend does not pack, so these
+tests turn it on (`packs_state`) and check that a packed run trains what an
+unpacked one does, that an epoch starts from the last epoch's flat buffers, and
+that the handle always holds the state as trees.
+"""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+import jaxnitro.compile.packed as packed
+import jaxnitro.loop.calls as calls
+from jaxnitro.compile.packed import packing_of
+
+
+@pytest.fixture
+def packing_on(monkeypatch):
+    """Pack as on an accelerator, and count the pack programs run."""
+    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    counted = {"pack": 0}
+    real = packed.pack_program
+
+    def counting(packing):
+        program = real(packing)
+
+        def run(trees):
+            counted["pack"] += 1
+            return program(trees)
+
+        return run
+
+    monkeypatch.setattr(calls, "pack_program", counting)
+    calls._CARRIED.clear()
+    yield counted
+    calls._CARRIED.clear()
+
+
+def test_a_tree_of_several_dtypes_round_trips_bit_for_bit():
+    tree = {
+        "w": np.arange(6, dtype=np.float32).reshape(2, 3) / 7,
+        "h": np.arange(4).astype(ml_dtypes.bfloat16),
+        "count": np.int32(5),
+        "mask": np.array([True, False]),
+        "none": None,
+        "v": np.float32([0.1, 0.2]),
+    }
+    packing = packing_of(tree)
+    assert packing is not None
+    flats = packing.pack(tree)
+    assert len(flats) == 4  # bfloat16, int32, bool, float32: a buffer each
+    back = packing.unpack(flats)
+    assert back["none"] is None
+    for name in ("w", "h", "count", "mask", "v"):
+        assert back[name].dtype == np.asarray(tree[name]).dtype
+        np.testing.assert_array_equal(np.asarray(back[name]), tree[name])
+
+
+def test_what_is_not_packed(monkeypatch):
+    assert packing_of({}) is None  # nothing to pack
+    assert packing_of({"lr": 0.1}) is None  # a Python number has no buffer
+    assert packing_of({"key": jax.random.key(0)}) is None  # an extended dtype
+    monkeypatch.setattr(packed, "PACK_MOST_BYTES", 100)
+    assert packing_of({"w": np.zeros(26, np.float32)}) is None  # 104 bytes
+    assert packing_of({"w": np.zeros(25, np.float32)}) is not None
+
+
+def trained(tmp_path, name, **kw):
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 6, max_epochs=2),
+        run_dir=str(tmp_path / name),
+        checkpointer=None,
+        ema=nx.EMA(0.9),
+        **kw,
+    )
+    nitro.train()
+    return nitro
+
+
+def assert_close_states(a, b):
+    for x, y in zip(
+        jax.tree.leaves((a.train_state.weights, a.train_state.accumulator)),
+        jax.tree.leaves((b.train_state.weights, b.train_state.accumulator)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("per_call", "accum"), [(1, 1), (4, 1), (1, 2), (3, 2)])
+def test_a_packed_run_trains_what_an_unpacked_one_does(
+    tmp_path, monkeypatch, per_call, accum
+):
+    plain = trained(tmp_path, "plain", steps_per_call=per_call, accum=accum)
+    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    calls._CARRIED.clear()
+    got = trained(tmp_path, "packed", steps_per_call=per_call, accum=accum)
+    assert got.current_step == plain.current_step == 12 // accum
+    assert_close_states(plain, got)
+    np.testing.assert_allclose(
+        [r["train_loss"] for r in got.history],
+        [r["train_loss"] for r in plain.history],
+        rtol=1e-6,
+    )
+    # The handle holds trees, never the flat buffers.
+    params = got.train_state.weights.params
+    assert set(params) == {"w1", "b1", "w2"}
+    assert params["w1"].shape == plain.train_state.weights.params["w1"].shape
+
+
+def test_an_epoch_starts_from_the_last_epochs_flat_buffers(tmp_path, packing_on):
+    nitro = trained(tmp_path, "run", steps_per_call=2)
+    assert nitro.current_epoch == 2
+    assert packing_on["pack"] == 1  # the first epoch packed; the second reused it
+
+
+def test_a_state_changed_between_epochs_is_packed_again(
+    tmp_path, monkeypatch, packing_on
+):
+    def shrink(nitro, epoch, observations):
+        # What a restore does: the handle's state replaced by other trees.
+        state = nitro.train_state
+        halved = jax.tree.map(lambda p: p * 0.5, state.weights.params)
+        nitro.commit_state(
+            state._replace(weights=state.weights._replace(params=halved))
+        )
+
+    def run(name):
+        nitro = nx.Nitro(
+            Tiny(n_train=16 * 4, max_epochs=2),
+            run_dir=str(tmp_path / name),
+            checkpointer=None,
+            steps_per_call=1,
+        ).on_epoch_end(shrink)
+        return nitro.train()
+
+    got = run("packed")
+    assert packing_on["pack"] == 2  # the halved trees, not the stale flat buffers
+    monkeypatch.setattr(calls, "packs_state", lambda: False)
+    assert_close_states(run("plain"), got)
+
+
+def test_mid_epoch_validation_sees_the_weights_of_its_step(tmp_path, monkeypatch):
+    kw = {"steps_per_call": 2, "val_every_n_steps": 3}
+    plain = trained(tmp_path, "plain", **kw)
+    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    calls._CARRIED.clear()
+    got = trained(tmp_path, "packed", **kw)
+    assert_close_states(plain, got)
+    want, seen = validations(plain), validations(got)
+    assert [step for step, _ in seen] == [step for step, _ in want] == [3, 6, 9, 12]
+    np.testing.assert_allclose(
+        [loss for _, loss in seen], [loss for _, loss in want], rtol=1e-6
+    )
+
+
+def validations(nitro):
+    """`(step, loss)` of every validate line the run wrote."""
+    text = (Path(nitro.run_dir) / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if r.get("context") == "validate"]
+
+
+def test_a_packed_state_trains_on_the_flat_buffers_in_place():
+    tree = {"w": jnp.ones((3,)), "n": jnp.int32(0)}
+    packing = packing_of(tree)
+    assert packing is not None
+
+    def step(flats):
+        t = packing.unpack(flats)
+        return packing.pack({"w": t["w"] * 2, "n": t["n"] + 1})
+
+    flats = jax.jit(step, donate_argnums=0)(packing.pack(tree))
+    back = packing.unpack(flats)
+    np.testing.assert_array_equal(np.asarray(back["w"]), [2.0, 2.0, 2.0])
+    assert int(back["n"]) == 1
