@@ -89,11 +89,14 @@ class Evaluator:
         for form in program.values:
             order.see(form)
             name = head_name(form)
-            if name in TOP_LEVEL:
-                assert isinstance(form, Seq)
-                self.top_level(name, form)
-            else:
-                self.eval(form, self.result.scope)
+            try:
+                if name in TOP_LEVEL:
+                    assert isinstance(form, Seq)
+                    self.top_level(name, form)
+                else:
+                    self.eval(form, self.result.scope)
+            except RecursionError:
+                raise too_deep(form.span, "this form") from None
         self.result.knobs.finish(self.selection, order.knobs_span)
         return self.result
 
@@ -260,12 +263,20 @@ class Evaluator:
                 "a recursion without an end?",
             )
         local = Scope(dict(zip(function.params, values, strict=True)), function.env)
+        outermost = self.depth == 0
         self.depth += 1
         try:
             result = None
             for expression in function.body:
                 result = self.eval(expression, local)
             return result
+        except RecursionError:
+            # Python's stack ran out before MAX_DEPTH calls (each call nests
+            # several frames per let, if or argument): report it where the
+            # outermost call was made, where the stack has room again.
+            if not outermost:
+                raise
+            raise too_deep(span, f"`{function.name}`") from None
         finally:
             self.depth -= 1
 
@@ -297,6 +308,17 @@ def split_arguments(
 
 def _is_keyword(node: Node) -> bool:
     return isinstance(node, Atom) and node.kind == "keyword"
+
+
+def too_deep(span: Span, where: str) -> Exception:
+    """E-EVAL-013 for an evaluation that ran out of Python's stack in `where`."""
+    return fail(
+        "E-EVAL-013",
+        f"calls nested too deeply (in {where}): the evaluation ran out of stack "
+        f"before {MAX_DEPTH} calls",
+        span,
+        "a recursion without an end? Otherwise nest fewer calls in one another",
+    )
 
 
 def unbound(node: Atom, scope: Scope) -> Exception:

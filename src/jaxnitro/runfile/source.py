@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from ..errors import NitroError
 
+SHOWN_COLUMNS = 120
+"""The most characters of a source line a diagnostic shows (a window around the
+error's column on a longer line)."""
+
 
 @dataclass(frozen=True)
 class Source:
@@ -62,13 +66,30 @@ class Diagnostic:
         span = self.span
         text = span.source.line(span.line).expandtabs(1)
         width = max(1, min(span.length, len(text) - span.col + 1))
+        text, col, width = _window(text, span.col, width)
         lines = [f"{span.where}: {self.code} {self.message}"]
         if text.strip():
             lines.append("  " + text)
-            lines.append("  " + " " * (span.col - 1) + "^" + "~" * (width - 1))
+            lines.append("  " + " " * (col - 1) + "^" + "~" * (width - 1))
         if self.fix:
             lines.append(f"  fix: {self.fix}")
         return "\n".join(lines)
+
+
+def _window(text: str, col: int, width: int) -> tuple[str, int, int]:
+    """A line longer than `SHOWN_COLUMNS` cut to a window around `col` (`...`
+    marking what is left out), with the column and underline width in it."""
+    if len(text) <= SHOWN_COLUMNS:
+        return text, col, width
+    start = max(0, col - 1 - SHOWN_COLUMNS // 4)
+    shown = text[start : start + SHOWN_COLUMNS]
+    col -= start
+    width = max(1, min(width, len(shown) - col + 1))
+    if start:
+        shown, col = "..." + shown, col + 3
+    if start + SHOWN_COLUMNS < len(text):
+        shown += "..."
+    return shown, col, width
 
 
 class RunfileError(NitroError):
