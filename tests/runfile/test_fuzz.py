@@ -69,6 +69,11 @@ ATOMS = [
     "list",
     "[1 2]",
     "(list :a 1)",
+    "1e999",
+    "9" * 30,
+    "(* 1e300 1e300)",
+    "(+ 9223372036854775807 1)",
+    "4294967296",
 ]
 """What a token of a shipped file is replaced with."""
 

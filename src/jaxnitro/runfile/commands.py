@@ -2,7 +2,9 @@
 
 Exit status: 0 when every file is fine, 1 for coded errors (reader, evaluation,
 knobs, order, contract, loader, shapes, run) or a file `fmt --check` would change,
-2 for a usage error (a missing file, a malformed `--set`).
+2 for a usage error (a missing file, a malformed `--set`), 130 when Ctrl+C stopped
+it, 70 for an internal error (E-INTERNAL-001, a bug in jaxnitro). No user error
+prints a Python traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .source import RunfileError
+from .source import RunfileError, fail
 
 VERBS = {
     "check": "check a run file: contract, knobs and shapes, nothing compiled",
@@ -83,7 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"sexpgpu {args.command}: no file {path!r}", file=sys.stderr)
             return 2
     if args.command == "fmt":
-        return _fmt(args)
+        return _guarded(args, lambda: _fmt(args))
     sets = []
     for item in args.sets:
         knob, equals, value = item.partition("=")
@@ -95,7 +98,93 @@ def run_command(args: argparse.Namespace) -> int:
             return 2
         sets.append((knob, value))
     verb = {"check": _check, "run": _run, "explain": _explain}[args.command]
-    return verb(args, tuple(sets))
+    return _guarded(args, lambda: verb(args, tuple(sets)))
+
+
+INTERRUPTED = 130
+"""The exit status of a verb stopped by Ctrl+C (128 + SIGINT)."""
+INTERNAL = 70
+"""The exit status of an internal error (EX_SOFTWARE): a bug, not the file's."""
+
+
+def _guarded(args: argparse.Namespace, verb: Callable[[], int]) -> int:
+    """Run `verb`; every error ends in a coded message and a non-zero status.
+
+    A run file's own errors are `RunfileError`s. What the engine refuses while the
+    run trains (a diverged loss, a locked or foreign run dir), a file or folder
+    the run cannot read or write, and a device out of memory are coded here
+    (E-RUN-008 to E-RUN-011), so no user error prints a Python traceback. Anything
+    else is a bug in jaxnitro: E-INTERNAL-001 with the traceback saved to a file.
+    """
+    from ..errors import DivergenceError, NitroError
+
+    path = args.file if args.command != "fmt" else " ".join(args.files)
+    try:
+        return verb()
+    except RunfileError as error:
+        found: RunfileError = error
+    except DivergenceError as error:
+        found = fail(
+            "E-RUN-008",
+            f"{path}: the training diverged: {error}",
+            None,
+            "lower the learning rate (:lr, or --set of its knob), then run again",
+        )
+    except NitroError as error:
+        found = fail(
+            "E-RUN-009",
+            f"{path}: the engine refused the run: {error}",
+            None,
+            "follow the engine's message; --run-dir D starts the run in another folder",
+        )
+    except MemoryError:
+        found = _out_of_memory(path, "the host")
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        found = fail(
+            "E-RUN-010",
+            f"{path}: cannot read or write a file of the run{where}: "
+            f"{error.strerror or error}",
+            None,
+            "check the path and its permissions, and the free disk space",
+        )
+    except KeyboardInterrupt:
+        print(f"sexpgpu {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the last resort, see the docstring
+        if "RESOURCE_EXHAUSTED" in str(error):
+            found = _out_of_memory(path, "the device")
+        else:
+            print(_internal(args.command, error), file=sys.stderr)
+            return INTERNAL
+    print(found, file=sys.stderr)
+    return 1
+
+
+def _out_of_memory(path: str, where: str) -> RunfileError:
+    return fail(
+        "E-RUN-011",
+        f"{path}: {where} ran out of memory",
+        None,
+        "make the model or the batch smaller (:batch-size, :microbatches for "
+        "the same records a step with smaller batches), or use :precision :bf16",
+    )
+
+
+def _internal(command: str, error: Exception) -> str:
+    """E-INTERNAL-001: the error in one line, its traceback saved to a file."""
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="sexpgpu-", suffix=".traceback.txt", delete=False
+    ) as handle:
+        traceback.print_exception(error, file=handle)
+    return (
+        f"E-INTERNAL-001 sexpgpu {command} failed inside jaxnitro, not in the run "
+        f"file: {type(error).__name__}: {error}\n"
+        f"  fix: please report it with the traceback saved in {handle.name}"
+    )
 
 
 def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:

@@ -37,7 +37,7 @@ from .knobs import Selection
 from .nn_models import ModelSpec
 from .records import read_records
 from .source import fail
-from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec
+from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec, check_steps
 from .stdlib_nn import flatten, nest
 from .stdlib_optim import OptimizerSpec, ScheduleSpec, schedule_value
 from .streams import RecordStream, TrainBlocks, eval_batches, train_split
@@ -333,6 +333,8 @@ def compile_run(
     result = evaluate_checked(path, selection)
     run: RunSpec = result.run
     if steps is not None:
+        assert result.run_span is not None  # check_file found the defrun
+        check_steps(steps, run.cadence, result.run_span, "--steps")
         run = RunSpec(steps, run.microbatches, run.cadence, run.precision, run.seed)
     if run.precision not in ("f32", "bf16"):
         raise fail(

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import core, knobs
 from .reader import read_file
-from .source import Span, did_you_mean, fail
+from .source import CallSpan, Span, did_you_mean, fail
 from .special import SPECIAL, Scope, malformed, params, show_node
 from .syntax import Atom, Node, Program, Seq, head_name, is_symbol
 from .values import Builtin, Closure, Keyword, kind_of, show
@@ -285,12 +285,15 @@ class Evaluator:
     ) -> Any:
         positional, pairs = split_arguments(args, function.keywords is None)
         values = [self.eval(a, scope) for a in positional]
+        places: dict[str | int, Span] = {i: a.span for i, a in enumerate(positional)}
         kwargs: dict[str, Any] = {}
         for key, value in pairs:
             name = str(key.value)  # type: ignore[attr-defined]
             core.check_keyword(function, name, kwargs, key.span)
             kwargs[name] = self.eval(value, scope)
-        return core.invoke(function, values, kwargs, span)
+            places[name] = value.span
+        site = CallSpan(span.source, span.line, span.col, span.length, places)
+        return core.invoke(function, values, kwargs, site)
 
 
 def split_arguments(

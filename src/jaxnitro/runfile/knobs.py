@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .source import Span, did_you_mean, fail
+from .source import RunfileError, Span, did_you_mean, fail
 from .syntax import Atom, Node, Seq, head_name, is_symbol
 from .values import Keyword, kind_of, show
 
@@ -191,8 +191,13 @@ class KnobTable:
             return text
         try:
             forms = read_text(text, f"--set {knob}").values
-        except Exception:  # noqa: BLE001 - any unreadable text is a wrong type
-            forms = ()
+        except RunfileError as error:  # unreadable text: say why, as a wrong value
+            raise fail(
+                "E-KNOB-002",
+                f"--set {knob}={text}: {error.diagnostics[0].message}",
+                None,
+                f"write --set {knob}={show(default)}",
+            ) from None
         value = _literal(forms[0]) if len(forms) == 1 else _Unreadable(text)
         ok, converted = typed(default, value)
         if not ok:

@@ -11,13 +11,15 @@ file holds at most `MAX_FILE_BYTES`, brackets nest at most `MAX_NESTING` deep, a
 number, name or keyword is at most `MAX_ATOM_CHARS` characters and a string at most
 `MAX_STRING_CHARS` (E-READ-011 for the nesting, E-READ-012 for a size). Each limit
 is checked before the text it bounds is converted, so no Python limit (the
-recursion depth, `int`'s 4300 digits) is ever reached.
+recursion depth, `int`'s 4300 digits) is ever reached. A number is a 64-bit
+integer or a finite float (E-READ-013 for `1e999` or a 29-digit integer).
 """
 
 from __future__ import annotations
 
 import re
 
+from .bounds import INT_MAX, INT_MIN, is_finite_number
 from .source import Diagnostic, RunfileError, Source, Span, fail
 from .syntax import Atom, Comment, Node, Program, Seq
 
@@ -316,10 +318,17 @@ class _Reader:
                 "put a space before a keyword: `f :name`",
             )
         if _is_number(text):
-            if INTEGER.fullmatch(text):
-                return Atom(span, "int", int(text), text)
-            if NUMBER.fullmatch(text):
-                return Atom(span, "float", float(text), text)
+            if INTEGER.fullmatch(text) or NUMBER.fullmatch(text):
+                value = int(text) if INTEGER.fullmatch(text) else float(text)
+                if not is_finite_number(value):
+                    raise fail(
+                        "E-READ-013",
+                        f"the number `{text}` is out of range: integers are 64-bit "
+                        f"({INT_MIN} .. {INT_MAX}) and floats finite (below 1.8e308)",
+                        span,
+                        "write a smaller number",
+                    )
+                return Atom(span, type(value).__name__, value, text)
             raise fail(
                 "E-READ-006",
                 f"malformed number `{text}`",

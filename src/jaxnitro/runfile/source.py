@@ -11,7 +11,7 @@ with the text underlined, then the fix where one is likely::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import NitroError
@@ -47,6 +47,26 @@ class Span:
     def where(self) -> str:
         """`file:line:col`."""
         return f"{self.source.name}:{self.line}:{self.col}"
+
+    def at(self, argument: str | int) -> Span:
+        """Where a call's argument was written: a keyword's value by its name
+        (`"batch-size"`), a positional one by its index; this span when the
+        argument's place is not known (see `CallSpan`)."""
+        del argument
+        return self
+
+
+@dataclass(frozen=True)
+class CallSpan(Span):
+    """The span of a builtin's call that also knows where each argument was
+    written, so a builtin points its diagnostics at the value it refuses."""
+
+    arguments: Mapping[str | int, Span] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def at(self, argument: str | int) -> Span:
+        return self.arguments.get(argument, self)
 
 
 @dataclass(frozen=True)

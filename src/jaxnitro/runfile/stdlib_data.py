@@ -7,9 +7,19 @@ of the run file; its declaration is complete here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from .bounds import (
+    BATCH_ELEMENTS_MAX,
+    BATCH_SIZE_MAX,
+    BLOCKS_MAX,
+    MICROBATCHES_MAX,
+    SEED_MAX,
+    STEPS_MAX,
+    in_range,
+)
 from .core import expect
 from .source import Span, did_you_mean, fail
 from .values import Builtin, Keyword, kind_of
@@ -233,12 +243,20 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
         )
     infinite = kwargs.get("infinite", False)
     expect(infinite, bool, "`:infinite` of `loader`", span, "true or false")
-    return LoaderSpec(
-        sources,
-        fields,
-        _positive(kwargs["batch-size"], "`:batch-size`", span),
-        infinite,
-    )
+    batch_size = _positive(kwargs["batch-size"], "`:batch-size`", span)
+    in_range(batch_size, "`:batch-size`", 1, BATCH_SIZE_MAX, span.at("batch-size"))
+    for f in fields:
+        elements = batch_size * math.prod(f.shape)
+        if elements > BATCH_ELEMENTS_MAX:
+            raise fail(
+                "E-EVAL-007",
+                f"field :{f.name} of shape {list(f.shape)} in batches of "
+                f"{batch_size} holds {elements} elements a batch, over the bound "
+                f"of {BATCH_ELEMENTS_MAX}",
+                span.at("batch-size"),
+                "use a smaller :batch-size or a smaller field :shape",
+            )
+    return LoaderSpec(sources, fields, batch_size, infinite)
 
 
 def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpec:
@@ -259,7 +277,7 @@ def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpe
 
 
 def _defrun(values: list[Any], kwargs: dict[str, Any], span: Span) -> RunSpec:
-    steps = _positive(kwargs["steps"], "`:steps` of defrun", span)
+    steps = _positive(kwargs["steps"], "`:steps` of defrun", span.at("steps"))
     precision = kwargs.get("precision", Keyword("f32"))
     if not isinstance(precision, Keyword) or precision.name not in PRECISIONS:
         raise fail(
@@ -270,14 +288,50 @@ def _defrun(values: list[Any], kwargs: dict[str, Any], span: Span) -> RunSpec:
             span,
         )
     seed = kwargs.get("seed", 0)
-    expect(seed, int, "`:seed` of defrun", span, "an integer")
-    return RunSpec(
-        steps,
-        _positive(kwargs.get("microbatches", 1), "`:microbatches`", span),
-        _positive(kwargs.get("cadence", max(1, steps // 10)), "`:cadence`", span),
-        precision.name,
-        seed,
+    expect(seed, int, "`:seed` of defrun", span.at("seed"), "an integer")
+    in_range(seed, "`:seed` of defrun", 0, SEED_MAX, span.at("seed"), SEED_WHY)
+    microbatches = _positive(
+        kwargs.get("microbatches", 1), "`:microbatches`", span.at("microbatches")
     )
+    in_range(
+        microbatches,
+        "`:microbatches` of defrun",
+        1,
+        MICROBATCHES_MAX,
+        span.at("microbatches"),
+    )
+    cadence = _positive(
+        kwargs.get("cadence", max(1, steps // 10)), "`:cadence`", span.at("cadence")
+    )
+    check_steps(steps, cadence, span)
+    return RunSpec(steps, microbatches, cadence, precision.name, seed)
+
+
+SEED_WHY = (
+    "JAX's keys take 32 bits of a seed (2**32 would draw what 0 draws), and the "
+    "record order takes no negative one"
+)
+
+
+def check_steps(steps: int, cadence: int, span: Span, what: str = ":steps") -> None:
+    """Refuse a run of more than `STEPS_MAX` steps, or of more than `BLOCKS_MAX`
+    cadence blocks (each an engine epoch, planned before the first step).
+
+    Raises:
+        RunfileError: E-EVAL-007 naming the steps (`what`: `:steps`, `--steps`),
+            the cadence and the bound.
+    """
+    in_range(steps, f"`{what}`", 1, STEPS_MAX, span.at("steps"))
+    blocks = -(-steps // min(cadence, steps))
+    if blocks > BLOCKS_MAX:
+        raise fail(
+            "E-EVAL-007",
+            f"`{what}` {steps} in blocks of `:cadence` {cadence} makes {blocks} "
+            f"cadence blocks, over the bound of {BLOCKS_MAX}: each block is an "
+            "engine epoch, planned before the first step",
+            span.at("cadence"),
+            f"use :cadence {-(-steps // BLOCKS_MAX)} or more",
+        )
 
 
 eval_pass = Builtin(
