@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .source import RunfileError, Span, did_you_mean, fail
 from .syntax import Atom, Node, Seq, head_name, is_symbol
-from .values import Keyword, kind_of, show
+from .values import Keyword, SkippedError, kind_of, show
 
 if TYPE_CHECKING:
     from .evaluator import Evaluator
@@ -74,6 +74,9 @@ class KnobTable:
     variants: dict[str, list[tuple[str, Any, Span]]] = field(default_factory=dict)
     sweeps: dict[str, list[tuple[str, tuple[Any, ...]]]] = field(default_factory=dict)
     declared: bool = False
+    failed: bool = False
+    """The defknobs form failed (its error reported): a knob it may have
+    declared is not refused again as undeclared."""
 
     def variant(self, form: Seq, ev: Evaluator) -> None:
         """Record `(defvariant name (knob value) ...)`; checked at `defknobs`."""
@@ -144,6 +147,8 @@ class KnobTable:
             ev.result.scope.names[name] = declared.value
 
     def _set(self, knob: str, value: Any, span: Span | None, what: str) -> Any:
+        if knob not in self.knobs and self.failed:
+            raise SkippedError(knob)
         if knob not in self.knobs:
             raise fail(
                 "E-KNOB-001",
@@ -178,6 +183,8 @@ class KnobTable:
         """`--set knob=text`: the text read and typed like the knob's default."""
         from .reader import read_text
 
+        if knob not in self.knobs and self.failed:
+            raise SkippedError(knob)
         if knob not in self.knobs:
             raise fail(
                 "E-KNOB-003",
@@ -254,7 +261,7 @@ class KnobTable:
 
     def finish(self, selection: Selection, span: Span | None) -> None:
         """Refuse a selection the file cannot honour (no defknobs at all)."""
-        if self.declared:
+        if self.declared or self.failed:
             return
         if selection.variant is not None:
             self._check_variant(selection.variant, None)
@@ -351,6 +358,10 @@ class OrderCheck:
         later = [(r, n, s) for r, n, s in self.contract if r > rank]
         if later:
             _, other, where = later[0]
+            # Forget the name out of place, so the names after it are not all
+            # reported against it again.
+            self.contract = [c for c in self.contract if c[0] <= rank]
+            self.contract.append((rank, name, span))
             raise fail(
                 "E-ORDER-004",
                 f"`{name}` comes after `{other}` (line {where.line})",
