@@ -17,7 +17,8 @@ from .knobs import Selection
 from .names import undefined_names
 from .reader import read_file
 from .source import Diagnostic, RunfileError, Span, fail
-from .stdlib_data import Batch, LoaderSpec, RunSpec
+from .stdlib_data import Batch, LoaderSpec, RunSpec, finite_train_loader
+from .stdlib_optim import group_errors
 from .values import SkippedError, keyword_list, kind_of
 
 
@@ -101,6 +102,14 @@ def check_file(path: str, selection: Selection | None = None) -> CheckReport:
 
     if usable("model"):
         found += _trace(path, result)
+    if usable("model", "optimizer"):
+        shapes = result.value("model").parameter_shapes()
+        found += group_errors(result.value("optimizer"), shapes)
+    if usable("train-loader"):
+        finite = finite_train_loader(
+            result.value("train-loader"), "train-loader", result.defined["train-loader"]
+        )
+        found += [finite] if finite else []
     if isinstance(result.run, RunSpec):
         found += pass_errors(result)
     raise_found(found)

@@ -8,7 +8,7 @@ of the run file; its declaration is complete here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import (
@@ -21,7 +21,7 @@ from .bounds import (
     in_range,
 )
 from .core import expect
-from .source import Span, did_you_mean, fail
+from .source import Diagnostic, Span, did_you_mean, fail
 from .values import Builtin, Keyword, kind_of
 
 DTYPES = {
@@ -69,7 +69,12 @@ class LoaderSpec:
     sources: tuple[FilesSpec, ...]
     fields: tuple[FieldSpec, ...]
     batch_size: int
-    infinite: bool
+    infinite: bool | None
+    """`:infinite` as written (None: not written). A train loader streams its
+    records pass after pass, whatever it says, and `check` refuses an explicit
+    `:infinite false` on one (E-LOAD-012): a run is `:steps` long, not one pass."""
+    infinite_at: Span | None = field(default=None, compare=False, repr=False)
+    """Where `:infinite` was written."""
     kind = "a loader"
 
     def batch_shapes(self) -> dict[str, Any]:
@@ -241,8 +246,15 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
             span,
             "give each field its own name",
         )
-    infinite = kwargs.get("infinite", False)
-    expect(infinite, bool, "`:infinite` of `loader`", span, "true or false")
+    infinite = kwargs.get("infinite")
+    if infinite is not None:
+        expect(
+            infinite,
+            bool,
+            "`:infinite` of `loader`",
+            span.at("infinite"),
+            "true or false",
+        )
     batch_size = _positive(kwargs["batch-size"], "`:batch-size`", span)
     in_range(batch_size, "`:batch-size`", 1, BATCH_SIZE_MAX, span.at("batch-size"))
     for f in fields:
@@ -256,7 +268,38 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
                 span.at("batch-size"),
                 "use a smaller :batch-size or a smaller field :shape",
             )
-    return LoaderSpec(sources, fields, batch_size, infinite)
+    return LoaderSpec(
+        sources,
+        fields,
+        batch_size,
+        infinite,
+        span.at("infinite") if infinite is not None else None,
+    )
+
+
+def finite_train_loader(
+    loader: LoaderSpec, what: str, span: Span | None
+) -> Diagnostic | None:
+    """E-LOAD-012 when a loader that feeds training (`what`: `train-loader`, a
+    curriculum stage's) says `:infinite false`, else None.
+
+    A run is `:steps` optimizer steps long (defrun), and `check` reports them
+    without opening a data file: a train loader that stopped after one pass would
+    end the run at a step that depends on the record count, and the schedules
+    (a decay over the run's steps) and the cadence blocks would be planned for
+    steps that never come. So the train stream goes on pass after pass, each
+    pass a new permutation, and `:infinite false` is refused, not ignored.
+    """
+    if loader.infinite is not False:
+        return None
+    return Diagnostic(
+        "E-LOAD-012",
+        f"{what} is :infinite false, but a run is defrun's :steps long: the train "
+        "loader streams its records pass after pass (each a new order)",
+        loader.infinite_at or span,
+        "write :infinite true, or leave it out; for one pass over the records set "
+        ":steps to records / (:batch-size x :microbatches)",
+    )
 
 
 def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpec:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core import expect
-from .source import Span, fail
+from .source import Diagnostic, Span, fail
 from .values import Builtin, Keyword, kind_of, show
 
 
@@ -35,6 +35,8 @@ class SelectSpec:
 
     pattern: str | None = None
     rank_below: int | None = None
+    span: Span | None = field(default=None, compare=False, repr=False)
+    """Where the pattern or the rank was written."""
     kind = "a parameter selection"
 
     def matches(self, name: str, shape: tuple[int, ...]) -> bool:
@@ -77,6 +79,90 @@ class OptimizerSpec:
             )
             held[str(group.select) if group else "default"].append(name)
         return held
+
+
+def group_errors(
+    optimizer: OptimizerSpec, shapes: Mapping[str, tuple[int, ...]]
+) -> list[Diagnostic]:
+    """E-CONTRACT-003 for each group that would update no parameter: its select
+    matches none (named with the nearest parameter names), repeats an earlier
+    group's, or matches only parameters earlier groups hold (the first group that
+    selects a parameter holds it)."""
+    found: list[Diagnostic] = []
+    held = optimizer.assign(shapes)
+    seen: dict[str, int] = {}
+    for number, group in enumerate(optimizer.groups, 1):
+        select, text = group.select, str(group.select)
+        if text in seen:
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number} repeats group {seen[text]}'s {text}: the first "
+                    "group that selects a parameter holds it, so this one updates "
+                    "nothing",
+                    select.span,
+                    "merge the two groups' settings into one",
+                )
+            )
+            continue
+        seen[text] = number
+        if held[text]:
+            continue
+        matching = [n for n, s in shapes.items() if select.matches(n, s)]
+        if matching:
+            earlier = next(
+                (i, g)
+                for i, g in enumerate(optimizer.groups, 1)
+                if matching[0] in held[str(g.select)]
+            )
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number}'s {text} selects {len(matching)} parameter"
+                    f"{'s' if len(matching) != 1 else ''}, all held by group "
+                    f"{earlier[0]}'s {earlier[1].select}: it updates nothing",
+                    select.span,
+                    f"move it before group {earlier[0]}, or remove it",
+                )
+            )
+        elif select.pattern is not None:
+            near = _near_parameters(select.pattern, list(shapes))
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f'group {number}\'s (select "{select.pattern}") matches no '
+                    "parameter of the model"
+                    + (f"; the nearest: {', '.join(near)}" if near else ""),
+                    select.span,
+                    (f'did you mean "{near[0]}"? ' if near else "")
+                    + "sexpgpu explain lists every parameter's name",
+                )
+            )
+        else:
+            lowest = min((len(s) for s in shapes.values()), default=0)
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number}'s {text} matches no parameter: the model's "
+                    f"parameters have rank {lowest} or more",
+                    select.span,
+                    f"use :rank-below {lowest + 1} to select the rank-{lowest} ones",
+                )
+            )
+    return found
+
+
+def _near_parameters(pattern: str, names: list[str]) -> list[str]:
+    """The parameter names, or globs of their prefixes (`model.embed.*`), nearest
+    to `pattern`, nearest first."""
+    import difflib
+
+    globs = {
+        ".".join(n.split(".")[:i]) + ".*"
+        for n in names
+        for i in range(2, len(n.split(".")))
+    }
+    return difflib.get_close_matches(pattern, [*names, *sorted(globs)], n=3, cutoff=0.6)
 
 
 def _rate(value: Any, what: str, span: Span) -> Any:
@@ -154,13 +240,15 @@ def _select(values: list[Any], kwargs: dict[str, Any], span: Span) -> SelectSpec
                 values[0],
                 str,
                 "a `select` pattern",
-                span,
+                span.at(0),
                 'a string such as "model.embed.*"',
-            )
+            ),
+            span=span.at(0),
         )
     if "rank-below" in kwargs and not values:
-        rank = expect(kwargs["rank-below"], int, "`:rank-below`", span, "an integer")
-        return SelectSpec(rank_below=rank)
+        where = span.at("rank-below")
+        rank = expect(kwargs["rank-below"], int, "`:rank-below`", where, "an integer")
+        return SelectSpec(rank_below=rank, span=where)
     raise fail(
         "E-EVAL-004",
         "`select` takes a pattern or :rank-below",
