@@ -136,7 +136,10 @@ def test_set_of_a_number_out_of_range_is_a_knob_error(write):
     error = refused(write, REALISTIC, Selection(sets=(("lr", "1e999"),)))
     assert error.codes == ["E-KNOB-002"]
     assert "--set lr=1e999: the number `1e999` is out of range" in str(error)
-    assert "fix: write --set lr=0.0015" in str(error)
+    assert str(error).startswith("command line:1:10: E-KNOB-002 --set lr=1e999")
+    assert "fix: `lr` takes a float, such as its default: write --set lr=0.0015" in str(
+        error
+    )
 
 
 def test_run_steps_beyond_the_bound_are_refused(write, capsys):

@@ -16,7 +16,7 @@ from .evaluator import Evaluated, Evaluator
 from .knobs import Selection
 from .names import undefined_names
 from .reader import read_file
-from .source import Diagnostic, RunfileError, Span, fail
+from .source import Diagnostic, RunfileError, Span, counted, fail
 from .stdlib_data import Batch, LoaderSpec, RunSpec, finite_train_loader
 from .stdlib_optim import group_errors
 from .values import SkippedError, keyword_list, kind_of
@@ -35,8 +35,8 @@ class CheckReport:
     def line(self) -> str:
         """The spec's line: `ok: 32 parameters, 2 graphs, 20 steps`."""
         return (
-            f"ok: {self.parameters} parameters, {self.graphs} graphs, "
-            f"{self.steps} steps"
+            f"ok: {counted(self.parameters, 'parameter')}, "
+            f"{counted(self.graphs, 'graph')}, {counted(self.steps, 'step')}"
         )
 
 

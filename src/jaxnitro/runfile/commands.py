@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .source import RunfileError, fail
+from .source import RunfileError, counted, fail
 
 VERBS = {
     "check": "check a run file: contract, knobs and shapes, nothing compiled",
@@ -224,7 +224,7 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
         print(error, file=sys.stderr)
         return 1
     width = max(len(label) for label, _ in rows)
-    print(f"sweep {args.sweep}: {len(rows)} runs")
+    print(f"sweep {args.sweep}: {counted(len(rows), 'run')}")
     print(f"  {'point':<{width}}  steps  train/loss  run dir")
     for label, outcome in rows:
         print(

@@ -154,10 +154,14 @@ def _slice(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
     import jax
 
     array, axis, start, stop = values
-    for what, v in (("axis", axis), ("start", start), ("stop", stop)):
-        expect(v, int, f"the {what} of `slice`", span, "an integer")
+    for index, (what, v) in enumerate(
+        (("axis", axis), ("start", start), ("stop", stop)), 1
+    ):
+        expect(v, int, f"the {what} of `slice`", span.at(index), "an integer")
     if not hasattr(array, "shape"):
-        raise fail("E-EVAL-007", f"`slice` takes an array, got {kind_of(array)}", span)
+        raise fail(
+            "E-EVAL-007", f"`slice` takes an array, got {kind_of(array)}", span.at(0)
+        )
     rank = len(array.shape)
     if not -rank <= axis < rank or not 0 <= start <= stop <= array.shape[axis]:
         raise fail(

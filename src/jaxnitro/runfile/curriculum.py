@@ -64,7 +64,7 @@ def _get(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         f"the list has no key :{key.name} (it has "
         + " ".join(f":{k}" for k in items)
         + ")",
-        span,
+        span.at(1),
         did_you_mean(key.name, items) or "give a default: (get list :key default)",
     )
 

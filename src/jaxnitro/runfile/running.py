@@ -14,6 +14,7 @@ from typing import Any
 from .blocks import BlockEnd
 from .engine import CompiledRun, compile_run, experiment, handle_keywords
 from .knobs import Selection
+from .source import counted
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class RunOutcome:
             + ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
             for name, (step, metrics) in self.passes.items()
         ]
-        done = f"done: {self.steps} steps, train/loss {self.train_loss:.4f}"
+        done = f"done: {counted(self.steps, 'step')}, train/loss {self.train_loss:.4f}"
         return [*found, done] + [f"  counter {k} {v}" for k, v in self.counters.items()]
 
 

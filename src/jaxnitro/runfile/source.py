@@ -136,6 +136,16 @@ def fail(
     return RunfileError([Diagnostic(code, message, span, fix)])
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and the noun in the number it takes, for messages.
+
+    Example:
+        >>> counted(1, "graph"), counted(2, "micro-batch", "micro-batches")
+        ('1 graph', '2 micro-batches')
+    """
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def near_names(name: str, candidates: Iterable[str]) -> list[str]:
     """The candidates close to `name` (a typo or a missing `-`), closest first."""
     import difflib

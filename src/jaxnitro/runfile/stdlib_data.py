@@ -132,12 +132,12 @@ def _positive(value: Any, what: str, span: Span) -> int:
 def _files(values: list[Any], kwargs: dict[str, Any], span: Span) -> FilesSpec:
     paths = values[0] if isinstance(values[0], tuple) else (values[0],)
     for path in paths:
-        expect(path, str, "a path of `files`", span, "a string")
+        expect(path, str, "a path of `files`", span.at(0), "a string")
         if "://" in path:
             raise fail(
                 "E-LOAD-001",
                 f"{path!r} is not a local path",
-                span,
+                span.at(0),
                 "copy the data beside the run file; a run file reads no "
                 "network location",
             )
@@ -146,7 +146,7 @@ def _files(values: list[Any], kwargs: dict[str, Any], span: Span) -> FilesSpec:
         raise fail(
             "E-LOAD-002",
             f"unknown encoding {encoding!r} of `files`",
-            span,
+            span.at("encoding"),
             "use one of " + ", ".join(repr(e) for e in ENCODINGS),
         )
     return FilesSpec(tuple(paths), encoding)
@@ -168,7 +168,7 @@ def _field(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
                 f"the batch has no field :{name.name} (it has "
                 + " ".join(f":{k}" for k in batch.arrays)
                 + ")",
-                span,
+                span.at(1),
                 did_you_mean(name.name, batch.arrays)
                 or "declare it in the loader's :fields",
             )
@@ -192,7 +192,7 @@ def _field(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         raise fail(
             "E-LOAD-004",
             f"unknown dtype {dtype} of field :{values[0].name}",
-            span,
+            span.at("dtype"),
             did_you_mean(str(getattr(dtype, "name", dtype)), DTYPES)
             or "one of " + " ".join(f":{d}" for d in DTYPES),
         )
@@ -204,11 +204,17 @@ def _field(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
             "E-LOAD-005",
             f"the shape of field :{values[0].name} must be a "
             f"vector of positive integers, got {shape}",
-            span,
+            span.at("shape"),
             "write :shape [17] (one record, no batch dimension)",
         )
     source = kwargs.get("from", values[0].name)
-    expect(source, str, "`:from` of `field`", span, "a string (the record's key)")
+    expect(
+        source,
+        str,
+        "`:from` of `field`",
+        span.at("from"),
+        "a string (the record's key)",
+    )
     return FieldSpec(values[0].name, source, DTYPES[dtype.name], shape)
 
 
@@ -222,7 +228,7 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
         raise fail(
             "E-LOAD-006",
             "`:sources` of `loader` must be a non-empty vector of (files ...)",
-            span,
+            span.at("sources"),
             ':sources [(files ["data/train.jsonl.gz"])]',
         )
     fields = kwargs["fields"]
@@ -234,7 +240,7 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
         raise fail(
             "E-LOAD-006",
             "`:fields` of `loader` must be a non-empty vector of (field ...)",
-            span,
+            span.at("fields"),
             ":fields [(field :tokens :dtype :i32 :shape [17])]",
         )
     names = [f.name for f in fields]
@@ -243,7 +249,7 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
         raise fail(
             "E-LOAD-007",
             f"field :{twice[0]} is declared twice",
-            span,
+            span.at("fields"),
             "give each field its own name",
         )
     infinite = kwargs.get("infinite")
@@ -255,7 +261,7 @@ def _loader(values: list[Any], kwargs: dict[str, Any], span: Span) -> LoaderSpec
             span.at("infinite"),
             "true or false",
         )
-    batch_size = _positive(kwargs["batch-size"], "`:batch-size`", span)
+    batch_size = _positive(kwargs["batch-size"], "`:batch-size`", span.at("batch-size"))
     in_range(batch_size, "`:batch-size`", 1, BATCH_SIZE_MAX, span.at("batch-size"))
     for f in fields:
         elements = batch_size * math.prod(f.shape)
@@ -308,14 +314,16 @@ def _eval_pass(values: list[Any], kwargs: dict[str, Any], span: Span) -> EvalSpe
         raise fail(
             "E-EVAL-007",
             f"`:loader` of defeval must be a loader, got {kind_of(loader)}",
-            span,
+            span.at("loader"),
         )
     batches = kwargs.get("batches")
     every = kwargs.get("every")
     return EvalSpec(
         loader,
-        None if every is None else _positive(every, "`:every`", span),
-        None if batches is None else _positive(batches, "`:batches`", span),
+        None if every is None else _positive(every, "`:every`", span.at("every")),
+        None
+        if batches is None
+        else _positive(batches, "`:batches`", span.at("batches")),
     )
 
 
@@ -328,7 +336,7 @@ def _defrun(values: list[Any], kwargs: dict[str, Any], span: Span) -> RunSpec:
             "`:precision` must be one of "
             + " ".join(f":{p}" for p in PRECISIONS)
             + f", got {precision}",
-            span,
+            span.at("precision"),
         )
     seed = kwargs.get("seed", 0)
     expect(seed, int, "`:seed` of defrun", span.at("seed"), "an integer")

@@ -89,12 +89,12 @@ class GPTSpec(ModelSpec):
 
 def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int:
     what = f"`:{key}` of `{builtin}`"
-    value = expect(kwargs[key], int, what, span, "a positive integer")
+    value = expect(kwargs[key], int, what, span.at(key), "a positive integer")
     if value < 1:
         raise fail(
             "E-EVAL-007",
             f"{what} must be positive, got {value}",
-            span,
+            span.at(key),
             f"write :{key} 1 or more",
         )
     return int(value)
@@ -102,7 +102,9 @@ def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int
 
 def _flag(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> bool:
     value = kwargs.get(key, True)
-    return bool(expect(value, bool, f"`:{key}` of `{builtin}`", span, "true or false"))
+    return bool(
+        expect(value, bool, f"`:{key}` of `{builtin}`", span.at(key), "true or false")
+    )
 
 
 def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
@@ -118,7 +120,7 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         raise fail(
             "E-SHAPE-001",
             f"`gpt` :dim {spec.dim} is not divisible by :heads {spec.heads}",
-            span,
+            span.at("heads"),
             "pick :heads dividing :dim",
         )
     return spec
@@ -154,7 +156,7 @@ def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
             "E-EVAL-007",
             "`:dims` of `mlp` must be a vector of two or more positive integers "
             f"(the input size, the hidden sizes, the output size), got {show(dims)}",
-            span,
+            span.at("dims"),
             "write :dims [16 64 16]",
         )
     activation = kwargs.get("activation", Keyword("gelu"))
@@ -164,7 +166,7 @@ def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
             "`:activation` of `mlp` is "
             + ", ".join(f":{a}" for a in ACTIVATIONS)
             + f", got {show(activation)}",
-            span,
+            span.at("activation"),
             "write :activation :gelu",
         )
     return MLPSpec(dims, activation.name, _flag(kwargs, "bias", "mlp", span))
@@ -176,14 +178,14 @@ def _layer_norm(values: list[Any], kwargs: dict[str, Any], span: Span) -> LayerN
         kwargs.get("eps", 1e-5),
         (int, float),
         "`:eps` of `layer-norm`",
-        span,
+        span.at("eps"),
         "a number",
     )
     if eps <= 0:
         raise fail(
             "E-EVAL-007",
             f"`:eps` of `layer-norm` must be positive, got {show(eps)}",
-            span,
+            span.at("eps"),
             "write :eps 1e-5",
         )
     return LayerNormSpec(_positive(kwargs, "dim", "layer-norm", span), float(eps))
@@ -198,7 +200,7 @@ def _sequential(
                 "E-EVAL-007",
                 f"layer {index} of `sequential` must be a model or a layer, "
                 f"got {kind_of(layer)} {show(layer)}",
-                span,
+                span.at(index),
                 "pass layers such as (linear :in 16 :out 32)",
             )
     for index in range(1, len(values)):
@@ -211,7 +213,7 @@ def _sequential(
                 f"layer {index} of `sequential` (`{layer.name}`) takes {takes}, "
                 f"but layer {index - 1} (`{before.name}`) gives {before.gives()} "
                 "features",
-                span,
+                span.at(index),
                 "only the first layer takes tokens"
                 if wanted is None
                 else f"make layer {index} take {before.gives()} features",

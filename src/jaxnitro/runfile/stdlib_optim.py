@@ -177,8 +177,9 @@ def _rate(value: Any, what: str, span: Span) -> Any:
 def _settings(kwargs: dict[str, Any], span: Span) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     for key, value in kwargs.items():
+        where = span.at(key)
         if key == "lr":
-            settings[key] = _rate(value, "`:lr`", span)
+            settings[key] = _rate(value, "`:lr`", where)
         elif key == "betas":
             if not (
                 isinstance(value, tuple)
@@ -193,14 +194,14 @@ def _settings(kwargs: dict[str, Any], span: Span) -> dict[str, Any]:
                 raise fail(
                     "E-EVAL-007",
                     f"`:betas` must be two numbers in [0, 1), got {show(value)}",
-                    span,
+                    where,
                     ":betas [0.9 0.95]",
                 )
             settings[key] = tuple(float(b) for b in value)
         elif key != "groups":
-            expect(value, (int, float), f"`:{key}`", span, "a number")
+            expect(value, (int, float), f"`:{key}`", where, "a number")
             if value < 0:
-                raise fail("E-EVAL-007", f"`:{key}` must be >= 0, got {value}", span)
+                raise fail("E-EVAL-007", f"`:{key}` must be >= 0, got {value}", where)
             settings[key] = float(value)
     return settings
 
@@ -215,7 +216,7 @@ def _optimizer(rule: str) -> Any:
                 "E-EVAL-007",
                 f"`:groups` of `{rule}` must be a vector of "
                 f"(group ...), got {kind_of(groups)}",
-                span,
+                span.at("groups"),
             )
         return OptimizerSpec(rule, _settings(kwargs, span), groups)
 
@@ -227,7 +228,7 @@ def _group(values: list[Any], kwargs: dict[str, Any], span: Span) -> GroupSpec:
         raise fail(
             "E-EVAL-007",
             f"`group` starts with a (select ...), got {kind_of(values[0])}",
-            span,
+            span.at(0),
             '(group (select "model.head.*") :lr 0.01)',
         )
     return GroupSpec(values[0], _settings(kwargs, span))
@@ -258,45 +259,49 @@ def _select(values: list[Any], kwargs: dict[str, Any], span: Span) -> SelectSpec
 
 
 def _wsd(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    peak = _rate(values[0], "the peak of `warmup-stable-decay`", span)
+    peak = _rate(values[0], "the peak of `warmup-stable-decay`", span.at(0))
     if isinstance(peak, ScheduleSpec):
-        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
-    warmup = expect(
-        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
-    )
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span.at(0))
+    warmup = _warmup(kwargs, span)
     fraction = expect(
         kwargs.get("decay-fraction", 0.2),
         (int, float),
         "`:decay-fraction`",
-        span,
+        span.at("decay-fraction"),
         "a number",
     )
-    if warmup < 0 or not 0 <= fraction <= 1:
+    if not 0 <= fraction <= 1:
         raise fail(
             "E-EVAL-007",
-            f"`warmup-stable-decay` needs :warmup-steps >= 0 and "
-            f":decay-fraction in [0, 1], got {warmup} and {fraction}",
-            span,
+            f"`:decay-fraction` of `warmup-stable-decay` is {fraction}, outside "
+            "[0, 1]: it is the fraction of the run's steps the rate decays over",
+            span.at("decay-fraction"),
+            "write :decay-fraction 0.2 (the last fifth of the run)",
         )
     return ScheduleSpec("warmup-stable-decay", peak, warmup, float(fraction))
 
 
 def _cosine(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    peak = _rate(values[0], "the peak of `cosine`", span)
+    peak = _rate(values[0], "the peak of `cosine`", span.at(0))
     if isinstance(peak, ScheduleSpec):
-        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span.at(0))
+    return ScheduleSpec("cosine", peak, _warmup(kwargs, span), 1.0)
+
+
+def _warmup(kwargs: dict[str, Any], span: Span) -> int:
+    where = span.at("warmup-steps")
     warmup = expect(
-        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
+        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", where, "an integer"
     )
     if warmup < 0:
-        raise fail("E-EVAL-007", f"`:warmup-steps` must be >= 0, got {warmup}", span)
-    return ScheduleSpec("cosine", peak, warmup, 1.0)
+        raise fail("E-EVAL-007", f"`:warmup-steps` must be >= 0, got {warmup}", where)
+    return int(warmup)
 
 
 def _constant(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    value = _rate(values[0], "the value of `constant`", span)
+    value = _rate(values[0], "the value of `constant`", span.at(0))
     if isinstance(value, ScheduleSpec):
-        raise fail("E-EVAL-007", "the value of a schedule must be a number", span)
+        raise fail("E-EVAL-007", "the value of a schedule must be a number", span.at(0))
     return ScheduleSpec("constant", value, 0, 0.0)
 
 
