@@ -8,7 +8,9 @@ built from it:
   `+ - * / min max` (E-EVAL-019);
 - each field's own range, checked where the field is read (E-EVAL-007): a seed
   JAX's keys tell apart, steps and cadence blocks a run can plan, batch sizes it
-  can allocate.
+  can allocate;
+- each model size (E-SHAPE-012): a `gpt`'s layers, width, vocabulary and context,
+  a layer's features, and the parameter elements of the whole model.
 
 Example:
     >>> is_finite_number(1.5), is_finite_number(float("nan")), is_finite_number(2**64)
@@ -41,6 +43,30 @@ BATCH_SIZE_MAX = 1_048_576
 """The most records one batch holds."""
 BATCH_ELEMENTS_MAX = 2**31 - 1
 """The most elements one field of one batch holds (batch size x its shape)."""
+
+
+LAYERS_MAX = 1024
+"""The most blocks a `gpt` has (the deepest trained transformers have ~100)."""
+WIDTH_MAX = 65_536
+"""The widest `gpt` or `embedding` (:dim): 8x the widest trained models."""
+VOCAB_MAX = 4_194_304
+"""The largest vocabulary (:vocab), and the most features a layer takes or gives
+(`linear`, `mlp`, `layer-norm`): 16x the largest vocabularies in use."""
+CONTEXT_MAX = 1_048_576
+"""The longest `gpt` context (:context), in positions."""
+PARAMETERS_MAX = 2**40
+"""The most parameter elements a model has (4 TiB of float32)."""
+MODEL_BOUNDS = {
+    "layers": LAYERS_MAX,
+    "dim": WIDTH_MAX,
+    "vocab": VOCAB_MAX,
+    "context": CONTEXT_MAX,
+    "heads": WIDTH_MAX,
+    "in": VOCAB_MAX,
+    "out": VOCAB_MAX,
+}
+"""The bound of each size argument of the models and layers (E-SHAPE-012);
+`layer-norm`'s :dim and `mlp`'s :dims are bounded by `VOCAB_MAX`."""
 
 
 def is_finite_number(value: Any) -> bool:
@@ -90,4 +116,18 @@ def out_of_range(
         f"{what} is {value}, outside {low} .. {high}" + (f": {why}" if why else ""),
         span,
         f"give {what} a value from {low} to {high}",
+    )
+
+
+def model_size(value: int, what: str, bound: int, span: Span) -> int:
+    """`value` of the model size `what` when at most `bound`, else E-SHAPE-012
+    naming the argument, the value and the bound."""
+    if value <= bound:
+        return value
+    raise fail(
+        "E-SHAPE-012",
+        f"{what} is {value}, over the bound of {bound}: no machine trains a model "
+        "of that size",
+        span,
+        f"use at most {bound}",
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .bounds import PARAMETERS_MAX
 from .contract import contract_errors, fits
 from .evaluator import Evaluated, Evaluator
 from .knobs import Selection
@@ -101,7 +102,8 @@ def check_file(path: str, selection: Selection | None = None) -> CheckReport:
         return all(result.usable(n) and fits(n, result.value(n)) for n in names)
 
     if usable("model"):
-        found += _trace(path, result)
+        too_big = _too_big(result.value("model"), result.defined["model"])
+        found += too_big or _trace(path, result)
     if usable("model", "optimizer"):
         shapes = result.value("model").parameter_shapes()
         found += group_errors(result.value("optimizer"), shapes)
@@ -127,6 +129,24 @@ def check_file(path: str, selection: Selection | None = None) -> CheckReport:
     )
 
 
+def _too_big(model: Any, span: Span) -> list[Diagnostic]:
+    """E-SHAPE-012 for a model of more than `PARAMETERS_MAX` parameter elements
+    (each size within its own bound, the product may not be)."""
+    elements = sum(_size(s) for s in model.parameter_shapes().values())
+    if elements <= PARAMETERS_MAX:
+        return []
+    return [
+        Diagnostic(
+            "E-SHAPE-012",
+            f"`model` holds {elements} parameter elements, over the bound of "
+            f"{PARAMETERS_MAX} (4 TiB of float32): no machine trains a model of "
+            "that size",
+            span,
+            "make it smaller: fewer :layers, a smaller :dim or :vocab",
+        )
+    ]
+
+
 def _trace(path: str, result: Evaluated) -> list[Diagnostic]:
     """Trace each pass whose parts evaluated (the train objective, then each
     evaluation pass) with `jax.eval_shape`; the diagnostics of every failure."""
@@ -135,7 +155,9 @@ def _trace(path: str, result: Evaluated) -> list[Diagnostic]:
     def usable(*names: str) -> bool:
         return all(result.usable(n) and fits(n, result.value(n)) for n in names)
 
-    model = result.value("model")
+    # Shape inference per block: the probe (a one-block gpt) takes and gives
+    # what the model does, so its trace checks the model at any depth.
+    model = result.value("model").probe()
     params = {
         n: jax.ShapeDtypeStruct(s, "float32")
         for n, s in model.parameter_shapes().items()

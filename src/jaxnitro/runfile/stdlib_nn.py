@@ -18,9 +18,11 @@ names (`model.blocks.0.attn.query.weight` is
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .bounds import MODEL_BOUNDS, VOCAB_MAX, model_size
 from .core import expect
 from .nn_layers import (
     EmbeddingSpec,
@@ -51,6 +53,24 @@ class GPTSpec(ModelSpec):
     heads: int
     context: int
     name = "gpt"
+
+    def probe(self) -> ModelSpec:
+        return dataclasses.replace(self, layers=1)
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The names and shapes of a one-block `gpt`, its block's repeated for
+        each of `layers` (the blocks are alike): no NNX structure of the whole
+        model is built, so this takes the same time at any depth."""
+        one = list(ModelSpec.parameter_shapes(self.probe()).items())
+        block = "model.blocks.0."
+        first = next(i for i, (n, _) in enumerate(one) if n.startswith(block))
+        last = max(i for i, (n, _) in enumerate(one) if n.startswith(block))
+        found = dict(one[:first])
+        for index in range(self.layers):
+            for name, shape in one[first : last + 1]:
+                found[f"model.blocks.{index}.{name[len(block) :]}"] = shape
+        found.update(one[last + 1 :])
+        return found
 
     def build(self, rngs: Any) -> Any:
         from .nn_modules import GPT
@@ -88,6 +108,8 @@ class GPTSpec(ModelSpec):
 
 
 def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int:
+    """A positive size argument within its bound (`bounds.MODEL_BOUNDS`; a layer's
+    :dim, `VOCAB_MAX`)."""
     what = f"`:{key}` of `{builtin}`"
     value = expect(kwargs[key], int, what, span.at(key), "a positive integer")
     if value < 1:
@@ -97,7 +119,10 @@ def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int
             span.at(key),
             f"write :{key} 1 or more",
         )
-    return int(value)
+    bound = MODEL_BOUNDS[key]
+    if key == "dim" and builtin == "layer-norm":
+        bound = VOCAB_MAX
+    return model_size(int(value), what, bound, span.at(key))
 
 
 def _flag(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> bool:
@@ -159,6 +184,8 @@ def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
             span.at("dims"),
             "write :dims [16 64 16]",
         )
+    for size in dims:
+        model_size(size, "a size in `:dims` of `mlp`", VOCAB_MAX, span.at("dims"))
     activation = kwargs.get("activation", Keyword("gelu"))
     if not isinstance(activation, Keyword) or activation.name not in ACTIVATIONS:
         raise fail(
