@@ -59,6 +59,12 @@ def add_commands(commands: Any) -> None:
     run.add_argument(
         "--run-dir", metavar="D", help="where checkpoints and logs go (runs/<file>)"
     )
+    run.add_argument(
+        "--resume",
+        choices=("auto",),
+        help="auto: continue the latest run of this file in the run dir (a new "
+        "run when it holds none), as the Python API's resume='auto'",
+    )
     explain = commands.add_parser(
         "explain", help=VERBS["explain"], description=VERBS["explain"] + "."
     )
@@ -198,14 +204,26 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
         import jax
 
         jax.config.update("jax_platforms", args.device)
+    from .engine import default_run_dir
     from .running import run_file
 
     base = Selection(variant=args.variant, sets=sets)
-    stem = os.path.splitext(os.path.basename(args.file))[0]
-    root = args.run_dir or os.path.join("runs", stem)
+    root = args.run_dir or default_run_dir(args.file)
+    resume = args.resume == "auto"
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
     try:
         if not args.sweep:
-            outcome = run_file(args.file, base, steps=args.steps, run_dir=root)
+            outcome = run_file(
+                args.file,
+                base,
+                steps=args.steps,
+                run_dir=root,
+                resume=resume,
+                announce=announce,
+            )
             print("\n".join(outcome.lines()))
             return 0
         points = evaluate_checked(args.file, base).knobs.points(args.sweep)
@@ -217,6 +235,8 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
                 Selection(base.variant, point, base.sets),
                 steps=args.steps,
                 run_dir=os.path.join(root, label),
+                resume=resume,
+                announce=announce,
             )
             print("\n".join(outcome.lines()))
             rows.append((label, outcome))
@@ -228,10 +248,14 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
     print(f"  {'point':<{width}}  steps  train/loss  run dir")
     for label, outcome in rows:
         print(
-            f"  {label:<{width}}  {outcome.steps:>5}  {outcome.train_loss:>10.4f}  "
+            f"  {label:<{width}}  {outcome.steps:>5}  {_loss(outcome.train_loss):>10}  "
             f"{os.path.join(root, label)}"
         )
     return 0
+
+
+def _loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
 
 
 def _explain(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:

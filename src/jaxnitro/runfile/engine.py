@@ -358,16 +358,21 @@ def compile_run(
     return compiled
 
 
+def default_run_dir(path: str) -> str:
+    """Where a run of the run file at `path` writes without `--run-dir`:
+    `runs/<file name without .sx>`."""
+    return os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+
+
 def handle_keywords(compiled: CompiledRun, run_dir: str | None) -> dict[str, Any]:
     """The `jaxnitro.Nitro` keywords of a compiled run."""
     run = compiled.run
-    stem = os.path.splitext(os.path.basename(compiled.path))[0]
     return {
         "seed": run.seed,
         "accum": run.microbatches,
         "max_epochs": compiled.plan.epochs,
         "precision": run.precision,
-        "run_dir": run_dir or os.path.join("runs", stem),
+        "run_dir": run_dir or default_run_dir(compiled.path),
         "log_every_n_steps": compiled.plan.cadence,
         # One checkpoint a cadence block, the latest kept: `evaluate` metrics are
         # the run file's own, so there is no agreed "best" to rank by.
