@@ -6,5 +6,6 @@ reads it (`reader`), lays it out (`fmt`), evaluates it (`evaluator`), checks its
 contract (`contract`), its names (`names`), its numbers (`bounds`) and its shapes
 (`check`), reads its data (`records`, `streams`), compiles it onto the engine
 (`engine`, `cadence`), trains it (`running`, resuming in its run dir: `rundir`),
-reads it back (`explain`), and serves the `sexpgpu` subcommands (`commands`). It touches the engine only through `import jaxnitro`.
+reads it back (`explain`), and serves the `sexpgpu` subcommands (`commands`).
+It touches the engine only through `import jaxnitro`.
 """
