@@ -128,3 +128,20 @@ def test_every_error_code_is_documented_with_an_example():
     )
     documented = {code for code, _, _ in rows}
     assert len(used) > 50 and used <= documented, used - documented
+
+
+@pytest.mark.parametrize(
+    "text, code, where",
+    [
+        ("(defvar x " + "(" * 10000 + ")" * 10000 + ")", "E-READ-011", "1:110"),
+        ("(defvar x " + "7" * 5000 + ")", "E-READ-012", "1:11"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["check", "fmt", "explain"])
+def test_hostile_text_is_a_coded_error_in_every_verb(
+    write, capsys, text, code, where, verb
+):
+    path = write(text)
+    assert main([verb, path]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:{where}: {code} ") and "Traceback" not in err

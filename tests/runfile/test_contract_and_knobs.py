@@ -197,3 +197,60 @@ def test_contract_names_in_the_spec_order(write):
     error = errors(write(text))
     assert error.codes == ["E-ORDER-004"]
     assert "`train-loader` comes after `optimizer` (line 6)" in str(error)
+
+
+def test_a_misspelled_call_in_a_body_is_reported_beside_a_missing_optimizer(write):
+    # The case: the body of objective is never called (the optimizer is
+    # missing), and its misspelled call is reported all the same, where it is.
+    text = without(MINIMAL, "(defvar optimizer").replace(
+        "(cross-entropy prediction targets)", "(cross-entropi prediction targets)"
+    )
+    error = errors(write(text))
+    assert error.codes == ["E-EVAL-001", "E-CONTRACT-001"]
+    first = str(error).split("\n")
+    assert first[0].endswith(":18:40: E-EVAL-001 `cross-entropi` is not defined")
+    assert first[2] == "  " + " " * 39 + "^" + "~" * 12
+    assert "did you mean `cross-entropy`?" in str(error)
+    assert "missing `optimizer`" in str(error)
+
+
+def test_every_failed_form_is_reported_once_and_its_uses_are_not(write):
+    text = MINIMAL.replace(
+        "(defvar model",
+        "(defvar width (* 16 undefined-a))\n"
+        "(defvar height (+ width 1))\n"  # uses a failed name: not reported again
+        "(defun helper (x) (let ((y x)) (fn (z) (+ x y z undefined-b))))\n"
+        "(defvar model",
+    ).replace("(sgd :lr 0.5)", "(sgd :lr 0.5 :momentun 0.9)")
+    error = errors(write(text))
+    assert error.codes == ["E-EVAL-001", "E-EVAL-001", "E-EVAL-005"]
+    message = str(error)
+    assert "`undefined-a` is not defined" in message
+    assert "`undefined-b` is not defined" in message  # inside fn, never called
+    assert "`width`" not in message and "`x`" not in message and "`z`" not in message
+    assert "`sgd` has no keyword `:momentun`" in message
+
+
+def test_shapes_are_traced_beside_contract_errors(write):
+    text = without(MINIMAL, "(defvar optimizer").replace(
+        "(slice tokens 1 0 16)", "(slice tokens 1 0 18)"
+    )
+    error = errors(write(text))
+    assert error.codes == ["E-SHAPE-004", "E-CONTRACT-001"]
+    assert ":14:19: E-SHAPE-004 (slice x 1 0 18)" in str(error).split("\n")[0]
+
+
+def test_a_failed_defknobs_does_not_report_its_knobs_as_undeclared(write):
+    text = KNOBS.replace('(layers 2 "blocks")', '(layers 2 "blocks")\n  (lr)')
+    error = errors(write(text))
+    assert error.codes == ["E-KNOB-008"]
+
+
+def test_a_form_out_of_order_is_reported_once(write):
+    text = MINIMAL.replace("(defvar optimizer (sgd :lr 0.5))\n", "").replace(
+        "(defvar train-loader",
+        "(defvar optimizer (sgd :lr 0.5))\n\n(defvar train-loader",
+    )
+    text = text.replace("(defun prepare (batch)", "(defun prepare (batch)\n  (bogus)")
+    error = errors(write(text))
+    assert error.codes == ["E-ORDER-004", "E-EVAL-001"]

@@ -130,3 +130,11 @@ def test_a_library_requiring_itself_is_refused(write):
 def test_evaluated_once_in_order(write):
     found, _ = codes(write, "(defvar x y)\n(defvar y 1)")
     assert found == ["E-EVAL-001"]
+
+
+def test_a_recursion_that_exhausts_the_stack_before_the_call_limit_is_coded(write):
+    # Each call nests lets and an argument: Python's stack runs out before 200.
+    text = "(defun f (n) (let ((a (+ 1 (let ((b (f n))) b)))) a))\n(defvar x (f 1))"
+    found, message = codes(write, text)
+    assert found == ["E-EVAL-013"]
+    assert ":2:11: E-EVAL-013 calls nested too deeply (in `f`)" in message

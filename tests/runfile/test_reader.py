@@ -111,3 +111,65 @@ def test_atoms_compare_without_positions():
     second = read_text("\n\n   (a\n 1)").forms[0]
     assert first == second and first.shape() == second.shape()
     assert isinstance(first.items[1], Atom)
+
+
+def test_brackets_nest_at_most_max_nesting_deep():
+    from jaxnitro.runfile.reader import MAX_NESTING
+
+    deepest = "(a " * MAX_NESTING + ")" * MAX_NESTING
+    assert len(read_text(deepest).forms) == 1
+    text = "(defvar x\n  " + "(" * 10000 + ")" * 10000 + ")"
+    with pytest.raises(RunfileError) as caught:
+        read_text(text, "f.sx")
+    assert caught.value.codes == ["E-READ-011"]
+    rendered = str(caught.value)
+    assert rendered.startswith(
+        f"f.sx:2:{3 + MAX_NESTING - 1}: E-READ-011 brackets nested deeper than "
+        f"{MAX_NESTING}: this `(` opens level {MAX_NESTING + 1}"
+    )
+    assert "fix: name the inner parts with (defvar ...)" in rendered
+    vectors = "[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1)
+    with pytest.raises(RunfileError, match=r"1:101: E-READ-011 .*this `\[`"):
+        read_text(vectors)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("(f " + "1" * 5000 + ")", "a number of 5000 characters; the limit is 256"),
+        ("(f -" + "2" * 300 + ")", "a number of 301 characters"),
+        ("(f " + "a" * 300 + ")", "a name of 300 characters"),
+        ("(f :" + "k" * 300 + ")", "a name of 301 characters"),
+    ],
+)
+def test_an_atom_longer_than_the_limit_is_coded_before_it_is_converted(text, needle):
+    with pytest.raises(RunfileError) as caught:
+        read_text(text, "f.sx")
+    assert caught.value.codes == ["E-READ-012"]
+    first, line, underline = str(caught.value).split("\n")[:3]
+    assert first.startswith("f.sx:1:4: E-READ-012 ") and needle in first
+    # A long line is shown as a window around the column, the atom underlined.
+    assert len(line) < 130 and line.endswith("...")
+    assert underline.startswith("     ^~~~")
+
+
+def test_a_string_longer_than_the_limit_and_a_file_too_large():
+    from jaxnitro.runfile.reader import MAX_FILE_BYTES, MAX_STRING_CHARS
+
+    assert read_text('"' + "a" * MAX_STRING_CHARS + '"').forms[0].value.startswith("a")
+    with pytest.raises(RunfileError, match=r"f.sx:1:4: E-READ-012 a string of more"):
+        read_text('(f "' + "a" * (MAX_STRING_CHARS + 1) + '")', "f.sx")
+    big = b"; " + b"x" * MAX_FILE_BYTES
+    with pytest.raises(RunfileError) as caught:
+        read_bytes(big, "big.sx")
+    assert caught.value.codes == ["E-READ-012"]
+    assert f"big.sx holds more than {MAX_FILE_BYTES} bytes" in str(caught.value)
+
+
+def test_a_long_line_is_shown_as_a_window_around_the_error():
+    text = "(f " + " ".join(["aa"] * 100) + " 'x " + " ".join(["bb"] * 100) + ")"
+    with pytest.raises(RunfileError) as caught:
+        read_text(text, "f.sx")
+    _, line, underline, _ = str(caught.value).split("\n")
+    assert line.startswith("  ...aa aa") and line.endswith("...")
+    assert line[underline.index("^")] == "'"

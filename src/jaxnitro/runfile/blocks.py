@@ -13,6 +13,9 @@ block). At the end of block `b`, at step `s`:
    blocks (its learning-rate scale and loader), logged as `curriculum/stage` and
    written to `curriculum.json`, all before the block's checkpoint. It runs after
    the last block too, so a longer run resumed from there continues in its stage.
+
+At the first block end of a handle it also notes, in the run dir's
+`sexpgpu-runs.json`, that the engine's run is of this run file (`rundir`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .curriculum import StageFile, keyword_items, stage_settings
 from .engine import CompiledRun
 from .evaluator import Evaluator
 from .knobs import Selection
+from .rundir import RunsFile, file_digest
 from .stdlib_data import LoaderSpec
 from .values import show
 
@@ -46,6 +50,9 @@ class BlockEnd:
         self.stage: Any = None
         self.last_passes: dict[str, Any] = {}
         """The metrics of the latest evaluation of each pass (the report reads it)."""
+        self.runs = RunsFile(run_dir)
+        self.digest = file_digest(compiled.path)
+        self.noted = False
 
     def stage_text(self, stage: Any) -> str:
         """A stage as the run file would write it; a loader bound by a top-level
@@ -78,6 +85,9 @@ class BlockEnd:
         self, nitro: Any, epoch: int, observations: dict[str, Any]
     ) -> dict[str, Any]:
         compiled = self.compiled
+        if not self.noted and nitro.checkpoint_run is not None:
+            self.runs.note(nitro.checkpoint_run, compiled.path, self.digest)
+            self.noted = True
         step = nitro.current_step
         final = step >= compiled.run.steps
         added: dict[str, Any] = {}

@@ -2,7 +2,9 @@
 
 Exit status: 0 when every file is fine, 1 for coded errors (reader, evaluation,
 knobs, order, contract, loader, shapes, run) or a file `fmt --check` would change,
-2 for a usage error (a missing file, a malformed `--set`).
+2 for a usage error (a missing file, a malformed `--set`), 130 when Ctrl+C stopped
+it, 70 for an internal error (E-INTERNAL-001, a bug in jaxnitro). No user error
+prints a Python traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .source import RunfileError
+from .source import RunfileError, counted, fail
 
 VERBS = {
     "check": "check a run file: contract, knobs and shapes, nothing compiled",
@@ -56,6 +59,12 @@ def add_commands(commands: Any) -> None:
     run.add_argument(
         "--run-dir", metavar="D", help="where checkpoints and logs go (runs/<file>)"
     )
+    run.add_argument(
+        "--resume",
+        choices=("auto",),
+        help="auto: continue the latest run of this file in the run dir (a new "
+        "run when it holds none), as the Python API's resume='auto'",
+    )
     explain = commands.add_parser(
         "explain", help=VERBS["explain"], description=VERBS["explain"] + "."
     )
@@ -83,7 +92,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"sexpgpu {args.command}: no file {path!r}", file=sys.stderr)
             return 2
     if args.command == "fmt":
-        return _fmt(args)
+        return _guarded(args, lambda: _fmt(args))
     sets = []
     for item in args.sets:
         knob, equals, value = item.partition("=")
@@ -95,7 +104,93 @@ def run_command(args: argparse.Namespace) -> int:
             return 2
         sets.append((knob, value))
     verb = {"check": _check, "run": _run, "explain": _explain}[args.command]
-    return verb(args, tuple(sets))
+    return _guarded(args, lambda: verb(args, tuple(sets)))
+
+
+INTERRUPTED = 130
+"""The exit status of a verb stopped by Ctrl+C (128 + SIGINT)."""
+INTERNAL = 70
+"""The exit status of an internal error (EX_SOFTWARE): a bug, not the file's."""
+
+
+def _guarded(args: argparse.Namespace, verb: Callable[[], int]) -> int:
+    """Run `verb`; every error ends in a coded message and a non-zero status.
+
+    A run file's own errors are `RunfileError`s. What the engine refuses while the
+    run trains (a diverged loss, a locked or foreign run dir), a file or folder
+    the run cannot read or write, and a device out of memory are coded here
+    (E-RUN-008 to E-RUN-011), so no user error prints a Python traceback. Anything
+    else is a bug in jaxnitro: E-INTERNAL-001 with the traceback saved to a file.
+    """
+    from ..errors import DivergenceError, NitroError
+
+    path = args.file if args.command != "fmt" else " ".join(args.files)
+    try:
+        return verb()
+    except RunfileError as error:
+        found: RunfileError = error
+    except DivergenceError as error:
+        found = fail(
+            "E-RUN-008",
+            f"{path}: the training diverged: {error}",
+            None,
+            "lower the learning rate (:lr, or --set of its knob), then run again",
+        )
+    except NitroError as error:
+        found = fail(
+            "E-RUN-009",
+            f"{path}: the engine refused the run: {error}",
+            None,
+            "follow the engine's message; --run-dir D starts the run in another folder",
+        )
+    except MemoryError:
+        found = _out_of_memory(path, "the host")
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        found = fail(
+            "E-RUN-010",
+            f"{path}: cannot read or write a file of the run{where}: "
+            f"{error.strerror or error}",
+            None,
+            "check the path and its permissions, and the free disk space",
+        )
+    except KeyboardInterrupt:
+        print(f"sexpgpu {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the last resort, see the docstring
+        if "RESOURCE_EXHAUSTED" in str(error):
+            found = _out_of_memory(path, "the device")
+        else:
+            print(_internal(args.command, error), file=sys.stderr)
+            return INTERNAL
+    print(found, file=sys.stderr)
+    return 1
+
+
+def _out_of_memory(path: str, where: str) -> RunfileError:
+    return fail(
+        "E-RUN-011",
+        f"{path}: {where} ran out of memory",
+        None,
+        "make the model or the batch smaller (:batch-size, :microbatches for "
+        "the same records a step with smaller batches), or use :precision :bf16",
+    )
+
+
+def _internal(command: str, error: Exception) -> str:
+    """E-INTERNAL-001: the error in one line, its traceback saved to a file."""
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="sexpgpu-", suffix=".traceback.txt", delete=False
+    ) as handle:
+        traceback.print_exception(error, file=handle)
+    return (
+        f"E-INTERNAL-001 sexpgpu {command} failed inside jaxnitro, not in the run "
+        f"file: {type(error).__name__}: {error}\n"
+        f"  fix: please report it with the traceback saved in {handle.name}"
+    )
 
 
 def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
@@ -109,14 +204,26 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
         import jax
 
         jax.config.update("jax_platforms", args.device)
+    from .engine import default_run_dir
     from .running import run_file
 
     base = Selection(variant=args.variant, sets=sets)
-    stem = os.path.splitext(os.path.basename(args.file))[0]
-    root = args.run_dir or os.path.join("runs", stem)
+    root = args.run_dir or default_run_dir(args.file)
+    resume = args.resume == "auto"
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
     try:
         if not args.sweep:
-            outcome = run_file(args.file, base, steps=args.steps, run_dir=root)
+            outcome = run_file(
+                args.file,
+                base,
+                steps=args.steps,
+                run_dir=root,
+                resume=resume,
+                announce=announce,
+            )
             print("\n".join(outcome.lines()))
             return 0
         points = evaluate_checked(args.file, base).knobs.points(args.sweep)
@@ -128,6 +235,8 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
                 Selection(base.variant, point, base.sets),
                 steps=args.steps,
                 run_dir=os.path.join(root, label),
+                resume=resume,
+                announce=announce,
             )
             print("\n".join(outcome.lines()))
             rows.append((label, outcome))
@@ -135,14 +244,18 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
         print(error, file=sys.stderr)
         return 1
     width = max(len(label) for label, _ in rows)
-    print(f"sweep {args.sweep}: {len(rows)} runs")
+    print(f"sweep {args.sweep}: {counted(len(rows), 'run')}")
     print(f"  {'point':<{width}}  steps  train/loss  run dir")
     for label, outcome in rows:
         print(
-            f"  {label:<{width}}  {outcome.steps:>5}  {outcome.train_loss:>10.4f}  "
+            f"  {label:<{width}}  {outcome.steps:>5}  {_loss(outcome.train_loss):>10}  "
             f"{os.path.join(root, label)}"
         )
     return 0
+
+
+def _loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
 
 
 def _explain(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:

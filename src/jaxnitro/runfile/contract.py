@@ -14,7 +14,7 @@ from .nn_models import ModelSpec
 from .source import Diagnostic, RunfileError
 from .stdlib_data import LoaderSpec
 from .stdlib_optim import OptimizerSpec
-from .values import Builtin, Closure, kind_of
+from .values import Builtin, Closure, Poisoned, kind_of
 
 FUNCTIONS = {
     "prepare": 1,
@@ -51,7 +51,8 @@ def _wanted(name: str) -> str:
     return VALUES[name][1]
 
 
-def _fits(name: str, value: Any) -> bool:
+def fits(name: str, value: Any) -> bool:
+    """Whether `value` is what the contract's `name` must be bound to."""
     if name in FUNCTIONS:
         if isinstance(value, Closure):
             return len(value.params) == FUNCTIONS[name]
@@ -78,7 +79,9 @@ def contract_errors(result: Evaluated) -> list[Diagnostic]:
                 )
             continue
         value = result.value(name)
-        if not _fits(name, value):
+        if isinstance(value, Poisoned):
+            continue  # its definition failed, and that error is reported
+        if not fits(name, value):
             found.append(
                 Diagnostic(
                     "E-CONTRACT-002",

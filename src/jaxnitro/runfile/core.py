@@ -8,11 +8,13 @@ inside `prepare` and the objective, on arrays.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
+from .bounds import check_result
 from .source import RunfileError, Span, did_you_mean, fail
 from .values import Builtin, kind_of, show
 
@@ -95,6 +97,13 @@ def expect(
             f"{what} must be {wanted}, got {kind_of(value)} {show(value)}",
             span,
         )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(
+            "E-EVAL-007",
+            f"{what} must be a finite number, got {show(value)}",
+            span,
+            f"give {what} a finite value",
+        )
     return value
 
 
@@ -112,10 +121,14 @@ def _arith(name: str, op: Callable[[Any, Any], Any], unit: Any) -> Builtin:
                     span,
                 )
         if name == "-" and len(values) == 1:
-            return -values[0]
+            return check_result(-values[0], name, span)
         if name == "/" and len(values) == 1:
-            return 1.0 / values[0]
-        return reduce(op, values[1:], values[0]) if values else unit
+            return check_result(1.0 / values[0], name, span)
+        try:
+            result = reduce(op, values[1:], values[0]) if values else unit
+        except OverflowError:  # an integer too large for a float's range
+            result = math.inf
+        return check_result(result, name, span)
 
     return Builtin(
         name, impl, (0 if unit is not None else 1, None), (), doc=f"({name} a b ...)"
@@ -141,10 +154,14 @@ def _slice(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
     import jax
 
     array, axis, start, stop = values
-    for what, v in (("axis", axis), ("start", start), ("stop", stop)):
-        expect(v, int, f"the {what} of `slice`", span, "an integer")
+    for index, (what, v) in enumerate(
+        (("axis", axis), ("start", start), ("stop", stop)), 1
+    ):
+        expect(v, int, f"the {what} of `slice`", span.at(index), "an integer")
     if not hasattr(array, "shape"):
-        raise fail("E-EVAL-007", f"`slice` takes an array, got {kind_of(array)}", span)
+        raise fail(
+            "E-EVAL-007", f"`slice` takes an array, got {kind_of(array)}", span.at(0)
+        )
     rank = len(array.shape)
     if not -rank <= axis < rank or not 0 <= start <= stop <= array.shape[axis]:
         raise fail(

@@ -35,8 +35,8 @@ import json
 import os
 from typing import Any
 
-from .source import Span, did_you_mean, fail
-from .stdlib_data import FieldSpec, FilesSpec, LoaderSpec
+from .source import RunfileError, Span, did_you_mean, fail
+from .stdlib_data import FieldSpec, FilesSpec, LoaderSpec, finite_train_loader
 from .values import Builtin, Keyword, keyword_list, kind_of, show
 
 STAGE_KEYS = ("lr-scale", "loader")
@@ -64,7 +64,7 @@ def _get(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         f"the list has no key :{key.name} (it has "
         + " ".join(f":{k}" for k in items)
         + ")",
-        span,
+        span.at(1),
         did_you_mean(key.name, items) or "give a default: (get list :key default)",
     )
 
@@ -95,7 +95,8 @@ def stage_settings(
     Raises:
         RunfileError: E-RUN-005 for an `:lr-scale` that is not a positive number,
             E-RUN-006 for a `:loader` that is not a loader or that differs from the
-            train loader in what shapes the programs.
+            train loader in what shapes the programs, E-LOAD-012 for one that says
+            `:infinite false`.
     """
     items = keyword_list(stage) or {}
     scale = items.get("lr-scale", 1.0)
@@ -115,6 +116,9 @@ def stage_settings(
             span,
             "return a loader: (list :loader hard-loader)",
         )
+    finite = finite_train_loader(loader, "the curriculum's stage loader", span)
+    if finite is not None:
+        raise RunfileError([finite])
     shaped = {"fields": loader.fields, "batch-size": loader.batch_size}
     wanted = {"fields": train_loader.fields, "batch-size": train_loader.batch_size}
     for what, value in shaped.items():
@@ -146,7 +150,9 @@ def encode(value: Any) -> Any:
     if isinstance(value, tuple):
         return {"list": [encode(v) for v in value]}
     if isinstance(value, LoaderSpec):
-        return {"loader": dataclasses.asdict(value)}
+        found = dataclasses.asdict(dataclasses.replace(value, infinite_at=None))
+        del found["infinite_at"]
+        return {"loader": found}
     raise fail(
         "E-RUN-005",
         f"the curriculum returned {kind_of(value)}, which a stage cannot hold",

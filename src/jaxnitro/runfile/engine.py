@@ -37,7 +37,7 @@ from .knobs import Selection
 from .nn_models import ModelSpec
 from .records import read_records
 from .source import fail
-from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec
+from .stdlib_data import Batch, EvalSpec, LoaderSpec, RunSpec, check_steps
 from .stdlib_nn import flatten, nest
 from .stdlib_optim import OptimizerSpec, ScheduleSpec, schedule_value
 from .streams import RecordStream, TrainBlocks, eval_batches, train_split
@@ -333,6 +333,8 @@ def compile_run(
     result = evaluate_checked(path, selection)
     run: RunSpec = result.run
     if steps is not None:
+        assert result.run_span is not None  # check_file found the defrun
+        check_steps(steps, run.cadence, result.run_span, "--steps")
         run = RunSpec(steps, run.microbatches, run.cadence, run.precision, run.seed)
     if run.precision not in ("f32", "bf16"):
         raise fail(
@@ -356,16 +358,21 @@ def compile_run(
     return compiled
 
 
+def default_run_dir(path: str) -> str:
+    """Where a run of the run file at `path` writes without `--run-dir`:
+    `runs/<file name without .sx>`."""
+    return os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+
+
 def handle_keywords(compiled: CompiledRun, run_dir: str | None) -> dict[str, Any]:
     """The `jaxnitro.Nitro` keywords of a compiled run."""
     run = compiled.run
-    stem = os.path.splitext(os.path.basename(compiled.path))[0]
     return {
         "seed": run.seed,
         "accum": run.microbatches,
         "max_epochs": compiled.plan.epochs,
         "precision": run.precision,
-        "run_dir": run_dir or os.path.join("runs", stem),
+        "run_dir": run_dir or default_run_dir(compiled.path),
         "log_every_n_steps": compiled.plan.cadence,
         # One checkpoint a cadence block, the latest kept: `evaluate` metrics are
         # the run file's own, so there is no agreed "best" to rank by.

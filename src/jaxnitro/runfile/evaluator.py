@@ -15,12 +15,25 @@ from typing import Any
 
 from . import core, knobs
 from .reader import read_file
-from .source import Span, did_you_mean, fail
+from .source import CallSpan, Diagnostic, RunfileError, Span, did_you_mean, fail
 from .special import SPECIAL, Scope, malformed, params, show_node
 from .syntax import Atom, Node, Program, Seq, head_name, is_symbol
-from .values import Builtin, Closure, Keyword, kind_of, show
+from .values import (
+    POISONED,
+    Builtin,
+    Closure,
+    Keyword,
+    Poisoned,
+    SkippedError,
+    kind_of,
+    show,
+)
 
 MAX_DEPTH = 200
+ORDER_ONLY = {"E-ORDER-001", "E-ORDER-002", "E-ORDER-004", "E-ORDER-005"}
+"""The order errors after which a form is still evaluated (collecting): its
+place is wrong but its value is not; a sweep before defknobs or a second defknobs
+is not evaluated."""
 ESCAPES = (
     "import",
     "open",
@@ -60,6 +73,14 @@ class Evaluated:
     run_span: Span | None = None
     evals: list[tuple[str, Any, Span]] = field(default_factory=list)
     knobs: knobs.KnobTable = field(default_factory=lambda: knobs.KnobTable())
+    errors: list[Diagnostic] = field(default_factory=list)
+    """The diagnostics of the forms that failed (an evaluator that collects)."""
+
+    def usable(self, name: str) -> bool:
+        """Whether the top-level `name` is defined and its definition worked."""
+        return name in self.defined and not isinstance(
+            self.scope.names.get(name), Poisoned
+        )
 
     def value(self, name: str) -> Any:
         """The value a top-level name of this file is bound to."""
@@ -75,27 +96,84 @@ class Evaluator:
     """Evaluates one file; a `require`d library gets an evaluator of its own."""
 
     def __init__(
-        self, path: str, selection: knobs.Selection, loading: tuple[str, ...]
+        self,
+        path: str,
+        selection: knobs.Selection,
+        loading: tuple[str, ...],
+        *,
+        collect: bool = False,
     ) -> None:
         self.path = path
         self.selection = selection
         self.loading = (*loading, os.path.abspath(path))
         self.depth = 0
+        self.collect = collect
         self.result = Evaluated(path, Scope({}, Scope(core.core_names())))
 
     def program(self, program: Program) -> Evaluated:
-        """Evaluate every top-level form in order, checking the file's order."""
+        """Evaluate every top-level form in order, checking the file's order.
+
+        Raises:
+            RunfileError: the first form's error; with `collect`, none: each
+                failed form's diagnostics go to `Evaluated.errors`, the names it
+                defines are poisoned (`values.Poisoned`) and the next form is
+                evaluated, so `check` reports every error it can find.
+        """
         order = knobs.OrderCheck()
         for form in program.values:
-            order.see(form)
-            name = head_name(form)
+            try:
+                order.see(form)
+            except RunfileError as error:
+                if not self.collect:
+                    raise
+                self.result.errors.extend(error.diagnostics)
+                if not set(error.codes) <= ORDER_ONLY:
+                    self.poison(form)
+                    continue
+            try:
+                self.form(form)
+            except RunfileError as error:
+                if not self.collect:
+                    raise
+                self.result.errors.extend(error.diagnostics)
+                self.poison(form)
+            except SkippedError:  # a use of a poisoned name: already reported
+                self.poison(form)
+        try:
+            self.result.knobs.finish(self.selection, order.knobs_span)
+        except RunfileError as error:
+            if not self.collect:
+                raise
+            self.result.errors.extend(error.diagnostics)
+        except SkippedError:
+            pass  # a --set of a knob the failed defknobs may declare
+        return self.result
+
+    def form(self, form: Node) -> None:
+        """Evaluate one top-level form."""
+        name = head_name(form)
+        try:
             if name in TOP_LEVEL:
                 assert isinstance(form, Seq)
                 self.top_level(name, form)
             else:
                 self.eval(form, self.result.scope)
-        self.result.knobs.finish(self.selection, order.knobs_span)
-        return self.result
+        except RecursionError:
+            raise too_deep(form.span, "this form") from None
+
+    def poison(self, form: Node) -> None:
+        """Bind the names a failed top-level form would define to `POISONED`
+        (those not defined already), so their uses are not reported again."""
+        for node in defined_names(form):
+            name = str(node.value)  # type: ignore[attr-defined]
+            if name not in self.result.defined:
+                self.result.defined[name] = node.span
+                self.result.scope.names[name] = POISONED
+        if head_name(form) == "defknobs":
+            self.result.knobs.failed = True
+        if head_name(form) == "defrun" and self.result.run is None:
+            self.result.run = POISONED
+            self.result.run_span = form.span
 
     # top-level forms
 
@@ -197,6 +275,8 @@ class Evaluator:
                 return node.value
             found, value = scope.find(node.value)
             if found:
+                if value is POISONED:
+                    raise SkippedError(node.value)
                 return value
             raise unbound(node, scope)
         assert isinstance(node, Seq)
@@ -260,12 +340,20 @@ class Evaluator:
                 "a recursion without an end?",
             )
         local = Scope(dict(zip(function.params, values, strict=True)), function.env)
+        outermost = self.depth == 0
         self.depth += 1
         try:
             result = None
             for expression in function.body:
                 result = self.eval(expression, local)
             return result
+        except RecursionError:
+            # Python's stack ran out before MAX_DEPTH calls (each call nests
+            # several frames per let, if or argument): report it where the
+            # outermost call was made, where the stack has room again.
+            if not outermost:
+                raise
+            raise too_deep(span, f"`{function.name}`") from None
         finally:
             self.depth -= 1
 
@@ -274,12 +362,15 @@ class Evaluator:
     ) -> Any:
         positional, pairs = split_arguments(args, function.keywords is None)
         values = [self.eval(a, scope) for a in positional]
+        places: dict[str | int, Span] = {i: a.span for i, a in enumerate(positional)}
         kwargs: dict[str, Any] = {}
         for key, value in pairs:
             name = str(key.value)  # type: ignore[attr-defined]
             core.check_keyword(function, name, kwargs, key.span)
             kwargs[name] = self.eval(value, scope)
-        return core.invoke(function, values, kwargs, span)
+            places[name] = value.span
+        site = CallSpan(span.source, span.line, span.col, span.length, places)
+        return core.invoke(function, values, kwargs, site)
 
 
 def split_arguments(
@@ -297,6 +388,33 @@ def split_arguments(
 
 def _is_keyword(node: Node) -> bool:
     return isinstance(node, Atom) and node.kind == "keyword"
+
+
+def defined_names(form: Node) -> list[Node]:
+    """The name nodes a top-level form defines: `defvar` and `defun` their name,
+    `defknobs` each knob, `require` each name it lists."""
+    if not isinstance(form, Seq):
+        return []
+    head, items = head_name(form), form.values
+    if head in ("defvar", "defun") and len(items) > 1 and is_symbol(items[1]):
+        return [items[1]]
+    if head == "require":
+        return [n for n in items[2:] if is_symbol(n)]
+    if head == "defknobs":
+        entries = [e.values for e in items[1:] if isinstance(e, Seq)]
+        return [e[0] for e in entries if e and is_symbol(e[0])]
+    return []
+
+
+def too_deep(span: Span, where: str) -> Exception:
+    """E-EVAL-013 for an evaluation that ran out of Python's stack in `where`."""
+    return fail(
+        "E-EVAL-013",
+        f"calls nested too deeply (in {where}): the evaluation ran out of stack "
+        f"before {MAX_DEPTH} calls",
+        span,
+        "a recursion without an end? Otherwise nest fewer calls in one another",
+    )
 
 
 def unbound(node: Atom, scope: Scope) -> Exception:

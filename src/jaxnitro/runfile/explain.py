@@ -16,7 +16,7 @@ from typing import Any
 
 from .engine import CompiledRun, GroupSettings, compile_run, graph_key
 from .knobs import Selection
-from .source import RunfileError
+from .source import RunfileError, counted
 from .stdlib_optim import ScheduleSpec
 
 GRAPH = "graph constant (a new value compiles new programs)"
@@ -34,7 +34,7 @@ def _rate(rate: float | ScheduleSpec, steps: int) -> str:
         return f"constant {rate:g}"
     if rate.name == "constant":
         return f"constant {rate.peak:g}"
-    warm = f"warmup {rate.warmup_steps} steps"
+    warm = f"warmup {counted(rate.warmup_steps, 'step')}"
     if rate.name == "cosine":
         return f"cosine, peak {rate.peak:g}, {warm}, to 0 at step {steps}"
     decay = round(rate.decay_fraction * steps)
@@ -46,9 +46,9 @@ def _rate(rate: float | ScheduleSpec, steps: int) -> str:
 
 def _states(compiled: CompiledRun, group: GroupSettings, elements: int) -> str:
     if compiled.optimizer.rule == "adamw":
-        return f"m, v ({elements} elements each) and a step count"
+        return f"m, v ({counted(elements, 'element')} each) and a step count"
     if group.momentum:
-        return f"momentum trace ({elements} elements)"
+        return f"momentum trace ({counted(elements, 'element')})"
     return "none"
 
 
@@ -87,7 +87,9 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
     total = sum(_elements(s) for s in shapes.values())
     run, plan = compiled.run, compiled.plan
     width = max(len(n) for n in shapes)
-    lines = [f"parameters: {len(shapes)} arrays, {total} elements"]
+    lines = [
+        f"parameters: {counted(len(shapes), 'array')}, {counted(total, 'element')}"
+    ]
     lines += [
         f"  {name:<{width}}  {list(shape)!s:<14} {_elements(shape)}"
         for name, shape in shapes.items()
@@ -97,8 +99,8 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
         held = sum(_elements(shapes[p]) for p in group.parameters)
         label = "" if group.name == "default" else f" {group.selection}"
         lines.append(
-            f"  {group.name}{label}: {_count(len(group.parameters), 'parameter')}, "
-            f"{held} elements"
+            f"  {group.name}{label}: {counted(len(group.parameters), 'parameter')}, "
+            f"{counted(held, 'element')}"
         )
         lines += textwrap.wrap(
             " ".join(group.parameters),
@@ -119,19 +121,25 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
         lines.append("    " + ", ".join(settings))
     batch = compiled.train_loader.batch_size
     lines.append(
-        f"step: {run.microbatches} micro-batches of {batch} records "
-        f"({run.microbatches * batch} records a step), precision {run.precision}"
+        f"step: {counted(run.microbatches, 'micro-batch', 'micro-batches')} of "
+        f"{counted(batch, 'record')} ({counted(run.microbatches * batch, 'record')} "
+        f"a step), precision {run.precision}"
     )
     lines.append(
-        f"run: {run.steps} steps in {plan.epochs} cadence blocks of "
-        f"{plan.cadence} steps (engine epochs; the last of "
+        f"run: {counted(run.steps, 'step')} in {counted(plan.epochs, 'cadence block')}"
+        f" of {counted(plan.cadence, 'step')} (engine epochs; the last of "
         f"{plan.steps_per_epoch[-1]}), seed {run.seed}"
     )
     for name, spec in compiled.eval_passes:
-        limit = "every record" if spec.batches is None else f"{spec.batches} batches"
+        limit = (
+            "every record"
+            if spec.batches is None
+            else counted(spec.batches, "batch", "batches")
+        )
         lines.append(
-            f"evaluation pass {name}: {limit} of {spec.loader.batch_size} records "
-            f"every {compiled.every(spec)} steps and after the last"
+            f"evaluation pass {name}: {limit} of "
+            f"{counted(spec.loader.batch_size, 'record')} every "
+            f"{counted(compiled.every(spec), 'step')} and after the last"
         )
     if compiled.has_curriculum:
         lines.append(
@@ -147,10 +155,6 @@ def explain_lines(path: str, selection: Selection | None = None) -> list[str]:
             for name, kind in kinds.items()
         ]
     return lines
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _show(value: Any) -> str:

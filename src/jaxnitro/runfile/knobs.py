@@ -11,12 +11,13 @@ and typed like the default.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .source import Span, did_you_mean, fail
+from .source import RunfileError, Source, Span, did_you_mean, fail
 from .syntax import Atom, Node, Seq, head_name, is_symbol
-from .values import Keyword, kind_of, show
+from .values import Keyword, SkippedError, kind_of, show
 
 if TYPE_CHECKING:
     from .evaluator import Evaluator
@@ -74,6 +75,9 @@ class KnobTable:
     variants: dict[str, list[tuple[str, Any, Span]]] = field(default_factory=dict)
     sweeps: dict[str, list[tuple[str, tuple[Any, ...]]]] = field(default_factory=dict)
     declared: bool = False
+    failed: bool = False
+    """The defknobs form failed (its error reported): a knob it may have
+    declared is not refused again as undeclared."""
 
     def variant(self, form: Seq, ev: Evaluator) -> None:
         """Record `(defvariant name (knob value) ...)`; checked at `defknobs`."""
@@ -132,7 +136,7 @@ class KnobTable:
             for knob, value, span in variant:
                 self._set(knob, value, span, "the variant's value")
         if selection.variant is not None:
-            self._check_variant(selection.variant, form.span)
+            self._check_variant(selection.variant)
             for knob, value, span in self.variants[selection.variant]:
                 self.knobs[knob].value = self._set(knob, value, span, "")
         for knob, value in selection.point:
@@ -144,6 +148,8 @@ class KnobTable:
             ev.result.scope.names[name] = declared.value
 
     def _set(self, knob: str, value: Any, span: Span | None, what: str) -> Any:
+        if knob not in self.knobs and self.failed:
+            raise SkippedError(knob)
         if knob not in self.knobs:
             raise fail(
                 "E-KNOB-001",
@@ -164,35 +170,57 @@ class KnobTable:
             )
         return converted
 
-    def _check_variant(self, name: str, span: Span | None) -> None:
+    def _check_variant(self, name: str) -> None:
         if name not in self.variants:
             known = " ".join(self.variants) or "none"
             raise fail(
                 "E-KNOB-004",
                 f"no variant `{name}` (the file declares {known})",
-                span,
-                did_you_mean(name, self.variants),
+                command_line("--variant", name),
+                did_you_mean(name, self.variants)
+                or (
+                    "declare it: (defvariant NAME (knob value) ...) before defknobs"
+                    if not self.variants
+                    else f"use one of: {known}"
+                ),
             )
 
     def parse_setting(self, knob: str, text: str) -> Any:
-        """`--set knob=text`: the text read and typed like the knob's default."""
+        """`--set knob=text`: the text read and typed like the knob's default.
+
+        Raises:
+            RunfileError: E-KNOB-003 for an unknown knob (pointing at its name on
+                the command line, with the nearest), E-KNOB-002 for text that is
+                not of the default's type (pointing at the text, with a value of
+                the right type to write).
+        """
         from .reader import read_text
 
+        if knob not in self.knobs and self.failed:
+            raise SkippedError(knob)
+        where = command_line("--set", f"{knob}={text}")
         if knob not in self.knobs:
             raise fail(
                 "E-KNOB-003",
                 f"--set {knob}={text}: no knob `{knob}` (the "
                 f"knobs are {' '.join(self.knobs) or 'none'})",
-                None,
-                did_you_mean(knob, self.knobs),
+                replace(where, length=len(knob)),
+                did_you_mean(knob, self.knobs)
+                or 'declare it in (defknobs (NAME default "doc") ...)',
             )
         default = self.knobs[knob].default
         if isinstance(default, str):
             return text
+        value_at = replace(where, col=where.col + len(knob) + 1, length=len(text))
         try:
             forms = read_text(text, f"--set {knob}").values
-        except Exception:  # noqa: BLE001 - any unreadable text is a wrong type
-            forms = ()
+        except RunfileError as error:  # unreadable text: say why, as a wrong value
+            raise fail(
+                "E-KNOB-002",
+                f"--set {knob}={text}: {error.diagnostics[0].message}",
+                value_at,
+                setting_fix(knob, default, None),
+            ) from None
         value = _literal(forms[0]) if len(forms) == 1 else _Unreadable(text)
         ok, converted = typed(default, value)
         if not ok:
@@ -200,9 +228,9 @@ class KnobTable:
                 "E-KNOB-002",
                 f"--set {knob}={text}: knob `{knob}` is "
                 f"{kind_of(default)} (default {show(default)}), and {text!r} "
-                "is not",
-                None,
-                f"write --set {knob}={show(default)}",
+                f"is {_kind(value)}",
+                value_at,
+                setting_fix(knob, default, value),
             )
         return converted
 
@@ -238,7 +266,7 @@ class KnobTable:
                 "E-KNOB-005",
                 f"no sweep `{name}` (the file declares "
                 f"{' '.join(self.sweeps) or 'none'})",
-                None,
+                command_line("--sweep", name),
                 did_you_mean(name, self.sweeps),
             )
         axes = self.sweeps[name]
@@ -249,13 +277,50 @@ class KnobTable:
 
     def finish(self, selection: Selection, span: Span | None) -> None:
         """Refuse a selection the file cannot honour (no defknobs at all)."""
-        if self.declared:
+        if self.declared or self.failed:
             return
         if selection.variant is not None:
-            self._check_variant(selection.variant, None)
+            self._check_variant(selection.variant)
         if selection.sets:
             knob, text = selection.sets[0]
             self.parse_setting(knob, text)
+
+
+def command_line(flag: str, value: str) -> Span:
+    """Where `flag value` was given on the command line: the value's span on a
+    one-line source named `command line`, so a diagnostic underlines it."""
+    return Span(Source("command line", f"{flag} {value}"), 1, len(flag) + 2, len(value))
+
+
+def setting_fix(knob: str, default: Any, value: Any) -> str:
+    """What to write instead of a `--set` value of the wrong type: a value of the
+    default's type, near the one given when there is one (`--set dim=2.5` for an
+    integer knob: `--set dim=2` or `--set dim=3`)."""
+    wanted = kind_of(default)
+    if isinstance(default, bool):
+        return (
+            f"`{knob}` takes true or false: write --set {knob}=true or "
+            f"--set {knob}=false"
+        )
+    if isinstance(default, int) and isinstance(value, float):
+        low, high = math.floor(value), math.ceil(value)
+        return (
+            f"`{knob}` takes {wanted}: write --set {knob}={low} or --set {knob}={high} "
+            f"(its default is {show(default)})"
+        )
+    if isinstance(default, Keyword) and isinstance(value, _Unreadable):
+        return (
+            f"`{knob}` takes a keyword, which starts with `:`: write --set "
+            f"{knob}=:{value} (its default is {show(default)})"
+        )
+    return (
+        f"`{knob}` takes {wanted}, such as its default: write "
+        f"--set {knob}={show(default)}"
+    )
+
+
+def _kind(value: Any) -> str:
+    return "not a value" if isinstance(value, _Unreadable) else kind_of(value)
 
 
 class _Unreadable:
@@ -346,6 +411,10 @@ class OrderCheck:
         later = [(r, n, s) for r, n, s in self.contract if r > rank]
         if later:
             _, other, where = later[0]
+            # Forget the name out of place, so the names after it are not all
+            # reported against it again.
+            self.contract = [c for c in self.contract if c[0] <= rank]
+            self.contract.append((rank, name, span))
             raise fail(
                 "E-ORDER-004",
                 f"`{name}` comes after `{other}` (line {where.line})",

@@ -174,6 +174,18 @@ class SequentialSpec(ModelSpec):
 
         return Sequential([layer.build(rngs) for layer in self.layers])
 
+    def probe(self) -> ModelSpec:
+        return SequentialSpec(tuple(layer.probe() for layer in self.layers))
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Layer i's names with `model.i.` in place of `model.`, layer by layer
+        (each layer's own, so a deep `gpt` layer costs what it costs alone)."""
+        return {
+            f"model.{index}.{name[len('model.') :]}": shape
+            for index, layer in enumerate(self.layers)
+            for name, shape in layer.parameter_shapes().items()
+        }
+
     def takes(self) -> int | None:
         return self.layers[0].takes()
 

@@ -148,6 +148,13 @@ class ModelSpec:
         """The size of its output's last axis."""
         raise NotImplementedError
 
+    def probe(self) -> ModelSpec:
+        """The smallest model taking and giving what this one does, which `check`
+        traces in its place: shape inference per block, not of the unrolled
+        model (a `gpt`'s blocks all map [batch, time, dim] to the same, so one
+        block stands for all of them)."""
+        return self
+
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter's name (as groups select it) and shape, forward order."""
         return {

@@ -5,12 +5,21 @@ escapes `\\n \\t \\r \\\\ \\"`, integers and floats (`1e-10`, `-3`, `0.10`),
 keywords `:name`, symbols (`cross-entropy`, `/`, `<=`), `true`, `false`, `nil`, and
 `;` comments to the end of the line. Nothing else: there is no quote, no reader
 macro, no way to reach Python from the text.
+
+The text is untrusted, so its size is bounded before anything is built from it: a
+file holds at most `MAX_FILE_BYTES`, brackets nest at most `MAX_NESTING` deep, a
+number, name or keyword is at most `MAX_ATOM_CHARS` characters and a string at most
+`MAX_STRING_CHARS` (E-READ-011 for the nesting, E-READ-012 for a size). Each limit
+is checked before the text it bounds is converted, so no Python limit (the
+recursion depth, `int`'s 4300 digits) is ever reached. A number is a 64-bit
+integer or a finite float (E-READ-013 for `1e999` or a 29-digit integer).
 """
 
 from __future__ import annotations
 
 import re
 
+from .bounds import INT_MAX, INT_MIN, is_finite_number
 from .source import Diagnostic, RunfileError, Source, Span, fail
 from .syntax import Atom, Comment, Node, Program, Seq
 
@@ -19,6 +28,15 @@ NAME_CHARS = re.compile(r"[A-Za-z0-9\-_+*/<>=!?.%&$]*")
 NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 INTEGER = re.compile(r"[+-]?\d+")
 DELIMITERS = set('()[]";') | set(" \t\r\n")
+MAX_FILE_BYTES = 1 << 20
+"""The largest run file read (1 MiB): run files are a few kilobytes."""
+MAX_NESTING = 100
+"""How deep brackets nest; the shipped examples nest 8 deep."""
+MAX_ATOM_CHARS = 256
+"""The longest number, name or keyword, in characters."""
+MAX_STRING_CHARS = 4096
+"""The longest string literal, in characters between its quotes (escapes as
+written)."""
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"'}
 FOREIGN = {
     "'": "there is no quote: write (list ...) or a vector [ ... ]",
@@ -41,11 +59,14 @@ def read_text(text: str, name: str = "<string>") -> Program:
         >>> read_text("[1 :a] ; two").forms[0].shape()
         ('[', (('int', 1), ('keyword', 'a')))
     """
+    _check_size(len(text), name, "characters")
     return _Reader(Source(name, text)).program()
 
 
 def read_bytes(data: bytes, name: str = "<bytes>") -> Program:
-    """Read a run file's bytes: UTF-8, or E-READ-010 at the first bad byte."""
+    """Read a run file's bytes: UTF-8, or E-READ-010 at the first bad byte
+    (E-READ-012 for more than `MAX_FILE_BYTES`)."""
+    _check_size(len(data), name, "bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -63,9 +84,21 @@ def read_bytes(data: bytes, name: str = "<bytes>") -> Program:
 
 
 def read_file(path: str) -> Program:
-    """Read the run file at `path` (its diagnostics name the path)."""
+    """Read the run file at `path` (its diagnostics name the path); at most
+    `MAX_FILE_BYTES` are read, so a huge file is refused without loading it."""
     with open(path, "rb") as handle:
-        return read_bytes(handle.read(), path)
+        data = handle.read(MAX_FILE_BYTES + 1)
+    return read_bytes(data, path)
+
+
+def _check_size(size: int, name: str, unit: str) -> None:
+    if size > MAX_FILE_BYTES:
+        raise fail(
+            "E-READ-012",
+            f"{name} holds more than {MAX_FILE_BYTES} {unit}, the limit of a run file",
+            None,
+            'split it: move definitions into a library (require "lib.sx" ...)',
+        )
 
 
 class _Reader:
@@ -76,6 +109,7 @@ class _Reader:
         self.line = 1
         self.col = 1
         self.last_code_line = 0  # the line the last non-comment token ended on
+        self.depth = 0  # brackets open around the current position
 
     def span(self, line: int, col: int, length: int = 1) -> Span:
         return Span(self.source, line, col, length)
@@ -137,6 +171,16 @@ class _Reader:
     def seq(self, opener: str) -> Seq:
         line, col = self.line, self.col
         closer = CLOSERS[opener]
+        if self.depth >= MAX_NESTING:
+            raise fail(
+                "E-READ-011",
+                f"brackets nested deeper than {MAX_NESTING}: this `{opener}` "
+                f"opens level {self.depth + 1}",
+                self.span(line, col),
+                "name the inner parts with (defvar ...) or (defun ...) and use "
+                "the names",
+            )
+        self.depth += 1
         self.advance(1)
         self.last_code_line = line
         items: list[Node] = []
@@ -166,6 +210,7 @@ class _Reader:
                     )
                 self.advance(1)
                 self.last_code_line = self.line
+                self.depth -= 1
                 return Seq(self.span(line, col), opener, tuple(items))
             items.append(self.node())
 
@@ -186,6 +231,13 @@ class _Reader:
                     if at_end
                     else "write `\\n` for a newline, "
                     'and close the string with `"` on this line',
+                )
+            if self.pos - start - 1 > MAX_STRING_CHARS:
+                raise fail(
+                    "E-READ-012",
+                    f"a string of more than {MAX_STRING_CHARS} characters",
+                    self.span(line, col, MAX_STRING_CHARS),
+                    "a string holds a path, a name or a message: shorten it",
                 )
             ch = self.text[self.pos]
             if ch == '"':
@@ -224,6 +276,16 @@ class _Reader:
             end += 1
         text = self.text[start:end]
         span = self.span(line, col, len(text))
+        if len(text) > MAX_ATOM_CHARS:
+            what = "number" if _is_number(text) else "name"
+            raise fail(
+                "E-READ-012",
+                f"a {what} of {len(text)} characters; the limit is {MAX_ATOM_CHARS}",
+                span,
+                "numbers are 64-bit: write at most 19 digits, or a float such as 1e30"
+                if what == "number"
+                else "shorten the name",
+            )
         if not NAME_CHARS.fullmatch(text.replace(":", "")):
             index = next(
                 i
@@ -255,11 +317,18 @@ class _Reader:
                 span,
                 "put a space before a keyword: `f :name`",
             )
-        if text[0].isdigit() or (text[0] in "+-." and text[1:2].isdigit()):
-            if INTEGER.fullmatch(text):
-                return Atom(span, "int", int(text), text)
-            if NUMBER.fullmatch(text):
-                return Atom(span, "float", float(text), text)
+        if _is_number(text):
+            if INTEGER.fullmatch(text) or NUMBER.fullmatch(text):
+                value = int(text) if INTEGER.fullmatch(text) else float(text)
+                if not is_finite_number(value):
+                    raise fail(
+                        "E-READ-013",
+                        f"the number `{text}` is out of range: integers are 64-bit "
+                        f"({INT_MIN} .. {INT_MAX}) and floats finite (below 1.8e308)",
+                        span,
+                        "write a smaller number",
+                    )
+                return Atom(span, type(value).__name__, value, text)
             raise fail(
                 "E-READ-006",
                 f"malformed number `{text}`",
@@ -271,3 +340,9 @@ class _Reader:
         if text == "nil":
             return Atom(span, "nil", None, text)
         return Atom(span, "symbol", text, text)
+
+
+def _is_number(text: str) -> bool:
+    """Whether an atom's text is read as a number (a digit first, or after a sign
+    or a point)."""
+    return text[:1].isdigit() or (text[:1] in ("+", "-", ".") and text[1:2].isdigit())

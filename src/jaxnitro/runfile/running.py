@@ -8,12 +8,21 @@ of a field named `tokens`, when the loader declares one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .blocks import BlockEnd
-from .engine import CompiledRun, compile_run, experiment, handle_keywords
+from .engine import (
+    CompiledRun,
+    compile_run,
+    default_run_dir,
+    experiment,
+    handle_keywords,
+)
 from .knobs import Selection
+from .rundir import plan_start
+from .source import counted
 
 
 @dataclass(frozen=True)
@@ -22,7 +31,9 @@ class RunOutcome:
     and each pass's latest metrics with their step."""
 
     steps: int
-    train_loss: float
+    train_loss: float | None
+    """The objective's mean over the last block; None when nothing was trained
+    (a resumed run already at its steps)."""
     counters: dict[str, int]
     handle: Any
     passes: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
@@ -34,7 +45,11 @@ class RunOutcome:
             + ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
             for name, (step, metrics) in self.passes.items()
         ]
-        done = f"done: {self.steps} steps, train/loss {self.train_loss:.4f}"
+        done = f"done: {counted(self.steps, 'step')}, " + (
+            "nothing trained"
+            if self.train_loss is None
+            else f"train/loss {self.train_loss:.4f}"
+        )
         return [*found, done] + [f"  counter {k} {v}" for k, v in self.counters.items()]
 
 
@@ -77,14 +92,41 @@ def run_file(
     *,
     steps: int | None = None,
     run_dir: str | None = None,
+    resume: bool = False,
+    announce: Callable[[str], None] | None = None,
 ) -> RunOutcome:
     """Check, compile and train the run file at `path`; what it reports at the end.
+
+    Args:
+        path: the run file.
+        selection: the variant, sweep point and `--set` values.
+        steps: replaces defrun's `:steps`.
+        run_dir: where checkpoints and logs go (`runs/<file name>`).
+        resume: continue the latest run of this file in the run dir (`--resume
+            auto`; a new run when it holds none); see `rundir.plan_start`.
+        announce: receives the lines said before the first step: what the run
+            dir already holds of this file, and what is resumed.
 
     Raises:
         RunfileError: any coded diagnostic, before the first step where possible.
     """
     compiled = compile_run(path, selection, steps=steps)
-    handle, end = build_handle(compiled, run_dir)
+    start = plan_start(path, run_dir or default_run_dir(path), resume=resume)
+    for line in start.lines:
+        if announce is not None:
+            announce(line)
+    keywords = {"resume": start.resume} if start.resume else {}
+    handle, end = build_handle(compiled, run_dir, **keywords)
+    if handle.current_step >= compiled.run.steps:  # a resumed run already done
+        if announce is not None:
+            announce(
+                f"the run is already at step {handle.current_step} of "
+                f"{compiled.run.steps}: nothing to train (--steps N trains it on "
+                "to step N)"
+            )
+        handle.release()
+        done = handle.current_step
+        return RunOutcome(done, None, counters(compiled, done), handle)
     handle.train()
     rows = list(handle.history)
     done = int(rows[-1]["step"]) if rows else 0

@@ -11,10 +11,14 @@ with the text underlined, then the fix where one is likely::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import NitroError
+
+SHOWN_COLUMNS = 120
+"""The most characters of a source line a diagnostic shows (a window around the
+error's column on a longer line)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,26 @@ class Span:
         """`file:line:col`."""
         return f"{self.source.name}:{self.line}:{self.col}"
 
+    def at(self, argument: str | int) -> Span:
+        """Where a call's argument was written: a keyword's value by its name
+        (`"batch-size"`), a positional one by its index; this span when the
+        argument's place is not known (see `CallSpan`)."""
+        del argument
+        return self
+
+
+@dataclass(frozen=True)
+class CallSpan(Span):
+    """The span of a builtin's call that also knows where each argument was
+    written, so a builtin points its diagnostics at the value it refuses."""
+
+    arguments: Mapping[str | int, Span] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def at(self, argument: str | int) -> Span:
+        return self.arguments.get(argument, self)
+
 
 @dataclass(frozen=True)
 class Diagnostic:
@@ -62,13 +86,30 @@ class Diagnostic:
         span = self.span
         text = span.source.line(span.line).expandtabs(1)
         width = max(1, min(span.length, len(text) - span.col + 1))
+        text, col, width = _window(text, span.col, width)
         lines = [f"{span.where}: {self.code} {self.message}"]
         if text.strip():
             lines.append("  " + text)
-            lines.append("  " + " " * (span.col - 1) + "^" + "~" * (width - 1))
+            lines.append("  " + " " * (col - 1) + "^" + "~" * (width - 1))
         if self.fix:
             lines.append(f"  fix: {self.fix}")
         return "\n".join(lines)
+
+
+def _window(text: str, col: int, width: int) -> tuple[str, int, int]:
+    """A line longer than `SHOWN_COLUMNS` cut to a window around `col` (`...`
+    marking what is left out), with the column and underline width in it."""
+    if len(text) <= SHOWN_COLUMNS:
+        return text, col, width
+    start = max(0, col - 1 - SHOWN_COLUMNS // 4)
+    shown = text[start : start + SHOWN_COLUMNS]
+    col -= start
+    width = max(1, min(width, len(shown) - col + 1))
+    if start:
+        shown, col = "..." + shown, col + 3
+    if start + SHOWN_COLUMNS < len(text):
+        shown += "..."
+    return shown, col, width
 
 
 class RunfileError(NitroError):
@@ -93,6 +134,16 @@ def fail(
 ) -> RunfileError:
     """A `RunfileError` holding one diagnostic (raise what it returns)."""
     return RunfileError([Diagnostic(code, message, span, fix)])
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and the noun in the number it takes, for messages.
+
+    Example:
+        >>> counted(1, "graph"), counted(2, "micro-batch", "micro-batches")
+        ('1 graph', '2 micro-batches')
+    """
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def near_names(name: str, candidates: Iterable[str]) -> list[str]:

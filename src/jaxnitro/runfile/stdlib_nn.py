@@ -18,9 +18,11 @@ names (`model.blocks.0.attn.query.weight` is
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .bounds import MODEL_BOUNDS, VOCAB_MAX, model_size
 from .core import expect
 from .nn_layers import (
     EmbeddingSpec,
@@ -51,6 +53,24 @@ class GPTSpec(ModelSpec):
     heads: int
     context: int
     name = "gpt"
+
+    def probe(self) -> ModelSpec:
+        return dataclasses.replace(self, layers=1)
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The names and shapes of a one-block `gpt`, its block's repeated for
+        each of `layers` (the blocks are alike): no NNX structure of the whole
+        model is built, so this takes the same time at any depth."""
+        one = list(ModelSpec.parameter_shapes(self.probe()).items())
+        block = "model.blocks.0."
+        first = next(i for i, (n, _) in enumerate(one) if n.startswith(block))
+        last = max(i for i, (n, _) in enumerate(one) if n.startswith(block))
+        found = dict(one[:first])
+        for index in range(self.layers):
+            for name, shape in one[first : last + 1]:
+                found[f"model.blocks.{index}.{name[len(block) :]}"] = shape
+        found.update(one[last + 1 :])
+        return found
 
     def build(self, rngs: Any) -> Any:
         from .nn_modules import GPT
@@ -88,21 +108,28 @@ class GPTSpec(ModelSpec):
 
 
 def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int:
+    """A positive size argument within its bound (`bounds.MODEL_BOUNDS`; a layer's
+    :dim, `VOCAB_MAX`)."""
     what = f"`:{key}` of `{builtin}`"
-    value = expect(kwargs[key], int, what, span, "a positive integer")
+    value = expect(kwargs[key], int, what, span.at(key), "a positive integer")
     if value < 1:
         raise fail(
             "E-EVAL-007",
             f"{what} must be positive, got {value}",
-            span,
+            span.at(key),
             f"write :{key} 1 or more",
         )
-    return int(value)
+    bound = MODEL_BOUNDS[key]
+    if key == "dim" and builtin == "layer-norm":
+        bound = VOCAB_MAX
+    return model_size(int(value), what, bound, span.at(key))
 
 
 def _flag(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> bool:
     value = kwargs.get(key, True)
-    return bool(expect(value, bool, f"`:{key}` of `{builtin}`", span, "true or false"))
+    return bool(
+        expect(value, bool, f"`:{key}` of `{builtin}`", span.at(key), "true or false")
+    )
 
 
 def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
@@ -118,7 +145,7 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         raise fail(
             "E-SHAPE-001",
             f"`gpt` :dim {spec.dim} is not divisible by :heads {spec.heads}",
-            span,
+            span.at("heads"),
             "pick :heads dividing :dim",
         )
     return spec
@@ -154,9 +181,11 @@ def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
             "E-EVAL-007",
             "`:dims` of `mlp` must be a vector of two or more positive integers "
             f"(the input size, the hidden sizes, the output size), got {show(dims)}",
-            span,
+            span.at("dims"),
             "write :dims [16 64 16]",
         )
+    for size in dims:
+        model_size(size, "a size in `:dims` of `mlp`", VOCAB_MAX, span.at("dims"))
     activation = kwargs.get("activation", Keyword("gelu"))
     if not isinstance(activation, Keyword) or activation.name not in ACTIVATIONS:
         raise fail(
@@ -164,7 +193,7 @@ def _mlp(values: list[Any], kwargs: dict[str, Any], span: Span) -> MLPSpec:
             "`:activation` of `mlp` is "
             + ", ".join(f":{a}" for a in ACTIVATIONS)
             + f", got {show(activation)}",
-            span,
+            span.at("activation"),
             "write :activation :gelu",
         )
     return MLPSpec(dims, activation.name, _flag(kwargs, "bias", "mlp", span))
@@ -176,14 +205,14 @@ def _layer_norm(values: list[Any], kwargs: dict[str, Any], span: Span) -> LayerN
         kwargs.get("eps", 1e-5),
         (int, float),
         "`:eps` of `layer-norm`",
-        span,
+        span.at("eps"),
         "a number",
     )
     if eps <= 0:
         raise fail(
             "E-EVAL-007",
             f"`:eps` of `layer-norm` must be positive, got {show(eps)}",
-            span,
+            span.at("eps"),
             "write :eps 1e-5",
         )
     return LayerNormSpec(_positive(kwargs, "dim", "layer-norm", span), float(eps))
@@ -198,7 +227,7 @@ def _sequential(
                 "E-EVAL-007",
                 f"layer {index} of `sequential` must be a model or a layer, "
                 f"got {kind_of(layer)} {show(layer)}",
-                span,
+                span.at(index),
                 "pass layers such as (linear :in 16 :out 32)",
             )
     for index in range(1, len(values)):
@@ -211,7 +240,7 @@ def _sequential(
                 f"layer {index} of `sequential` (`{layer.name}`) takes {takes}, "
                 f"but layer {index - 1} (`{before.name}`) gives {before.gives()} "
                 "features",
-                span,
+                span.at(index),
                 "only the first layer takes tokens"
                 if wanted is None
                 else f"make layer {index} take {before.gives()} features",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core import expect
-from .source import Span, fail
+from .source import Diagnostic, Span, fail
 from .values import Builtin, Keyword, kind_of, show
 
 
@@ -35,6 +35,8 @@ class SelectSpec:
 
     pattern: str | None = None
     rank_below: int | None = None
+    span: Span | None = field(default=None, compare=False, repr=False)
+    """Where the pattern or the rank was written."""
     kind = "a parameter selection"
 
     def matches(self, name: str, shape: tuple[int, ...]) -> bool:
@@ -79,6 +81,90 @@ class OptimizerSpec:
         return held
 
 
+def group_errors(
+    optimizer: OptimizerSpec, shapes: Mapping[str, tuple[int, ...]]
+) -> list[Diagnostic]:
+    """E-CONTRACT-003 for each group that would update no parameter: its select
+    matches none (named with the nearest parameter names), repeats an earlier
+    group's, or matches only parameters earlier groups hold (the first group that
+    selects a parameter holds it)."""
+    found: list[Diagnostic] = []
+    held = optimizer.assign(shapes)
+    seen: dict[str, int] = {}
+    for number, group in enumerate(optimizer.groups, 1):
+        select, text = group.select, str(group.select)
+        if text in seen:
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number} repeats group {seen[text]}'s {text}: the first "
+                    "group that selects a parameter holds it, so this one updates "
+                    "nothing",
+                    select.span,
+                    "merge the two groups' settings into one",
+                )
+            )
+            continue
+        seen[text] = number
+        if held[text]:
+            continue
+        matching = [n for n, s in shapes.items() if select.matches(n, s)]
+        if matching:
+            earlier = next(
+                (i, g)
+                for i, g in enumerate(optimizer.groups, 1)
+                if matching[0] in held[str(g.select)]
+            )
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number}'s {text} selects {len(matching)} parameter"
+                    f"{'s' if len(matching) != 1 else ''}, all held by group "
+                    f"{earlier[0]}'s {earlier[1].select}: it updates nothing",
+                    select.span,
+                    f"move it before group {earlier[0]}, or remove it",
+                )
+            )
+        elif select.pattern is not None:
+            near = _near_parameters(select.pattern, list(shapes))
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f'group {number}\'s (select "{select.pattern}") matches no '
+                    "parameter of the model"
+                    + (f"; the nearest: {', '.join(near)}" if near else ""),
+                    select.span,
+                    (f'did you mean "{near[0]}"? ' if near else "")
+                    + "sexpgpu explain lists every parameter's name",
+                )
+            )
+        else:
+            lowest = min((len(s) for s in shapes.values()), default=0)
+            found.append(
+                Diagnostic(
+                    "E-CONTRACT-003",
+                    f"group {number}'s {text} matches no parameter: the model's "
+                    f"parameters have rank {lowest} or more",
+                    select.span,
+                    f"use :rank-below {lowest + 1} to select the rank-{lowest} ones",
+                )
+            )
+    return found
+
+
+def _near_parameters(pattern: str, names: list[str]) -> list[str]:
+    """The parameter names, or globs of their prefixes (`model.embed.*`), nearest
+    to `pattern`, nearest first."""
+    import difflib
+
+    globs = {
+        ".".join(n.split(".")[:i]) + ".*"
+        for n in names
+        for i in range(2, len(n.split(".")))
+    }
+    return difflib.get_close_matches(pattern, [*names, *sorted(globs)], n=3, cutoff=0.6)
+
+
 def _rate(value: Any, what: str, span: Span) -> Any:
     if isinstance(value, ScheduleSpec):
         return value
@@ -91,8 +177,9 @@ def _rate(value: Any, what: str, span: Span) -> Any:
 def _settings(kwargs: dict[str, Any], span: Span) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     for key, value in kwargs.items():
+        where = span.at(key)
         if key == "lr":
-            settings[key] = _rate(value, "`:lr`", span)
+            settings[key] = _rate(value, "`:lr`", where)
         elif key == "betas":
             if not (
                 isinstance(value, tuple)
@@ -107,14 +194,14 @@ def _settings(kwargs: dict[str, Any], span: Span) -> dict[str, Any]:
                 raise fail(
                     "E-EVAL-007",
                     f"`:betas` must be two numbers in [0, 1), got {show(value)}",
-                    span,
+                    where,
                     ":betas [0.9 0.95]",
                 )
             settings[key] = tuple(float(b) for b in value)
         elif key != "groups":
-            expect(value, (int, float), f"`:{key}`", span, "a number")
+            expect(value, (int, float), f"`:{key}`", where, "a number")
             if value < 0:
-                raise fail("E-EVAL-007", f"`:{key}` must be >= 0, got {value}", span)
+                raise fail("E-EVAL-007", f"`:{key}` must be >= 0, got {value}", where)
             settings[key] = float(value)
     return settings
 
@@ -129,7 +216,7 @@ def _optimizer(rule: str) -> Any:
                 "E-EVAL-007",
                 f"`:groups` of `{rule}` must be a vector of "
                 f"(group ...), got {kind_of(groups)}",
-                span,
+                span.at("groups"),
             )
         return OptimizerSpec(rule, _settings(kwargs, span), groups)
 
@@ -141,7 +228,7 @@ def _group(values: list[Any], kwargs: dict[str, Any], span: Span) -> GroupSpec:
         raise fail(
             "E-EVAL-007",
             f"`group` starts with a (select ...), got {kind_of(values[0])}",
-            span,
+            span.at(0),
             '(group (select "model.head.*") :lr 0.01)',
         )
     return GroupSpec(values[0], _settings(kwargs, span))
@@ -154,13 +241,15 @@ def _select(values: list[Any], kwargs: dict[str, Any], span: Span) -> SelectSpec
                 values[0],
                 str,
                 "a `select` pattern",
-                span,
+                span.at(0),
                 'a string such as "model.embed.*"',
-            )
+            ),
+            span=span.at(0),
         )
     if "rank-below" in kwargs and not values:
-        rank = expect(kwargs["rank-below"], int, "`:rank-below`", span, "an integer")
-        return SelectSpec(rank_below=rank)
+        where = span.at("rank-below")
+        rank = expect(kwargs["rank-below"], int, "`:rank-below`", where, "an integer")
+        return SelectSpec(rank_below=rank, span=where)
     raise fail(
         "E-EVAL-004",
         "`select` takes a pattern or :rank-below",
@@ -170,45 +259,49 @@ def _select(values: list[Any], kwargs: dict[str, Any], span: Span) -> SelectSpec
 
 
 def _wsd(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    peak = _rate(values[0], "the peak of `warmup-stable-decay`", span)
+    peak = _rate(values[0], "the peak of `warmup-stable-decay`", span.at(0))
     if isinstance(peak, ScheduleSpec):
-        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
-    warmup = expect(
-        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
-    )
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span.at(0))
+    warmup = _warmup(kwargs, span)
     fraction = expect(
         kwargs.get("decay-fraction", 0.2),
         (int, float),
         "`:decay-fraction`",
-        span,
+        span.at("decay-fraction"),
         "a number",
     )
-    if warmup < 0 or not 0 <= fraction <= 1:
+    if not 0 <= fraction <= 1:
         raise fail(
             "E-EVAL-007",
-            f"`warmup-stable-decay` needs :warmup-steps >= 0 and "
-            f":decay-fraction in [0, 1], got {warmup} and {fraction}",
-            span,
+            f"`:decay-fraction` of `warmup-stable-decay` is {fraction}, outside "
+            "[0, 1]: it is the fraction of the run's steps the rate decays over",
+            span.at("decay-fraction"),
+            "write :decay-fraction 0.2 (the last fifth of the run)",
         )
     return ScheduleSpec("warmup-stable-decay", peak, warmup, float(fraction))
 
 
 def _cosine(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    peak = _rate(values[0], "the peak of `cosine`", span)
+    peak = _rate(values[0], "the peak of `cosine`", span.at(0))
     if isinstance(peak, ScheduleSpec):
-        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span)
+        raise fail("E-EVAL-007", "the peak of a schedule must be a number", span.at(0))
+    return ScheduleSpec("cosine", peak, _warmup(kwargs, span), 1.0)
+
+
+def _warmup(kwargs: dict[str, Any], span: Span) -> int:
+    where = span.at("warmup-steps")
     warmup = expect(
-        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", span, "an integer"
+        kwargs.get("warmup-steps", 0), int, "`:warmup-steps`", where, "an integer"
     )
     if warmup < 0:
-        raise fail("E-EVAL-007", f"`:warmup-steps` must be >= 0, got {warmup}", span)
-    return ScheduleSpec("cosine", peak, warmup, 1.0)
+        raise fail("E-EVAL-007", f"`:warmup-steps` must be >= 0, got {warmup}", where)
+    return int(warmup)
 
 
 def _constant(values: list[Any], kwargs: dict[str, Any], span: Span) -> ScheduleSpec:
-    value = _rate(values[0], "the value of `constant`", span)
+    value = _rate(values[0], "the value of `constant`", span.at(0))
     if isinstance(value, ScheduleSpec):
-        raise fail("E-EVAL-007", "the value of a schedule must be a number", span)
+        raise fail("E-EVAL-007", "the value of a schedule must be a number", span.at(0))
     return ScheduleSpec("constant", value, 0, 0.0)
 
 

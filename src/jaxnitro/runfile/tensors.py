@@ -19,7 +19,7 @@ def _array(value: Any, what: str, span: Span) -> Any:
 
 
 def _reshape(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
-    array = _array(values[0], "`reshape`", span)
+    array = _array(values[0], "`reshape`", span.at(0))
     shape = values[1]
     if not isinstance(shape, tuple) or not all(
         isinstance(n, int) and not isinstance(n, bool) and (n >= 1 or n == -1)
@@ -29,7 +29,7 @@ def _reshape(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
             "E-EVAL-007",
             f"the shape of `reshape` is a vector of positive integers (one may be "
             f"-1), got {show(shape)}",
-            span,
+            span.at(1),
             "(reshape x [4 -1])",
         )
     known = math.prod(n for n in shape if n != -1)
@@ -49,13 +49,13 @@ def _reshape(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
 def _cast(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
     from .stdlib_data import DTYPES
 
-    array = _array(values[0], "`cast`", span)
+    array = _array(values[0], "`cast`", span.at(0))
     dtype = values[1]
     if not isinstance(dtype, Keyword) or dtype.name not in DTYPES:
         raise fail(
             "E-LOAD-004",
             f"unknown dtype {show(dtype)} of `cast`",
-            span,
+            span.at(1),
             "one of " + " ".join(f":{d}" for d in DTYPES),
         )
     return array.astype(DTYPES[dtype.name])
@@ -69,14 +69,16 @@ def _concat(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
         raise fail(
             "E-EVAL-007",
             f"`concat` takes a vector of arrays, got {kind_of(arrays)}",
-            span,
+            span.at(0),
             "(concat [a b] 1)",
         )
     for a in arrays:
-        _array(a, "`concat`", span)
+        _array(a, "`concat`", span.at(0))
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise fail(
-            "E-EVAL-007", f"the axis of `concat` is an integer, got {show(axis)}", span
+            "E-EVAL-007",
+            f"the axis of `concat` is an integer, got {show(axis)}",
+            span.at(1),
         )
     rank = len(arrays[0].shape)
     shapes = [list(a.shape) for a in arrays]

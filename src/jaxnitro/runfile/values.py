@@ -57,6 +57,25 @@ class Builtin:
 Function = Closure | Builtin
 
 
+class Poisoned:
+    """The value of a name whose definition failed, while `check` goes on to
+    report every error: the failure is reported once, and a use of the name is
+    skipped quietly (`SkippedError`) instead of reported again as undefined."""
+
+    kind = "a name whose definition failed"
+
+
+POISONED = Poisoned()
+"""The one `Poisoned` value."""
+
+
+class SkippedError(Exception):
+    """An evaluation that met a `Poisoned` name: the error that poisoned it is
+    already reported, so this one says nothing new. Only an evaluator that
+    collects its errors (`Evaluator(..., collect=True)`) raises it, and it never
+    leaves `check`."""
+
+
 def kind_of(value: Any) -> str:
     """The kind of a value as diagnostics name it (`a function of 2 arguments`)."""
     if value is None:
