@@ -106,6 +106,9 @@ from .export.bundle import StableHLOBundle as StableHLOBundle
 from .export.format import BundleChecksumError as BundleChecksumError
 from .export.format import BundleError as BundleError
 from .export.format import BundleFileMissingError as BundleFileMissingError
+from .export.format import BundleManifestError as BundleManifestError
+from .export.format import BundlePathError as BundlePathError
+from .export.format import BundleProgramError as BundleProgramError
 from .export.format import BundleVersionError as BundleVersionError
 from .export.loader import LoadedBundle as LoadedBundle
 from .export.loader import load_bundle as load_bundle

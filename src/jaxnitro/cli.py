@@ -9,7 +9,9 @@
                           "latest" or "best" (as `weights=(run, which)` reads it)
     nitro ckpt --repair DIR   rewrite DIR's manifest.json from the records' headers
                           (--metric NAME --mode min|max: score the records added)
-    nitro serve BUNDLE    an exported bundle over HTTP (`--host`, `--port`)
+    nitro serve BUNDLE    an exported bundle over HTTP (`--host`, `--port`; request
+                          limits `--max-body-mb`, `--max-rows`, `--max-input-mb`,
+                          `--max-json-depth`)
     nitro mcp             the nitro_* agent tools over MCP on stdio (`--root DIR`,
                           `--max-runs N`; the `mcp` extra)
     nitro launch -n N SCRIPT [ARGS...]   N local processes of `python SCRIPT` as
@@ -112,6 +114,30 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="how long a request waits for others to batch with (5 ms)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=16.0,
+        help="the largest request body, in MiB; larger ones get a 413 (16)",
+    )
+    serve.add_argument(
+        "--max-rows",
+        type=int,
+        default=8192,
+        help="the most rows (samples) one request may carry (8192)",
+    )
+    serve.add_argument(
+        "--max-input-mb",
+        type=float,
+        default=64.0,
+        help="the most MiB one request's inputs may decode to (64)",
+    )
+    serve.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=32,
+        help="the deepest nesting of a JSON body (32)",
     )
     agent = commands.add_parser(
         "mcp",
@@ -346,14 +372,22 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .export.request_body import MIB, ServeLimits
     from .export.server import serve
 
     try:
+        limits = ServeLimits(
+            max_body_bytes=round(args.max_body_mb * MIB),
+            max_rows=args.max_rows,
+            max_input_bytes=round(args.max_input_mb * MIB),
+            max_json_depth=args.max_json_depth,
+        )
         serve(
             args.bundle,
             host=args.host,
             port=args.port,
             max_delay=args.max_delay_ms / 1e3,
+            limits=limits,
         )
     except NitroError as error:  # a missing extra, a bundle load_bundle refuses
         print(f"nitro serve: {error}", file=sys.stderr)

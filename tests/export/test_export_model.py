@@ -45,8 +45,10 @@ def test_bundle_files_and_outputs_equal_predict(tmp_path):
         "shape": [1, 8],
         "batch_axis": 0,
         "axis_letters": None,
+        "nonfinite": "refuse",
     }
     assert manifest["outputs"][0]["shape"] == [1, 3]
+    assert "nonfinite" not in manifest["outputs"][0]
     assert set(manifest["files"]) == files - {"manifest.json"}
     x = make_batches(7, 7, seed=5)[0]["x"]
     for n in (1, 4, 7):

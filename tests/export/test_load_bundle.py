@@ -166,3 +166,33 @@ def test_a_two_input_bundle_refuses_disagreeing_batch_sizes(tmp_path):
         model(x=x, w=np.ones(2, np.float32))
     out = model(x=x, w=np.full(3, 2.0, np.float32))["logits"]
     np.testing.assert_allclose(out, nitro.predict({"x": 2 * x}), rtol=1e-6, atol=1e-6)
+
+
+def test_nonfinite_inputs_are_refused_unless_the_export_allows_them(bundle, tmp_path):
+    _, path = bundle
+    x = np.zeros((2, 8), np.float32)
+    x[0, 5], x[1, 3] = np.inf, np.nan
+    refusal = (
+        r"input 'x': 2 values are NaN or infinite \(the first at index \[0, 5\]\); "
+        r"bundle 'v1' refuses them \(its export declared nonfinite='refuse', the "
+        r"default\).*ExportSpec\('x', \.\.\., nonfinite='allow'\)"
+    )
+    with pytest.raises(nx.ConfigError, match=refusal):
+        nx.load_bundle(path)(x=x)
+    manifest = nx.load_bundle(path).manifest
+    del manifest["inputs"][0]["nonfinite"]  # a manifest without the key refuses
+    edit_manifest(path, inputs=manifest["inputs"])
+    with pytest.raises(nx.ConfigError, match=refusal):
+        nx.load_bundle(path)(x=x)
+
+    class Allowing(Exportable):
+        def export_inputs(self):
+            return [nx.ExportSpec("x", "float32", (1, 8), nonfinite="allow")]
+
+    nitro = nx.Nitro(Allowing(), **quiet())
+    allowing = nx.load_bundle(
+        nx.export_model(nitro, nx.StableHLOBundle(), dir=tmp_path, name="a")
+    )
+    assert allowing.manifest["inputs"][0]["nonfinite"] == "allow"
+    out = allowing(x=x)["logits"]
+    assert not np.isfinite(out).all()

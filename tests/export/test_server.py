@@ -378,6 +378,15 @@ def test_a_server_process_on_loopback_under_a_bounded_load(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=15)
+    # The access log: a line per request; SIGTERM: a shutdown line with the count.
+    lines = log_path.read_text().splitlines()
+    predicts = [line for line in lines if '"POST /v1/models/v1:predict" 200' in line]
+    assert len(predicts) == len(latencies) + 1
+    assert re.search(
+        rf"nitro serve: 'v1' shutting down after \d+ requests \(\d+ program calls, "
+        rf"{health['rows']} rows\)",
+        lines[-1],
+    ), lines[-3:]
 
 
 class Two(Exportable):

@@ -36,6 +36,10 @@ def test_spec_fields_are_normalised():
         ({"name": "x", "shape": (1, 2, 3), "axis_letters": "h"}, "names 1 axes"),
         ({"name": "x", "axis_letters": ["hw"]}, "one letter per non-batch axis"),
         ({"name": "x", "from_": ""}, "from_='' must be a non-empty string"),
+        (
+            {"name": "x", "nonfinite": "ignore"},
+            r"ExportSpec\('x'\): nonfinite='ignore' must be 'refuse' .* or 'allow'",
+        ),
     ],
 )
 def test_spec_refuses_bad_fields(kwargs, message):
@@ -56,6 +60,19 @@ def test_inputs_need_dtype_shape_batch_first_and_fixed_sizes():
         check_specs("export_inputs", [nx.ExportSpec("x", "float32", (1, -1))])
     with pytest.raises(nx.HookError, match="only export_outputs accepts"):
         check_specs("export_inputs", [nx.ExportSpec("x", "float32", (1, 2), from_="y")])
+
+
+def test_only_inputs_may_allow_nonfinite_values():
+    allowed = nx.ExportSpec("x", "float32", (1, 2), nonfinite="allow")
+    assert check_specs("export_inputs", [allowed])[0].nonfinite == "allow"
+    assert nx.ExportSpec("x").nonfinite == "refuse"  # the default
+    for hook in ("export_outputs", "export_client_inputs"):
+        with pytest.raises(
+            nx.HookError,
+            match=rf"{hook}: ExportSpec\('x'\) has nonfinite='allow', which only "
+            "export_inputs accepts",
+        ):
+            check_specs(hook, [allowed])
 
 
 def test_hook_returns_are_checked_as_a_whole():

@@ -53,7 +53,7 @@ class ExportContract:
             return None if group is None else [s.as_json() for s in group]
 
         return {
-            "inputs": specs(self.inputs),
+            "inputs": [{**s.as_json(), "nonfinite": s.nonfinite} for s in self.inputs],
             "outputs": specs(self.outputs),
             "client_inputs": specs(self.client_inputs),
             "client_outputs": specs(self.client_outputs),

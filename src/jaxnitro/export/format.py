@@ -38,7 +38,19 @@ def program_file(batch: int | str) -> str:
 
 
 class BundleError(NitroError):
-    """A bundle cannot be loaded; a subclass says why."""
+    """A bundle cannot be loaded; a subclass says why.
+
+    Attributes:
+        file: the bundle file at fault (a path), or None.
+        field: the manifest field at fault (`inputs[0].dtype`), or None.
+    """
+
+    def __init__(
+        self, message: str, *, file: str | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.file = file
+        self.field = field
 
 
 class BundleVersionError(BundleError):
@@ -51,6 +63,21 @@ class BundleFileMissingError(BundleError):
 
 class BundleChecksumError(BundleError):
     """A file's sha256 differs from the manifest's: it changed after the export."""
+
+
+class BundleManifestError(BundleError):
+    """The manifest is malformed: too large or deep, not JSON, a key missing,
+    unknown or of the wrong type, or a file it needs not checksummed."""
+
+
+class BundlePathError(BundleError):
+    """A path in the manifest leads outside the bundle's folder (`..`, an absolute
+    path, a symbolic link out of the folder)."""
+
+
+class BundleProgramError(BundleError):
+    """A program or the weights file does not decode, or disagrees with the
+    manifest's wire contract or weight keys."""
 
 
 def sha256(path: str | os.PathLike[str]) -> str:

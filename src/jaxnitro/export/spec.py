@@ -19,6 +19,7 @@ from ..errors import ConfigError, HookError
 
 EXECUTABLE_HOOKS = ("export_inputs", "export_outputs")
 CLIENT_HOOKS = ("export_client_inputs", "export_client_outputs")
+NONFINITE = ("refuse", "allow")
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,17 @@ class ExportSpec:
         from_: the source of an output when it is not its own name: a key of
             `forward`'s outputs (a rename) or a wire input (an echo). Only
             `export_outputs` accepts it.
+        nonfinite: what a loaded bundle and `nitro serve` do with NaN and
+            infinite values in this wire input: "refuse" (the default: the call
+            raises, the server answers 400 naming the input) or "allow" (they
+            reach the program). Only `export_inputs` accepts "allow"; it is
+            written to the manifest as the input's `nonfinite`.
 
     Raises:
         ConfigError: an empty name, an unknown dtype, a shape with a size below 1
             other than -1, a batch axis outside the shape, axis letters whose
-            count is not the number of non-batch axes, or a `from_` that is not a
-            non-empty string.
+            count is not the number of non-batch axes, a `from_` that is not a
+            non-empty string, or a `nonfinite` other than "refuse" and "allow".
 
     Example:
         >>> spec = ExportSpec("img", "uint8", (1, 28, 28), axis_letters="hw")
@@ -59,6 +65,7 @@ class ExportSpec:
     batch_axis: int = 0
     axis_letters: tuple[str, ...] | None = None
     from_: str | None = None
+    nonfinite: str = "refuse"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -111,6 +118,13 @@ class ExportSpec:
             raise ConfigError(
                 f"{where}: from_={self.from_!r} must be a non-empty string naming an "
                 "output of forward or a wire input."
+            )
+
+        if self.nonfinite not in NONFINITE:
+            raise ConfigError(
+                f"{where}: nonfinite={self.nonfinite!r} must be 'refuse' (NaN and "
+                "infinite inputs are refused, the default) or 'allow' (they reach "
+                "the program)."
             )
 
     @property
@@ -175,6 +189,12 @@ def _check_one(hook: str, spec: ExportSpec) -> None:
         raise HookError(
             f"{where} has from_={spec.from_!r}, which only export_outputs accepts "
             "(a rename or an echo of a wire input). Remove it."
+        )
+    if spec.nonfinite != "refuse" and hook != "export_inputs":
+        raise HookError(
+            f"{where} has nonfinite={spec.nonfinite!r}, which only export_inputs "
+            "accepts (whether a wire input may carry NaN or infinite values). "
+            "Remove it."
         )
     needs_full = hook != "export_outputs"
     if needs_full and (spec.dtype is None or spec.shape is None):
