@@ -106,6 +106,7 @@ from .export.bundle import StableHLOBundle as StableHLOBundle
 from .export.format import BundleChecksumError as BundleChecksumError
 from .export.format import BundleError as BundleError
 from .export.format import BundleFileMissingError as BundleFileMissingError
+from .export.format import BundlePlatformError as BundlePlatformError
 from .export.format import BundleVersionError as BundleVersionError
 from .export.loader import LoadedBundle as LoadedBundle
 from .export.loader import load_bundle as load_bundle

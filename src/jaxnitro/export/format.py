@@ -53,6 +53,10 @@ class BundleChecksumError(BundleError):
     """A file's sha256 differs from the manifest's: it changed after the export."""
 
 
+class BundlePlatformError(BundleError):
+    """The programs were lowered for no platform this process has devices of."""
+
+
 def sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a file's bytes, as hex."""
     digest = hashlib.sha256()

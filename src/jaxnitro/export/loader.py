@@ -3,13 +3,17 @@
 Loading reads the manifest, refuses a format version newer than this jaxnitro
 writes, a missing file or one whose sha256 differs from the manifest's, then
 deserializes the programs and the weights. No pickle is read anywhere.
+
+The programs run on JAX's default device when they were lowered for its platform;
+otherwise on the first device of a platform they were lowered for (on a TPU
+machine, a bundle lowered for cpu and cuda runs on its CPU).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,8 +27,16 @@ from .format import (
     MANIFEST,
     BundleChecksumError,
     BundleFileMissingError,
+    BundlePlatformError,
     BundleVersionError,
     sha256,
+)
+
+PLATFORM_MISSING = (
+    "load_bundle: {path} holds programs lowered for {platforms}, and this process "
+    "has no device of those platforms (its default is {default}). Export the model "
+    "again with StableHLOBundle(platforms=(..., {default!r})), or load the bundle in "
+    "a process that has one of them (JAX_PLATFORMS)."
 )
 
 
@@ -48,11 +60,13 @@ class LoadedBundle:
         manifest: dict[str, Any],
         programs: dict[str, Any],
         weights: list[np.ndarray],
+        device: Any = None,
     ) -> None:
         self.path = path
         self.manifest = manifest
         self._programs = programs
         self._weights = weights
+        self._device = device  # None: JAX's default device
         self.input_names = tuple(s["name"] for s in manifest["inputs"])
         self.output_names = tuple(s["name"] for s in manifest["outputs"])
 
@@ -83,6 +97,10 @@ class LoadedBundle:
         n = wire[0].shape[0]
         exported = self._programs.get(str(n), self._programs[DYNAMIC])
         args, kwargs = exported.in_tree.unflatten([*self._weights, *wire])
+        if self._device is not None:  # a call runs where its arguments are
+            import jax
+
+            args, kwargs = jax.device_put((args, kwargs), self._device)
         outputs = exported.call(*args, **kwargs)
         return {
             name: np.asarray(value)
@@ -156,6 +174,8 @@ def load_bundle(path: str | os.PathLike[str]) -> LoadedBundle:
         BundleVersionError: not a jaxnitro StableHLO bundle, or a format version
             newer than this jaxnitro reads.
         BundleChecksumError: a file's sha256 differs from the manifest's.
+        BundlePlatformError: the programs were lowered for no platform this
+            process has a device of.
     """
     path = os.path.abspath(os.fspath(path))
     manifest_path = os.path.join(path, MANIFEST)
@@ -198,6 +218,33 @@ def load_bundle(path: str | os.PathLike[str]) -> LoadedBundle:
     for batch, name in manifest["programs"].items():
         with open(os.path.join(path, name), "rb") as f:
             programs[batch] = export.deserialize(bytearray(f.read()))
+    device = run_device(path, next(iter(programs.values())).platforms)
     tensors = load_file(os.path.join(path, manifest["weights"]["file"]))
     weights = [tensors[key] for key in manifest["weights"]["keys"]]
-    return LoadedBundle(path, manifest, programs, weights)
+    return LoadedBundle(path, manifest, programs, weights, device)
+
+
+def run_device(path: str, platforms: Sequence[str]) -> Any:
+    """Where a bundle lowered for `platforms` runs: None (JAX's default device)
+    when they include the default's platform, else the first device of the first
+    of them this process has.
+
+    Raises:
+        BundlePlatformError: this process has no device of any of `platforms`.
+    """
+    import jax
+    from jax import export
+
+    default = export.default_export_platform()  # "cpu", "cuda", "rocm", "tpu"
+    if default in platforms:
+        return None
+    for platform in platforms:
+        try:
+            return jax.devices(platform)[0]
+        except RuntimeError:  # no such backend in this process
+            continue
+    raise BundlePlatformError(
+        PLATFORM_MISSING.format(
+            path=path, platforms=", ".join(platforms), default=default
+        )
+    )
