@@ -165,6 +165,7 @@ np.savez(sys.argv[3], **{
 """
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow
 def test_a_fresh_process_reproduces_predict(bundle, tmp_path):
     nitro, path = bundle
