@@ -3,9 +3,15 @@
 The programs compile with XLA's default CPU pipeline, the one users run: a faster
 compile (LLVM at -O0, the classic emitters) took a third off the default tier but
 would test another code generator than the one that ships.
+
+JAX_PLATFORMS and XLA_FLAGS are defaults: a value in the environment wins
+(scripts/tpu/tests.sh runs the tier on a TPU with JAX_PLATFORMS=tpu,cpu). A test
+marked `needs_sockets`, `needs_devices(n)` or `needs_processes` is skipped, with the
+reason, where the machine lacks it (tests/support/capabilities.py).
 """
 
 import os
+import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -14,8 +20,24 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from capabilities import missing  # noqa: E402
+
+_STARTED = pytest.StashKey[float]()
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+if jax.default_backend() == "tpu":
+    # A TPU multiplies float32 matrices in bfloat16 passes by default; the tests
+    # compare numbers with NumPy and Optax at float32 tolerances, so they ask for
+    # full precision. Users keep JAX's default.
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip each test whose markers need what this machine lacks, naming it."""
+    for item in items:
+        reason = missing(item.iter_markers())
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +63,33 @@ def pytest_addoption(parser):
         help="run the loop as on an accelerator: the prefetch threads stage every "
         "batch on the device (the CPU backend otherwise hands host arrays on)",
     )
+    parser.addoption(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no test after SECONDS from the session's start; the run stops "
+        "as interrupted, with the summary of what ran (scripts/tpu/tests.sh)",
+    )
+
+
+TIME_LIMIT = "time limit of {limit:g} s reached: the tests after {nodeid} did not run"
+
+
+def pytest_sessionstart(session):
+    session.stash[_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Past --time-limit, stop before the next test (a signal would not do: a
+    training test takes Ctrl+C as a request to stop the run)."""
+    limit = item.config.getoption("--time-limit")
+    if limit is None or nextitem is None:
+        return
+    started = item.session.stash.setdefault(_STARTED, time.monotonic())
+    if time.monotonic() - started > limit:
+        item.session.shouldstop = TIME_LIMIT.format(limit=limit, nodeid=item.nodeid)
 
 
 @pytest.fixture(autouse=True)

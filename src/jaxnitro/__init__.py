@@ -108,6 +108,7 @@ from .export.format import BundleError as BundleError
 from .export.format import BundleFileMissingError as BundleFileMissingError
 from .export.format import BundleManifestError as BundleManifestError
 from .export.format import BundlePathError as BundlePathError
+from .export.format import BundlePlatformError as BundlePlatformError
 from .export.format import BundleProgramError as BundleProgramError
 from .export.format import BundleVersionError as BundleVersionError
 from .export.loader import LoadedBundle as LoadedBundle

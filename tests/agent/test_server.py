@@ -5,8 +5,10 @@ import time
 from pathlib import Path
 
 import anyio
+import jax
 import pytest
 from agent_root import make_root
+from process_jobs import child_path
 
 import jaxnitro as nx
 from jaxnitro.agent.server import DESCRIPTIONS, build_server
@@ -86,6 +88,7 @@ async def train_stop_history_export(client, root):
     return status
 
 
+@pytest.mark.needs_sockets("pair")  # an asyncio event loop: a socketpair
 def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
     root = make_root(tmp_path)
     tools = AgentTools(root)
@@ -106,7 +109,8 @@ def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
                 "misses",
                 "entries",
             }
-            assert (await call(client, "nitro_setup"))["backend"] == "cpu"
+            setup = await call(client, "nitro_setup")
+            assert setup["backend"] == jax.default_backend()
 
     try:
         anyio.run(main)
@@ -114,6 +118,7 @@ def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
         assert tools.shutdown(60) == []
 
 
+@pytest.mark.needs_sockets("pair")
 def test_refusals_are_tool_errors_and_the_server_goes_on(tmp_path):
     root = make_root(tmp_path)
     outside = tmp_path / "outside.py"
@@ -163,12 +168,13 @@ def test_every_tool_has_a_description():
     assert "n_devs pins the device count" in DESCRIPTIONS["nitro_setup"]
 
 
+@pytest.mark.needs_sockets("pair")
 @pytest.mark.slow  # a server process of its own, spoken to over stdio
 def test_a_stdio_server_process_drives_a_run_and_stops_its_runs_on_exit(tmp_path):
     root = make_root(tmp_path)
     env = {
         **os.environ,
-        "PYTHONPATH": str(SRC),
+        "PYTHONPATH": child_path(),
         "JAX_PLATFORMS": "cpu",
         "JAXNITRO_COMPILATION_CACHE": "off",
     }

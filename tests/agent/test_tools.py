@@ -1,5 +1,6 @@
 import time
 
+import jax
 import numpy as np
 import pytest
 from agent_root import finish, make_root
@@ -167,14 +168,18 @@ def test_starts_past_max_runs_are_refused(tools):
         assert tools.status(run)["state"] == "done"
 
 
+@pytest.mark.needs_devices(2)
 def test_setup_is_setup_devices(tools, monkeypatch):
     from mesh_experiments import unpinned
 
     unpinned(monkeypatch)
     report = tools.setup()
-    assert (report["backend"], len(report["visible"])) == ("cpu", 4)
+    visible, backend = len(jax.local_devices()), jax.default_backend()  # 4, cpu
+    assert (report["backend"], len(report["visible"])) == (backend, visible)
     assert (report["n_devs"], report["pinned"]) == (1, None)
     assert "with no arguments it only reports" in report["note"]
     assert tools.setup(n_devs=2)["pinned"] == nx.setup_devices()["pinned"] == 2
-    with pytest.raises(nx.ConfigError, match="n_devs=8, but only 4 cpu device"):
+    with pytest.raises(
+        nx.ConfigError, match=f"n_devs=8, but only {visible} {backend} device"
+    ):
         tools.setup(n_devs=8)

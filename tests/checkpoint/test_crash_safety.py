@@ -63,7 +63,9 @@ class Server:
     """The fork server: one training process per `run` call."""
 
     def __init__(self, cache_dir: str, log_path: str) -> None:
+        # On the CPU: on an accelerator this process holds the device already.
         env = {**os.environ, "JAXNITRO_COMPILATION_CACHE": cache_dir}
+        env["JAX_PLATFORMS"] = "cpu"
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in close())
         self.process = subprocess.Popen(
             [sys.executable, WORKER, cache_dir],

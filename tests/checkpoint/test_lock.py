@@ -238,6 +238,7 @@ def _finish(processes, timeout=180.0):
     return outs
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # four training processes
 def test_four_processes_training_into_one_directory_leave_one_writer(tmp_path):
     processes = [_writer(tmp_path, "fresh", "go") for _ in range(4)]
@@ -256,6 +257,7 @@ def test_four_processes_training_into_one_directory_leave_one_writer(tmp_path):
     assert all((tmp_path / "run" / e.file).is_file() for e in entries)
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # two resuming processes, one killed
 def test_a_second_resume_of_one_run_is_refused_until_the_first_is_killed(
     run_dir, tmp_path

@@ -4,7 +4,6 @@ function is ever walked by the code fingerprint."""
 
 import importlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from process_jobs import SRC, SUPPORT, child_env
+from process_jobs import child_env, child_path
 
 import jaxnitro as nx
 from jaxnitro.compile import fingerprint as fingerprint_module
@@ -244,7 +243,7 @@ def test_jax_and_optax_imported_from_a_folder_on_pythonpath_are_libraries(tmp_pa
         shutil.copytree(installed, deps / name, ignore=shutil.ignore_patterns("*.pyc"))
     (tmp_path / "child.py").write_text(CHILD.format(walker=WALKER))
     env = child_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(deps), str(SRC), str(SUPPORT)])
+    env["PYTHONPATH"] = child_path(str(deps))  # the copies first
     done = subprocess.run(
         [sys.executable, str(tmp_path / "child.py")],
         env=env,

@@ -65,6 +65,7 @@ def _params(path: Path) -> dict:
     return nx.Checkpointer().load(str(path)).field_arrays("params")
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # three processes of their own
 def test_one_rank_stop_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"
@@ -90,6 +91,7 @@ def test_one_rank_stop_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # two processes of their own
 def test_a_sigterm_on_one_rank_preempts_every_rank_at_one_step(tmp_path):
     port = free_port()

@@ -48,6 +48,7 @@ def test_shard_refuses_a_global_batch_the_processes_do_not_divide():
         nx.Distributed(0, 2, (), (), None).shard(np.arange(18), 9)
 
 
+@pytest.mark.needs_sockets
 def test_a_coordinator_that_never_answers_is_named_with_the_timeout():
     port = free_port()  # nothing listens there
     start = time.monotonic()
@@ -60,6 +61,7 @@ def test_a_coordinator_that_never_answers_is_named_with_the_timeout():
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.needs_sockets
 def test_rank_0_refuses_a_coordinator_port_already_taken():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -73,6 +75,7 @@ def test_rank_0_refuses_a_coordinator_port_already_taken():
             nx.init_distributed(f"127.0.0.1:{port}", 2, 0)
 
 
+@pytest.mark.needs_sockets
 def test_joining_after_the_backend_started_names_the_fix():
     import jax
 
@@ -111,6 +114,7 @@ def test_bad_job_settings_are_refused_by_name(kwargs, message):
         nx.init_distributed(**kwargs)
 
 
+@pytest.mark.needs_sockets
 def test_the_environment_names_the_job(monkeypatch):
     port = free_port()
     monkeypatch.setenv(distributed.COORDINATOR_ENV, f"127.0.0.1:{port}")
@@ -188,6 +192,7 @@ def _assert_same_params(expected_record, got_record):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -225,6 +230,7 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
     )
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # two processes of their own
 def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_path):
     port = free_port()
@@ -259,6 +265,7 @@ def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_pat
         ) in output, output
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # three processes of their own
 def test_the_launcher_stops_the_others_when_a_process_dies(tmp_path):
     start = time.monotonic()
@@ -285,6 +292,7 @@ def test_the_launcher_stops_the_others_when_a_process_dies(tmp_path):
     assert time.monotonic() - start < 200
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # two processes of their own
 def test_without_a_launcher_the_survivor_stops_after_the_heartbeat_timeout(tmp_path):
     port = free_port()

@@ -93,6 +93,7 @@ def _assert_close(expected, got):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_two_processes_validate_evaluate_and_predict_as_one_process(tmp_path):
     _run([str(tmp_path / "one"), str(tmp_path / "out1")], devices=1)
@@ -119,6 +120,7 @@ def test_two_processes_validate_evaluate_and_predict_as_one_process(tmp_path):
     assert lines[0].count("\n") == lines[1].count("\n")
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_fsdp_across_two_processes_writes_whole_leaves_and_resumes_in_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"

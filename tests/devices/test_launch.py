@@ -45,6 +45,7 @@ def _run(code: str, n: int = 2, **wait) -> tuple[int, str, str, float]:
     return status, out.getvalue(), err.getvalue(), time.monotonic() - start
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_output_comes_back_prefixed_by_rank_and_success_is_0():
     status, out, err, _ = _run(PRINTS_ITS_RANK)
@@ -56,6 +57,7 @@ def test_output_comes_back_prefixed_by_rank_and_success_is_0():
     ]
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_a_failed_rank_stops_the_others_and_its_status_is_returned():
     code = (
@@ -72,6 +74,7 @@ def test_a_failed_rank_stops_the_others_and_its_status_is_returned():
     assert took < 60
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period():
     code = (
@@ -87,6 +90,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period():
     assert took < 60
 
 
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # processes of their own
 def test_the_timeout_stops_every_rank_with_status_124():
     status, _, err, took = _run("import time; time.sleep(600)", grace_s=1, timeout_s=1)

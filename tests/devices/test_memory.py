@@ -17,6 +17,8 @@ import jaxnitro as nx
 from jaxnitro.devices.memory import memory_report
 from jaxnitro.devices.placement import Placement
 
+pytestmark = pytest.mark.needs_devices(4)  # a mesh of 4 in every test
+
 
 @pytest.fixture(autouse=True)
 def _unpinned(monkeypatch):
@@ -29,8 +31,8 @@ def test_memory_report_sums_the_shards_each_device_holds():
     whole = jax.device_put(jnp.zeros(4), NamedSharding(mesh, P()))
     report = memory_report({"params": split, "opt_state": whole, "ema": None})
     assert report == {
-        f"cpu:{i}": {"params": 128, "opt_state": 16, "ema": 0, "total": 144}
-        for i in range(4)
+        str(device): {"params": 128, "opt_state": 16, "ema": 0, "total": 144}
+        for device in mesh.devices.flat  # "cpu:0" ... "cpu:3" on a CPU
     }
 
 
@@ -56,8 +58,9 @@ def trained(tmp_path_factory):
 def test_fsdp_holds_a_quarter_of_the_state_per_device(trained):
     replicated = trained["replicated"].memory_report()
     fsdp = trained["fsdp"].memory_report()
-    assert sorted(fsdp) == [f"cpu:{i}" for i in range(4)]
-    whole = replicated["cpu:0"]
+    names = [str(device) for device in jax.local_devices()[:4]]  # "cpu:0" ...
+    assert sorted(fsdp) == sorted(names)
+    whole = replicated[names[0]]
     params = (8 * 2048 + 2048 + 2048 * 3) * 4
     assert whole["params"] == whole["ema"] == params
     for row in fsdp.values():

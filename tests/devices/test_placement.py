@@ -1,5 +1,6 @@
-"""Data parallelism on 4 CPU devices: the sharding rules, and a mesh run that matches
-the single-device run (training, padded evaluation, predict, checkpoints)."""
+"""Data parallelism on 4 devices (CPU ones in CI): the sharding rules, and a mesh run
+that matches the single-device run (training, padded evaluation, predict,
+checkpoints)."""
 
 import os
 import re
@@ -29,6 +30,7 @@ def spec(placement, role, leaf):
     return sharding.spec
 
 
+@pytest.mark.needs_devices(4)
 @pytest.mark.parametrize(
     ("shape", "expected"),
     [
@@ -50,6 +52,7 @@ def test_fsdp_splits_large_leaves_along_their_largest_divisible_dimension(
     assert spec(replicated, "state", np.zeros(shape, np.float32)) == P()
 
 
+@pytest.mark.needs_devices(4)
 def test_a_batch_splits_along_its_first_axis_and_a_prng_key_stays_whole():
     placement = Placement.build(n_devs=4, mode="fsdp")
     assert spec(placement, "batch", np.zeros((16, 8))) == P("data")
@@ -71,6 +74,7 @@ def test_the_batch_must_divide_by_n_devs():
     assert [padded_width(w, 4) for w in (1, 4, 10, 12)] == [4, 4, 12, 12]
 
 
+@pytest.mark.needs_devices(3)
 def test_a_train_batch_n_devs_does_not_divide_is_refused_at_setup():
     with pytest.raises(
         nx.ConfigError,
@@ -92,6 +96,7 @@ def runs(tmp_path_factory):
     return handles
 
 
+@pytest.mark.needs_devices(4)
 def test_training_on_4_devices_matches_one_device(runs):
     one, four = runs[1], runs[4]
     for name, value in one.parameters.items():
@@ -103,6 +108,7 @@ def test_training_on_4_devices_matches_one_device(runs):
     )
 
 
+@pytest.mark.needs_devices(4)
 def test_the_train_step_splits_the_batch_and_reduces_the_gradient(runs):
     (kind, step), *_ = runs[4].executables.compiled()
     assert kind == "train_step"
@@ -111,6 +117,7 @@ def test_the_train_step_splits_the_batch_and_reduces_the_gradient(runs):
     assert "all-reduce" in step.compiled.as_text()
 
 
+@pytest.mark.needs_devices(4)
 def test_padded_evaluation_and_predict_stay_exact_on_4_devices(runs):
     one, four = runs[1], runs[4]
     assert (one.status.eval_width, four.status.eval_width) == (10, 12)
@@ -126,6 +133,7 @@ def test_padded_evaluation_and_predict_stay_exact_on_4_devices(runs):
     assert four.predict(batch).shape == (7, 3)
 
 
+@pytest.mark.needs_devices(4)
 def test_a_mesh_run_writes_the_same_checkpoint_content(runs):
     def newest(nitro):
         entry = max(nitro.checkpointer.entries(), key=lambda e: e.step)
@@ -138,6 +146,7 @@ def test_a_mesh_run_writes_the_same_checkpoint_content(runs):
         np.testing.assert_allclose(four[name], array, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_devices(4)
 @pytest.mark.parametrize(
     ("experiment", "keywords"),
     [(Ragged(max_epochs=1), {"accum": 2}), (ManualRagged(max_epochs=1), {})],
@@ -158,6 +167,7 @@ def test_accumulated_and_manual_steps_on_4_devices_match_one_device(
         assert MESHES[1].shape == {"data": 4}
 
 
+@pytest.mark.needs_devices(4)
 def test_predict_on_a_handle_without_data_pads_to_a_multiple_of_n_devs():
     nitro = nx.Nitro(Ragged(), n_devs=4, data={}, **quiet())
     one = nx.Nitro(Ragged(), data={}, **quiet())

@@ -32,6 +32,7 @@ def test_the_generator_moves_its_points_onto_the_mixture(gan):
     assert nitro.train_state.opt_state["gen"].inner[0].count == 20 * 32
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow
 def test_the_script_runs_in_smoke_mode(tmp_path):
     env = {

@@ -55,6 +55,7 @@ def test_tutorial_trains_on_an_mnist_directory(tutorial, tmp_path, monkeypatch):
     assert nx.cache_stats()["misses"] == before["misses"]
 
 
+@pytest.mark.needs_processes
 def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NITRO_MNIST_DIR"}
     env.update(

@@ -3,6 +3,7 @@ and the outputs of a bundle loaded in a fresh process against predict."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -64,6 +65,47 @@ def test_a_tampered_weights_file_is_refused(bundle):
     assert issubclass(nx.BundleError, nx.NitroError)
 
 
+def test_on_a_default_platform_it_was_not_lowered_for_it_runs_on_one_it_was(
+    bundle, monkeypatch
+):
+    """A TPU machine loading a bundle lowered for cpu and cuda runs it on its CPU."""
+    import jax
+    from jax import export
+
+    nitro, path = bundle
+    x = make_batches(3, 3, seed=4)[0]["x"]
+    monkeypatch.setattr(export, "default_export_platform", lambda: "tpu")
+    model = nx.load_bundle(path)
+    assert model._device == jax.devices("cpu")[0]
+    np.testing.assert_allclose(
+        model(x=x)["logits"], nitro.predict({"x": x}), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_a_bundle_for_no_platform_this_process_has_is_refused(tmp_path):
+    import jax
+
+    try:
+        jax.devices("cuda")
+        pytest.skip("this process has a CUDA device")
+    except RuntimeError:
+        pass
+    nitro = nx.Nitro(Exportable(), **quiet())
+    path = nx.export_model(
+        nitro, nx.StableHLOBundle(platforms=("cuda",)), dir=tmp_path, name="gpu"
+    )
+    default = jax.export.default_export_platform()
+    message = (
+        f"load_bundle: {path} holds programs lowered for cuda, and this process has "
+        f"no device of those platforms (its default is {default}). Export the model "
+        f"again with StableHLOBundle(platforms=(..., {default!r})), or load the "
+        "bundle in a process that has one of them (JAX_PLATFORMS)."
+    )
+    with pytest.raises(nx.BundlePlatformError, match=f"^{re.escape(message)}$"):
+        nx.load_bundle(path)
+    assert issubclass(nx.BundlePlatformError, nx.BundleError)
+
+
 def test_inputs_are_checked_by_name_dtype_and_shape(bundle):
     _, path = bundle
     model = nx.load_bundle(path)
@@ -123,6 +165,7 @@ np.savez(sys.argv[3], **{
 """
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow
 def test_a_fresh_process_reproduces_predict(bundle, tmp_path):
     nitro, path = bundle

@@ -61,6 +61,7 @@ def npy(array):
     return buffer.getvalue()
 
 
+@pytest.mark.needs_sockets("pair")  # an asyncio event loop: a socketpair
 def test_json_predict_matches_predict(served):
     nitro, _, app = served
     x = make_batches(3, 3, seed=4)[0]["x"]
@@ -70,6 +71,7 @@ def test_json_predict_matches_predict(served):
     np.testing.assert_allclose(logits, nitro.predict({"x": x}), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets("pair")
 def test_npy_and_npz_bodies_and_an_npy_answer(served):
     nitro, _, app = served
     x = make_batches(9, 9, seed=5)[0]["x"].astype(np.float32)  # past max_batch
@@ -106,6 +108,7 @@ def test_npy_and_npz_bodies_and_an_npy_answer(served):
     np.testing.assert_allclose(got, expected[:2], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets("pair")
 def test_health_manifest_and_unknown_model(served):
     _, path, app = served
     health, manifest, unknown, unknown_post = run(
@@ -171,6 +174,7 @@ BAD = [
 ]
 
 
+@pytest.mark.needs_sockets("pair")
 @pytest.mark.parametrize(("request_kw", "message"), BAD)
 def test_malformed_requests_get_400_naming_the_input(served, request_kw, message):
     _, _, app = served
@@ -187,6 +191,7 @@ def test_malformed_requests_get_400_naming_the_input(served, request_kw, message
     assert re.search(message, r.json()["error"]), r.json()["error"]
 
 
+@pytest.mark.needs_sockets("pair")
 def test_integer_inputs_refuse_fractions_and_out_of_range_values(tmp_path):
     nitro = nx.Nitro(Rich(), **quiet())
     path = nx.export_model(nitro, nx.StableHLOBundle(), dir=tmp_path, name="v1")
@@ -226,6 +231,7 @@ def test_integer_inputs_refuse_fractions_and_out_of_range_values(tmp_path):
     assert out["top"] == np.asarray(expected["top"]).tolist()
 
 
+@pytest.mark.needs_sockets("pair")
 def test_concurrent_requests_are_batched_and_split_back(served):
     nitro, _, app = served
     x = make_batches(10, 10, seed=6)[0]["x"]
@@ -242,6 +248,7 @@ def test_concurrent_requests_are_batched_and_split_back(served):
     np.testing.assert_allclose(got, nitro.predict({"x": x}), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.needs_sockets("pair")
 def test_batcher_pads_to_an_exported_size_and_passes_errors_on():
     seen = []
 
@@ -295,6 +302,8 @@ def free_port():
 CLIENTS, SECONDS, MAX_REQUESTS = 16, 8.0, 20_000
 
 
+@pytest.mark.needs_processes
+@pytest.mark.needs_sockets
 @pytest.mark.slow
 def test_a_server_process_on_loopback_under_a_bounded_load(tmp_path):
     nitro = nx.Nitro(Exportable(), **quiet())
@@ -402,6 +411,7 @@ class Two(Exportable):
         return {"x": x * w[:, None]}
 
 
+@pytest.mark.needs_sockets("pair")
 def test_a_two_input_bundle_takes_npz_and_refuses_an_unnamed_npy(tmp_path):
     nitro = nx.Nitro(Two(), **quiet())
     path = nx.export_model(nitro, nx.StableHLOBundle(), dir=tmp_path, name="v1")
@@ -442,6 +452,7 @@ def test_a_two_input_bundle_takes_npz_and_refuses_an_unnamed_npy(tmp_path):
         create_app(path, max_batch=0, warm_up=False)
 
 
+@pytest.mark.needs_sockets("pair")
 def test_a_failing_program_answers_500_naming_the_model(served, monkeypatch):
     _, _, app = served
 

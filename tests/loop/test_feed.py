@@ -77,6 +77,7 @@ def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.needs_devices(4)
 @pytest.mark.parametrize("evaluation", [False, True], ids=["train", "eval"])
 def test_a_staged_batch_is_split_over_the_mesh(monkeypatch, evaluation):
     from jaxnitro.devices.placement import Placement

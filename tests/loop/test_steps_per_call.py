@@ -279,6 +279,7 @@ def test_a_bad_steps_per_call_is_refused_at_construction(value, message):
         nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=value)
 
 
+@pytest.mark.needs_devices(2)
 def test_steps_per_call_on_a_mesh_is_refused_naming_both():
     with pytest.raises(nx.ConfigError, match="steps_per_call=4 with n_devs=2"):
         nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4, n_devs=2)
@@ -406,6 +407,7 @@ def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
 
 
 def test_on_an_accelerator_the_default_is_auto_and_on_a_cpu_one(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     on_cpu = nx.Nitro(Tiny(), logger=None, checkpointer=None)
     assert on_cpu.config.steps_per_call == 1
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")

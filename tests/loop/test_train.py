@@ -324,6 +324,7 @@ def test_an_epoch_continued_after_a_stop_reports_the_whole_epochs_train_loss(
         accum=2,
         logger=stopper,
         log_every_n_steps=1,
+        steps_per_call=1,  # on an accelerator too ("auto" stops at a call's end)
     )
     stopper.nitro = first
     first.train()
@@ -351,6 +352,7 @@ def _stopped_midway(tmp_path, *, accum, at_line, n_train=128):
         accum=accum,
         logger=stopper,
         log_every_n_steps=1,
+        steps_per_call=1,  # on an accelerator too ("auto" stops at a call's end)
     )
     stopper.nitro = first
     first.train()

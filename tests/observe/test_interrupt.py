@@ -272,6 +272,7 @@ def _first_train_line(path: Path, process: subprocess.Popen, timeout: float) -> 
     raise AssertionError(f"no train line in {path} after {timeout} s")
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # a training process of its own
 @pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 def test_ctrl_c_stops_a_training_process_gracefully(tmp_path):
@@ -343,6 +344,7 @@ def _preempted_process(tmp_path: Path, mode: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # a training process of its own
 @pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 def test_sigterm_checkpoints_exits_preempted_and_the_run_resumes(tmp_path):
@@ -381,6 +383,7 @@ def test_sigterm_checkpoints_exits_preempted_and_the_run_resumes(tmp_path):
     assert resumed.current_epoch == last.epoch + 1
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # a training process of its own
 @pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(tmp_path):

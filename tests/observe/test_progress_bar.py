@@ -174,6 +174,7 @@ def described(line: str) -> str:
     return re.split(r" +[━╸╺]", line, maxsplit=1)[0]
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # a process on a pseudo-terminal
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 def test_a_person_at_a_terminal_sees_one_line_per_entry_point():
@@ -231,6 +232,7 @@ TRAINING = textwrap.dedent(
 )
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow  # a process on a pseudo-terminal
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 def test_a_real_training_run_at_a_terminal_keeps_one_live_line():

@@ -98,7 +98,8 @@ def test_a_custom_perturb_rule_is_keyed_by_its_code_and_fields():
             def grad_rule(self):
                 return rule
 
-        nitro = nx.Nitro(Sharp(max_epochs=2), **quiet())
+        # One program a rule: "auto" (an accelerator's default) adds a call of k.
+        nitro = nx.Nitro(Sharp(max_epochs=2), steps_per_call=1, **quiet())
         nitro.train()
         return nitro.parameters
 

@@ -4,6 +4,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from experiments import Tiny, TinyMetrics
@@ -131,10 +132,10 @@ REFUSALS = [
     (
         {"n_devs": 8},
         nx.ConfigError,
-        "Nitro(...) (n_devs from the keyword): n_devs=8, but only 4 cpu device(s) are "
-        "visible to this process. Pass n_devs <= 4, or make more devices visible "
-        "before the process starts (CUDA_VISIBLE_DEVICES on a GPU host; on a CPU host "
-        "XLA_FLAGS=--xla_force_host_platform_device_count=8).",
+        "Nitro(...) (n_devs from the keyword): n_devs=8, but only {visible} {backend} "
+        "device(s) are visible to this process. Pass n_devs <= {visible}, or make "
+        "more devices visible before the process starts (CUDA_VISIBLE_DEVICES on a "
+        "GPU host; on a CPU host XLA_FLAGS=--xla_force_host_platform_device_count=8).",
     ),
     (
         {"n_devs": 0},
@@ -192,6 +193,9 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("keywords", "error", "message"), REFUSALS)
 def test_a_bad_value_is_refused_when_the_config_is_built(keywords, error, message):
+    if "n_devs" in keywords:  # fewer than 8 devices: 4 fake CPU ones, a TPU chip's 1
+        visible, backend = len(jax.local_devices()), jax.default_backend()
+        message = message.format(visible=visible, backend=backend)
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         RunConfig.resolve(NoData(), {**quiet(), **keywords})
     # The handle builds its config first: refused before the data is built.

@@ -331,6 +331,7 @@ def test_a_stop_partway_through_an_epoch_continues_that_epoch_bitwise(tmp_path, 
         accum=2,
         logger=stopper,
         log_every_n_steps=1,
+        steps_per_call=1,  # on an accelerator too ("auto" stops at a call's end)
     )
     stopper.nitro = first
     first.train()

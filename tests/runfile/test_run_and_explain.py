@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from process_jobs import child_path
 
 from jaxnitro.cli import main
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "runfiles"
-SRC = Path(__file__).parents[2] / "src"
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_run_refuses_a_bad_set_and_a_missing_file(examples, capsys):
 
 
 def sexpgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": child_path()}
     return subprocess.run(
         [sys.executable, "-m", "jaxnitro.cli", *args],
         cwd=cwd,
@@ -102,6 +102,7 @@ def test_sexpgpu_run_realistic_smoke_30_steps_on_cpu(examples):
     assert '"context": "validate"' in log and '"valid/loss"' in log
 
 
+@pytest.mark.needs_processes
 @pytest.mark.slow
 def test_sexpgpu_run_a_sweep_runs_every_point_in_its_own_directory(examples):
     done = sexpgpu(

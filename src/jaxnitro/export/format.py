@@ -80,6 +80,10 @@ class BundleProgramError(BundleError):
     manifest's wire contract or weight keys."""
 
 
+class BundlePlatformError(BundleError):
+    """The programs were lowered for no platform this process has devices of."""
+
+
 def sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a file's bytes, as hex."""
     digest = hashlib.sha256()

@@ -7,13 +7,17 @@ manifest's, then decodes the programs and the weights from the very bytes it
 checked, and checks each program's arguments and results against the wire contract
 and the weights. Every refusal is a `BundleError` subclass naming the file and the
 field. No pickle is read anywhere.
+
+The programs run on JAX's default device when they were lowered for its platform;
+otherwise on the first device of a platform they were lowered for (on a TPU
+machine, a bundle lowered for cpu and cuda runs on its CPU).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,7 @@ from .format import (
     DYNAMIC,
     BundleChecksumError,
     BundleFileMissingError,
+    BundlePlatformError,
     BundleProgramError,
     sha256,
 )
@@ -34,6 +39,13 @@ NONFINITE_REFUSED = (
     "{index}); bundle {bundle!r} refuses them (its export declared "
     "nonfinite='refuse', the default). Replace them before the call, or export "
     "with ExportSpec({name!r}, ..., nonfinite='allow') when the model handles them."
+)
+
+PLATFORM_MISSING = (
+    "load_bundle: {path} holds programs lowered for {platforms}, and this process "
+    "has no device of those platforms (its default is {default}). Export the model "
+    "again with StableHLOBundle(platforms=(..., {default!r})), or load the bundle in "
+    "a process that has one of them (JAX_PLATFORMS)."
 )
 
 
@@ -62,6 +74,7 @@ class LoadedBundle:
         manifest: Manifest,
         programs: dict[str, Any],
         weights: list[np.ndarray],
+        device: Any = None,
     ) -> None:
         self.path = path
         self.manifest = manifest.data
@@ -74,6 +87,7 @@ class LoadedBundle:
         self._weights = weights
         self.input_names = tuple(s.name for s in manifest.inputs)
         self.output_names = tuple(s.name for s in manifest.outputs)
+        self._device = device  # None: JAX's default device
 
     def __repr__(self) -> str:
         return (
@@ -103,6 +117,10 @@ class LoadedBundle:
         n = wire[0].shape[0]
         exported = self._programs.get(str(n), self._programs[DYNAMIC])
         args, kwargs = exported.in_tree.unflatten([*self._weights, *wire])
+        if self._device is not None:  # a call runs where its arguments are
+            import jax
+
+            args, kwargs = jax.device_put((args, kwargs), self._device)
         outputs = exported.call(*args, **kwargs)
         return {
             name: np.asarray(value)
@@ -206,6 +224,8 @@ def load_bundle(path: str | os.PathLike[str]) -> LoadedBundle:
         BundleChecksumError: a file's sha256 differs from the manifest's.
         BundleProgramError: a program or the weights do not decode, or disagree
             with the manifest's wire contract or weight keys.
+        BundlePlatformError: the programs were lowered for no platform this
+            process has a device of.
     """
     shown = os.path.abspath(os.fspath(path))
     root = os.path.realpath(shown)
@@ -250,7 +270,8 @@ def load_bundle(path: str | os.PathLike[str]) -> LoadedBundle:
         batch: _program(root, manifest, batch, verified[name], weights)
         for batch, name in manifest.programs.items()
     }
-    return LoadedBundle(shown, manifest, programs, weights)
+    device = run_device(shown, next(iter(programs.values())).platforms)
+    return LoadedBundle(shown, manifest, programs, weights, device)
 
 
 def _weights(root: str, manifest: Manifest, data: bytes) -> list[np.ndarray]:
@@ -348,3 +369,29 @@ def _error_name(error: BaseException) -> str:
     cls = type(error)
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def run_device(path: str, platforms: Sequence[str]) -> Any:
+    """Where a bundle lowered for `platforms` runs: None (JAX's default device)
+    when they include the default's platform, else the first device of the first
+    of them this process has.
+
+    Raises:
+        BundlePlatformError: this process has no device of any of `platforms`.
+    """
+    import jax
+    from jax import export
+
+    default = export.default_export_platform()  # "cpu", "cuda", "rocm", "tpu"
+    if default in platforms:
+        return None
+    for platform in platforms:
+        try:
+            return jax.devices(platform)[0]
+        except RuntimeError:  # no such backend in this process
+            continue
+    raise BundlePlatformError(
+        PLATFORM_MISSING.format(
+            path=path, platforms=", ".join(platforms), default=default
+        )
+    )

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs the default test tier on the TPU machine, in one process, from the repository
+# root (where the device tool runs a command; pass carry=[".whl-tpu"]):
+#
+#   bash scripts/tpu/tests.sh                            # the whole default tier
+#   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
+#
+# The tier in two calls (each within the device tool's 10 minutes):
+#
+#   bash scripts/tpu/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
+#       tests/devices tests/examples tests/experiment tests/export
+#   bash scripts/tpu/tests.sh tests/logging tests/loop tests/observe tests/optim \
+#       tests/run tests/runfile tests/test_*.py src/jaxnitro
+#
+# It sources scripts/tpu/env.sh test first (the test dependencies into
+# .tpu-scratch/site-test, from the machine's index and the carried wheels), unless
+# that folder is on PYTHONPATH already (env.sh test sourced earlier in the same
+# command), and waits 5 s (the
+# chip env.sh's version check opened can refuse the next process for a moment).
+# Then `python3 -m pytest` with the project's addopts (`-m 'not slow and not tf'`,
+# strict markers, the doctests) and JAX_PLATFORMS=tpu,cpu: the tests run on the chip,
+# the conftest's four fake CPU devices beside it. Arguments go to pytest as they are.
+#
+# Tests marked needs_sockets, needs_devices(n) or needs_processes are skipped there
+# with the reason (no sockets, one chip, one process on it); pytest's -ra summary
+# lists them. With $OUT set, the output is teed to $OUT/pytest.log and the results
+# written to $OUT/junit.xml. PYTHON picks the interpreter (default python3).
+#
+# Time: NITRO_TEST_LIMIT seconds (default 540) go to the conftest's --time-limit: no
+# test starts after them, and pytest ends as interrupted ("Interrupted: time limit
+# of 540 s reached: the tests after <test> did not run", exit status 2) with its
+# summary of what ran and the junit file. A SIGINT would not do it alone: a training
+# test takes Ctrl+C as a request to stop its run, and pytest goes on. If one test
+# runs 30 s past the limit, `timeout` sends SIGINT anyway, then SIGKILL 15 s later
+# (exit status 124 or 137). Otherwise the exit status is pytest's.
+set -u
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+case ":${PYTHONPATH:-}:" in
+*/.tpu-scratch/site-test:*) ;;
+*)
+    # shellcheck source=scripts/tpu/env.sh
+    source scripts/tpu/env.sh test
+    ;;
+esac
+sleep 5
+python=${PYTHON:-python3}
+export JAX_PLATFORMS=tpu,cpu
+export PYTHONUNBUFFERED=1
+limit=${NITRO_TEST_LIMIT:-540}
+
+args=(-m pytest "--time-limit=$limit")
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    args+=("--junitxml=$OUT/junit.xml")
+fi
+echo "=== tests: JAX_PLATFORMS=$JAX_PLATFORMS, limit ${limit} s, pytest $*"
+start=$SECONDS
+run=(timeout -s INT -k 15 "$((${limit%.*} + 30))" "$python" "${args[@]}" "$@")
+if [ -n "${OUT:-}" ]; then
+    "${run[@]}" 2>&1 | tee "$OUT/pytest.log"
+    status=${PIPESTATUS[0]}
+else
+    "${run[@]}"
+    status=$?
+fi
+echo "=== tests: exit $status in $((SECONDS - start)) s"
+exit "$status"
