@@ -58,7 +58,8 @@ def test_at_steps_per_call_the_step_costs_what_it_costs_at_one():
         rows = nitro.cost_report(file=io.StringIO())
         return next(row for row in rows if row["program"] == "optimizer step")
 
-    # The same step (the loop's bookkeeping adds a few dozen FLOPs).
+    # The same step (the loop's bookkeeping adds a few dozen FLOPs on a CPU, 195 on
+    # a TPU: against Tiny's 18k, a bound in FLOPs rather than a ratio).
     one, four = step_row(1), step_row(4)
     assert one["flops"] > 0
-    assert four["flops"] == pytest.approx(one["flops"], rel=0.01)
+    assert four["flops"] == pytest.approx(one["flops"], abs=400)

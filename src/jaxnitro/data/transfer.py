@@ -42,8 +42,11 @@ def _placement(sharding: Any) -> Any:
     return sharding
 
 
-def transfer(arrays: Mapping[str, Any], sharding: Any = None) -> dict[str, jax.Array]:
-    """`arrays` (field -> array, batch first) on the device, the copy finished.
+def transfer(
+    arrays: Mapping[str, Any], sharding: Any = None, *, wait: bool = True
+) -> dict[str, jax.Array]:
+    """`arrays` (field -> array, batch first) on the device, the copy finished
+    (`wait=False`: under way; a program that reads them waits on the device).
 
     Host arrays go through the identity program; an array already on the device is
     placed with `jax.device_put` (the same object when it is already there), never
@@ -63,8 +66,9 @@ def transfer(arrays: Mapping[str, Any], sharding: Any = None) -> dict[str, jax.A
     }
     if host:
         placed.update(_identity(placement)(host))
-    for array in placed.values():
-        array.block_until_ready()
+    if wait:
+        for array in placed.values():
+            array.block_until_ready()
     return {k: placed[k] for k in arrays}
 
 

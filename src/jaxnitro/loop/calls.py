@@ -59,6 +59,7 @@ from ..compile.packed import (
 )
 from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
 from ..data.signature import batch_signature, changed_field
+from ..data.transfer import transfer
 from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
@@ -87,6 +88,12 @@ BLOCK_STEPS = 8
 """The fewest steps a staged block holds: at steps_per_call=1 a block of 8 batches is
 placed with one transfer and read by 8 calls (a separate transfer per batch cost a
 TPU step 150-300 us, more than the step itself)."""
+DIRECT_BATCH_BYTES = 512 * 2**10
+"""At steps_per_call=1 a step's batches of at least this many bytes go to the
+executable as they are, one transfer a step, not stacked into blocks: on a TPU v5e
+host blocks took a 314 KB tutorial batch from 0.99x to 1.15x of the hand-written
+loop, but an 800 KB one from 0.90x down to 0.71x (the stack's copy outweighs the
+transfers it saves)."""
 BLOCK_BYTES = 256 * 2**20
 """A block holds fewer than BLOCK_STEPS batches (down to steps_per_call) where that
 many would pass this many bytes on the device."""
@@ -204,8 +211,15 @@ def _carry_in(state: TrainState, packing: Packing | None) -> tuple[Any, Any, Any
         return trees
     held = _CARRIED.pop("packed", None)
     if held is not None and held[0] == packing and _same(held[1], trees):
-        return held[2]
-    return pack_program(packing)(trees), (), ()
+        carry = held[2]
+    else:
+        carry = pack_program(packing)(trees), (), ()
+    # What the first call would donate unpacked (the Weights and the accumulator)
+    # is released now, as a donation releases it: the flat buffers hold the state.
+    for leaf in jax.tree.leaves((state.weights, state.accumulator)):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+    return carry
 
 
 def _carry_out(
@@ -387,9 +401,12 @@ def call_steps(
                 count = len(source)
                 signature = batch_signature(routed)
                 size = block_steps(per_call, _host_bytes(routed) * accum)
-                if per_call == 1 and not on_device:
-                    # A CPU executable takes each host batch as it is (a view,
-                    # no copy): blocks buy nothing there.
+                if per_call == 1 and (
+                    not on_device or _host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
+                ):
+                    # The executable takes each host batch as it is (a view) and
+                    # transfers it itself: on a CPU a block buys nothing, and a
+                    # large batch's stack costs more than the transfers it saves.
                     size = 1
                 positions = call_positions(size)
                 settle_at = max(
@@ -427,13 +444,12 @@ def call_steps(
             _refuse_changed(reading, signature, epoch)
             raise
         # On a CPU backend the executable takes host arrays itself, but a block
-        # that serves several calls would be copied again for each: placed once.
-        # `device_put` returns once the copy is under way (a TPU v5e host: 320 us
-        # for a 2.5 MB block, ready 1 ms later) and the call that reads the block
-        # waits for it on the device: waiting here would drain the device's
-        # queue every block.
-        placed = on_device or per_call < block
-        return jax.device_put(batches) if placed else batches
+        # that serves several calls would be copied again for each: placed once,
+        # without waiting for the copy (the call that reads the block waits for it
+        # on the device; waiting here would drain the device's queue every block).
+        direct = per_call == size == 1  # the executable transfers each batch
+        placed = (on_device or per_call < block) and not direct
+        return transfer(batches, None, wait=False) if placed else batches
 
     try:
         for pending, block, batches in blocks():
