@@ -182,3 +182,30 @@ def test_a_packed_state_trains_on_the_flat_buffers_in_place():
     back = packing.unpack(flats)
     np.testing.assert_array_equal(np.asarray(back["w"]), [2.0, 2.0, 2.0])
     assert int(back["n"]) == 1
+
+
+def test_a_call_that_fails_after_taking_the_state_keeps_its_own_error(
+    tmp_path, monkeypatch, packing_on
+):
+    """A call that raises once it has consumed the flat buffers: the error the user
+    sees is the call's, not one from unpacking what it consumed."""
+    real = calls.call_program
+
+    def failing(*args, **kwargs):
+        real(*args, **kwargs)  # compiled as the loop would
+
+        def run(*call_args):
+            for flat in call_args[2]:
+                flat.delete()  # what a donating call that then fails leaves
+            raise RuntimeError("the device ran out of memory")
+
+        return run
+
+    monkeypatch.setattr(calls, "call_program", failing)
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 2, max_epochs=1),
+        run_dir=str(tmp_path / "run"),
+        checkpointer=None,
+    )
+    with pytest.raises(RuntimeError, match="ran out of memory"):
+        nitro.train()

@@ -229,6 +229,10 @@ def _carry_out(
     buffers: packed ones stay valid for the next call)."""
     if packing is None:
         return current_state(start, *carry, step)
+    if any(flat.is_deleted() for flat in carry[0]):
+        # A call that failed after taking them (its donation): the state is gone,
+        # as an unpacked call's would be; unpacking now would hide the failure.
+        return current_state(start, *_state_trees(start), step)
     weights, model_state, accumulator = unpack_program(packing)(carry[0])
     return current_state(start, weights, model_state, accumulator, step)
 
