@@ -40,9 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 
 PACK_MOST_BYTES = 64 * 2**20
-"""The largest state packed: copying it in and out of the flat buffers costs a
-fraction of a microsecond a megabyte of device bandwidth, the dispatch it saves
-about 100 us a call; above this a large model's step is long enough not to care."""
+"""The largest state packed: copying it into the flat buffers costs about a
+microsecond a megabyte of device memory bandwidth, and packing saved a tutorial
+MLP's call about 107 us on a TPU v5e (302 to 195 us); above this a model's step is
+long enough not to care, and two copies of its state would cost memory."""
 
 
 def packs_state() -> bool:
