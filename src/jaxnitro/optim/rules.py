@@ -9,9 +9,9 @@ group, hp)` builds the whole chain from this step's traced `hp` (learning_rate,
 weight_decay pre-multiplied by it, anchor, no_decay_mask, and each scheduled field);
 the chain must end with `Decay` when the group decays, and setup verifies on the host
 that every scheduled key (`learning_rate` and `weight_decay` included) changes what
-the chain computes. A schedule may never set
-Decay's `anchor` or `no_decay_mask`, nor a rule's structural fields; a custom rule
-constructor declares its own with `declare_nonschedulable`.
+the chain computes. A schedule may never set Decay's `anchor` or `no_decay_mask`,
+nor a rule's structural fields; a custom rule constructor declares its own with
+`declare_nonschedulable`.
 """
 
 from __future__ import annotations
