@@ -148,6 +148,7 @@ from .observe.monitors import MonitorHandle as MonitorHandle
 from .observe.monitors import PhaseInfo as PhaseInfo
 from .observe.monitors import register_phase_monitor as register_phase_monitor
 from .observe.monitors import unregister_phase_monitor as unregister_phase_monitor
+from .observe.phases import Checkpointing as Checkpointing
 from .observe.phases import Compiling as Compiling
 from .observe.phases import Done as Done
 from .observe.phases import EvalCompiling as EvalCompiling

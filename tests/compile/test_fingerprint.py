@@ -5,6 +5,7 @@ move the key; argument names are part of the code.
 
 import dataclasses
 import importlib
+import json
 import re
 import sys
 import textwrap
@@ -561,6 +562,88 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path):
         for seed in (1, 2, 3, 4)
     }
     assert len(outputs) == 1
+
+
+USER_MODULE = """
+import json
+
+import jax
+import jax.numpy as jnp
+
+import jaxnitro as nx
+from experiments import Tiny, mlp
+
+KINDS = frozenset({"alpha", "beta", "gamma", "delta"})
+
+
+def scaled(logits):
+    return logits * (2.0 if "beta" in KINDS else 1.0)
+
+
+class Config:
+    depth = 2
+
+
+class Moved(Tiny):
+    def forward(self, model, params, state, *, x):
+        return scaled(mlp(params, x)) * Config.depth, state
+
+    def loss(self, logits, *, y):
+        return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), -1)){changed}
+
+
+def prints():
+    from jaxnitro.experiment.hooks import hook_fingerprints
+
+    return json.dumps(hook_fingerprints(Moved), sort_keys=True)
+
+
+if __name__ == "__main__":
+    print(prints())
+"""
+IMPORTER = "from model_def import *\nprint(prints())\n"
+
+
+def test_code_in_a_user_module_has_one_fingerprint_in_every_process(tmp_path):
+    # A record keeps its hooks' fingerprints and a resume in a new process compares
+    # them: the same code run as the main script, or imported from its module
+    # (`from model_def import *`), must not read as changed; a changed body must.
+    import subprocess
+
+    from process_jobs import child_env
+
+    same, changed = tmp_path / "same", tmp_path / "changed"
+    for folder, body in ((same, ""), (changed, " * 0.5")):
+        folder.mkdir()
+        (folder / "model_def.py").write_text(USER_MODULE.replace("{changed}", body))
+        (folder / "importer.py").write_text(IMPORTER)
+    runs = [  # (folder, script, hash seed), all at once
+        (same, "model_def.py", "1"),
+        (same, "importer.py", "2"),
+        (same, "importer.py", "3"),
+        (changed, "importer.py", "2"),
+    ]
+    children = [
+        subprocess.Popen(
+            [sys.executable, script],
+            cwd=folder,
+            env=child_env(PYTHONHASHSEED=seed),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for folder, script, seed in runs
+    ]
+    outputs = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    as_main, imported, again, edited = outputs
+    assert set(as_main) >= {"forward", "loss"}
+    assert as_main == imported == again
+    assert edited["forward"] == imported["forward"]
+    assert edited["loss"] != imported["loss"]
 
 
 # --- values the fingerprint describes by their elements, or cannot describe ---------

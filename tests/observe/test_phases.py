@@ -190,3 +190,59 @@ def test_the_train_function_announces_idle_once():
     names = [type(phase).__name__ for _, phase, _, _, _ in events]
     assert names.count("Idle") == 1 and names[-1] == "Idle"
     assert names.count("Starting") == 1
+
+
+def test_monitors_see_checkpointing_while_a_record_is_written(tmp_path, monkeypatch):
+    # The spec's phase for writing a checkpoint: published around each record, at
+    # an epoch's end and inside one, and left for the phase the run came from.
+    from jaxnitro.checkpoint.checkpointer import Checkpointer
+
+    events, during = [], []
+    save = Checkpointer.save
+
+    def watched_save(self, **kw):
+        during.append(type(nitro.phase).__name__)  # the handle's phase meanwhile
+        return save(self, **kw)
+
+    monkeypatch.setattr(Checkpointer, "save", watched_save)
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2),
+        logger=None,
+        run_dir=str(tmp_path),
+        checkpointer=nx.Checkpointer(keep=nx.Last(1)),
+        checkpoint_every_n_steps=2,
+    )
+    nx.register_phase_monitor(
+        lambda phase, step, epoch, info: events.append((type(phase).__name__, step)),
+        nitro=nitro,
+    )
+    nitro.train()
+    seen = [name for name, _ in events]
+    # Steps 2 and 6 inside the epochs, 4 and 8 at their ends (after validation).
+    assert during == ["Checkpointing"] * 4
+    assert [step for name, step in events if name == "Checkpointing"] == [2, 4, 6, 8]
+    for at in (i for i, name in enumerate(seen) if name == "Checkpointing"):
+        assert seen[at - 1] == "TrainStepping"
+        assert seen[at + 1] == "TrainStepping"  # training goes on
+    assert seen[-3:] == ["TrainStepping", "Done", "Idle"]
+    assert isinstance(phases.Checkpointing(), phases.Phase)
+    assert not isinstance(phases.Checkpointing(), phases.Stepping | phases.Terminal)
+
+
+def test_a_failed_record_write_leaves_checkpointing_for_failed(tmp_path, monkeypatch):
+    from jaxnitro.checkpoint.checkpointer import Checkpointer
+
+    def full_disk(self, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Checkpointer, "save", full_disk)
+    events = []
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=None, run_dir=str(tmp_path))
+    nx.register_phase_monitor(
+        lambda phase, step, epoch, info: events.append(type(phase).__name__),
+        nitro=nitro,
+    )
+    with pytest.raises(OSError, match="No space left"):
+        nitro.train()
+    assert events[-4:] == ["TrainStepping", "Checkpointing", "Failed", "Idle"]
+    assert isinstance(nitro.phase, nx.Failed)

@@ -173,6 +173,69 @@ def test_level2_scheduled_field_that_is_never_read_is_refused():
         nx.Nitro(Ignores(), schedules={"momentum": 0.5}, **quiet())
 
 
+def test_level2_scheduled_learning_rate_that_is_never_read_is_refused():
+    class FixedRate(Level2):
+        def optimizer(self, group, hp):
+            return optax.chain(
+                optax.sgd(0.05, momentum=hp["momentum"]),
+                nx.Decay(hp["weight_decay"], hp["anchor"], hp["no_decay_mask"]),
+            )
+
+    schedules = {"momentum": 0.5, "learning_rate": lambda step: 0.05 / (1 + step)}
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"The schedule on `learning_rate` reaches group 'default''s level-2 "
+        r"chain as hp\['learning_rate'\], but optimizer\(self, 'default', hp\) "
+        r"never reads it: .*Read hp\['learning_rate'\] in the rule it belongs to, "
+        r"or remove the schedule\.",
+    ):
+        nx.Nitro(FixedRate(), schedules=schedules, **quiet())
+    # Read, the same schedule is accepted.
+    nx.Nitro(Level2(), schedules=schedules, **quiet())
+
+
+def test_level2_scheduled_weight_decay_that_is_never_read_is_refused():
+    class FrozenDecay(OneBatch):
+        """Reads hp["weight_decay"] once, at setup, and keeps that value."""
+
+        frozen = None
+
+        def optimizer(self, group, hp):
+            if FrozenDecay.frozen is None:
+                FrozenDecay.frozen = hp["weight_decay"]
+            return optax.chain(
+                optax.sgd(hp["learning_rate"], momentum=hp["momentum"]),
+                nx.Decay(FrozenDecay.frozen, hp["anchor"], hp["no_decay_mask"]),
+            )
+
+    schedules = {"momentum": 0.5, "weight_decay": lambda step: 0.1 / (1 + step)}
+    with pytest.raises(
+        nx.ConfigError, match=r"schedule on `weight_decay` .* never reads it"
+    ):
+        nx.Nitro(FrozenDecay(), schedules=schedules, **quiet())
+
+
+def test_level2_scheduled_rate_and_decay_read_pass_the_probe():
+    # Read, neither is refused: not at a warmup's zero rate, not where the weights
+    # start at their "w0" anchor, not in a group whose leaves none decay.
+    class Anchored(OneBatch):
+        optimizer = Level2.optimizer
+
+        def decay_anchor(self, group=None):
+            return "w0"
+
+        def param_group(self, keypath):
+            return "biases" if keypath[0].startswith("b") else "default"
+
+    schedules = {
+        "momentum": 0.5,
+        "learning_rate": lambda step: 0.01 * step,
+        "weight_decay": lambda step: 0.1 / (1 + step),
+    }
+    nitro = nx.Nitro(Anchored(max_epochs=1), schedules=schedules, **quiet())
+    nitro.train()
+
+
 def test_a_declared_nonschedulable_field_is_refused():
     def clipped_sgd(learning_rate, max_norm=1.0):
         parts = [optax.clip_by_global_norm(max_norm)] if max_norm > 0 else []

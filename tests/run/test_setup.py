@@ -397,6 +397,27 @@ def test_the_experiments_checkpoint_filename_names_records_and_is_looked_up_per_
     assert re.fullmatch(r"e0001_\d\.\d{4}\.safetensors", names[0])
 
 
+@pytest.mark.parametrize("checkpointer", ["default", None])
+def test_a_checkpoint_filename_field_is_refused_pointing_at_the_hook(
+    tmp_path, checkpointer
+):
+    # A field would shadow the spec's hook and name nothing: refused, even where no
+    # checkpoint is written, and before anything reaches the run dir.
+    class Fixed(Tiny):
+        checkpoint_filename: str = "best.safetensors"
+
+    kw = {} if checkpointer == "default" else {"checkpointer": None}
+    with pytest.raises(
+        nx.ConfigError,
+        match=r"Fixed has a field `checkpoint_filename` \(= 'best.safetensors'\), "
+        r"but checkpoint_filename is a hook, not a value: .* Rename the field and "
+        r"define the method, e.g. `def checkpoint_filename\(self, \*, epoch, step, "
+        r".*Checkpointer\(name=\.\.\.\)",
+    ):
+        nx.Nitro(Fixed(), run_dir=str(tmp_path / "run"), logger=None, **kw)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_broken_checkpoint_filename_hook_fails_at_setup(tmp_path):
     class Broken(Tiny):
         def checkpoint_filename(self, *, epoch):

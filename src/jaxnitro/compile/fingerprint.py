@@ -6,7 +6,9 @@ the user functions and classes they reach: globals they read (and the attributes
 read of user modules), what they read on `self`'s class, closures, defaults, and the
 fields of user objects they reach. Functions from installed libraries (and from
 jaxnitro) are named, not walked: they change only with a new process; which code is
-the user's is `library_code`'s rule. Constants are fingerprinted by value, and NumPy
+the user's is `library_code`'s rule. User code is described without its module's
+name, so code run as the main script and the same code imported from a module (in
+another process) have one fingerprint. Constants are fingerprinted by value, and NumPy
 and JAX arrays by content, since a traced function bakes them in; an array of Python
 objects (a vocabulary, a table of labels) by the description of each element.
 
@@ -115,7 +117,10 @@ class _Fingerprinter:
             self._within.pop()
 
     def _user_function(self, fn: types.FunctionType, owner: type | None) -> str:
-        parts = [f"fn:{fn.__module__}.{fn.__qualname__}", self._code(fn.__code__)]
+        # By its qualified name within the module, not the module's name: the same
+        # code run as the main script (`__main__`) and imported from its module
+        # (`from model_def import *`) is the same code, and a resume must say so.
+        parts = [f"fn:{fn.__qualname__}", self._code(fn.__code__)]
         # A wrapper that copied the user's name and module (jax.vmap's, a
         # decorator's) reaches the user's function through `__wrapped__`.
         parts += [f"wraps:{self.value(f, owner)}" for f in _wrapped_code(fn)]
@@ -157,7 +162,7 @@ class _Fingerprinter:
     def _class(self, cls: type) -> str:
         if not is_user_code(cls):
             return f"library class:{cls.__module__}.{cls.__qualname__}"
-        parts = [f"class:{cls.__module__}.{cls.__qualname__}"]
+        parts = [f"class:{cls.__qualname__}"]  # no module name, as for a function
         parts += [f"base:{self.value(base)}" for base in cls.__bases__]
         for name, attr in sorted(cls.__dict__.items()):
             if _is_code_like(attr):

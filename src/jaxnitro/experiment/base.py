@@ -527,7 +527,8 @@ class Experiment:
         looks it up at every write, so a method redefined on the class names the
         next record of a live run. The record suffix (".safetensors") is appended
         when the name lacks it; the name must not contain a directory. Setup calls
-        it once with sample values, so a hook that fails fails before training.
+        it once with sample values, so a hook that fails fails before training. It
+        is a method, never a field: a field of this name is refused at setup.
 
         Args:
             epoch: the epoch the record is written after (1-based).

@@ -16,8 +16,9 @@ from typing import Any
 
 from ..compile.fingerprint import code_names, fingerprint
 from ..compile.library_code import is_user_code
-from ..errors import HookError
+from ..errors import ConfigError, HookError
 from .base import Experiment
+from .traits import field_names
 
 REQUIRED_HOOKS = ("build_model", "build_data", "forward", "loss")
 # Hooks a handle calls after construction; frozen with it.
@@ -100,6 +101,36 @@ def _ignoring_self(fn: Callable[..., Any]) -> Callable[..., Any]:
     hook.__qualname__ = getattr(fn, "__qualname__", hook.__qualname__)
     hook.__module__ = getattr(fn, "__module__", hook.__module__)
     return hook
+
+
+# The spec's `checkpoint_filename(e; epoch, step, metric, score)` is a function of each
+# record: a field of that name would shadow the method and name nothing, so it is
+# refused (one fixed name would also overwrite every kept record with the next).
+CHECKPOINT_FILENAME_FIELD = (
+    "{cls} has a field `checkpoint_filename` (= {value}), but checkpoint_filename is "
+    "a hook, not a value: the checkpointer calls it at every write with that "
+    "record's epoch, step, metric and score, and a field of that name would shadow "
+    "it and be ignored. Rename the field and define the method, e.g. `def "
+    "checkpoint_filename(self, *, epoch, step, metric=None, score=None, **names): "
+    'return f"e{{epoch:04d}}-s{{step}}.safetensors"`, or pass '
+    "Nitro(..., checkpointer=Checkpointer(name=...)) with a name function."
+)
+
+
+def refuse_hook_fields(experiment: Any) -> None:
+    """Refuse a field named like a hook that no field can stand in for.
+
+    Raises:
+        ConfigError: the class has a field `checkpoint_filename`.
+    """
+    cls = type(experiment)
+    if "checkpoint_filename" in field_names(cls):
+        value = getattr(experiment, "checkpoint_filename", None)
+        text = repr(value)
+        text = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(
+            CHECKPOINT_FILENAME_FIELD.format(cls=cls.__name__, value=text)
+        )
 
 
 def check_required_hooks(cls: type, *, has_data: bool) -> None:

@@ -1,12 +1,15 @@
 """The checkpoint record a train() writes: its header, its trees, and the save.
 
 Written at each epoch end, at a stop, and at the steps `checkpoint_every_n_steps`
-places inside an epoch; `nitro.status.held_stop` says where an unfinished epoch
-stands (the record's `epoch_loss`), so a resume continues it at its batch.
+places inside an epoch, in the Checkpointing phase; `nitro.status.held_stop` says
+where an unfinished epoch stands (the record's `epoch_loss`), so a resume continues
+it at its batch.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +23,7 @@ from ..checkpoint.derived import (
 from ..checkpoint.header import RecordHeader
 from ..experiment.view import graphconst_record
 from ..logging import protocol as logproto
+from ..observe import phases
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -82,22 +86,46 @@ def write_checkpoint(
     if state.ema is not None:
         trees["ema"] = state.ema
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
-    # A large record takes seconds to write: the progress line says so meanwhile.
+    # A large record takes seconds to write: the progress line says so meanwhile,
+    # and monitors see the Checkpointing phase.
     progress = nitro.progress()
     if progress is not None:
         progress.phase("writing checkpoint")
     try:
-        ckpt.save(
-            epoch=epoch,
-            step=nitro.current_step,
-            metrics=scalars,
-            trees=trees,
-            header=header,
-            stop_reason=reason,
-        )
+        with checkpointing_phase(nitro):
+            ckpt.save(
+                epoch=epoch,
+                step=nitro.current_step,
+                metrics=scalars,
+                trees=trees,
+                header=header,
+                stop_reason=reason,
+            )
     finally:
         if progress is not None:
             progress.phase("")
+
+
+@contextlib.contextmanager
+def checkpointing_phase(nitro: Nitro) -> Iterator[None]:
+    """Hold the handle in the Checkpointing phase while a record is written.
+
+    Afterwards the handle goes back to the phase it came from: published again
+    when that was TrainStepping (training goes on, and a watchdog must not read
+    the rest of the epoch as a write), else restored without publishing. A write
+    that raises restores it unpublished: the run's Failed comes next.
+    """
+    previous = nitro.phase
+    nitro.set_phase(phases.Checkpointing())
+    try:
+        yield
+    except BaseException:
+        nitro.restore_phase(previous)
+        raise
+    if isinstance(previous, phases.TrainStepping):
+        nitro.set_phase(previous)
+    else:
+        nitro.restore_phase(previous)
 
 
 def _json_copy(signature: Any) -> dict[str, Any] | None:

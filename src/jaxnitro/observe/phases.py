@@ -6,6 +6,7 @@
     │   ├── GradientCompiling, OptimizerCompiling, EvalCompiling, ExportCompiling
     ├── Stepping
     │   ├── TrainStepping, EvalStepping
+    ├── Checkpointing            writing a checkpoint record
     ├── Terminal
     │   ├── Done                 max_epochs reached, early stop, or requested stop
     │   └── Failed               the run raised
@@ -93,6 +94,17 @@ class TrainStepping(Stepping):
 
 class EvalStepping(Stepping):
     """Running evaluation batches."""
+
+
+class Checkpointing(Phase):
+    """Writing a checkpoint record.
+
+    Recorded and published around each record a `train()` writes (at an epoch's
+    end, at a stop, and at the steps `checkpoint_every_n_steps` places inside an
+    epoch), which can take seconds for a large model. When the write is done the
+    handle goes back to the phase it came from, publishing it again when that was
+    TrainStepping: training goes on.
+    """
 
 
 class Terminal(Phase):

@@ -8,9 +8,10 @@ the framework appends `Decay` to a group with weight decay. Level 2: `optimizer(
 group, hp)` builds the whole chain from this step's traced `hp` (learning_rate,
 weight_decay pre-multiplied by it, anchor, no_decay_mask, and each scheduled field);
 the chain must end with `Decay` when the group decays, and setup verifies on the host
-that every scheduled field changes what the chain computes. A schedule may never set
-Decay's `anchor` or `no_decay_mask`, nor a rule's structural fields; a custom rule
-constructor declares its own with `declare_nonschedulable`.
+that every scheduled key (`learning_rate` and `weight_decay` included) changes what
+the chain computes. A schedule may never set Decay's `anchor` or `no_decay_mask`,
+nor a rule's structural fields; a custom rule constructor declares its own with
+`declare_nonschedulable`.
 """
 
 from __future__ import annotations
@@ -295,6 +296,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# How far the probe moves each weight off its value before stepping the chain.
+_PROBE_OFFSET = 0.375
+# The rate the probe steps at where step 0's rate is zero.
+_PROBE_RATE = 0.05
+
+
 def probe_level2(
     spec: RuleSpec,
     experiment: Any,
@@ -305,7 +312,11 @@ def probe_level2(
     decays: bool,
 ) -> None:
     """Host checks of a level-2 chain: a chain at all, Decay last, and every
-    scheduled field used."""
+    scheduled key used.
+
+    `scheduled`: every key of `hp` a schedule sets for this group, `learning_rate`
+    and `weight_decay` included: each must change what the chain computes.
+    """
     level2_chain(spec, experiment, group, hp)  # even where nothing else is checked
 
     def update(values: dict[str, Any], grads: Any) -> Any:
@@ -313,15 +324,19 @@ def probe_level2(
         updates, _ = chain.update(grads, chain.init(params), params)
         return [np.asarray(u) for u in jax.tree.leaves(updates)]
 
+    # Off the anchor, so a scheduled weight_decay shows even where the weights
+    # start at their anchor ("w0") or at zero, and whatever the learning rate.
+    moved = jax.tree.map(lambda p: p + _PROBE_OFFSET, params)
+
     def three_steps(values: dict[str, Any]) -> list[Any]:
         # Several steps, so a field that only acts from the second step on (a
         # momentum, a first-moment decay) still shows.
         chain = level2_chain(spec, experiment, group, values)
-        state = chain.init(params)
+        state = chain.init(moved)
         seen = []
         for scale in (1.0, 0.5, 2.0):
-            grads = jax.tree.map(lambda p, s=scale: jnp.full_like(p, s), params)
-            updates, state = chain.update(grads, state, params)
+            grads = jax.tree.map(lambda p, s=scale: jnp.full_like(p, s), moved)
+            updates, state = chain.update(grads, state, moved)
             seen += [np.asarray(u) for u in jax.tree.leaves(updates)]
         return seen
 
@@ -343,10 +358,15 @@ def probe_level2(
                 f"base rule, so the coefficient arrives pre-multiplied by the "
                 f"learning rate."
             )
-    baseline = three_steps(hp) if scheduled else []
+    # At a warmup's zero rate, every field the rate multiplies (a momentum) would
+    # look unread: the probe steps at a non-zero rate instead.
+    probe = dict(hp)
+    if float(np.asarray(hp["learning_rate"])) == 0.0:
+        probe["learning_rate"] = np.float32(_PROBE_RATE)
+    baseline = three_steps(probe) if scheduled else []
     for name in scheduled:
-        base = float(np.asarray(hp[name]))
-        other = dict(hp)
+        base = float(np.asarray(probe[name]))
+        other = dict(probe)
         other[name] = np.float32(base * 0.5 + 0.05)
         pairs = zip(baseline, three_steps(other), strict=True)
         if all(np.array_equal(a, b) for a, b in pairs):

@@ -304,10 +304,34 @@ def build_plan(
                 resolved.name,
                 hp["groups"][resolved.name],
                 _masked(params, labels, resolved.name, single),
-                resolved.scheduled,
+                _level2_probed(resolved, bound),
                 resolved.decays,
             )
     return plan
+
+
+def _level2_probed(group: GroupPlan, bound: list[BoundSchedule]) -> tuple[str, ...]:
+    """Every key of a level-2 group's `hp` that a schedule sets, for the probe:
+    its scheduled rule fields, and `learning_rate` and `weight_decay` when a
+    schedule sets them for this group (`weight_decay` only where some leaf of the
+    group decays, since `no_decay` leaves never read it)."""
+    keys = list(group.scheduled)
+    targets = {
+        s.target.name
+        for s in bound
+        if s.target.namespace == "opt" and s.target.group in (None, group.name)
+    }
+    if "learning_rate" in targets:
+        keys.append("learning_rate")
+    if "weight_decay" in targets and group.decays and _any_decays(group.mask):
+        keys.append("weight_decay")
+    return tuple(keys)
+
+
+def _any_decays(mask: Any) -> bool:
+    """Whether a group's decay mask (1 decays, 0 excluded) lets any leaf decay."""
+    leaves = jax.tree.leaves(mask)
+    return not leaves or any(float(np.asarray(m)) != 0.0 for m in leaves)
 
 
 def _scheduled_groups(

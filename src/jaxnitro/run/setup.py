@@ -56,6 +56,7 @@ from ..experiment.hooks import (
     has_hook,
     hook_fingerprints,
     hook_function,
+    refuse_hook_fields,
 )
 from ..experiment.traits import (
     config_metadata,
@@ -237,6 +238,7 @@ class SetupSequence:
         kw = self._keywords
         data_given = "data" in kw
         check_required_hooks(cls, has_data=data_given)
+        refuse_hook_fields(e)
         refuse_later_features(e, kw)
         self._check_markers(e)
         assert_graphconst_hashable(e)
