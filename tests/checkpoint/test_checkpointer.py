@@ -355,6 +355,17 @@ def test_records_and_the_manifest_get_the_process_umask(tmp_path, umask):
     assert modes == dict.fromkeys(files, oct(expected))
 
 
+def test_a_record_as_save_leaves_it_gets_the_process_umask(tmp_path, umask):
+    """One save and nothing after it (no rotation, no finalize rewriting the file
+    in place): safetensors' save_file replaces its file with a -rw------- one."""
+    ckpt = bound(tmp_path, keep=(Last(1),))
+    assert write(ckpt, 1, 0.5)
+    [record] = record_files(tmp_path)
+    expected = oct(0o666 & ~umask)
+    assert oct(os.stat(tmp_path / record).st_mode & 0o777) == expected
+    assert oct(os.stat(tmp_path / MANIFEST).st_mode & 0o777) == expected
+
+
 def test_finalize_rewrites_nothing_when_no_selector_kept_the_last_epoch(tmp_path):
     ckpt = bound(tmp_path, keep=Best(1))
     write(ckpt, 1, 0.5)

@@ -13,7 +13,9 @@ Writes go to a temporary file in the same directory, are fsynced, then renamed i
 place: a crash at any instant leaves either the old file or the new one. Temporary
 names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
 mistaken for a record. Records and the manifest get the permissions the process umask
-gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------`.
+gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------` nor
+the `-rw-------` of the file safetensors' `save_file` puts in its place: the mode is
+set on the file as the writer left it, just before the rename.
 
 A file that is truncated, has a corrupted header, was written by another program, is
 not a safetensors file at all, or whose record header `RecordHeader.from_json` refuses
@@ -59,8 +61,10 @@ def atomic_write(
 ) -> None:
     """Write `path` through a temporary file, fsynced and renamed into place.
 
-    `write(tmp)` fills the temporary file. A transient I/O error retries the whole
-    sequence (see `with_io_retry`); any other error removes the temporary file.
+    `write(tmp)` fills the temporary file (or replaces it). The file then gets
+    the mode the process umask gives a new file (0o666 & ~umask), whatever `write`
+    created it with. A transient I/O error retries the whole sequence (see
+    `with_io_retry`); any other error removes the temporary file.
     """
     with_io_retry(
         lambda: _atomic_write_once(path, write, prefix), what=f"writing {path}"
@@ -71,17 +75,14 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
-    try:
-        # mkstemp creates the file -rw-------; a record is a file like any other,
-        # readable as the process umask allows (a team shares a run directory).
-        os.fchmod(handle, _FILE_MODE & ~process_umask())
-    except BaseException:
-        os.close(handle)
-        os.remove(tmp)
-        raise
     os.close(handle)
     try:
         write(tmp)
+        # mkstemp creates the file -rw-------, and a writer may replace the file
+        # (safetensors' save_file does, with its own -rw-------): set the mode on
+        # what `write` left. A record is a file like any other, readable as the
+        # process umask allows (a team shares a run directory).
+        os.chmod(tmp, _FILE_MODE & ~process_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -99,6 +100,24 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         pass
     finally:
         os.close(dir_fd)
+
+
+def follow_umask(top: str) -> None:
+    """Give a folder written through temporary names, and everything in it, the
+    modes the process umask gives new ones: 0o777 & ~umask for folders (mkdtemp
+    makes `drwx-------`), 0o666 & ~umask for files (whatever their writer set).
+    Symbolic links are left alone."""
+    mask = process_umask()
+    os.chmod(top, 0o777 & ~mask)
+    for folder, dirs, files in os.walk(top):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, _FILE_MODE & ~mask)
 
 
 def process_umask() -> int:
