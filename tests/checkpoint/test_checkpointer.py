@@ -403,7 +403,8 @@ def test_recover_finishes_an_interrupted_rotation_and_removes_own_temporaries(
     ckpt = bound(tmp_path, run="aaa", keep=Last(1))
     write(ckpt, 1, 0.5)
     dropped = tmp_path / "epoch-0000-step-0.safetensors"
-    dropped.write_bytes(b"left behind by a kill during rotation")
+    # A record a rotation dropped, left behind by a kill before it was deleted.
+    dropped.write_bytes((tmp_path / record_files(tmp_path)[0]).read_bytes())
 
     write_manifest(str(tmp_path), read_manifest(str(tmp_path)), [dropped.name])
     (tmp_path / ".tmp-aaa-x1").write_bytes(b"partial")

@@ -45,15 +45,20 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
+from ..json_bounds import json_depth
 from .compat import check_record_tree_compatible
 from .header import RecordHeader
 from .io_retry import is_transient_io, with_io_retry
+from .paths import checked_path
 
 _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header
 _FILE_MODE = 0o666  # what `open()` creates a file with, before the umask
+# The deepest JSON a record header or manifest may nest; a record's config and
+# metrics nest a few levels, and Python's parser recurses once per level.
+MAX_JSON_DEPTH = 64
 
 
 def atomic_write(
@@ -299,14 +304,36 @@ def json_object(
     not_object: Callable[[str], str],
 ) -> dict[str, Any]:
     """`text` parsed as a JSON object, or CheckpointError: `invalid(error)` when it
-    is not JSON, `not_object(type name)` when it is JSON but not an object."""
+    is not JSON (or nests deeper than MAX_JSON_DEPTH levels, refused before it is
+    parsed, as Python's parser would raise RecursionError), `not_object(type name)`
+    when it is JSON but not an object."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    depth = json_depth(data) if _openings(data) > MAX_JSON_DEPTH else 0
+    if depth > MAX_JSON_DEPTH:
+        raise CheckpointError(
+            invalid(
+                ValueError(
+                    f"it nests {depth} levels of arrays and objects; at most "
+                    f"{MAX_JSON_DEPTH} are accepted, and no jaxnitro file nests "
+                    f"past a few"
+                )
+            )
+        )
     try:
         value = json.loads(text)
-    except (TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept as a guard
+        raise CheckpointError(invalid(ValueError("it nests too deeply"))) from None
+    except (TypeError, UnicodeDecodeError, ValueError) as error:
+        # ValueError: JSONDecodeError, or an integer past Python's 4300 digits.
         raise CheckpointError(invalid(error)) from None
     if not isinstance(value, dict):
         raise CheckpointError(not_object(type(value).__name__))
     return value
+
+
+def _openings(data: bytes) -> int:
+    """How many arrays and objects `data` could open: a bound on its depth."""
+    return data.count(b"[") + data.count(b"{")
 
 
 def _unreadable(path: str, error: OSError) -> NoReturn:
@@ -426,6 +453,8 @@ def read_header_checksummed(path: str) -> tuple[RecordHeader, str]:
 
 
 def _read_file_header(path: str) -> _FileHeader:
+    checked_path(path, "the checkpoint path")
+
     def read() -> _FileHeader:
         try:
             return _FileHeader(path)
