@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..watch import did_you_mean
+from .tools import CLIENT_KEYWORDS
 
 # What to pass, per argument name, for the messages of a missing argument.
 ARGUMENT_NOTES = {
@@ -46,16 +47,9 @@ WRONG_TYPE = (
     "{tool}: argument {name}={value} is {got}; it takes {wanted}. Pass {wanted}."
 )
 
-# Where an argument a tool does not take belongs instead.
-_BELONGS = {
-    "max_epochs": "keywords",
-    "max_steps": "keywords",
-    "seed": "keywords",
-    "precision": "keywords",
-    "n_devs": "keywords",
-    "accum": "keywords",
-    "resume": "keywords",
-}
+# Where an argument a tool does not take belongs instead: a run keyword passed
+# beside the tool's arguments goes inside `keywords`.
+_BELONGS = dict.fromkeys(CLIENT_KEYWORDS, "keywords")
 
 
 def check_arguments(tool: str, fn: Callable[..., Any], arguments: Any) -> None:
