@@ -77,11 +77,51 @@ def test_a_file_that_fails_to_import_is_a_config_error(root):
     ("overrides", "match"),
     [
         ({"nope": 1}, "The override `nope` is not a field of TinyAgent"),
-        ({"width": "wide"}, "declared int but got 'wide'"),
+        (
+            {"width": "wide"},
+            r"override width='wide': TinyAgent.width is declared int, so it takes "
+            r"a whole number, not a string. Pass e.g. width=8 \(its default\).",
+        ),
         ({"width": [1, 2]}, "overrides are JSON scalars"),
+        ({"width": 2.5}, r"width=2.5: .* not a fraction"),
+        ({"width": True}, r"width=True: .* not a boolean"),
+        ({"width": None}, r"width=None: .* not null"),
+        ({"lr": "fast"}, r"TinyAgent.lr is declared float, .* not a string"),
+        ({"max_epochs": "abc"}, r"TinyAgent.max_epochs is declared int"),
+        (
+            {"width": -4},
+            r"TinyAgent.width must be >= 1, got -4: the field declares ge=1",
+        ),
+        ({"width": 0}, r"TinyAgent.width must be >= 1, got 0"),
     ],
 )
 def test_a_bad_override_is_refused_by_the_field_checks(root, overrides, match):
     cls = experiment_class(root, "tiny_agent.py:TinyAgent")
     with pytest.raises(ConfigError, match=match):
         build_experiment(cls, None, overrides)
+
+
+def test_overrides_of_the_declared_types_are_accepted(root):
+    cls = experiment_class(root, "tiny_agent.py:TinyAgent")
+    e = build_experiment(cls, None, {"width": 3.0, "lr": 1, "max_epochs": 1})
+    assert (e.width, e.lr, e.max_epochs) == (3, 1, 1)
+    assert build_experiment(cls, "wide", {"lr": 0.5}).width == 16
+
+
+def test_a_construction_failure_of_another_kind_is_a_config_error(root):
+    (root / "odd.py").write_text(
+        "import jaxnitro as nx\n"
+        "class Odd(nx.Experiment):\n"
+        "    size: int = 1\n"
+        "    def __post_init__(self):\n"
+        "        super().__post_init__()\n"
+        "        if self.size > 3:\n"
+        "            raise ValueError('size too big for this model')\n"
+    )
+    cls = experiment_class(root, "odd.py:Odd")
+    with pytest.raises(
+        ConfigError,
+        match=r"building Odd with overrides \{'size': 9\} raised ValueError: size "
+        r"too big for this model. Fix the values",
+    ):
+        build_experiment(cls, None, {"size": 9})

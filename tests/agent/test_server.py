@@ -141,7 +141,7 @@ def test_refusals_are_tool_errors_and_the_server_goes_on(tmp_path):
                 experiment="tiny_agent.py:TinyAgent",
                 overrides={"width": "__import__('os')"},
             )
-            assert "declared int but got" in text
+            assert "TinyAgent.width is declared int, so it takes a whole number" in text
             broken = "tiny_agent.py:Broken"
             failed = await call(client, "nitro_train", experiment=broken)
             while (status := await call(client, "nitro_status", run=failed["run"]))[
@@ -242,3 +242,83 @@ def test_nitro_mcp_without_the_sdk_names_the_extra(tmp_path, monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
     assert main(["mcp", "--root", str(tmp_path)]) == 1
     assert "pip install 'jaxnitro[mcp]'" in capsys.readouterr().err
+
+
+@pytest.mark.needs_sockets("pair")
+def test_raw_arguments_are_checked_by_name_and_type_before_any_run(tmp_path):
+    root = make_root(tmp_path)
+    (root / "notes.txt").write_text("not a run dir")
+    tools = AgentTools(root)
+    experiment = "tiny_agent.py:TinyAgent"
+
+    async def main():
+        async with Client(build_server(tools)) as client:
+            text = await error_of(
+                client, "nitro_train", experiment=experiment, max_epoch=3
+            )
+            assert text.startswith("nitro_train has no argument `max_epoch`.")
+            assert "Did you mean `keywords`?" not in text
+            assert "It takes: experiment, preset (optional)" in text
+            text = await error_of(
+                client, "nitro_train", experiment=experiment, max_epochs=3
+            )
+            assert "or pass it inside keywords={'max_epochs': ...}" in text
+            text = await error_of(client, "nitro_export", run="r1")
+            assert text.startswith(
+                "nitro_export needs the argument `name`: the bundle's folder name, "
+                "such as 'my_model_v1'. Call it with name=..."
+            )
+            assert "validation error" not in text  # no raw pydantic text
+            text = await error_of(client, "nitro_status", run=3)
+            assert text == (
+                "nitro_status: argument run=3 is an integer; it takes a string or "
+                "null. Pass a string or null."
+            )
+            text = await error_of(
+                client, "nitro_export", name="v1", batch_sizes=["a"], run="r1"
+            )
+            assert "batch_sizes=['a'] is an array; it takes an array of integers" in (
+                text
+            )
+            text = await error_of(
+                client,
+                "nitro_train",
+                experiment=experiment,
+                keywords={"max_epochs": "abc"},
+            )
+            assert "max_epochs must be an int, got 'abc'" in text
+            text = await error_of(
+                client, "nitro_train", experiment=experiment, overrides={"width": 0}
+            )
+            assert "TinyAgent.width must be >= 1, got 0" in text
+            text = await error_of(client, "nitro_runs", run_dir="notes.txt")
+            assert "runs: run_dir='notes.txt' is a file" in text
+            text = await error_of(
+                client,
+                "nitro_predict",
+                inputs={"x": [[1.0], [1.0, 2.0]]},
+                experiment=experiment,
+            )
+            assert "predict inputs['x'] is ragged" in text
+            assert (await call(client, "nitro_status"))["runs"] == []
+
+    try:
+        anyio.run(main)
+    finally:
+        assert tools.shutdown(60) == []
+
+
+def test_an_unforeseen_failure_reaches_the_client_with_its_text(tmp_path):
+    tools = AgentTools(make_root(tmp_path))
+
+    def broken(run_dir):
+        raise OSError("disk on fire")
+
+    tools.runs = broken  # type: ignore[method-assign]
+    server = build_server(tools)
+
+    async def main():
+        with pytest.raises(Exception, match="nitro_runs failed: OSError: disk on fire"):
+            await server.call_tool("nitro_runs", {"run_dir": "x"})
+
+    anyio.run(main)

@@ -130,7 +130,59 @@ def test_an_eval_verb_can_build_a_new_handle(tools):
         (lambda t: t.train("tiny_agent.py:Nope"), "has no class 'Nope'"),
         (
             lambda t: t.train("tiny_agent.py:TinyAgent", overrides={"width": "x"}),
-            "declared int but got 'x'",
+            "TinyAgent.width is declared int, so it takes a whole number",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", overrides={"width": -4}),
+            r"TinyAgent.width must be >= 1, got -4: the field declares ge=1\. Pass "
+            r"a value in that range, e\.g\. width=1\.",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", overrides={"width": 0}),
+            "TinyAgent.width must be >= 1, got 0",
+        ),
+        (
+            lambda t: t.train(
+                "tiny_agent.py:TinyAgent", keywords={"max_epochs": "abc"}
+            ),
+            r"max_epochs must be an int, got 'abc' \(from the keyword\)",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", keywords={"max_steps": 0}),
+            r"max_steps must be >= 1, got 0 \(from the keyword\)",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", keywords={"precision": "fp8"}),
+            "precision must be one of",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", keywords={"seed": 1e30}),
+            r"seed=1000000000000000019884624838656 \(from the keyword\) is out of",
+        ),
+        (
+            lambda t: t.train("tiny_agent.py:TinyAgent", keywords=[1]),
+            "keywords=\\[1\\] must be an object",
+        ),
+        (
+            lambda t: t.evaluate(
+                "test", experiment="tiny_agent.py:TinyAgent", keywords={"accum": 0}
+            ),
+            r"accum must be >= 1, got 0",
+        ),
+        (
+            lambda t: t.export(
+                "v1", batch_sizes=[0], experiment="tiny_agent.py:TinyAgent"
+            ),
+            r"export batch_sizes=\[0\] must be a non-empty list of integers >= 1",
+        ),
+        (
+            lambda t: t.predict(inputs={"x": [[1.0, 2.0], [3.0]]}, run="r1"),
+            r"predict inputs\['x'\] is ragged: its rows do not all have the same "
+            r"shape",
+        ),
+        (
+            lambda t: t.predict(inputs={"x": [["a", "b"]]}, run="r1"),
+            r"predict inputs\['x'\] must hold numbers",
         ),
         (
             lambda t: t.train("tiny_agent.py:TinyAgent", run_dir="../../out"),
@@ -183,3 +235,61 @@ def test_setup_is_setup_devices(tools, monkeypatch):
         nx.ConfigError, match=f"n_devs=8, but only {visible} {backend} device"
     ):
         tools.setup(n_devs=8)
+
+
+def test_runs_on_a_file_is_refused_with_a_message(tools):
+    (tools.root / "notes.txt").write_text("not a run dir")
+    with pytest.raises(ConfigError, match=r"runs: run_dir='notes.txt' is a file"):
+        tools.runs("notes.txt")
+    assert tools.runs("nothing_here") == []
+
+
+def test_a_verb_on_a_run_checks_its_arguments_against_the_handle(tools):
+    trained = finish(tools, tools.train("tiny_agent.py:TinyAgent")["run"])["run"]
+    count = len(tools.registry.all())
+    refusals = [
+        (
+            lambda: tools.predict(inputs={"x": [[0.0] * 15]}, run=trained),
+            r"predict inputs\['x'\]: each row has shape \(15,\) \(1 rows of 15 "
+            r"values\), but the model reads 'x' rows of shape \(8,\) \(float32\)",
+        ),
+        (
+            lambda: tools.predict(inputs={"img": [[0.0] * 8]}, run=trained),
+            r"predict inputs\['img'\]: forward reads no field 'img'; it reads 'x'",
+        ),
+        (
+            lambda: tools.predict(inputs={"x": [0.0] * 8}, run=trained),
+            r"each row has shape \(\) \(8 rows of scalars\)",
+        ),
+        (
+            lambda: tools.evaluate("tset", run=trained),
+            r"evaluate: the handle has no split 'tset'; its splits: test, train, val",
+        ),
+        (
+            lambda: tools.predict("tset", run=trained),
+            r"predict: the handle has no split 'tset'",
+        ),
+        (
+            lambda: tools.validate(run=trained, keywords={"max_epochs": 3}),
+            r"nitro_validate: run='r1' uses that run's handle as it was built, so "
+            r"keywords would have no effect",
+        ),
+    ]
+    for call, match in refusals:
+        with pytest.raises(ConfigError, match=match):
+            call()
+    assert len(tools.registry.all()) == count  # nothing started
+    ints = tools.predict(inputs={"x": [[1] * 8]}, run=trained)["run"]
+    assert finish(tools, ints)["result"]["outputs"]["output"]["rows"] == 1
+
+
+def test_predict_inputs_on_a_new_handle_are_checked_in_the_run(tools):
+    started = tools.predict(
+        inputs={"x": [[0.0] * 15]}, experiment="tiny_agent.py:TinyAgent"
+    )
+    status = finish(tools, started["run"])
+    assert status["state"] == "failed"
+    assert (
+        "ConfigError: predict inputs['x']: each row has shape (15,)"
+        in (status["error"])
+    )

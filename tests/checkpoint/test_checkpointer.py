@@ -355,6 +355,17 @@ def test_records_and_the_manifest_get_the_process_umask(tmp_path, umask):
     assert modes == dict.fromkeys(files, oct(expected))
 
 
+def test_a_record_as_save_leaves_it_gets_the_process_umask(tmp_path, umask):
+    """One save and nothing after it (no rotation, no finalize rewriting the file
+    in place): safetensors' save_file replaces its file with a -rw------- one."""
+    ckpt = bound(tmp_path, keep=(Last(1),))
+    assert write(ckpt, 1, 0.5)
+    [record] = record_files(tmp_path)
+    expected = oct(0o666 & ~umask)
+    assert oct(os.stat(tmp_path / record).st_mode & 0o777) == expected
+    assert oct(os.stat(tmp_path / MANIFEST).st_mode & 0o777) == expected
+
+
 def test_finalize_rewrites_nothing_when_no_selector_kept_the_last_epoch(tmp_path):
     ckpt = bound(tmp_path, keep=Best(1))
     write(ckpt, 1, 0.5)
@@ -392,7 +403,8 @@ def test_recover_finishes_an_interrupted_rotation_and_removes_own_temporaries(
     ckpt = bound(tmp_path, run="aaa", keep=Last(1))
     write(ckpt, 1, 0.5)
     dropped = tmp_path / "epoch-0000-step-0.safetensors"
-    dropped.write_bytes(b"left behind by a kill during rotation")
+    # A record a rotation dropped, left behind by a kill before it was deleted.
+    dropped.write_bytes((tmp_path / record_files(tmp_path)[0]).read_bytes())
 
     write_manifest(str(tmp_path), read_manifest(str(tmp_path)), [dropped.name])
     (tmp_path / ".tmp-aaa-x1").write_bytes(b"partial")

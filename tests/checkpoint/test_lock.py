@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
+import json
 import os
 import shutil
 import socket
@@ -152,6 +153,55 @@ def test_train_into_a_locked_directory_is_refused_before_any_step(run_dir):
     assert nitro.stop_reason == "completed"
 
 
+def _files(directory):
+    """Every file under `directory` (the lock file aside) with its bytes."""
+    root = Path(directory)
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_process_refused_by_the_lock_writes_nothing_into_the_run_dir(run_dir, fresh):
+    """With the default logger: the params and binding-report lines wait for the
+    lock, so a refused train() leaves the winner's metrics.jsonl as it was."""
+    if fresh:
+        shutil.rmtree(run_dir)
+    fd = foreign_lock(run_dir)
+    before = _files(run_dir)
+    try:
+        nitro = nx.Nitro(Tiny(), run_dir=run_dir)
+        with pytest.raises(RunDirLockedError, match="this train is refused"):
+            nitro.train()
+        assert _files(run_dir) == before
+    finally:
+        os.close(fd)
+    nitro.train()  # the other process is gone: the lines come before training's
+    lines = [
+        json.loads(line)
+        for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
+    mine = [line for line in lines if line["run_id"] == nitro.prepared.run_id]
+    assert [line["type"] for line in mine[:2]] == ["params", "other"]
+    assert mine[1]["key"] == "binding_report"
+    assert sum(line["type"] == "params" for line in mine) == 1
+
+
+def test_a_verb_other_than_train_logs_the_setup_lines_first(run_dir):
+    record = nx.find_latest(None, run_dir)
+    nitro = nx.Nitro(Tiny(), run_dir=run_dir, weights=record)
+    log = Path(run_dir) / "metrics.jsonl"
+    assert not log.exists()  # the directory was written with logger=None
+    count = 0
+    nitro.evaluate("val")
+    nitro.evaluate("val")
+    new = [json.loads(line) for line in log.read_text().splitlines()[count:]]
+    assert [line["type"] for line in new[:2]] == ["params", "other"]
+    assert sum(line["type"] == "params" for line in new) == 1
+
+
 def test_reading_a_locked_directory_needs_no_lock(run_dir, capsys):
     record = nx.find_latest(None, run_dir)
     fd = foreign_lock(run_dir)
@@ -184,7 +234,7 @@ WRITER = textwrap.dedent(
 
     resume = "auto" if sys.argv[2] == "resume" else None
     try:
-        nitro = nx.Nitro(Tiny(max_epochs=3), run_dir="run", resume=resume, logger=None)
+        nitro = nx.Nitro(Tiny(max_epochs=3), run_dir="run", resume=resume)
     except nx.RunDirLockedError as error:
         print("refused", error.pid, error.host, flush=True)
         sys.exit(3)
@@ -255,6 +305,10 @@ def test_four_processes_training_into_one_directory_leave_one_writer(tmp_path):
     assert sorted(e.epoch for e in entries) == [1, 2, 3][-len(entries) :]
     assert len({e.run for e in entries}) == 1
     assert all((tmp_path / "run" / e.file).is_file() for e in entries)
+    # The refused three wrote nothing, not even a params line in the log.
+    log = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len({json.loads(line)["run_id"] for line in log}) == 1
+    assert sum(json.loads(line)["type"] == "params" for line in log) == 1
 
 
 @pytest.mark.needs_processes

@@ -113,9 +113,41 @@ def _meta_not_an_object(tmp_path, good):
     return path, "has corrupted record metadata: a JSON list, not an object"
 
 
+def _deep_header(tmp_path, good):
+    """A safetensors header nested 5000 levels: Python's parser would raise
+    RecursionError."""
+    text = b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    return path, (
+        "has a corrupted header: it is not valid JSON \\(it nests 5001 levels of "
+        "arrays and objects; at most 64 are accepted"
+    )
+
+
+def _deep_meta(tmp_path, good):
+    path = tmp_path / "deepmeta.safetensors"
+    deep = '{"config": ' + "[" * 5000 + "]" * 5000 + "}"
+    save_file({"a": np.zeros(2, np.float32)}, str(path), metadata={"jaxnitro": deep})
+    return path, (
+        "has corrupted record metadata: the 'jaxnitro' header entry is not valid "
+        "JSON \\(it nests 5001 levels"
+    )
+
+
+def _huge_integer_meta(tmp_path, good):
+    path = tmp_path / "digits.safetensors"
+    meta = '{"epoch": ' + "9" * 5000 + "}"
+    save_file({"a": np.zeros(2, np.float32)}, str(path), metadata={"jaxnitro": meta})
+    return path, "header entry is not valid JSON \\(Exceeds the limit"
+
+
 @pytest.mark.parametrize(
     "make",
     [
+        _deep_header,
+        _deep_meta,
+        _huge_integer_meta,
         _bad_metadata_field,
         _meta_not_an_object,
         _truncated_short,

@@ -59,6 +59,24 @@ def test_bundle_files_and_outputs_equal_predict(tmp_path):
     assert not any(name.startswith(".") for name in os.listdir(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_bundle_follows_the_process_umask(tmp_path, umask):
+    """Not mkdtemp's drwx------ nor safetensors' -rw-------: a bundle is shared."""
+    nitro = nx.Nitro(Exportable(), **quiet(run_dir=str(tmp_path / "run")))
+    previous = os.umask(umask)
+    try:
+        path = export(nitro, tmp_path)
+    finally:
+        os.umask(previous)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o777 & ~umask)
+    modes = {
+        name: oct(os.stat(os.path.join(path, name)).st_mode & 0o777)
+        for name in os.listdir(path)
+    }
+    assert "weights.safetensors" in modes
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
+
+
 def test_export_reads_ema_weights_and_bakes_device_values(tmp_path):
     nitro = nx.Nitro(Exportable(max_epochs=3), ema=nx.EMA(0.5), **quiet())
     nitro.train()

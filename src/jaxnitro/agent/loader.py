@@ -21,13 +21,16 @@ import importlib.util
 import os
 import sys
 import threading
+import types
+import typing
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import ConfigError, NotYetSupportedError
+from ..errors import ConfigError, NitroError, NotYetSupportedError
 from ..experiment.base import Experiment
 from ..experiment.presets import from_preset
+from ..experiment.traits import config_metadata
 from ..experiment.view import check_field_names
 
 OUTSIDE_ROOT = (
@@ -125,7 +128,9 @@ def build_experiment(
 
     Raises:
         ConfigError: an unknown preset, an unknown field, a value that is not a JSON
-            scalar, or one the field refuses (the experiment's own message).
+            scalar, one of another type than the field's declared int, float, bool
+            or str, one outside the field's declared range (`field(ge=, le=)`), or
+            one the experiment refuses otherwise (its own message).
     """
     values = dict(overrides or {})
     for key, value in values.items():
@@ -133,10 +138,93 @@ def build_experiment(
             raise ConfigError(
                 NOT_SCALAR.format(key=key, value=value, kind=type(value).__name__)
             )
-    if preset is not None:
-        return from_preset(cls, preset, **values)
     check_field_names(cls, values, "The override", "Pass field names of the class.")
-    return cls(**values)
+    meta = config_metadata(cls)
+    for key, value in values.items():
+        check_override_type(cls.__name__, key, meta[key], value)
+    try:
+        if preset is not None:
+            return from_preset(cls, preset, **values)
+        return cls(**values)
+    except NitroError:
+        raise
+    except Exception as error:
+        raise ConfigError(
+            f"building {cls.__name__} with overrides {values!r} raised "
+            f"{type(error).__name__}: {error}. Fix the values (or the class)."
+        ) from error
+
+
+# A declared scalar type, what a JSON value of it is, and an example of one.
+_SCALAR_TYPES: dict[Any, tuple[str, Any]] = {
+    int: ("a whole number", 4),
+    float: ("a number", 0.5),
+    bool: ("true or false", True),
+    str: ("a string", "'text'"),
+}
+
+
+def check_override_type(owner: str, key: str, meta: Any, value: Any) -> None:
+    """Refuse an override whose JSON type is not the field's declared scalar type.
+
+    Only the declared types int, float, bool and str (and their `| None`) are
+    checked here; a field of another type is left to the experiment's own checks.
+    A whole float is a whole number (3.0 for an int); an int is a number.
+
+    Raises:
+        ConfigError: the value's type is not the declared one, or it is null for a
+            field that does not take None.
+    """
+    declared = meta.type
+    arms = (
+        typing.get_args(declared)
+        if typing.get_origin(declared) in (typing.Union, types.UnionType)
+        else (declared,)
+    )
+    scalars = [a for a in arms if a in _SCALAR_TYPES]
+    if not scalars or len(scalars) + (type(None) in arms) != len(arms):
+        return  # not (only) scalar types: the experiment's own checks decide
+    if value is None:
+        if type(None) in arms or meta.default is None:
+            return
+    elif any(_fits(value, a) for a in scalars):
+        return
+    words, example = _SCALAR_TYPES[scalars[0]]
+    if any(_fits(meta.default, a) for a in scalars):
+        example = f"{meta.default!r} (its default)"
+    shown = " or ".join(getattr(a, "__name__", str(a)) for a in arms)
+    raise ConfigError(
+        f"override {key}={value!r}: {owner}.{key} is declared {shown}, so it takes "
+        f"{words}, not {_json_kind(value)}. Pass e.g. {key}={example}."
+    )
+
+
+def _fits(value: Any, declared: Any) -> bool:
+    if declared is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if declared is int:
+        return isinstance(value, int) or (
+            isinstance(value, float) and value.is_integer()
+        )
+    if declared is float:
+        return isinstance(value, int | float)
+    return isinstance(value, declared)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a fraction" if not value.is_integer() else "a number"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
 
 
 def module_name_for(path: Path, root: Path) -> str:

@@ -1,8 +1,13 @@
 """`nitro mcp`: the `nitro_*` tools served over the Model Context Protocol (stdio).
 
 The server is the `mcp` SDK's `MCPServer` (the `mcp` extra, imported here only, so
-`import jaxnitro` never loads it) with one tool per `AgentTools` method. A tool that
-refuses its arguments answers a tool error whose text is the refusal; the server
+`import jaxnitro` never loads it) with one tool per `AgentTools` method. Each call's
+raw arguments are checked against the tool's signature first
+(`arguments.check_arguments`: an unknown argument is refused by name, a missing one
+named, a wrong JSON type described), then by the tool against the experiment's
+fields and the run settings. A tool that refuses its
+arguments answers a tool error whose text is the refusal, and a failure no check
+foresaw still answers its exception's text; the server
 itself never stops for a client's mistake or a run's failure. When the client closes
 the connection, every active run is asked to stop (a training validates and
 checkpoints the epoch it was in) and joined for up to `shutdown_timeout` seconds.
@@ -19,6 +24,7 @@ from typing import Any
 
 from ..errors import NitroError
 from ..extras import require
+from .arguments import check_arguments
 from .tools import CLIENT_KEYWORDS, SETUP_NOTE, AgentTools
 
 RUN_SOURCE = (
@@ -84,7 +90,25 @@ def build_server(tools: AgentTools) -> Any:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    server = MCPServer(
+    functions: dict[str, Callable[..., Any]] = {}
+
+    class NitroServer(MCPServer):  # type: ignore[misc,valid-type]
+        """The SDK server, checking each call's raw arguments first: the SDK's
+        pydantic model would drop an unknown argument and word a wrong type in
+        its own terms."""
+
+        async def call_tool(
+            self, name: str, arguments: dict[str, Any], context: Any = None
+        ) -> Any:
+            fn = functions.get(name)
+            if fn is not None:
+                try:
+                    check_arguments(name, fn, arguments if arguments else {})
+                except NitroError as error:
+                    raise ToolError(str(error)) from error
+            return await super().call_tool(name, arguments, context)
+
+    server = NitroServer(
         "jaxnitro",
         instructions=(
             "Drive jaxnitro training runs: start one with nitro_train, poll "
@@ -101,7 +125,15 @@ def build_server(tools: AgentTools) -> Any:
                 return fn(*args, **kwargs)
             except NitroError as error:
                 raise ToolError(f"{name}: {error}") from error
+            except Exception as error:
+                # A failure no check foresaw still reaches the model with its text
+                # (the SDK would answer only "Error executing tool").
+                raise ToolError(
+                    f"{name} failed: {type(error).__name__}: {error or 'no message'}. "
+                    f"Check the arguments against the tool's description."
+                ) from error
 
+        functions[name] = fn
         server.add_tool(tool, name=name, description=DESCRIPTIONS[name])
 
     def nitro_setup(

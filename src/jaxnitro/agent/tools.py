@@ -26,7 +26,9 @@ from ..export.bundle import StableHLOBundle
 from ..export.sequence import export_model
 from ..observe.counter import progress_counter
 from ..observe.history_table import history_table, render_text
+from ..run.config import check_settings
 from ..run.handle import Nitro
+from .inputs import checked_batch
 from .loader import build_experiment, experiment_class, under_root
 from .registry import BackgroundRun, RunRegistry
 
@@ -48,6 +50,8 @@ CLIENT_KEYWORDS = (
     "restore_best",
 )
 PREDICT_ROWS = 8  # rows of each output a predict result shows
+# The arguments that build a new handle: meaningless beside run= (an existing one).
+NEW_HANDLE_KEYS = ("preset", "overrides", "run_dir", "keywords")
 SETUP_NOTE = (
     "Called with no arguments it only reports. backend (cpu, gpu, cuda, rocm, tpu) "
     "chooses among the devices the server process started with, and n_devs pins "
@@ -97,6 +101,12 @@ class AgentTools:
     def runs(self, run_dir: str) -> list[dict[str, Any]]:
         """The runs a run directory under the root holds, most recent first."""
         path = under_root(self.root, run_dir)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(
+                f"runs: run_dir={run_dir!r} is a file ({path}), not a run directory. "
+                f"Pass the folder a run wrote into, such as 'runs/ClassName' "
+                f"(nitro_status shows a run's run_dir)."
+            )
         return [_summary_data(s) for s in runs(path)]
 
     # ------------------------------------------------------------ verbs ---------
@@ -124,6 +134,13 @@ class AgentTools:
 
     def evaluate(self, split: str = "test", **source: Any) -> dict[str, Any]:
         """Start `evaluate(split)` on a run's handle or a new one."""
+        if not isinstance(split, str):
+            raise ConfigError(
+                f"evaluate split={split!r} must be a split name (a string) such as "
+                f"'test'."
+            )
+        if "run" in source:
+            _check_split("evaluate", split, self._handle(source["run"]))
         return self._eval_verb(
             "evaluate", lambda run: run.handle.evaluate(split), source
         )
@@ -138,10 +155,22 @@ class AgentTools:
         nested lists, batch axis first); the result shows each output's shape and
         first rows."""
         if inputs is not None:
-            batch = {k: _array(v) for k, v in _checked_inputs(inputs).items()}
-            return self._eval_verb(
-                "predict", lambda run: _predicted([run.handle.predict(batch)]), source
+            batch = {k: _array(k, v) for k, v in _checked_inputs(inputs).items()}
+            if "run" in source:
+                batch = checked_batch(batch, self._handle(source["run"]))
+
+            def predict_inputs(run: BackgroundRun) -> dict[str, Any]:
+                checked = checked_batch(batch, run.handle)
+                return _predicted([run.handle.predict(checked)])
+
+            return self._eval_verb("predict", predict_inputs, source)
+        if not isinstance(split, str):
+            raise ConfigError(
+                f"predict split={split!r} must be a split name (a string) such as "
+                f"'test', or pass inputs={{field: rows}}."
             )
+        if "run" in source:
+            _check_split("predict", split, self._handle(source["run"]))
 
         def work(run: BackgroundRun) -> dict[str, Any]:
             data = run.handle.data
@@ -175,7 +204,7 @@ class AgentTools:
                 f"export: {bundle} exists already. A bundle is never overwritten: "
                 f"pass another name (e.g. a version suffix)."
             )
-        sizes = tuple(batch_sizes or (1,))
+        sizes = _checked_batch_sizes(batch_sizes)
         return self._eval_verb(
             "export",
             lambda run: {
@@ -250,11 +279,33 @@ class AgentTools:
         keywords: dict[str, Any] | None,
     ) -> tuple[type, Any, dict[str, Any]]:
         """Everything a new handle needs, checked before any thread starts."""
+        if not isinstance(experiment, str):
+            raise ConfigError(
+                f"experiment={experiment!r} must be a string "
+                f"`path/to/file.py:ClassName`."
+            )
+        if preset is not None and not isinstance(preset, str):
+            raise ConfigError(
+                f"preset={preset!r} must be a preset name (a string) or null."
+            )
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ConfigError(
+                f"overrides={overrides!r} must be an object of field name -> JSON "
+                f"scalar, such as {{'width': 16}}."
+            )
+        if run_dir is not None and not isinstance(run_dir, str):
+            raise ConfigError(
+                f"run_dir={run_dir!r} must be a folder under the server's root (a "
+                f"string), such as 'runs/MyExperiment'."
+            )
         cls = experiment_class(self.root, experiment)
         e = build_experiment(cls, preset, overrides)
         kwargs = _checked_keywords(keywords)
         where = run_dir if run_dir is not None else f"runs/{cls.__name__}"
         kwargs["run_dir"] = str(under_root(self.root, where))
+        # Everything Nitro checks of its settings first, here, before any thread:
+        # a keyword or field value it would refuse minutes later is refused now.
+        check_settings(e, kwargs)
         return cls, e, kwargs
 
     def _eval_verb(
@@ -274,6 +325,14 @@ class AgentTools:
                 f"{'both' if run_id else 'neither'}."
             )
         if run_id is not None:
+            extra = [k for k in NEW_HANDLE_KEYS if source.get(k) is not None]
+            if extra:
+                raise ConfigError(
+                    f"nitro_{verb}: run={run_id!r} uses that run's handle as it was "
+                    f"built, so {', '.join(extra)} would have no effect. Drop "
+                    f"{', '.join(extra)}, or pass experiment= instead of run= for a "
+                    f"new handle built with them."
+                )
             handle = self._handle(run_id)
             run = self.registry.start(
                 verb, run_id, build=lambda run: handle, work=work, uses=handle
@@ -350,6 +409,11 @@ def _status(run: BackgroundRun) -> dict[str, Any]:
 
 
 def _checked_keywords(keywords: dict[str, Any] | None) -> dict[str, Any]:
+    if keywords is not None and not isinstance(keywords, dict):
+        raise ConfigError(
+            f"keywords={keywords!r} must be an object of run keyword -> JSON "
+            f"scalar, such as {{'max_epochs': 3}}."
+        )
     values = dict(keywords or {})
     for key, value in values.items():
         if key not in CLIENT_KEYWORDS:
@@ -388,15 +452,66 @@ def _checked_inputs(inputs: Any) -> dict[str, Any]:
     return inputs
 
 
-def _array(rows: list[Any]) -> np.ndarray:
+def _array(key: str, rows: list[Any]) -> np.ndarray:
     """JSON rows as an array in JAX's default widths: float32 for real numbers,
-    int32 for integers (JSON carries no dtype, and NumPy would pick 64 bits)."""
-    array = np.asarray(rows)
+    int32 for integers (JSON carries no dtype, and NumPy would pick 64 bits).
+
+    Raises:
+        ConfigError: the rows are ragged (rows of different lengths), or hold
+            something other than numbers and booleans.
+    """
+    try:
+        array = np.asarray(rows)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(
+            f"predict inputs[{key!r}] is ragged: its rows do not all have the same "
+            f"shape ({error}). Pass rows of equal length, batch axis first, such "
+            f"as [[0.1, 0.2], [0.3, 0.4]]."
+        ) from None
     if array.dtype.kind == "f":
         return array.astype(np.float32)
     if array.dtype.kind in "iu":
         return array.astype(np.int32)
+    if array.dtype.kind != "b" or array.ndim == 0:
+        raise ConfigError(
+            f"predict inputs[{key!r}] must hold numbers (nested lists, batch axis "
+            f"first), got {_short(rows)} ({array.dtype.kind!r} values). Pass "
+            f"numbers such as [[0.1, 0.2]]."
+        )
     return array
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_split(verb: str, split: str, handle: Any) -> None:
+    """Refuse a split the handle's data does not hold, naming the ones it does."""
+    data = handle.data
+    if split not in data:
+        raise ConfigError(
+            f"{verb}: the handle has no split {split!r}; its splits: "
+            f"{', '.join(sorted(data)) or 'none'}. Pass split= one of them."
+        )
+
+
+def _checked_batch_sizes(sizes: Any) -> tuple[int, ...]:
+    """`batch_sizes` of an export: a non-empty list of ints >= 1 (default [1])."""
+    if sizes is None:
+        return (1,)
+    if (
+        not isinstance(sizes, list | tuple)
+        or not sizes
+        or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes
+        )
+    ):
+        raise ConfigError(
+            f"export batch_sizes={sizes!r} must be a non-empty list of integers "
+            f">= 1, the batch sizes the bundle serves, such as [1, 8]."
+        )
+    return tuple(sizes)
 
 
 def _predicted(outputs: Any) -> dict[str, Any]:

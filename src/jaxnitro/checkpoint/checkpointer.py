@@ -44,6 +44,7 @@ from .manifest import (
     Manifest,
     ManifestEntry,
     holds_records,
+    is_deletable_record,
     load_manifest,
     manifest_path,
     read_manifest,
@@ -51,6 +52,7 @@ from .manifest import (
     restore_lost_manifest,
     write_manifest,
 )
+from .paths import checked_path
 from .record import (
     TMP_PREFIX,
     CheckpointRecord,
@@ -326,7 +328,7 @@ class Checkpointer:
                 "This checkpointer has no directory yet: pass Checkpointer(dir=...) "
                 "or let a Nitro bind it to its run_dir."
             )
-        return self.dir
+        return checked_path(self.dir, "the checkpoint directory")
 
     @property
     def _tmp_prefix(self) -> str:
@@ -464,6 +466,9 @@ class Checkpointer:
             if os.path.exists(os.path.join(directory, name))
         }
         doomed = sorted(({e.file for e in dropped} | leftover) - listed)
+        # Only files the framework wrote, by its own naming: a crafted entry or
+        # pending_deletion naming notes.txt or .nitro.lock deletes nothing.
+        doomed = [name for name in doomed if is_deletable_record(directory, name)]
         write_manifest(directory, survivors, doomed, tmp_prefix=self._tmp_prefix)
         for name in doomed:
             remove_file(os.path.join(directory, name))
@@ -479,6 +484,13 @@ class Checkpointer:
                 epoch=epoch, step=step, metric=metric, score=score
             )
         name = function(epoch=epoch, step=step, metric=metric, score=score)
+        if isinstance(name, str) and "\x00" in name:
+            who = "name function" if self.name is not None else "checkpoint_filename"
+            raise ConfigError(
+                f"The checkpointer's {who} returned {name!r}, which holds a NUL byte "
+                f"(\\x00); no file name can hold one. Return a filename without it, "
+                f"such as 'epoch-0003.safetensors'."
+            )
         if not isinstance(name, str) or not name or os.path.basename(name) != name:
             who = "name function" if self.name is not None else "checkpoint_filename"
             raise ConfigError(
@@ -548,7 +560,7 @@ class Checkpointer:
         manifest = load_manifest(directory)
         listed = {e.file for e in manifest.entries}
         for name in manifest.pending_deletion:
-            if name not in listed:
+            if name not in listed and is_deletable_record(directory, name):
                 remove_file(os.path.join(directory, name))
         try:
             names = os.listdir(directory)

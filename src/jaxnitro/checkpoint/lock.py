@@ -45,6 +45,8 @@ from ..errors import (
 )
 from .lookup import source_directory
 
+MAX_HOLDER_BYTES = 4096  # the most of a lock file read for its holder
+
 LOCK_NAME = ".nitro.lock"
 
 LOCKED = (
@@ -261,10 +263,13 @@ def _write_holder(fd: int) -> None:
 
 
 def _read_holder(path: str) -> LockHolder | None:
+    """Who holds the lock, from the file's JSON; None when it says nothing
+    readable. The file is anyone's to write: at most MAX_HOLDER_BYTES are read
+    (a holder writes under 200), and JSON nested too deep says nothing."""
     try:
         with open(path, encoding="utf-8") as file:
-            data: Any = json.loads(file.read() or "null")
-    except (OSError, ValueError):
+            data: Any = json.loads(file.read(MAX_HOLDER_BYTES) or "null")
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None

@@ -11,7 +11,11 @@ resumed run retrains that epoch and overwrites it; a fresh directory's manifest 
 written empty before its first record, so one always exists to leave it out of),
 and files rotation had dropped
 but not yet deleted. The manifest lists the latter under `pending_deletion`, and the
-next write in the directory deletes them.
+next write in the directory deletes them. The manifest is a file anyone can edit, so
+a deletion is only ever of a file the framework wrote, by its own naming: a name
+under `pending_deletion` that is not a record's (`notes.txt`, `.nitro.lock`, a path)
+is dropped with a warning, and a file a rotation or recovery would delete is first
+read as a jaxnitro record, kept with a warning when it is not one.
 
 A manifest that is missing while records sit in the directory (deleted by hand,
 lost in a copy) is rebuilt from the records' headers, with a warning: run, epoch,
@@ -41,15 +45,29 @@ from typing import Any, NamedTuple
 from ..errors import CheckpointError, NitroWarning, user_stacklevel
 from .header import RecordHeader
 from .io_retry import with_io_retry
+from .paths import checked_path
 from .record import (
     TMP_PREFIX,
     atomic_write,
     file_kind,
     json_object,
+    read_header,
     read_header_checksummed,
 )
 
 RECORD_SUFFIX = ".safetensors"
+NOT_A_RECORD_NAME = (
+    "{path} lists {name!r} under pending_deletion, but that is not a name the "
+    "framework gives a checkpoint record (a filename ending in {suffix}): only the "
+    "records it wrote are ever deleted, so {name!r} is left alone. Remove it from "
+    "pending_deletion in {path}."
+)
+NOT_A_RECORD_FILE = (
+    "{path} is due for deletion (a rotation dropped it or the manifest lists it "
+    "under pending_deletion), but it is not a jaxnitro checkpoint record ({why}): "
+    "only the records the framework wrote are ever deleted, so it is left alone. "
+    "Move or delete it yourself."
+)
 MANIFEST_NOT_FILE = (
     "{path} is a {kind}, not a regular file: the manifest is the JSON file "
     "manifest.json. Move the {kind} away, then `nitro ckpt --repair {directory}` "
@@ -209,7 +227,7 @@ def _scored_note(directory: str, metric: str | None, mode: str | None) -> str:
 def _read_manifest_text(directory: str) -> str | None:
     """The manifest's text; None when there is none. Only a regular file is read:
     a directory or a FIFO at that path is refused by name (a FIFO would block)."""
-    path = manifest_path(directory)
+    path = manifest_path(checked_path(directory, "the run directory"))
 
     def read() -> str | None:
         try:
@@ -254,7 +272,53 @@ def _parse(path: str, text: str) -> Manifest:
     pending = raw.get("pending_deletion", [])
     if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
         raise CheckpointError(f"{path}: pending_deletion must be a list of filenames.")
-    return Manifest(entries, [p for p in pending if _is_basename(p)])
+    for name in pending:
+        if not is_record_name(name):
+            warnings.warn(
+                NOT_A_RECORD_NAME.format(path=path, name=name, suffix=RECORD_SUFFIX),
+                NitroWarning,
+                stacklevel=user_stacklevel(),
+            )
+    return Manifest(entries, [p for p in pending if is_record_name(p)])
+
+
+def is_record_name(name: str) -> bool:
+    """Whether `name` is one the framework gives a checkpoint record: a basename
+    ending in `.safetensors` (the default names and a name hook's, which setup
+    completes with the suffix), not a temporary (`.tmp-...`), without a NUL byte.
+
+    >>> is_record_name("epoch-0002-step-8.safetensors"), is_record_name("notes.txt")
+    (True, False)
+    """
+    return (
+        _is_basename(name)
+        and name.endswith(RECORD_SUFFIX)
+        and name != RECORD_SUFFIX
+        and not name.startswith(TMP_PREFIX)
+        and "\x00" not in name
+    )
+
+
+def is_deletable_record(directory: str, name: str) -> bool:
+    """Whether the file `name` in `directory` may be deleted by rotation or
+    recovery: a record's name (`is_record_name`) and, when it exists, a regular
+    file whose header reads as a jaxnitro record. Warns naming a file it keeps.
+    A name already gone is deletable (deleting it does nothing)."""
+    if not is_record_name(name):
+        return False
+    path = os.path.join(directory, name)
+    if not os.path.lexists(path):
+        return True
+    try:
+        read_header(path)
+    except CheckpointError as error:
+        warnings.warn(
+            NOT_A_RECORD_FILE.format(path=path, why=error),
+            NitroWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return False
+    return True
 
 
 def _is_basename(name: str) -> bool:

@@ -13,7 +13,9 @@ Writes go to a temporary file in the same directory, are fsynced, then renamed i
 place: a crash at any instant leaves either the old file or the new one. Temporary
 names start with `.tmp-` and never end in `.safetensors`, so a leftover one is never
 mistaken for a record. Records and the manifest get the permissions the process umask
-gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------`.
+gives any new file (`-rw-r--r--` under the usual 022), not mkstemp's `-rw-------` nor
+the `-rw-------` of the file safetensors' `save_file` puts in its place: the mode is
+set on the file as the writer left it, just before the rename.
 
 A file that is truncated, has a corrupted header, was written by another program, is
 not a safetensors file at all, or whose record header `RecordHeader.from_json` refuses
@@ -43,15 +45,20 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
+from ..json_bounds import json_depth
 from .compat import check_record_tree_compatible
 from .header import RecordHeader
 from .io_retry import is_transient_io, with_io_retry
+from .paths import checked_path
 
 _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header
 _FILE_MODE = 0o666  # what `open()` creates a file with, before the umask
+# The deepest JSON a record header or manifest may nest; a record's config and
+# metrics nest a few levels, and Python's parser recurses once per level.
+MAX_JSON_DEPTH = 64
 
 
 def atomic_write(
@@ -59,8 +66,10 @@ def atomic_write(
 ) -> None:
     """Write `path` through a temporary file, fsynced and renamed into place.
 
-    `write(tmp)` fills the temporary file. A transient I/O error retries the whole
-    sequence (see `with_io_retry`); any other error removes the temporary file.
+    `write(tmp)` fills the temporary file (or replaces it). The file then gets
+    the mode the process umask gives a new file (0o666 & ~umask), whatever `write`
+    created it with. A transient I/O error retries the whole sequence (see
+    `with_io_retry`); any other error removes the temporary file.
     """
     with_io_retry(
         lambda: _atomic_write_once(path, write, prefix), what=f"writing {path}"
@@ -71,17 +80,14 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
-    try:
-        # mkstemp creates the file -rw-------; a record is a file like any other,
-        # readable as the process umask allows (a team shares a run directory).
-        os.fchmod(handle, _FILE_MODE & ~process_umask())
-    except BaseException:
-        os.close(handle)
-        os.remove(tmp)
-        raise
     os.close(handle)
     try:
         write(tmp)
+        # mkstemp creates the file -rw-------, and a writer may replace the file
+        # (safetensors' save_file does, with its own -rw-------): set the mode on
+        # what `write` left. A record is a file like any other, readable as the
+        # process umask allows (a team shares a run directory).
+        os.chmod(tmp, _FILE_MODE & ~process_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -99,6 +105,24 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         pass
     finally:
         os.close(dir_fd)
+
+
+def follow_umask(top: str) -> None:
+    """Give a folder written through temporary names, and everything in it, the
+    modes the process umask gives new ones: 0o777 & ~umask for folders (mkdtemp
+    makes `drwx-------`), 0o666 & ~umask for files (whatever their writer set).
+    Symbolic links are left alone."""
+    mask = process_umask()
+    os.chmod(top, 0o777 & ~mask)
+    for folder, dirs, files in os.walk(top):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, _FILE_MODE & ~mask)
 
 
 def process_umask() -> int:
@@ -280,14 +304,36 @@ def json_object(
     not_object: Callable[[str], str],
 ) -> dict[str, Any]:
     """`text` parsed as a JSON object, or CheckpointError: `invalid(error)` when it
-    is not JSON, `not_object(type name)` when it is JSON but not an object."""
+    is not JSON (or nests deeper than MAX_JSON_DEPTH levels, refused before it is
+    parsed, as Python's parser would raise RecursionError), `not_object(type name)`
+    when it is JSON but not an object."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    depth = json_depth(data) if _openings(data) > MAX_JSON_DEPTH else 0
+    if depth > MAX_JSON_DEPTH:
+        raise CheckpointError(
+            invalid(
+                ValueError(
+                    f"it nests {depth} levels of arrays and objects; at most "
+                    f"{MAX_JSON_DEPTH} are accepted, and no jaxnitro file nests "
+                    f"past a few"
+                )
+            )
+        )
     try:
         value = json.loads(text)
-    except (TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept as a guard
+        raise CheckpointError(invalid(ValueError("it nests too deeply"))) from None
+    except (TypeError, UnicodeDecodeError, ValueError) as error:
+        # ValueError: JSONDecodeError, or an integer past Python's 4300 digits.
         raise CheckpointError(invalid(error)) from None
     if not isinstance(value, dict):
         raise CheckpointError(not_object(type(value).__name__))
     return value
+
+
+def _openings(data: bytes) -> int:
+    """How many arrays and objects `data` could open: a bound on its depth."""
+    return data.count(b"[") + data.count(b"{")
 
 
 def _unreadable(path: str, error: OSError) -> NoReturn:
@@ -407,6 +453,8 @@ def read_header_checksummed(path: str) -> tuple[RecordHeader, str]:
 
 
 def _read_file_header(path: str) -> _FileHeader:
+    checked_path(path, "the checkpoint path")
+
     def read() -> _FileHeader:
         try:
             return _FileHeader(path)

@@ -36,6 +36,7 @@ from ..errors import ConfigError, HookError
 from ..watch import did_you_mean
 from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
+from .ranges import check_bounds, check_in_range
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
 
@@ -51,8 +52,10 @@ def field(
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
     doc: str | None = None,
+    ge: float | None = None,
+    le: float | None = None,
 ) -> Any:
-    """Declare a field with a default, a default factory, or a docstring.
+    """Declare a field with a default, a default factory, a docstring or a range.
 
     Use it where a plain default will not do: a mutable or array default needs a
     factory, and `doc` documents a field where an attribute docstring cannot sit.
@@ -64,6 +67,11 @@ def field(
             once per instance (e.g. `lambda: np.zeros(3, np.float32)`).
         doc: the field's docstring; it wins over a string literal under the field,
             and shows in `config_metadata()` and in the class's marker table.
+        ge: the smallest value the field takes (a number), or None for no bound.
+            Constructing the experiment with a smaller number raises ConfigError,
+            and so does a value that is not a number (a traced array is let
+            through). The agent tools check it before a run starts.
+        le: the largest value the field takes, or None for no bound.
 
     Returns:
         A `dataclasses.field` carrying `doc` in its metadata, for the class body.
@@ -71,6 +79,7 @@ def field(
     Raises:
         ValueError: both `default` and `default_factory` were given (raised by
             `dataclasses.field`).
+        ConfigError: `ge` or `le` is not a real number, or `ge` > `le`.
 
     Example:
         >>> import numpy as np
@@ -82,7 +91,9 @@ def field(
         >>> E.config_metadata()["weights"].doc
         'Class weights.'
     """
-    metadata = {"jaxnitro_doc": doc} if doc is not None else {}
+    metadata: dict[str, Any] = {"jaxnitro_doc": doc} if doc is not None else {}
+    if ge is not None or le is not None:
+        metadata["jaxnitro_range"] = check_bounds(ge, le)
     return dataclasses.field(
         default=default, default_factory=default_factory, metadata=metadata
     )
@@ -232,6 +243,8 @@ class Experiment:
                 kind=kinds[f.name].kind.value,
                 doc=doc,
                 line=source.line if source else 0,
+                ge=f.metadata.get("jaxnitro_range", (None, None))[0],
+                le=f.metadata.get("jaxnitro_range", (None, None))[1],
             )
         cls._jaxnitro_meta = meta
         table = _marker_table(cls)
@@ -245,6 +258,8 @@ class Experiment:
             if meta.kind == Kind.GRAPHCONST.value:
                 value = coerce_graphconst(name, meta.type, getattr(self, name))
                 object.__setattr__(self, name, value)
+            if meta.ge is not None or meta.le is not None:
+                check_in_range(type(self).__name__, name, meta, getattr(self, name))
 
     # --- traits ----------------------------------------------------------------------
     @classmethod

@@ -48,6 +48,8 @@ class FieldMeta:
         kind: "graphconst", "device" or "host".
         doc: the attribute docstring or `field(doc=...)`, else `None`.
         line: the source line of the declaration, 0 when unknown.
+        ge: the smallest value the field takes (`field(ge=...)`), else None.
+        le: the largest value the field takes (`field(le=...)`), else None.
     """
 
     type: Any
@@ -55,6 +57,8 @@ class FieldMeta:
     kind: str
     doc: str | None
     line: int
+    ge: float | None = None
+    le: float | None = None
 
 
 def _read_trait(cls: type, name: str) -> Any:

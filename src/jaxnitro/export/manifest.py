@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with NumPy)
 import numpy as np
 
+from ..json_bounds import JSONRefused, loads_bounded
 from .bundle import KNOWN_PLATFORMS
 from .format import (
     DYNAMIC,
@@ -41,7 +42,6 @@ from .format import (
     BundlePathError,
     BundleVersionError,
 )
-from .json_bounds import JSONRefused, loads_bounded
 from .spec import NONFINITE
 
 MAX_MANIFEST_BYTES = 32 * 2**20

@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from .json_bounds import JSONRefused, loads_bounded
+from ..json_bounds import JSONRefused, loads_bounded
 from .manifest import WireSpec
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..checkpoint.record import follow_umask
 from ..errors import ConfigError, HookError
 from ..observe import phases
 from .backend import ExportBackend, ExportRequest
@@ -150,6 +151,9 @@ def export_model(
             provenance=merged,
         )
         backend.write_export(program, params, state, examples, request)
+        # mkdtemp's folder is drwx------ and a writer may leave -rw------- files
+        # (safetensors does): a bundle follows the process umask like any output.
+        follow_umask(temporary)
         os.rename(temporary, target.path)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)

@@ -62,6 +62,18 @@ def _verb(logger: Any, name: str) -> Any:
     return method
 
 
+def require_verbs(logger: Any, *names: str) -> None:
+    """Raise now for a verb `logger` lacks, as its first call would (None: a run
+    that logs nothing needs none).
+
+    Raises:
+        HookError: `logger` has no callable method of one of `names`.
+    """
+    if logger is not None:
+        for name in names:
+            _verb(logger, name)
+
+
 def finite_only(metrics: dict[str, Any]) -> dict[str, Any]:
     """Drop non-finite real values; pass other values (arrays, strings) through."""
     kept = {}

@@ -435,17 +435,7 @@ class RunConfig:
         Each accessor is called once. The settings are checked before the logger and
         checkpointer accessors run; a bad value raises a ConfigError naming it.
         """
-        values: dict[str, Any] = {}
-        sources: dict[str, Source] = {}
-        for name in _VALUE_ACCESSORS:
-            found = resolve(experiment, name, keywords)
-            values[name], sources[name] = found.value, found.source
-        pin = pinned_n_devs()
-        if pin is not None and sources["n_devs"] != "keyword":
-            values["n_devs"], sources["n_devs"] = pin, "pin"
-        for name, check in _CHECKS.items():
-            if name in values:
-                values[name] = check(values[name], sources[name])
+        values, sources = _checked_settings(experiment, keywords)
         values["smoke"], sources["smoke"] = smoke_requested(keywords)
         if values["smoke"]:
             values["max_epochs"], values["run_dir"] = 1, smoke_run_dir()
@@ -492,6 +482,41 @@ class RunConfig:
         """The accessor settings as the binding report lists them: name -> (value,
         source), in the report's order."""
         return {name: (getattr(self, name), self.sources[name]) for name in REPORTED}
+
+
+def _checked_settings(
+    experiment: Any, keywords: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Source]]:
+    """The value accessors resolved (keyword, pin, method, field, default) and
+    checked, with their sources; each accessor is called once."""
+    values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for name in _VALUE_ACCESSORS:
+        found = resolve(experiment, name, keywords)
+        values[name], sources[name] = found.value, found.source
+    pin = pinned_n_devs()
+    if pin is not None and sources["n_devs"] != "keyword":
+        values["n_devs"], sources["n_devs"] = pin, "pin"
+    for name, check in _CHECKS.items():
+        if name in values:
+            values[name] = check(values[name], sources[name])
+    return values, sources
+
+
+def check_settings(experiment: Any, keywords: Mapping[str, Any]) -> None:
+    """Check what `Nitro(experiment, **keywords)` would check of its settings first,
+    without building anything: every value accessor (the keyword, else the
+    experiment's method or field, else the default) and every plain keyword with a
+    check of its own (`precision`, `sharding`, ...). Constructs no logger or
+    checkpointer.
+
+    Raises:
+        ConfigError: a value its setting refuses, named with where it came from.
+    """
+    _checked_settings(experiment, keywords)
+    for name, value in keywords.items():
+        if name in PLAIN_KEYWORDS and name in _CHECKS and value is not None:
+            _CHECKS[name](value, "keyword")
 
 
 # The fields of RunConfig that hold a setting: all but `sources`.

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
+from ..checkpoint.lock import lock_checkpoint_dir
 from ..compile.executables import Executables
 from ..data.protocol import has_release, release_splits, unwrap_source
 from ..devices.memory import memory_report
@@ -305,7 +306,14 @@ class Nitro:
             progress.begin("setup")
             try:
                 self._adopt(SetupSequence(kwargs, progress).run(experiment))
-                self.log_setup()
+                self._setup_lines_pending = self._defers_setup_lines()
+                if self._setup_lines_pending:
+                    logproto.require_verbs(
+                        self.config.logger, "log_params", "log_other"
+                    )
+                    reports.show_setup(self)
+                else:
+                    self.log_setup()
             finally:
                 self._progress = None
             entry.attach(self)
@@ -596,7 +604,44 @@ class Nitro:
 
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
+        self._setup_lines_pending = False
         reports.log_setup(self)
+
+    def _defers_setup_lines(self) -> bool:
+        """Whether the setup's logger lines (parameters, binding report) wait for
+        the first verb: a handle that logs and will take the run directory's lock
+        only when it trains (it checkpoints and did not take it at setup for a
+        resume). Its train() may be refused by another process's lock, and a
+        refused process writes nothing into the run directory, its log included:
+        train() writes them once it holds the lock, another verb before it runs."""
+        return (
+            self.config.logger is not None
+            and self.config.checkpointer is not None
+            and self.status.run_lock is None
+        )
+
+    def _log_setup_lines(self) -> None:
+        """The deferred setup lines, once (`_defers_setup_lines`)."""
+        if self._setup_lines_pending:
+            self._setup_lines_pending = False
+            reports.log_setup_lines(self)
+
+    def _train_locked(self) -> None:
+        """train()'s work: the run directory's lock first (a refusal writes
+        nothing), then the deferred setup lines, then the training, which lets
+        go of the lock when it returns or raises."""
+        from ..loop.train import run_training
+
+        if self._setup_lines_pending and self.status.run_lock is None:
+            self.status.run_lock = lock_checkpoint_dir(
+                self.config.checkpointer, self.config.run_dir, purpose="train"
+            )
+            try:
+                self._log_setup_lines()
+            except BaseException:
+                self.status.release_run_lock()
+                raise
+        run_training(self)
 
     def __rich__(self) -> Any:
         """The frozen values as a rich table (a terminal); `repr` is the plain text."""
@@ -672,8 +717,11 @@ class Nitro:
         when the handle is garbage collected; the kernel drops it when the process
         ends. Handles of one process share it, so a second handle on the same
         directory in a notebook works; another process writing the directory is
-        refused. Reading a directory (`weights=`, `evaluate`, `nitro runs`) never
-        takes the lock.
+        refused, and writes nothing there: a handle that takes the lock only when
+        it trains logs its parameters and binding report (`log_params`,
+        `log_other`) once `train()` holds the lock, or at its first other verb,
+        instead of at construction. Reading a directory (`weights=`, `evaluate`,
+        `nitro runs`) never takes the lock.
 
         Warns:
             NitroWarning: nothing to train (the handle is already at max_epochs);
@@ -688,8 +736,6 @@ class Nitro:
             nitro.stop_reason                             # "completed", ...
             Nitro(MyExp(), run_dir="runs/demo", resume="auto", max_epochs=40).train()
         """
-        from ..loop.train import run_training
-
         if kwargs:
             raise ConfigError(
                 f"train() takes no keywords (got {', '.join(sorted(kwargs))}): every "
@@ -702,7 +748,7 @@ class Nitro:
             raise ConfigError(self._prepared.unwritable)
         restore.refuse_after_restore_best(self)
         self._refuse_released("train()", ("train", "val"))
-        self._run_entry(lambda: run_training(self))
+        self._run_entry(self._train_locked, setup_lines=False)
         return self
 
     def validate(self) -> dict[str, Any]:
@@ -934,13 +980,18 @@ class Nitro:
                 lambda b=batch: predict_batch(self, b), stoppable=False
             )
 
-    def _run_entry(self, work: Any, *, stoppable: bool = True) -> Any:
+    def _run_entry(
+        self, work: Any, *, stoppable: bool = True, setup_lines: bool = True
+    ) -> Any:
         """Run a public entry point: monitors adopted, Starting and Idle announced
         around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
         into a preemption stop, one progress line. A stop request ends with the
         call that honoured it; a preemption then raises `Preempted`. An entry point
         that does not stop (`stoppable=False`: predict, render) leaves a request
-        made before it pending for the next one that does."""
+        made before it pending for the next one that does. `setup_lines`: log the
+        deferred setup lines first (train logs them once it holds the lock)."""
+        if setup_lines:
+            self._log_setup_lines()
         guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
         pending = self.status.stop_requested
         with entry_point(self), guard, Progress() as bar:

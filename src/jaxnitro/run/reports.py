@@ -135,10 +135,19 @@ def params_to_log(nitro: Nitro) -> dict[str, Any]:
 
 def log_setup(nitro: Nitro) -> None:
     """Log the parameters (before any compile) and show the binding report."""
+    log_setup_lines(nitro)
+    show_setup(nitro)
+
+
+def log_setup_lines(nitro: Nitro) -> None:
+    """Give the logger the parameters and the binding report."""
     logproto.log_params(nitro.config.logger, params_to_log(nitro))
-    report = binding_report(nitro)
-    logproto.log_other(nitro.config.logger, "binding_report", report)
-    show_report(f"jaxnitro: {nitro.prepared.cls.__name__}", report)
+    logproto.log_other(nitro.config.logger, "binding_report", binding_report(nitro))
+
+
+def show_setup(nitro: Nitro) -> None:
+    """Show the binding report (rich on a terminal, a log record otherwise)."""
+    show_report(f"jaxnitro: {nitro.prepared.cls.__name__}", binding_report(nitro))
 
 
 def binding_report(nitro: Nitro) -> str:

@@ -20,7 +20,7 @@ def batches(n, batch, seed):
 
 
 class TinyAgent(nx.Experiment):
-    width: nx.GraphConst[int] = 8
+    width: nx.GraphConst[int] = nx.field(default=8, ge=1)
     lr: float = 0.05
     n_train: int = 32
     max_epochs: int = 2

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxnitro.export.json_bounds import JSONRefused, json_depth, loads_bounded
+from jaxnitro.json_bounds import JSONRefused, json_depth, loads_bounded
 
 TEXT = st.text(alphabet='[]{}"\\ab,:\n\u00e9', max_size=8)
 JSON = st.recursive(
