@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..watch import did_you_mean
+from .loader import json_kind
 from .tools import CLIENT_KEYWORDS
 
 # What to pass, per argument name, for the messages of a missing argument.
@@ -67,7 +68,7 @@ def check_arguments(tool: str, fn: Callable[..., Any], arguments: Any) -> None:
     if not isinstance(arguments, Mapping):
         raise ConfigError(
             f"{tool}: the arguments must be a JSON object of name -> value, got "
-            f"{_json_kind(arguments)}."
+            f"{json_kind(arguments)}."
         )
     params = inspect.signature(fn).parameters
     hints = typing.get_type_hints(fn)
@@ -111,7 +112,7 @@ def check_arguments(tool: str, fn: Callable[..., Any], arguments: Any) -> None:
                     tool=tool,
                     name=name,
                     value=_short(value),
-                    got=_json_kind(value),
+                    got=json_kind(value),
                     wanted=describe(wanted),
                 )
             )
@@ -172,24 +173,6 @@ def _plural(words: str) -> str:
         if words.startswith(article):
             return words[len(article) :] + "s"
     return words
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {type(value).__name__}"
 
 
 def _short(value: Any) -> str:

@@ -195,7 +195,7 @@ def check_override_type(owner: str, key: str, meta: Any, value: Any) -> None:
     shown = " or ".join(getattr(a, "__name__", str(a)) for a in arms)
     raise ConfigError(
         f"override {key}={value!r}: {owner}.{key} is declared {shown}, so it takes "
-        f"{words}, not {_json_kind(value)}. Pass e.g. {key}={example}."
+        f"{words}, not {json_kind(value)}. Pass e.g. {key}={example}."
     )
 
 
@@ -213,7 +213,13 @@ def _fits(value: Any, declared: Any) -> bool:
     return isinstance(value, declared)
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words: "null", "an integer", "a fraction" (a
+    float that is no whole number), "an array", ...
+
+    >>> [json_kind(v) for v in (None, 3, 2.5, 2.0, [1], {})]
+    ['null', 'an integer', 'a fraction', 'a number', 'an array', 'an object']
+    """
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -224,6 +230,10 @@ def _json_kind(value: Any) -> str:
         return "a fraction" if not value.is_integer() else "a number"
     if isinstance(value, str):
         return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
     return f"a {type(value).__name__}"
 
 

@@ -49,13 +49,15 @@ from ..json_bounds import json_depth
 from .compat import check_record_tree_compatible
 from .header import RecordHeader
 from .io_retry import is_transient_io, with_io_retry
+from .modes import follow_umask as follow_umask
+from .modes import new_file_mode
+from .modes import process_umask as process_umask
 from .paths import checked_path
 
 _META_KEY = "jaxnitro"
 _KEY_DATA_SUFFIX = "#prng_key_data"
 TMP_PREFIX = ".tmp-"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header
-_FILE_MODE = 0o666  # what `open()` creates a file with, before the umask
 # The deepest JSON a record header or manifest may nest; a record's config and
 # metrics nest a few levels, and Python's parser recurses once per level.
 MAX_JSON_DEPTH = 64
@@ -87,7 +89,7 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         # (safetensors' save_file does, with its own -rw-------): set the mode on
         # what `write` left. A record is a file like any other, readable as the
         # process umask allows (a team shares a run directory).
-        os.chmod(tmp, _FILE_MODE & ~process_umask())
+        os.chmod(tmp, new_file_mode())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -105,40 +107,6 @@ def _atomic_write_once(path: str, write: Callable[[str], None], prefix: str) -> 
         pass
     finally:
         os.close(dir_fd)
-
-
-def follow_umask(top: str) -> None:
-    """Give a folder written through temporary names, and everything in it, the
-    modes the process umask gives new ones: 0o777 & ~umask for folders (mkdtemp
-    makes `drwx-------`), 0o666 & ~umask for files (whatever their writer set).
-    Symbolic links are left alone."""
-    mask = process_umask()
-    os.chmod(top, 0o777 & ~mask)
-    for folder, dirs, files in os.walk(top):
-        for name in dirs:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o777 & ~mask)
-        for name in files:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, _FILE_MODE & ~mask)
-
-
-def process_umask() -> int:
-    """The process umask, read without changing it where the system allows
-    (`/proc/self/status` on Linux): setting it to read it back races with other
-    threads creating files."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _host_array(leaf: Any) -> tuple[np.ndarray, str | None]:

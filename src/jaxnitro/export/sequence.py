@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..checkpoint.record import follow_umask
+from ..checkpoint.modes import follow_umask
 from ..errors import ConfigError, HookError
 from ..observe import phases
 from .backend import ExportBackend, ExportRequest

@@ -76,7 +76,6 @@ from .step_programs import (
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
-    from ..run.state import TrainState
 
 
 AUTO_CALL_SECONDS = 2e-3
@@ -194,7 +193,8 @@ def _ring(seed: int, step: int, size: int) -> Any:
     return jax.device_put(new_ring(seed, step, size))
 
 
-def _state_trees(state: TrainState) -> tuple[Any, Any, Any]:
+def _state_trees(state: Any) -> tuple[Any, Any, Any]:
+    """A TrainState's `(Weights, model_state, accumulator)`: what a call carries."""
     return state.weights, state.model_state, state.accumulator
 
 
@@ -202,7 +202,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _carry_in(state: TrainState, packing: Packing | None) -> tuple[Any, Any, Any]:
+def _carry_in(state: Any, packing: Packing | None) -> tuple[Any, Any, Any]:
     """The state arguments of the calls (`compile/scanned.py`): `state`'s trees, or
     with a `packing` its flat buffers: the last epoch's, when the handle still holds
     the trees they were unpacked into (an epoch then starts without a dispatch)."""
@@ -223,8 +223,8 @@ def _carry_in(state: TrainState, packing: Packing | None) -> tuple[Any, Any, Any
 
 
 def _carry_out(
-    start: TrainState, carry: tuple[Any, Any, Any], step: int, packing: Packing | None
-) -> TrainState:
+    start: Any, carry: tuple[Any, Any, Any], step: int, packing: Packing | None
+) -> Any:
     """The training state the calls have reached, as the handle holds it (new
     buffers: packed ones stay valid for the next call)."""
     if packing is None:
