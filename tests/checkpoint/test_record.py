@@ -17,6 +17,7 @@ import jaxnitro as nx
 from jaxnitro.checkpoint import record as record_module
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.manifest import MANIFEST, read_manifest
+from jaxnitro.checkpoint.modes import process_umask
 from jaxnitro.checkpoint.record import CheckpointRecord, read_header, save_record
 
 
@@ -336,7 +337,7 @@ def test_process_umask_reads_the_umask_without_changing_it(monkeypatch, proc):
         monkeypatch.setattr(builtins, "open", no_proc)
     previous = os.umask(0o037)
     try:
-        assert record_module.process_umask() == 0o037
+        assert process_umask() == 0o037
         assert os.umask(0o037) == 0o037  # left as it was
     finally:
         os.umask(previous)

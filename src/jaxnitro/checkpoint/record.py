@@ -49,9 +49,7 @@ from ..json_bounds import json_depth
 from .compat import check_record_tree_compatible
 from .header import RecordHeader
 from .io_retry import is_transient_io, with_io_retry
-from .modes import follow_umask as follow_umask
 from .modes import new_file_mode
-from .modes import process_umask as process_umask
 from .paths import checked_path
 
 _META_KEY = "jaxnitro"
