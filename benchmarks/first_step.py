@@ -73,7 +73,7 @@ SETUP_TIMERS = (
     ("jaxnitro.run.setup", "probe_outputs", "write probes"),
     ("jaxnitro.run.setup", "configure_persistent_cache", "persistent cache"),
     ("jaxnitro.loop.train", "_ensure_optimizer_state", "optimizer state"),
-    ("jaxnitro.loop.steps", "training_programs", "step program"),
+    ("jaxnitro.loop.calls", "call_program", "step program"),
 )
 HOOK_PHASES = {"build_data": "build_data", "build_model": "build_model"}
 JAX_EVENTS = {

@@ -231,6 +231,28 @@ def test_two_processes_train_and_resume_as_one_process_on_the_same_batches(tmp_p
 
 
 @pytest.mark.needs_sockets
+@pytest.mark.slow  # processes of their own
+def test_two_processes_in_calls_of_several_steps_train_as_one_process(tmp_path):
+    """steps_per_call=3 across processes: each rank stacks its own rows of a block,
+    the block is assembled along its batch axis, calls end at the agreement points
+    and at the epoch's end (4 steps an epoch: calls of 3 and 1)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    worker = str(SUPPORT / "dist_worker.py")
+    single = _one_process(one)
+    assert single.returncode == 0, single.stdout + single.stderr
+    pair = _launch(
+        ["-n", "2", "--timeout", "200", worker, str(two), "2"],
+        devices=2,
+        NITRO_TEST_STEPS_PER_CALL="3",
+    )
+    assert pair.returncode == 0, pair.stdout + pair.stderr
+    assert "[rank 1] rank 1 of 2 done at step 8 in calls of 3 steps" in pair.stdout
+    _assert_same_params(
+        one / "epoch-0002-step-8.safetensors", two / "epoch-0002-step-8.safetensors"
+    )
+
+
+@pytest.mark.needs_sockets
 @pytest.mark.slow  # two processes of their own
 def test_across_processes_different_data_is_refused_and_a_stop_stops_all(tmp_path):
     port = free_port()

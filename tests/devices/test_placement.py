@@ -112,8 +112,9 @@ def test_training_on_4_devices_matches_one_device(runs):
 def test_the_train_step_splits_the_batch_and_reduces_the_gradient(runs):
     (kind, step), *_ = runs[4].executables.compiled()
     assert kind == "train_step"
-    batch_shardings = step.compiled.input_shardings[0][3]
-    assert {s.spec for s in jax.tree.leaves(batch_shardings)} == {P("data")}
+    # The calls loop's program: its block of batches (K, B, ...) split along B.
+    block_shardings = step.compiled.input_shardings[0][5]
+    assert {s.spec for s in jax.tree.leaves(block_shardings)} == {P(None, "data")}
     assert "all-reduce" in step.compiled.as_text()
 
 

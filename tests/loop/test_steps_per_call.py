@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 from experiments import StopsAtStep, Tiny, make_batches, samples
+from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
 from jaxnitro.loop.calls import call_length, steps_per_call
@@ -280,9 +281,31 @@ def test_a_bad_steps_per_call_is_refused_at_construction(value, message):
 
 
 @pytest.mark.needs_devices(2)
-def test_steps_per_call_on_a_mesh_is_refused_naming_both():
-    with pytest.raises(nx.ConfigError, match="steps_per_call=4 with n_devs=2"):
-        nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4, n_devs=2)
+@pytest.mark.parametrize(("accum", "sharding"), [(1, "replicated"), (2, "fsdp")])
+def test_on_a_mesh_several_steps_per_call_train_bitwise_as_one(
+    tmp_path, accum, sharding
+):
+    """The calls loop on a mesh: blocks split along their batch axis, the state laid
+    out as the run says, every per-step input as on one device."""
+    steps = 2 * 10 // accum
+    kw = {
+        "accum": accum,
+        "n_devs": 2,
+        "sharding": sharding,
+        "gradient_clip_norm": 0.5,
+        "ema": nx.EMA(0.9),
+        "schedules": schedules(steps),
+    }
+    base, base_dir = train(tmp_path, "k1", Everything(), steps_per_call=1, **kw)
+    got, run_dir = train(tmp_path, "k4", Everything(), steps_per_call=4, **kw)
+    assert got.current_step == steps
+    assert_same_state(base, got)
+    assert lines(run_dir, "train") == lines(base_dir, "train")
+    assert lines(run_dir, "validate") == lines(base_dir, "validate")
+    block = 1 if accum == 1 else 2  # the block's batch axis, past (K,) or (K, accum)
+    (kind, program), *_ = got.executables.compiled()
+    specs = {s.spec for s in jax.tree.leaves(program.compiled.input_shardings[0][5])}
+    assert kind == "train_step" and specs == {P(*[None] * block, "data")}
 
 
 @pytest.mark.parametrize(
@@ -336,14 +359,13 @@ def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path
     assert lines(run_dir, "train") == lines(base_dir, "train")
 
 
-def test_across_processes_steps_per_call_is_refused_and_auto_is_one(monkeypatch):
+def test_across_processes_auto_is_one_and_a_count_is_kept(monkeypatch):
+    # Each process would measure its own step time: every rank must run one count.
     fixed = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4)
     auto = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
     auto.status.step_seconds = 100e-6
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(nx.ConfigError, match="steps_per_call=4 in a run across 2"):
-        steps_per_call(fixed)
-    assert steps_per_call(auto) == 1
+    assert (steps_per_call(fixed), steps_per_call(auto)) == (4, 1)
 
 
 def test_one_program_serves_every_steps_per_call_up_to_the_block():

@@ -79,6 +79,8 @@ def main(
     run_dir: str, n_devs: int = 1, die_at: int | None = None, epochs: int = 2
 ) -> None:
     keywords = {"run_dir": run_dir, "n_devs": n_devs, "max_epochs": epochs}
+    # Set by a test that trains every rank in calls of several steps.
+    keywords["steps_per_call"] = int(os.environ.get("NITRO_TEST_STEPS_PER_CALL", "1"))
     if epochs > Sharded.max_epochs:  # continue the run this run_dir holds
         keywords["resume"] = "auto"
     if die_at:  # the data first: join explicitly (else Nitro(...) joins)
@@ -92,7 +94,8 @@ def main(
     nitro.train()
     print(f"equality checks across processes during train: {len(checks)}")
     where = f"rank {jax.process_index()} of {jax.process_count()}"
-    print(f"{where} done at step {nitro.current_step}")
+    calls = nitro.config.steps_per_call
+    print(f"{where} done at step {nitro.current_step} in calls of {calls} steps")
 
 
 if __name__ == "__main__":

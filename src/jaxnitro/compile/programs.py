@@ -68,31 +68,29 @@ def model_key(model: Any) -> Any:
 # index of the argument whose layout it keeps (the donated state comes back as it
 # went in); None leaves a result's layout to XLA (eval outputs, sliced on the host).
 Layout = tuple[tuple[Role, ...], tuple["Role | int", ...] | None]
-_STEP: Layout = (  # (values, Weights, model_state, batch, hp, rng)
-    ("replicated", "state", "replicated", "batch", "replicated", "replicated"),
-    (1, "replicated", "replicated"),
-)
 _ON_OUTPUTS: Layout = (("replicated", "replicated", "replicated"), ("replicated",))
 LAYOUTS: dict[str, Layout] = {
-    "train_step": _STEP,
-    "manual_step": _STEP,
-    "gradient": (  # (values, params, model_state, accumulator, batch, hp, rng)
-        (
-            "replicated",
-            "state",
-            "replicated",
-            "state",
-            "batch",
-            "replicated",
-            "replicated",
-        ),
-        (3, "replicated", "replicated"),
+    "manual_step": (  # (values, Weights, model_state, batch, hp, rng)
+        ("replicated", "state", "replicated", "batch", "replicated", "replicated"),
+        (1, "replicated", "replicated"),
     ),
-    "optimizer": (("replicated", "state", "state", "replicated"), (1, 2)),
     "eval_forward": (("replicated", "state", "replicated", "batch"), None),
     "eval_metrics": _ON_OUTPUTS,
     "eval_loss": _ON_OUTPUTS,
 }
+
+
+def calls_layout(accum: int) -> Layout:
+    """The layout of the calls loop's train program (`compile/scanned.py`):
+    `(values_shared, values_steps, Weights, model_state, accumulator, block,
+    hp_shared, hp_steps, start, count, ring)`, its block split along the batch axis
+    behind the block's leading axes."""
+    block: Role = "block" if accum == 1 else "accum_block"
+    return (
+        ("replicated", "replicated", "state", "replicated", "state", block)
+        + ("replicated",) * 5,
+        (2, "replicated", 4, "replicated", "replicated"),
+    )
 
 
 class PlacedExecutable:
@@ -111,9 +109,10 @@ class PlacedExecutable:
         return getattr(self.compiled, name)
 
 
-def _shardings(placement: Placement, kind: str, args: tuple[Any, ...]) -> Any:
-    """`(in_shardings, out_shardings or None)` of program `kind` for `args`."""
-    inputs, outputs = LAYOUTS[kind]
+def _shardings(placement: Placement, layout: Layout, args: tuple[Any, ...]) -> Any:
+    """`(in_shardings, out_shardings or None)` of a program laid out as `layout`
+    for `args`."""
+    inputs, outputs = layout
     given = tuple(placement.shardings(a, r) for a, r in zip(args, inputs, strict=True))
     if outputs is None:
         return given, None
@@ -190,17 +189,19 @@ class TraceContext:
         baked: dict[str, Any],
         donate: tuple[int, ...] = (),
         on_compile: Callable[[str], Any] | None = None,
+        layout: Layout | None = None,
     ) -> Any:
         """The compiled executable of `fn` for `args`, from the cache or compiled now.
 
         `traced` names the hooks `fn` traces; `baked` holds every host constant `fn`
         captures that the key does not otherwise see. On a mesh the arguments are
-        placed first, so the key sees the shardings the program runs with.
+        placed first, so the key sees the shardings the program runs with; `layout`
+        says where each goes (default: `LAYOUTS[kind]`).
         """
         placement = self.placement
         shardings: Any = None
         if placement is not None:
-            shardings = _shardings(placement, kind, args)
+            shardings = _shardings(placement, layout or LAYOUTS[kind], args)
             args = put(args, shardings[0])
         key = self.key(kind, traced, args, baked)
 
@@ -296,18 +297,18 @@ class GradientFields:
 
 
 def gradient_fn(
-    ctx: TraceContext, fields: GradientFields, accum: int, plan: OptimizerPlan
+    ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
 ) -> Callable:
-    """The gradient computation: loss, gradient, terms and device train_metrics.
+    """The gradient computation of one micro-batch, traced into the train program
+    (`compile/scanned.py`): `(values, params, model_state, batch, grad_hp, rng) ->
+    (grads, model_state, StepOutputs)` with the loss, its terms and the device
+    train_metrics.
 
     Under a perturbation rule (SAM, ASAM) the gradient is taken a second time at
     `params + eps`; the loss, state, terms and train_metrics are the first pass's.
-    At accum == 1 it returns `(grads, model_state, StepOutputs)` for the fused step
-    to trace; above, the gradient program `(accumulator, model_state, StepOutputs)`,
-    the gradient added into the donated accumulator. `rng` (uint32[3]: seed, step,
-    micro-batch; `experiment/rng.py`) is what `step_rng()` folds into the step's key.
+    `rng` (uint32[3]: seed, step, micro-batch; `experiment/rng.py`) is what
+    `step_rng()` folds into the step's key.
     """
-    scale = 1.0 / accum
 
     def compute(device_values, params, state, batch, grad_hp, rng):
         view = ctx.make_view(device_values)
@@ -341,51 +342,7 @@ def gradient_fn(
         extra = outputs if fields.host_outputs else None
         return grads, new_state, StepOutputs(loss, terms, stats, extra)
 
-    if accum == 1:
-        return compute
-
-    def accumulate(device_values, params, state, accumulator, batch, grad_hp, rng):
-        grads, new_state, reported = compute(
-            device_values, params, state, batch, grad_hp, rng
-        )
-        accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
-        return accumulator, new_state, reported
-
-    return accumulate
-
-
-def optimizer_fn(ctx: TraceContext, plan: OptimizerPlan) -> Callable:
-    """The optimizer program (accum > 1): clip, the chains, EMA, a zeroed
-    accumulator. `(values, Weights, accumulator, hp) -> (Weights, accumulator)`."""
-
-    def step(device_values, weights, accumulator, hp):
-        view = ctx.make_view(device_values)
-        weights = plan.apply(view, weights, accumulator, hp)
-        return weights, jax.tree.map(jnp.zeros_like, accumulator)
-
-    return step
-
-
-def train_step_fn(
-    ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
-) -> Callable:
-    """The fused step program (accum == 1): the gradient, then the optimizer step.
-    `(values, Weights, model_state, batch, hp, rng) -> (Weights, model_state,
-    StepOutputs)`.
-
-    One program rather than a gradient program feeding an optimizer program: on a
-    dispatch-bound model the second launch per step cost 15-30% of the throughput.
-    """
-    gradient = gradient_fn(ctx, fields, 1, plan)
-
-    def step(device_values, weights, state, batch, hp, rng):
-        grads, new_state, reported = gradient(
-            device_values, weights.params, state, batch, hp["grad"], rng
-        )
-        view = ctx.make_view(device_values)
-        return plan.apply(view, weights, grads, hp), new_state, reported
-
-    return step
+    return compute
 
 
 def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:

@@ -142,7 +142,7 @@ def scanned_fn(
     buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
     two.
     """
-    compute = gradient_fn(ctx, fields, 1, plan)
+    compute = gradient_fn(ctx, fields, plan)
     scale = 1.0 / accum
     values_def, values_stacked, hp_def, hp_stacked = layout
 

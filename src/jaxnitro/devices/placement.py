@@ -30,8 +30,11 @@ from ..errors import ConfigError
 from .process import backend_name, visible_devices
 
 AXIS = "data"
-# The values a program takes, by where they go on the mesh.
-Role = Literal["batch", "state", "replicated"]
+# The values a program takes, by where they go on the mesh. A block (the calls loop's
+# stacked batches) has its batch axis second, `(K, B, ...)`, or third under
+# accumulation, `(K, accum, B, ...)`: "block" and "accum_block".
+Role = Literal["batch", "block", "accum_block", "state", "replicated"]
+_BATCH_AXIS = {"batch": 0, "block": 1, "accum_block": 2}
 SHARDING_MODES = ("replicated", "fsdp")
 # Leaves smaller than this stay whole on every device under fsdp: splitting a bias
 # saves nothing and costs a collective each step.
@@ -184,13 +187,22 @@ class Placement:
         """Split along the first axis: where a staged batch goes."""
         return NamedSharding(self.mesh, PartitionSpec(AXIS))
 
-    def batch_sharding(self, leaf: Any) -> NamedSharding:
-        """A batch field split along its first axis; one without a batch axis that
-        divides is replicated (the eval width and the train batch are checked)."""
+    def batch_sharding(self, leaf: Any, axis: int = 0) -> NamedSharding:
+        """A batch field split along its batch axis (`axis`: 0, or past a block's
+        leading axes); one whose batch axis does not divide is replicated (the eval
+        width and the train batch are checked)."""
         shape = np.shape(leaf)
-        if shape and shape[0] % self.n_devs == 0:
-            return self.data_sharding
+        if len(shape) > axis and shape[axis] % self.n_devs == 0:
+            return NamedSharding(self.mesh, PartitionSpec(*[None] * axis, AXIS))
         return self.replicated
+
+    def block_sharding(self, accum: int) -> NamedSharding:
+        """Where the calls loop's staged block of batches goes: split along the
+        batch axis, `(K, B, ...)` or `(K, accum, B, ...)` (the train batch divides
+        by n_devs: setup checks it)."""
+        return NamedSharding(
+            self.mesh, PartitionSpec(*[None] * (1 if accum == 1 else 2), AXIS)
+        )
 
     def state_sharding(self, leaf: Any) -> NamedSharding:
         """A training-state leaf: replicated, or under fsdp split along its largest
@@ -215,8 +227,9 @@ class Placement:
 
     def shardings(self, tree: Any, role: Role) -> Any:
         """A sharding for each leaf of `tree`, by its role."""
-        if role == "batch":
-            return jax.tree.map(self.batch_sharding, tree)
+        if role in _BATCH_AXIS:
+            axis = _BATCH_AXIS[role]
+            return jax.tree.map(lambda leaf: self.batch_sharding(leaf, axis), tree)
         if role == "state":
             return jax.tree.map(self.state_sharding, tree)
         return jax.tree.map(lambda _: self.replicated, tree)

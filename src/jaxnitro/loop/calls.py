@@ -60,6 +60,8 @@ from ..compile.packed import (
 from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
 from ..data.signature import batch_signature, changed_field
 from ..data.transfer import transfer
+from ..devices.agreement import StopAgreement
+from ..devices.placement import Placement
 from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
@@ -107,13 +109,6 @@ BAR_SECONDS = 0.25
 """How often the progress bar's loss is refreshed (a read-back each time)."""
 
 
-ACROSS_PROCESSES = (
-    "steps_per_call={k} in a run across {count} processes: a scanned call's stacked "
-    'batches have no layout on a mesh yet. Pass steps_per_call=1 (or "auto", '
-    "which is 1 across processes) to train across processes."
-)
-
-
 def steps_per_call(nitro: Nitro) -> int:
     """The steps per call of the epoch about to run.
 
@@ -121,18 +116,16 @@ def steps_per_call(nitro: Nitro) -> int:
     measures the step time, `nitro.status.step_seconds`), then the largest power
     of two up to `AUTO_MOST` whose call takes at most `AUTO_CALL_SECONDS` at the
     last epoch's step time. Every count trains the same steps bit for bit, so the
-    choice changes the speed only. "auto" is 1 on a mesh, across processes and in
-    manual training mode.
+    choice changes the speed only. "auto" is 1 across processes (each process
+    would measure its own step time, and every rank must run the same calls) and
+    in manual training mode.
 
     Example: a 450 us step gets 4 steps a call, a 100 us step 16, a 5 ms step 1.
     """
     per_call = nitro.config.steps_per_call
-    processes = jax.process_count()
     if per_call != "auto":
-        if int(per_call) > 1 and processes > 1:
-            raise ConfigError(ACROSS_PROCESSES.format(k=per_call, count=processes))
         return int(per_call)
-    if nitro.prepared.manual or nitro.config.n_devs > 1 or processes > 1:
+    if nitro.prepared.manual or jax.process_count() > 1:
         return 1
     seconds = nitro.status.step_seconds
     if not seconds:
@@ -142,14 +135,10 @@ def steps_per_call(nitro: Nitro) -> int:
 
 
 def runs_in_calls(nitro: Nitro) -> bool:
-    """Whether the epoch runs in this loop: the automatic mode on one device in one
-    process. Manual mode, a mesh and a run across processes run the one-step loop
-    (`steps._steps`), whose programs lay their arguments out over devices."""
-    return (
-        not nitro.prepared.manual
-        and nitro.prepared.ctx.placement is None
-        and jax.process_count() == 1
-    )
+    """Whether the epoch runs in this loop: the automatic mode, on one device or a
+    mesh, in one process or several. Manual mode runs the one-step loop
+    (`steps._steps`)."""
+    return not nitro.prepared.manual
 
 
 def block_steps(per_call: int, batch_bytes: int) -> int:
@@ -183,14 +172,33 @@ full): "ring" `((seed, step, size), ring)`, the counter and loss ring, "inputs"
 `(plan, device values, K, CallInputs)` of a plan with no varying schedule."""
 
 
-def _ring(seed: int, step: int, size: int) -> Any:
+def _placed(value: Any, placement: Placement | None) -> Any:
+    """`value` on the device, or replicated over the run's mesh."""
+    if placement is None:
+        return jax.device_put(value)
+    return placement.place(value, "replicated")
+
+
+def _ring(seed: int, step: int, size: int, placement: Placement | None) -> Any:
     """The device ring of `size` losses with the counter `(seed, step, 0)`
     (`compile/scanned.py`): the last epoch's, when it ended there (its old losses
     are never read)."""
     held = _CARRIED.get("ring")
     if held is not None and held[0] == (seed % 2**32, step, size):
         return held[1]
-    return jax.device_put(new_ring(seed, step, size))
+    return _placed(new_ring(seed, step, size), placement)
+
+
+def _positions(size: int, placement: Placement | None) -> tuple[Any, ...]:
+    """The block positions 0..size as device scalars (`call_positions`), on the
+    run's mesh when there is one."""
+    if placement is None:
+        return call_positions(size)
+    held = _CARRIED.get("positions")
+    if held is None or held[0] != (size, placement.key()):
+        values = _placed([np.int32(i) for i in range(size + 1)], placement)
+        held = _CARRIED["positions"] = ((size, placement.key()), tuple(values))
+    return held[1]
 
 
 def _state_trees(state: Any) -> tuple[Any, Any, Any]:
@@ -329,10 +337,15 @@ def call_steps(
     bar: Any,
     skip: int = 0,
     events: StepEvents | None = None,
+    agreement: StopAgreement | None = None,
 ) -> int | None:
     """The hot loop of one epoch in calls (`steps._steps`'s contract: the state
     committed to the handle on every exit; returns how many batches the feed
-    delivered, or None when a stop or an event ended the epoch)."""
+    delivered, or None when a stop or an event ended the epoch).
+
+    Across processes (`agreement` given) every rank stops at the same step: a call
+    ends at each agreement point (`agreement.next_at`), where every rank votes, and
+    the stop check reads the agreed flag."""
     per_call = steps_per_call(nitro)
     accum = nitro.config.accum
     seed = nitro.config.seed
@@ -354,7 +367,12 @@ def call_steps(
     program: Any = None
     start = nitro.train_state
     step = start.step
-    packing = packing_of(_state_trees(start)) if packs_state() else None
+    placement = nitro.prepared.ctx.placement
+    # Packed only on one device: a flat buffer would undo the mesh's layout.
+    packed = packs_state() and placement is None
+    packing = packing_of(_state_trees(start)) if packed else None
+    # Where a block goes: split along its batch axis over the run's mesh.
+    block_sharding = None if placement is None else placement.block_sharding(accum)
     carry = _carry_in(start, packing)
     ring: Any = None
     size = 0  # the block's steps, fixed by the epoch's first batch
@@ -369,6 +387,8 @@ def call_steps(
     delivered: int | None = 0
     profiler = status.profiler
     event = NEVER if events is None else events.next_after(step)
+    stops: Any = status if agreement is None else agreement  # what the check reads
+    agree_at = NEVER if agreement is None else agreement.next_at
 
     def read_all() -> None:
         nonlocal unread, unread_micro, last_read, due
@@ -412,14 +432,14 @@ def call_steps(
                     # transfers it itself: on a CPU a block buys nothing, and a
                     # large batch's stack costs more than the transfers it saves.
                     size = 1
-                positions = call_positions(size)
+                positions = _positions(size, placement)
                 settle_at = max(
                     per_call * accum,
                     min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(_host_bytes(full), 1)),
                 )
                 # Room for what may stay unread, and the calls dispatched meanwhile.
                 losses = max(TALLY_SIZE, 4 * (settle_at + size * accum))
-                ring = _ring(seed, step, losses)
+                ring = _ring(seed, step, losses, placement)
                 held = _CARRIED.get("inputs")
                 if (
                     constant
@@ -453,13 +473,16 @@ def call_steps(
         # on the device; waiting here would drain the device's queue every block).
         direct = per_call == size == 1  # the executable transfers each batch
         placed = (on_device or per_call < block) and not direct
-        return transfer(batches, None, wait=False) if placed else batches
+        if not placed:
+            return batches
+        return transfer(batches, block_sharding, wait=False)
 
     try:
         for pending, block, batches in blocks():
             done_in_block = 0
             while done_in_block < block:
-                length = call_length(per_call, block - done_in_block, event - step)
+                until = min(event, agree_at) - step  # a call ends at each
+                length = call_length(per_call, block - done_in_block, until)
                 if profiler is not None:
                     for at in range(step, step + length):
                         profiler.at_step(at, carry[0])
@@ -470,7 +493,9 @@ def call_steps(
                     or made[0] is not device
                     or made[1] not in (None, block_first)
                 ):
-                    inputs = call_inputs(nitro, plan, device, block_first, block, size)
+                    inputs = call_inputs(
+                        nitro, plan, device, block_first, block, size, placement
+                    )
                     # Without varying schedules one placed copy serves every block.
                     made = (device, None if constant else block_first, inputs)
                     if constant:
@@ -539,6 +564,11 @@ def call_steps(
                 )
                 if due:  # read after the next call: its copy starts now
                     ring.copy_to_host_async()
+                if step >= agree_at:  # across processes: every rank votes here
+                    assert agreement is not None
+                    agree_at = agreement.vote(
+                        step, status.stop_requested, status.preempted
+                    )
                 if step >= event:  # calls end at events: only a step-based run's
                     assert events is not None
                     read_all()
@@ -553,7 +583,7 @@ def call_steps(
                     if leave:
                         delivered = None
                         break
-                if status.stop_requested:
+                if stops.stop_requested:
                     delivered = None
                     break
             if delivered is None:

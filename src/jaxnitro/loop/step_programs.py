@@ -1,9 +1,8 @@
 """The training executables the hot loops run, and the inputs they take per step.
 
-`training_programs` gives the one-step loop's programs (a mesh, several processes,
-manual mode: the fused train step at accum 1, the gradient and optimizer programs
-above, or manual mode's step); `call_program` gives the automatic loop's train
-program, one to K optimizer steps per dispatch (`compile/scanned.py`), and
+`training_programs` gives manual mode's one-step program; `call_program` gives the
+automatic loop's train program, one to K optimizer steps per dispatch, on one device
+or a mesh, in one process or several (`compile/scanned.py`), and
 `call_inputs` builds what it takes for one block of K steps: every host-made step
 input (schedule values, the gradient rule's fields, the EMA's decay) computed on the
 host for each step and stacked, every Device field stacked (scheduled or not, so a
@@ -21,9 +20,10 @@ import numpy as np
 
 from ..compile.cache import program_cache
 from ..compile.packed import Packing
-from ..compile.programs import gradient_fn, optimizer_fn, train_step_fn
+from ..compile.programs import calls_layout
 from ..compile.scanned import scanned_fn, split_inputs
 from ..data.sources import batch_size
+from ..devices.placement import Placement
 from ..errors import ConfigError, NitroError
 from ..optim.plan import OptimizerPlan, scheduled_devices
 from ..optim.schedules import Target
@@ -42,90 +42,10 @@ def training_programs(
     hp: dict[str, Any],
     rng: Any,
 ) -> tuple[Any, Any]:
-    """The training executables, from the handle or the cache.
-
-    accum == 1: `(train_step, None)`, one fused program per step. accum > 1:
-    `(gradient, optimizer)`, the gradient accumulated over micro-batches. Manual
-    mode: `(manual_step, None)`, the experiment's own step (`manual.py`), run as
-    the fused one is.
-    """
-    if nitro.prepared.manual:
-        return manual_program(nitro, state, batch, values, hp, rng), None
-    ctx = nitro.prepared.ctx
-    accum = nitro.config.accum
-    plan = nitro.prepared.plan
-    assert plan is not None
-    fields = nitro.prepared.routing.gradient_fields
-    assert fields is not None  # routed at setup for a run with a train split
-    traced = ("forward", "loss") + (
-        ("train_metrics",) if fields.train_metrics is not None else ()
-    )
-    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
-    constants = {**plan.constants(), **plan.gradient_constants()}
-
-    announce = nitro.executables.announcer()
-    if accum == 1:
-        args = (values, state.weights, state.model_state, batch, hp, rng)
-        step = nitro.executables.get(
-            "train_step",
-            (shapes, fields, repr(constants)),
-            lambda: ctx.compile(
-                program_cache(),
-                "train_step",
-                train_step_fn(ctx, fields, plan),
-                args,
-                traced=traced,
-                baked={"mode": "train", "fields": fields, **constants},
-                donate=(1,),  # the Weights
-                on_compile=announce,
-            ),
-        )
-        return step, None
-
-    grad_args = (
-        values,
-        state.params,
-        state.model_state,
-        state.accumulator,
-        batch,
-        hp["grad"],
-        rng,
-    )
-    gradient = nitro.executables.get(
-        "gradient",
-        (shapes, accum, fields, repr(plan.gradient_constants())),
-        lambda: ctx.compile(
-            program_cache(),
-            "gradient",
-            gradient_fn(ctx, fields, accum, plan),
-            grad_args,
-            traced=traced,
-            baked={
-                "inv_accum": 1.0 / accum,
-                "mode": "train",
-                "fields": fields,
-                **plan.gradient_constants(),
-            },
-            donate=(3,),  # the accumulator
-            on_compile=announce,
-        ),
-    )
-    opt_args = (values, state.weights, state.accumulator, hp)
-    optimizer = nitro.executables.get(
-        "optimizer",
-        repr(plan.constants()),
-        lambda: ctx.compile(
-            program_cache(),
-            "optimizer",
-            optimizer_fn(ctx, plan),
-            opt_args,
-            traced=(),  # the rule's code is in its key: plan.constants()
-            baked=plan.constants(),
-            donate=(1, 2),  # the Weights and the accumulator
-            on_compile=announce,
-        ),
-    )
-    return gradient, optimizer
+    """The one-step loop's executables, from the handle or the cache: manual
+    mode's `(manual_step, None)`, the experiment's own step (`manual.py`). The
+    automatic mode runs `call_program` in the calls loop."""
+    return manual_program(nitro, state, batch, values, hp, rng), None
 
 
 def check_batch(
@@ -249,10 +169,12 @@ def call_inputs(
     first: int,
     length: int,
     size: int,
+    placement: Placement | None = None,
 ) -> CallInputs:
     """The inputs of the calls over a block of `size` steps whose first `length`
     run optimizer steps `first` to `first + length - 1` (0-based, global), with
-    Device fields `device`."""
+    Device fields `device`; replicated over the run's mesh when there is one (a
+    program on a mesh would otherwise place them again at every call)."""
     schedule = [plan.schedule_values(s) for s in range(first, first + length)]
     hps = [plan.step_inputs(first + i, v) for i, v in enumerate(schedule)]
     values = [device_inputs(nitro, device, v) for v in schedule]
@@ -261,6 +183,10 @@ def call_inputs(
     vdef, vstacked, vshared, vsteps = _split(values, first, size, every_leaf=True)
     hdef, hstacked, hshared, hsteps = _split(hps, first, size)
     schedule += schedule[-1:] * (size - length)  # rows no call reaches, as above
+    if placement is not None:
+        vshared, vsteps, hshared, hsteps = placement.place(
+            [vshared, vsteps, hshared, hsteps], "replicated"
+        )
     return CallInputs(
         vshared, vsteps, hshared, hsteps, (vdef, vstacked, hdef, hstacked), schedule
     )
@@ -336,6 +262,7 @@ def call_program(
             },
             donate=(2, 4),  # the Weights and the accumulator
             on_compile=announce,
+            layout=calls_layout(accum),
         ),
     )
 

@@ -28,7 +28,7 @@ from ..logging import protocol as logproto
 from ..observe.counter import advance_progress_counter
 from ..optim.schedules import Target
 from .cadence import NEVER
-from .calls import call_steps, runs_in_calls, steps_per_call
+from .calls import call_steps, runs_in_calls
 from .epoch_log import EpochLog, InFlight, StepEvents
 from .feed import open_feed
 from .step_programs import (
@@ -66,9 +66,7 @@ def run_epoch(
     reads instead of the process's own request (None in one process).
     """
     log = EpochLog(nitro, epoch, carried, skip)
-    in_calls = agreement is None and runs_in_calls(nitro)
-    if not in_calls:
-        steps_per_call(nitro)  # refuses a count above 1 across processes, by name
+    in_calls = runs_in_calls(nitro)
     source = nitro.data["train"]
     bar = nitro.progress()
     if bar is not None:
@@ -85,8 +83,10 @@ def run_epoch(
     log.feed = feed
     accum = nitro.config.accum
     try:
-        if in_calls:  # one process: no agreement to keep
-            delivered = call_steps(nitro, epoch, feed, log, bar, skip, events)
+        if in_calls:
+            delivered = call_steps(
+                nitro, epoch, feed, log, bar, skip, events, agreement
+            )
         else:
             delivered = _steps(nitro, epoch, feed, log, bar, skip, events, agreement)
     except BaseException:

@@ -107,11 +107,6 @@ RUN_DIR_FILE = (
 )
 CHECKPOINTER_TYPE = "checkpointer must be a Checkpointer or None, got {kind}."
 EVAL_WEIGHTS_VALUES = 'eval_weights={value!r}: it is "ema" or "raw".'
-STEPS_PER_CALL_MESH = (
-    "steps_per_call={k} with n_devs={n_devs}: a scanned call runs on one device; "
-    "its stacked batches have no layout on a mesh yet. Pass steps_per_call=1 with "
-    "n_devs={n_devs}, or n_devs=1 to keep steps_per_call={k}."
-)
 EVAL_WEIGHTS_NEEDS_EMA = (
     'eval_weights="ema" needs an EMA of the weights: set ema() on the experiment or '
     "pass ema=EMA(beta)."
@@ -421,11 +416,6 @@ class RunConfig:
             raise ConfigError(EVAL_WEIGHTS_VALUES.format(value=self.eval_weights))
         if self.eval_weights == "ema" and self.ema is None:
             raise ConfigError(EVAL_WEIGHTS_NEEDS_EMA)
-        per_call = self.steps_per_call
-        if isinstance(per_call, int) and per_call > 1 and self.n_devs > 1:
-            raise ConfigError(
-                STEPS_PER_CALL_MESH.format(k=self.steps_per_call, n_devs=self.n_devs)
-            )
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
     @classmethod
