@@ -4,7 +4,9 @@
 validation results. `follow_monitor` fills an unset metric and mode from the run's
 `monitor`, `check_mode` refuses a mode other than "min" or "max", `check_pair` a
 metric without a mode or the reverse, and `read_watched` reads the metric out of one
-epoch's results, refusing a missing or non-finite value.
+epoch's results, refusing a missing or non-finite value. `is_unscored` is the one
+rule all three share for an epoch that ranks nothing: its metric is NaN or infinite,
+or its validation pass's forward outputs were (`NONFINITE_OUTPUTS` counts them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import CheckpointError, ConfigError
+
+NONFINITE_OUTPUTS = "nonfinite_outputs"
+"""The key an eval pass adds to its metrics, with the count, when forward's outputs
+held NaN or infinite values (absent from a clean pass)."""
 
 
 def check_control_readback(value: Any, what: str, name: str) -> float:
@@ -84,8 +90,10 @@ def read_watched(
     """`metrics[metric]`, validated by `check_control_readback` (as "the `what`").
 
     A missing metric raises `error`: "<watcher>, but validation returned <names>."
-    followed by `hint`. With `non_finite_ok`, a NaN or infinite real comes back as
-    it is (evaluation has warned of it; the caller counts it as no improvement).
+    followed by `hint`. With `non_finite_ok`, an unscored epoch (`is_unscored`)
+    reads as a non-finite value: a NaN or infinite real as it is, a finite one whose
+    pass had non-finite outputs as NaN (evaluation has warned of either; the caller
+    counts it as no improvement).
     """
     if metric not in metrics:
         raise error(
@@ -93,9 +101,29 @@ def read_watched(
             f"{did_you_mean(metric, metrics)}{hint}"
         )
     value = metrics[metric]
-    if non_finite_ok and is_non_finite(value):
-        return float(value)
+    if non_finite_ok and is_unscored(metrics, metric):
+        return float(value) if is_non_finite(value) else math.nan
     return check_control_readback(value, what, metric)
+
+
+def is_unscored(metrics: Mapping[str, Any], metric: str) -> bool:
+    """Whether one epoch's validation `metrics` rank nothing by `metric`: its value
+    is NaN or infinite, or it is a real number but the pass's forward outputs held
+    NaN or infinite values (`metrics[NONFINITE_OUTPUTS]` > 0), which a metric such
+    as accuracy (an argmax) can hide. The checkpointer keeps such an epoch
+    unscored; early stopping and Plateau count it as no improvement. A missing or
+    non-real value is not unscored: `read_watched` refuses it by name.
+
+    >>> is_unscored({"acc": float("nan")}, "acc"), is_unscored({"acc": 0.9}, "acc")
+    (True, False)
+    >>> is_unscored({"acc": 0.9, NONFINITE_OUTPUTS: 3}, "acc")
+    True
+    """
+    value = metrics.get(metric)
+    if is_non_finite(value):
+        return True
+    count = metrics.get(NONFINITE_OUTPUTS, 0)
+    return _is_real(value) and _is_real(count) and count > 0
 
 
 def is_non_finite(value: Any) -> bool:

@@ -489,6 +489,22 @@ def test_a_non_finite_score_is_kept_unscored_and_never_ranked(tmp_path, bad):
     assert sorted(e.epoch for e in read_manifest(str(tmp_path))) == [1, 3]
 
 
+def test_an_epoch_with_non_finite_outputs_is_kept_unscored_and_never_ranked(tmp_path):
+    # A finite score whose pass had NaN outputs (accuracy over NaN logits) ranks
+    # nothing, though it beats the best: Best keeps epoch 1, Last the unscored 2.
+    ckpt = bound(tmp_path, keep=(Best(1), Last(1)))
+    assert write(ckpt, 1, 0.5, extra={"nonfinite_outputs": 0})
+    assert write(ckpt, 2, 0.1, extra={"nonfinite_outputs": 72})
+    entries = {e.epoch: e for e in read_manifest(str(tmp_path))}
+    assert sorted(entries) == [1, 2]
+    assert entries[1].score == 0.5
+    assert entries[2].score is None and entries[2].metric is None
+    assert write(ckpt, 3, 0.7)
+    assert sorted(e.epoch for e in read_manifest(str(tmp_path))) == [1, 3]
+    only_best = bound(tmp_path / "best", keep=Best(2))
+    assert not write(only_best, 1, 0.1, extra={"nonfinite_outputs": 1})
+
+
 def test_only_best_never_writes_a_non_finite_epoch(tmp_path):
     ckpt = bound(tmp_path, keep=Best(2))
     assert write(ckpt, 1, 0.5)

@@ -3,11 +3,19 @@ one shared eval program."""
 
 import threading
 import types
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from experiments import N_CLASSES, Tiny, TinyMetrics, make_batches, mlp
+from experiments import (
+    N_CLASSES,
+    QuietLogger,
+    Tiny,
+    TinyMetrics,
+    make_batches,
+    mlp,
+)
 from toy_sources import FannedOut
 
 import jaxnitro as nx
@@ -420,6 +428,120 @@ def test_a_non_finite_metric_outside_training_warns_without_an_epoch():
         nitro.evaluate("test")
 
 
+class Poisoned(TinyMetrics):
+    """TinyMetrics whose eval logit of each row's true class is NaN while `poison`
+    is: accuracy, an argmax (NumPy's picks a NaN), stays finite, and perfect."""
+
+    poison: nx.Device[float] = 0.0
+
+    def forward(self, model, params, state, *, x, y=None):
+        logits, state = TinyMetrics.forward(self, model, params, state, x=x)
+        if not nx.training():
+            logits = jnp.where(y > 0, logits + self.poison, logits)
+        return logits, state
+
+
+class ValidateLines(QuietLogger):
+    def __init__(self):
+        self.lines = []
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "validate":
+            self.lines.append((epoch, dict(metrics)))
+
+
+def poison_epoch_2(nitro, epoch, observations):
+    nitro.set_device(poison=float("nan") if epoch == 1 else 0.0)
+
+
+@pytest.mark.parametrize("n_devs", [1, 4])
+def test_non_finite_outputs_under_a_finite_metric_warn_and_rank_no_checkpoint(
+    tmp_path, n_devs
+):
+    """Epoch 2 validates on NaN logits: its accuracy (perfect) is kept as
+    computed, but the pass warns, reports the count, and its record is unscored:
+    Best(1) keeps the best clean epoch instead, on one device and on a mesh
+    (sharded outputs)."""
+    logger = ValidateLines()
+    nitro = nx.Nitro(
+        Poisoned(max_epochs=3),
+        run_dir=str(tmp_path),
+        logger=logger,
+        checkpointer=nx.Checkpointer(keep=(nx.Best(1), nx.Last(1))),
+        n_devs=n_devs,
+    ).on_epoch_end(poison_epoch_2)
+    with pytest.warns(nx.NitroWarning) as caught:
+        nitro.train()
+    messages = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    # One NaN logit in each of 24 val rows, the short batch's padding not counted.
+    assert messages == [
+        "Split `val` produced 24 non-finite output values at epoch 2 (NaN or "
+        "infinite in forward's outputs); its metrics are reported as computed, "
+        "with `nonfinite_outputs` = 24, but the checkpointer keeps this epoch's "
+        "record unscored (a Last selector may keep it; Best never picks it), and "
+        "early stopping and Plateau count it as no improvement. Check the model "
+        "for a diverged output."
+    ]
+    rows = list(nitro.history)
+    assert [row.get("nonfinite_outputs") for row in rows] == [None, 24, None]
+    assert rows[1]["acc"] == 1.0 and max(rows[0]["acc"], rows[2]["acc"]) < 1.0
+    assert [(e, m.get("nonfinite_outputs"), m["acc"]) for e, m in logger.lines] == [
+        (row["epoch"], row.get("nonfinite_outputs"), row["acc"]) for row in rows
+    ]
+    best = 1 if rows[0]["acc"] > rows[2]["acc"] else 3
+    kept = [(e.epoch, e.score) for e in read_manifest(str(tmp_path))]
+    assert kept == sorted({(best, rows[best - 1]["acc"]), (3, rows[2]["acc"])})
+
+
+def test_non_finite_outputs_outside_training_warn_without_an_epoch():
+    """evaluate() and validate() count every real row, across chunks (the 5-row
+    first batch sets the width: 16s run as 5, 5, 5, 1), and a clean pass again
+    reports no count and warns of nothing."""
+    val = make_batches(37, 16, seed=1)[::-1]
+    nitro = nx.Nitro(
+        Poisoned(), data={"val": val, "test": make_batches(40, 16)}, **quiet()
+    )
+    nitro.set_device(poison=float("nan"))
+    expected = r"^Split `test` produced 40 non-finite output values \(NaN"
+    with pytest.warns(nx.NitroWarning, match=expected):
+        tested = nitro.evaluate("test")
+    assert tested["nonfinite_outputs"] == 40 and tested["acc"] == 1.0
+    with pytest.warns(nx.NitroWarning, match=r"^Split `val` produced 37 non-fin"):
+        assert nitro.validate()["nonfinite_outputs"] == 37
+    nitro.set_device(poison=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clean = nitro.validate()
+    assert "nonfinite_outputs" not in clean and set(clean) == {"acc", "confusion"}
+
+
+def test_the_tally_counts_inexact_leaves_on_the_host_and_on_the_device():
+    """Across processes the gathered outputs are host arrays; otherwise device
+    ones. Integer leaves cannot hold NaN and are skipped; bfloat16 counts."""
+    from jaxnitro.loop.nonfinite import OutputTally
+
+    tally = OutputTally()
+    tally.add(
+        {
+            "f": np.array([1.0, np.nan, -np.inf], np.float32),
+            "h": np.array([np.inf, 0.0], jnp.bfloat16),
+            "i": np.arange(3),
+        }
+    )
+    tally.add((jnp.full((2, 2), np.nan, jnp.bfloat16), jnp.arange(4)))
+    assert tally.total() == tally.total() == 2 + 1 + 4
+
+
+def test_a_metric_named_like_the_non_finite_count_is_refused():
+    class Reserved(TinyMetrics):
+        def finalize_metrics(self, acc, split):
+            return {"acc": acc["acc"], "nonfinite_outputs": 0}
+
+    expected = r"^finalize_metrics returns `nonfinite_outputs`, the key evaluation"
+    with pytest.raises(nx.HookError, match=expected):
+        nx.Nitro(Reserved(), **quiet()).validate()
+
+
 def test_an_empty_batch_mid_split_is_refused_with_its_index():
     val = make_batches(48, 16, seed=1)
     val[1] = {k: v[:0] for k, v in val[1].items()}
@@ -448,3 +570,27 @@ def test_a_non_finite_monitored_metric_counts_as_no_improvement_for_stopping():
     with pytest.warns(nx.NitroWarning, match="scored non-finite metrics"):
         nitro.train()
     assert nitro.status.stop_reason == "early_stop" and nitro.current_epoch == 2
+
+
+def test_non_finite_outputs_count_as_no_improvement_for_stopping():
+    """A finite metric of a pass with non-finite outputs never improves: early
+    stopping waits on, Plateau counts a bad epoch, though the value (a perfect
+    accuracy over NaN logits, in the run) beats the best."""
+    stopper = nx.EarlyStopping(metric="acc", mode="max", patience=2)
+    assert stopper.should_stop(1, {"acc": 0.5}) is False
+    assert stopper.should_stop(2, {"acc": 0.9, "nonfinite_outputs": 72}) is False
+    assert stopper.state()["best"] == 0.5 and stopper.wait == 1
+    assert stopper.should_stop(3, {"acc": 0.95, "nonfinite_outputs": 1}) is True
+    logger = ValidateLines()
+    nitro = nx.Nitro(
+        Poisoned(max_epochs=3),
+        early_stop=nx.EarlyStopping(patience=1),
+        schedules={"learning_rate": nx.Plateau(0.05, patience=0)},
+        logger=logger,
+        checkpointer=None,
+    ).on_epoch_end(poison_epoch_2)
+    with pytest.warns(nx.NitroWarning, match="non-finite output values at epoch 2"):
+        nitro.train()
+    assert nitro.status.stop_reason == "early_stop" and nitro.current_epoch == 2
+    scales = [m["schedule/plateau/learning_rate"] for _, m in logger.lines]
+    assert scales == [1.0, pytest.approx(0.1)]

@@ -66,9 +66,11 @@ def write(
     value: float | None = None,
     stop_reason: str | None = None,
     state: float | None = None,
+    extra: dict | None = None,
 ) -> bool:
-    """Save epoch `epoch` with validation score `score` (None: no val split)."""
-    metrics = {} if score is None else {ckpt.metric or "loss": score}
+    """Save epoch `epoch` with validation score `score` (None: no val split), and
+    the `extra` validation metrics beside it."""
+    metrics = {} if score is None else {ckpt.metric or "loss": score, **(extra or {})}
     v = float(epoch if value is None else value)
     return ckpt.save(
         epoch=epoch,

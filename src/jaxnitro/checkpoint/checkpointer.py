@@ -34,7 +34,7 @@ from typing import Any
 from ..devices.distributed import is_rank0
 from ..devices.gather import gather_split_leaves
 from ..errors import CheckpointError, ConfigError
-from ..watch import is_non_finite, read_watched
+from ..watch import is_unscored, read_watched
 from .filenames import (
     RECORD_SUFFIX,
     checkpoint_filename,
@@ -91,10 +91,13 @@ class Checkpointer:
     selectors for a training run with no val split, whose epochs have no score.
     Pass `checkpointer=None` to `Nitro` to write no checkpoints.
 
-    An epoch whose metric is NaN or infinite (evaluation warns of it) is unscored,
-    as an epoch without validation is: no `Best` ever ranks it, and a `Last` may
-    keep its record, listed with no score. Ranking it worst instead would let a
-    `Best(k)` with fewer than k scored epochs keep a diverged model as "best".
+    An epoch whose metric is NaN or infinite, or whose validation pass's forward
+    outputs held NaN or infinite values while the metric stayed finite (accuracy
+    over NaN logits; the metrics then carry `nonfinite_outputs`, the count),
+    is unscored, as an epoch without validation is: evaluation warns of it, no
+    `Best` ever ranks it, and a `Last` may keep its record, listed with no score.
+    Ranking it worst instead would let a `Best(k)` with fewer than k scored epochs
+    keep a diverged model as "best".
 
     Args:
         keep: a selector or a tuple of them; the union of what they pick is kept.
@@ -631,11 +634,12 @@ class Checkpointer:
 
     def _score(self, metrics: Mapping[str, Any]) -> float | None:
         """The epoch's score; None (unscored: kept by no ranking selector) without
-        a metric, without validation, or when the metric is NaN or infinite, which
-        evaluation has warned of. A value that is no real number still raises."""
+        a metric, without validation, or when the metric is NaN or infinite or the
+        pass's forward outputs were (`is_unscored`), which evaluation has warned of.
+        A value that is no real number still raises."""
         if self.metric is None or not metrics:
             return None
-        if is_non_finite(metrics.get(self.metric)):
+        if is_unscored(metrics, self.metric):
             return None
         return read_watched(
             metrics,

@@ -9,7 +9,9 @@ each batch once, whole. A split's pass comes through its eval feed
 accelerator transfers) the next chunk while the current one runs; predict pads on the
 calling thread. Metrics run on the host by default (`metrics_residency`), or in their
 own small program on the device; the loss, when reported, runs on the device as in
-training.
+training. NaN or infinite forward outputs are counted beside the forward
+(`nonfinite.OutputTally`), read back once with the metrics: a pass that had any
+reports the count as `nonfinite_outputs` and warns, and its epoch is unscored.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from ..experiment.routing import as_batch
 from ..metrics import MetricAccumulator, flatten_metrics, plain, refuse_unreduced
 from ..observe import phases
 from ..observe.counter import advance_progress_counter
+from ..watch import NONFINITE_OUTPUTS
 from .feed import open_eval_feed
+from .nonfinite import OutputTally, report_nonfinite_outputs
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -245,6 +249,7 @@ def _evaluate_split(
     )
     metrics = MetricAccumulator()
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
+    tally = OutputTally()  # the outputs' NaN and inf values, read once at the end
     if nitro.status.eval_width is None:
         probe = first_batch(split, source)
         nitro.status.eval_width = eval_width_for(
@@ -292,6 +297,7 @@ def _evaluate_split(
                 outputs = forward_padded(nitro, item.device, item.n_real)
             chunk, keys = item.host, tuple(item.host)
             feed.release(item.device)  # dispatched: the runtime frees it after use
+            tally.add(outputs)  # the real rows only: padding was sliced off
             if has_metrics:
                 names = fields["metrics"].select(keys)
                 batch.add(
@@ -314,6 +320,7 @@ def _evaluate_split(
             index += item.ends_batch
     finally:
         feed.close()
+    nonfinite = tally.total()
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
     if has_metrics:
@@ -331,11 +338,23 @@ def _evaluate_split(
             )
         _refuse_collisions("finalize_metrics", combined, loss_part)
     refuse_unreduced(combined, metrics.concatenated)
+    _refuse_reserved(combined, "finalize_metrics" if finalize else "metrics")
     combined = {**dict(combined), **loss_part}
     result = {k: _plain_tree(v) for k, v in dict(combined).items()}
     training = isinstance(previous, phases.TrainStepping)
-    _warn_nonfinite(split, result, nitro.current_epoch if training else None)
+    at_epoch = nitro.current_epoch if training else None
+    _warn_nonfinite(split, result, at_epoch)
+    report_nonfinite_outputs(split, result, nonfinite, at_epoch)
     return result
+
+
+def _refuse_reserved(combined: Mapping[str, Any], source: str) -> None:
+    if NONFINITE_OUTPUTS in combined:
+        raise HookError(
+            f"{source} returns `{NONFINITE_OUTPUTS}`, the key evaluation reserves "
+            f"for its count of NaN or infinite forward outputs (the epoch it is "
+            f"above zero ranks no checkpoint). Rename the metric."
+        )
 
 
 def _gathered(

@@ -47,7 +47,8 @@ class Plateau:
     The value at step t is `inner(t) * scale`; the scale starts at 1 and is updated
     once per epoch after validation with PyTorch's ReduceLROnPlateau rule and
     defaults, applying from the next epoch's first step. `inner` is any schedule
-    entry or a bare number.
+    entry or a bare number. An unscored epoch (`watch.is_unscored`: the metric NaN
+    or infinite, or the validation pass's forward outputs were) is a bad epoch.
 
     Example:
         >>> p = Plateau(1e-3, patience=0)

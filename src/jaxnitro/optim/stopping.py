@@ -2,7 +2,9 @@
 
 An epoch improves when the watched metric beats the best so far by more than
 `min_delta` (absolute, as in Keras and Lightning); the run stops after `patience`
-epochs in a row without improvement. The stopping epoch still validates and
+epochs in a row without improvement. An unscored epoch (`watch.is_unscored`: the
+metric NaN or infinite, or the validation pass's forward outputs were) never
+improves. The stopping epoch still validates and
 checkpoints, then `train()` returns with stop_reason "early_stop". Setup copies the
 instance with the monitor filled in and fresh counters, so two handles never share them
 and the instance you passed is never mutated; the counters are stored in each

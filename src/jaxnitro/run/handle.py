@@ -769,6 +769,9 @@ class Nitro:
             (by default each metric combined across batches as its mode says),
             plus those loss entries when `eval_loss` is on. A 0-d value is a Python
             number; a non-scalar one (a summed confusion matrix) is a NumPy array.
+            When forward's outputs held NaN or infinite values (in the real rows,
+            never the padding), `"nonfinite_outputs"` is their count and the metrics
+            stand as computed; a clean pass has no such key.
 
         Raises:
             ConfigError: the data has no val split, or its source was released;
@@ -778,10 +781,14 @@ class Nitro:
             HookError: `forward` did not return `(outputs, state)`, or an output
                 leaf lacks the batch axis first; `finalize_metrics` returned a
                 non-dict, or a "concat" metric unreduced; a metric key collides
-                with an `eval_loss` key.
+                with an `eval_loss` key, or is `nonfinite_outputs`.
             StrippedHostError: traced code read a Host field.
 
         Warns:
+            NitroWarning: a scalar metric is NaN or infinite, or forward's outputs
+                held NaN or infinite values (once per pass, with the count); in
+                training such an epoch's record is unscored, and early stopping
+                and Plateau count it as no improvement.
             StaleHandleWarning: a hook, or the seed or run_dir accessor, was
                 redefined after the handle was built; the handle keeps what it
                 froze.
@@ -822,6 +829,8 @@ class Nitro:
             StrippedHostError: traced code read a Host field.
 
         Warns:
+            NitroWarning: as for `validate`: a non-finite metric, or non-finite
+                forward outputs (the result then holds `nonfinite_outputs`).
             StaleHandleWarning: as for `validate`.
 
         Example::
