@@ -1,5 +1,7 @@
 """Manual mode: the experiment's own train_step, two networks on two optimizers."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -500,3 +502,57 @@ def test_early_stopping_ends_a_manual_run_on_its_validation_loss():
 def test_manual_mode_refuses_a_reduced_precision():
     with pytest.raises(nx.ConfigError, match='precision="bf16" cannot reach the step'):
         nx.Nitro(TwoNets(), precision="bf16", **quiet())
+
+
+class Dropout(Scheduled):
+    """Scheduled with dropout keyed by step_rng(): every per-step input a call of
+    several manual steps stacks (the schedule's value, the step's rng)."""
+
+    def train_step(self, model, params, opt_state, state, *, x, y):
+        keep = jax.random.bernoulli(nx.step_rng(), 0.8, x.shape)
+        return super().train_step(
+            model, params, opt_state, state, x=jnp.where(keep, x / 0.8, 0.0), y=y
+        )
+
+
+@pytest.mark.parametrize(
+    ("k", "n_devs"),
+    [(3, 1), (4, 1), pytest.param(3, 2, marks=pytest.mark.needs_devices(2))],
+)
+def test_manual_steps_in_calls_of_several_train_bitwise_as_one(tmp_path, k, n_devs):
+    """Manual mode runs in the one hot loop: its own train_step, k steps a call
+    (the epoch's 4 steps as calls of 3 and 1, or one of 4), bit for bit, on one
+    device and on a mesh."""
+
+    def run(per_call):
+        run_dir = tmp_path / f"k{per_call}"
+        nitro = nx.Nitro(
+            Dropout(max_epochs=2),
+            run_dir=str(run_dir),
+            checkpointer=None,
+            log_every_n_steps=1,
+            steps_per_call=per_call,
+            n_devs=n_devs,
+        )
+        kinds = kinds_compiled(nitro.train)
+        text = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return nitro, kinds, [line for line in text if '"train"' in line]
+
+    base, _, base_lines = run(1)
+    got, kinds, got_lines = run(k)
+    assert got.current_step == base.current_step == 8
+    assert kinds.count("manual_step") <= 1  # k=3 and 4 share a block of 8 steps
+    pairs = zip(
+        leaves(base.train_state.weights), leaves(got.train_state.weights), strict=True
+    )
+    for a, b in pairs:
+        np.testing.assert_array_equal(a, b)
+    strip = [json_without_run_id(line) for line in got_lines]
+    assert strip == [json_without_run_id(line) for line in base_lines]
+    assert len(strip) == 8 and "enc_grad_norm" in strip[0]
+
+
+def json_without_run_id(line):
+    row = json.loads(line)
+    row.pop("run_id", None)
+    return row

@@ -315,27 +315,6 @@ def test_a_call_is_cut_at_the_block_end_or_an_event(left, until, expected):
     assert call_length(8, left, until) == expected
 
 
-class OwnStep(Tiny):
-    """Manual mode: one optimizer, stepped by the experiment's own train_step."""
-
-    def setup_optimizers(self, model, params, state, mesh):
-        return nx.setup_optimizer(optax.sgd(0.1), params)
-
-    def train_step(self, model, params, opt_state, state, *, x, y):
-        loss, grads = nx.backward(
-            lambda p: Tiny.loss(self, self.forward(model, p, state, x=x)[0], y=y),
-            params,
-        )
-        opt_state, params = nx.step_optimizer(opt_state, params, grads)
-        return {"loss": loss, "params": params, "state": state, "opt_state": opt_state}
-
-
-def test_manual_mode_refuses_steps_per_call_naming_the_fix():
-    nitro = nx.Nitro(OwnStep(), logger=None, checkpointer=None, steps_per_call=2)
-    with pytest.raises(nx.ConfigError, match="steps_per_call=2 in manual training"):
-        nitro.train()
-
-
 def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
     nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
     assert "steps_per_call auto (keyword)" in nitro.binding_report()

@@ -33,8 +33,8 @@ and the accumulator.
   (device constants made once, `call_positions`).
 - `ring`: uint32[3 + T]. Words 0-2 are the counter `(seed, global optimizer step of
   the call's first step, 0)`: step j of the call folds `(seed, step + j, micro)`
-  into `step_rng()`, exactly the input the unscanned programs take
-  (`experiment/rng.py`), and the step comes back advanced by `count`. Words 3 on
+  into `step_rng()` (`experiment/rng.py`), whatever the steps per call, and the
+  step comes back advanced by `count`. Words 3 on
   are the loss ring, float32 bits (`ring_losses`): the loss of micro-batch m
   (global index `step * accum + micro`) at `3 + m % T`. Not donated, so the host
   may still read an earlier one.
@@ -43,9 +43,10 @@ Each step's `StepOutputs` come back stacked `(K, ...)` (or `(K, accum, ...)`) by
 position in the call, without the loss (the ring holds it); rows past `count` are
 zeros.
 
-The step body is the unscanned one, operation for operation: the gradient of each
-micro-batch added into the accumulator as `a + g / accum`, the optimizer step on the
-accumulated gradient, the accumulator zeroed. On CPU the parameters come out bitwise
+The step body (`automatic_step`, or manual mode's own `train_step`) is the same
+whatever the call's length: the gradient of each micro-batch added into the
+accumulator as `a + g / accum`, the optimizer step on the accumulated gradient, the
+accumulator zeroed. On CPU the parameters come out bitwise
 equal whatever the steps per call (`tests/loop/test_steps_per_call.py`).
 """
 
@@ -121,30 +122,22 @@ def _at(tree: Any, index: Any) -> Any:
     )
 
 
-def scanned_fn(
-    ctx: TraceContext,
-    fields: GradientFields,
-    accum: int,
-    plan: OptimizerPlan,
-    layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]],
-    *,
-    single: bool = False,
-    packing: Packing | None = None,
-) -> Callable:
-    """The train program for `accum` micro-batches per step (module docstring).
+StepBody = Callable[..., tuple[Any, Any, Any, Any]]
+"""One optimizer step, traced into the train program: `(device_values, Weights,
+model_state, accumulator, batch, hp, rng) -> (Weights, model_state, accumulator,
+StepOutputs)`; under accumulation `batch` and `rng` hold the step's micro-batches
+stacked `(accum, ...)`."""
 
-    `layout`: `(values_treedef, values_stacked, hp_treedef, hp_stacked)` from
-    `split_inputs`, fixed for the program (it is part of its key). `single`: every
-    call runs one step (steps_per_call=1), so the program runs it without a loop
-    (`count` is ignored) and reports it stacked `(1, ...)`: a loop of one cost a
-    CPU step about 10% (its carried state copied in and out). `packing`: the
-    state `(Weights, model_state, accumulator)` comes in and goes out as its flat
-    buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
-    two.
-    """
+
+def automatic_step(
+    ctx: TraceContext, fields: GradientFields, accum: int, plan: OptimizerPlan
+) -> StepBody:
+    """The automatic mode's step: the gradient of each micro-batch added into the
+    accumulator as `a + g / accum`, then the optimizer step on the accumulated
+    gradient and the accumulator zeroed (at accum 1, the gradient goes straight
+    into the optimizer step)."""
     compute = gradient_fn(ctx, fields, plan)
     scale = 1.0 / accum
-    values_def, values_stacked, hp_def, hp_stacked = layout
 
     def one_step(device_values, weights, state, accumulator, batch, hp, rng):
         if accum == 1:
@@ -170,6 +163,30 @@ def scanned_fn(
         weights = plan.apply(view, weights, accumulator, hp)
         return weights, state, jax.tree.map(jnp.zeros_like, accumulator), reported
 
+    return one_step
+
+
+def scanned_fn(
+    one_step: StepBody,
+    accum: int,
+    layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]],
+    *,
+    single: bool = False,
+    packing: Packing | None = None,
+) -> Callable:
+    """The train program running `one_step` (`automatic_step`, or manual mode's
+    own step) for `accum` micro-batches per step (module docstring).
+
+    `layout`: `(values_treedef, values_stacked, hp_treedef, hp_stacked)` from
+    `split_inputs`, fixed for the program (it is part of its key). `single`: every
+    call runs one step (steps_per_call=1), so the program runs it without a loop
+    (`count` is ignored) and reports it stacked `(1, ...)`: a loop of one cost a
+    CPU step about 10% (its carried state copied in and out). `packing`: the
+    state `(Weights, model_state, accumulator)` comes in and goes out as its flat
+    buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
+    two.
+    """
+    values_def, values_stacked, hp_def, hp_stacked = layout
     micro_index = np.arange(accum, dtype=np.uint32)
 
     def packed(weights: Any, state: Any, accumulator: Any) -> tuple[Any, Any, Any]:

@@ -4,9 +4,9 @@ Three run keywords place events on the optimizer-step count, which runs over the
 whole run (a resume included): `max_steps` ends training after its step,
 `val_every_n_steps` validates after each multiple of it and
 `checkpoint_every_n_steps` writes a record after each multiple of it. The hot loop
-(`steps._steps`) holds one integer, the next step an event falls on, and compares
-the step count with it after each optimizer step; it calls the loop's handler only
-there, so a run that sets none of them pays that compare and nothing more.
+(`calls.py`) holds one integer, the next step an event falls on, ends a call there
+and compares the step count with it after each call; it calls the loop's handler
+only there, so a run that sets none of them pays that compare and nothing more.
 """
 
 from __future__ import annotations

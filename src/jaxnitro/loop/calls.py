@@ -1,4 +1,10 @@
-"""The hot loop of the automatic mode: calls of one to K optimizer steps.
+"""The hot loop: calls of one to K optimizer steps.
+
+Every run trains here: the automatic mode and manual mode (the experiment's own
+`train_step` as the program's step), on one device or a mesh (a block split along
+its batch axis), in one process or several (each rank stacks its own rows; a call
+ends at every agreement point, where the ranks vote on a stop).
+
 
 The loop gathers a block of K steps' batches from the feed (host arrays on every
 backend), stacks them with one `np.stack` per field, places the stack with one
@@ -21,10 +27,11 @@ the latest every `SETTLE_EVERY` micro-batches, so the divergence check runs whil
 the device keeps its queue. A read is planned a call ahead: the call holding what is
 needed starts its ring's copy to the host as it is dispatched, and the host reads it
 after dispatching the next call (a blocking read of a fresh result cost a TPU step
-about 400 us). Settling goes through `EpochLog` exactly as the unscanned
-loop (`steps._steps`) does: the same running loss sum in the same order, the same
-train lines at the same steps with the same values, a divergence named at its own step
-(found at the next read, up to `SETTLE_EVERY` micro-batches later, with no rollback).
+about 400 us). Settling goes through `EpochLog` micro-batch by micro-batch, as
+if each step were read alone: the same running loss sum in the same order, the same
+train lines at the same steps with the same values whatever the steps per call, a
+divergence named at its own step (found at the next read, up to `SETTLE_EVERY`
+micro-batches later, with no rollback).
 
 Where a call ends. At each call boundary the loop picks the call's length: the
 steps_per_call, cut short so that the call ends exactly at the epoch's end and at the
@@ -116,29 +123,21 @@ def steps_per_call(nitro: Nitro) -> int:
     measures the step time, `nitro.status.step_seconds`), then the largest power
     of two up to `AUTO_MOST` whose call takes at most `AUTO_CALL_SECONDS` at the
     last epoch's step time. Every count trains the same steps bit for bit, so the
-    choice changes the speed only. "auto" is 1 across processes (each process
-    would measure its own step time, and every rank must run the same calls) and
-    in manual training mode.
+    choice changes the speed only. "auto" is 1 across processes: each process
+    would measure its own step time, and every rank must run the same calls.
 
     Example: a 450 us step gets 4 steps a call, a 100 us step 16, a 5 ms step 1.
     """
     per_call = nitro.config.steps_per_call
     if per_call != "auto":
         return int(per_call)
-    if nitro.prepared.manual or jax.process_count() > 1:
+    if jax.process_count() > 1:
         return 1
     seconds = nitro.status.step_seconds
     if not seconds:
         return 1
     fits = min(AUTO_MOST, max(1, int(AUTO_CALL_SECONDS / seconds)))
     return 1 << (fits.bit_length() - 1)
-
-
-def runs_in_calls(nitro: Nitro) -> bool:
-    """Whether the epoch runs in this loop: the automatic mode, on one device or a
-    mesh, in one process or several. Manual mode runs the one-step loop
-    (`steps._steps`)."""
-    return not nitro.prepared.manual
 
 
 def block_steps(per_call: int, batch_bytes: int) -> int:
@@ -257,7 +256,7 @@ class _Call:
 
 
 def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
-    """Settle each micro-batch of `calls`, in order, as the unscanned loop would,
+    """Settle each micro-batch of `calls`, in order, as one call a step would,
     from one read-back of the last call's loss ring."""
     if not calls:
         return
@@ -318,7 +317,7 @@ def _stacked(
 
 def _refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
     """Raise the refusal naming the first batch of a block whose field left the
-    compiled signature (as the unscanned loop names it); nothing when none did."""
+    compiled signature; nothing when none did."""
     for _, batch, index in pending:
         refusal = changed_field(signature, batch, "train", index, epoch)
         if refusal is not None:
@@ -339,9 +338,9 @@ def call_steps(
     events: StepEvents | None = None,
     agreement: StopAgreement | None = None,
 ) -> int | None:
-    """The hot loop of one epoch in calls (`steps._steps`'s contract: the state
-    committed to the handle on every exit; returns how many batches the feed
-    delivered, or None when a stop or an event ended the epoch).
+    """The hot loop of one epoch in calls: the state committed to the handle on
+    every exit, a raising one included (its buffers were donated); returns how many
+    batches the feed delivered, or None when a stop or an event ended the epoch.
 
     Across processes (`agreement` given) every rank stops at the same step: a call
     ends at each agreement point (`agreement.next_at`), where every rank votes, and
@@ -359,7 +358,8 @@ def call_steps(
     autolog = nitro.config.autolog_schedules and log.logging
     every = log.every
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
-    host_outputs = bool(nitro.prepared.routing.gradient_fields.host_outputs)  # type: ignore[union-attr]
+    fields = nitro.prepared.routing.gradient_fields  # None in manual mode
+    host_outputs = fields is not None and fields.host_outputs
     # Without varying schedules every block takes the same step inputs.
     constant = plan.is_constant and not nitro.prepared.device_schedules
     # The placed step inputs: (device values, the block's first step, inputs).

@@ -1,12 +1,13 @@
 """Manual mode's step program: the experiment's own `train_step`, compiled.
 
-It has the fused train step's signature, so the epoch loop (`steps.py`) runs it as
-it runs the automatic one, and everything around the step (prefetch, the loss
-read-back and divergence check, train lines, validation, checkpoints, resume,
-phases, progress, stopping) is the same code:
+It runs in the train program of the automatic mode (`compile/scanned.py`) in place
+of the automatic step, so the epoch loop (`calls.py`) runs it as it runs the
+automatic one, one to steps_per_call steps a call, and everything around the step
+(prefetch, the loss read-back and divergence check, train lines, validation,
+checkpoints, resume, phases, progress, stopping) is the same code:
 
-    manual_step(values, Weights, model_state, batch, hp, rng)
-        -> (Weights, model_state, StepOutputs)          donates: Weights
+    step(values, Weights, model_state, batch, hp, rng)
+        -> (Weights, model_state, StepOutputs)
 
 `rng` (uint32[3]) is what `jaxnitro.step_rng()` folds into the step's key.
 
@@ -19,22 +20,18 @@ return fails at the first step, before anything is committed or checkpointed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ..compile.boundary import StepOutputs, Weights
-from ..compile.cache import program_cache
 from ..compile.programs import TraceContext
+from ..compile.scanned import StepBody
 from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import step_rng_scope
 from ..optim.manual import bind_hyperparams, python_number
-
-if TYPE_CHECKING:
-    from ..run.handle import Nitro
-    from ..run.state import TrainState
 
 RETURN_KEYS = ("loss", "params", "state", "opt_state", "stats")
 RETURN_SHAPE = (
@@ -167,39 +164,18 @@ def manual_step_fn(
     return step
 
 
-def manual_program(
-    nitro: Nitro,
-    state: TrainState,
-    batch: dict[str, Any],
-    values: dict[str, Any],
-    hp: dict[str, Any],
-    rng: Any,
-) -> Any:
-    """The manual step executable, from the handle or the cache.
+def manual_call_step(
+    ctx: TraceContext,
+    names: tuple[str, ...],
+    scheduled: tuple[tuple[str | None, str], ...],
+) -> StepBody:
+    """Manual mode's step as the train program runs it (`compile/scanned.py`):
+    `manual_step_fn`, with the accumulator (None: manual mode refuses accum > 1)
+    passed through."""
+    step = manual_step_fn(ctx, names, scheduled)
 
-    Keyed like the automatic programs (`TraceContext.key`): its kind, the
-    train_step code and what it calls, and the argument signature, whose tree
-    structure holds each `OptState`'s transformation.
-    """
-    ctx = nitro.prepared.ctx
-    names = nitro.prepared.routing.train_fields
-    plan = nitro.prepared.plan
-    assert plan is not None
-    scheduled = plan.manual_targets
-    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
-    announce = nitro.executables.announcer()
-    args = (values, state.weights, state.model_state, batch, hp, rng)
-    return nitro.executables.get(
-        "manual_step",
-        (shapes, names, scheduled, jax.tree.structure(state.weights.opt_state)),
-        lambda: ctx.compile(
-            program_cache(),
-            "manual_step",
-            manual_step_fn(ctx, names, scheduled),
-            args,
-            traced=("train_step",),
-            baked={"mode": "train", "fields": names, "scheduled": scheduled},
-            donate=(1,),  # the Weights: params and the optimizer states
-            on_compile=lambda _kind: announce("train_step"),
-        ),
-    )
+    def one_step(device_values, weights, state, accumulator, batch, hp, rng):
+        weights, state, reported = step(device_values, weights, state, batch, hp, rng)
+        return weights, state, accumulator, reported
+
+    return one_step

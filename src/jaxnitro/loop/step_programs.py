@@ -1,8 +1,8 @@
 """The training executables the hot loops run, and the inputs they take per step.
 
-`training_programs` gives manual mode's one-step program; `call_program` gives the
-automatic loop's train program, one to K optimizer steps per dispatch, on one device
-or a mesh, in one process or several (`compile/scanned.py`), and
+`call_program` gives the train program, one to K optimizer steps per dispatch (the
+automatic step or manual mode's own, on one device or a mesh, in one process or
+several: `compile/scanned.py`), and
 `call_inputs` builds what it takes for one block of K steps: every host-made step
 input (schedule values, the gradient rule's fields, the EMA's decay) computed on the
 host for each step and stacked, every Device field stacked (scheduled or not, so a
@@ -21,31 +21,17 @@ import numpy as np
 from ..compile.cache import program_cache
 from ..compile.packed import Packing
 from ..compile.programs import calls_layout
-from ..compile.scanned import scanned_fn, split_inputs
+from ..compile.scanned import StepBody, automatic_step, scanned_fn, split_inputs
 from ..data.sources import batch_size
 from ..devices.placement import Placement
 from ..errors import ConfigError, NitroError
 from ..optim.plan import OptimizerPlan, scheduled_devices
 from ..optim.schedules import Target
-from .manual import manual_program
+from .manual import manual_call_step
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
     from ..run.state import TrainState
-
-
-def training_programs(
-    nitro: Nitro,
-    state: TrainState,
-    batch: dict[str, Any],
-    values: dict[str, Any],
-    hp: dict[str, Any],
-    rng: Any,
-) -> tuple[Any, Any]:
-    """The one-step loop's executables, from the handle or the cache: manual
-    mode's `(manual_step, None)`, the experiment's own step (`manual.py`). The
-    automatic mode runs `call_program` in the calls loop."""
-    return manual_program(nitro, state, batch, values, hp, rng), None
 
 
 def check_batch(
@@ -192,6 +178,40 @@ def call_inputs(
     )
 
 
+def _step_body(nitro: Nitro) -> tuple[str, tuple[str, ...], StepBody, dict[str, Any]]:
+    """`(kind, traced hooks, step body, baked constants)` of the run's mode: the
+    automatic step over its plan, or manual mode's own `train_step`."""
+    ctx = nitro.prepared.ctx
+    plan = nitro.prepared.plan
+    assert plan is not None
+    if nitro.prepared.manual:
+        names = nitro.prepared.routing.train_fields
+        scheduled = plan.manual_targets
+        body = manual_call_step(ctx, names, scheduled)
+        return (
+            "manual_step",
+            ("train_step",),
+            body,
+            {
+                "fields": names,
+                "scheduled": scheduled,
+            },
+        )
+    accum = nitro.config.accum
+    fields = nitro.prepared.routing.gradient_fields
+    assert fields is not None  # routed at setup for a run with a train split
+    traced = ("forward", "loss") + (
+        ("train_metrics",) if fields.train_metrics is not None else ()
+    )
+    baked = {
+        "fields": fields,
+        "inv_accum": 1.0 / accum,
+        **plan.constants(),
+        **plan.gradient_constants(),
+    }
+    return "train_step", traced, automatic_step(ctx, fields, accum, plan), baked
+
+
 def call_program(
     nitro: Nitro,
     carry: tuple[Any, Any, Any],
@@ -204,21 +224,15 @@ def call_program(
     packing: Packing | None,
 ) -> Any:
     """The train program for a block shaped as `batches` (its leading axis is the
-    block's step count), from the handle or the cache (`compile/scanned.py`);
+    block's step count), from the handle or the cache (`compile/scanned.py`):
+    the automatic step, or in manual mode the experiment's own `train_step`;
     `carry`: the state arguments `(Weights, model_state, accumulator)`, or with a
     `packing` `(flat buffers, (), ())`; `single`: every call runs one step
     (steps_per_call=1)."""
     ctx = nitro.prepared.ctx
     accum = nitro.config.accum
-    plan = nitro.prepared.plan
-    assert plan is not None
-    fields = nitro.prepared.routing.gradient_fields
-    assert fields is not None
-    traced = ("forward", "loss") + (
-        ("train_metrics",) if fields.train_metrics is not None else ()
-    )
+    kind, traced, body, baked = _step_body(nitro)
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batches.items())
-    constants = {**plan.constants(), **plan.gradient_constants()}
     args = (
         inputs.values_shared,
         inputs.values_steps,
@@ -230,38 +244,29 @@ def call_program(
         positions[1],
         ring,
     )
+    baked = {
+        "mode": "train_calls",
+        "layout": repr(inputs.layout),
+        "single": single,
+        "packing": repr(packing),
+        **baked,
+    }
+    # The manual optimizer states' transformations live in the Weights' tree
+    # structure: the memo sees them there, as the compile key does.
+    structure = jax.tree.structure(carry[0])
     announce = nitro.executables.announcer()
     return nitro.executables.get(
-        "train_step",
-        (
-            shapes,
-            accum,
-            fields,
-            repr(constants),
-            inputs.layout,
-            ring.shape,
-            single,
-            packing,
-        ),
+        kind,
+        (shapes, accum, repr(baked), inputs.layout, ring.shape, structure),
         lambda: ctx.compile(
             program_cache(),
-            "train_step",
-            scanned_fn(
-                ctx, fields, accum, plan, inputs.layout, single=single, packing=packing
-            ),
+            kind,
+            scanned_fn(body, accum, inputs.layout, single=single, packing=packing),
             args,
             traced=traced,
-            baked={
-                "mode": "train_calls",
-                "fields": fields,
-                "inv_accum": 1.0 / accum,
-                "layout": repr(inputs.layout),
-                "single": single,
-                "packing": repr(packing),
-                **constants,
-            },
+            baked=baked,
             donate=(2, 4),  # the Weights and the accumulator
-            on_compile=announce,
+            on_compile=lambda _kind: announce("train_step"),
             layout=calls_layout(accum),
         ),
     )

@@ -55,14 +55,6 @@ if TYPE_CHECKING:
     from ..run.handle import Nitro
 
 
-MANUAL_PER_CALL = (
-    "steps_per_call={k} in manual training mode: the experiment's own train_step "
-    "runs one step per call (its optimizer states and return values are not "
-    "scanned). Pass steps_per_call=1, or train with the automatic loop (no "
-    "train_step hook) to run {k} steps per dispatch."
-)
-
-
 def _ensure_optimizer_state(nitro: Nitro) -> None:
     """Allocate (or restore) the optimizer state, the EMA and the accumulator."""
     plan = nitro.prepared.plan
@@ -306,9 +298,6 @@ def _train(nitro: Nitro) -> None:
             stacklevel=3,
         )
         return
-    per_call = c.steps_per_call
-    if nitro.prepared.manual and isinstance(per_call, int) and per_call > 1:
-        raise ConfigError(MANUAL_PER_CALL.format(k=per_call))
     nitro.status.stop_reason = None  # a pending stop request is honoured, not reset
     _ensure_optimizer_state(nitro)
     _prepare_profile(nitro)
