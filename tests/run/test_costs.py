@@ -1,11 +1,15 @@
 """nitro.cost_report(): XLA's cost analysis of each program, against the clock."""
 
 import io
+import json
 
 import pytest
 from experiments import Tiny, make_batches
 
 import jaxnitro as nx
+from jaxnitro.devices.peaks import peak_flops
+from jaxnitro.loop import train
+from jaxnitro.run import costs
 
 
 def test_cost_report_lists_each_program_and_the_achieved_step_rate():
@@ -63,3 +67,50 @@ def test_at_steps_per_call_the_step_costs_what_it_costs_at_one():
     one, four = step_row(1), step_row(4)
     assert one["flops"] > 0
     assert four["flops"] == pytest.approx(one["flops"], abs=400)
+
+
+class _Device:
+    device_kind = "TPU v5 lite"
+
+
+def test_a_known_device_gets_mfu_against_its_peak_and_an_unknown_one_says_so(
+    monkeypatch,
+):
+    nitro = nx.Nitro(Tiny(max_epochs=1), logger=None, checkpointer=None)
+    nitro.train()
+    out = io.StringIO()
+    rows = nitro.cost_report(file=out)
+    measured = next(row for row in rows if row["program"] == "optimizer step")
+    assert "mfu" not in measured  # a CPU is on no record: never guessed
+    assert "MFU unknown: no peak on record for device kind 'cpu'" in out.getvalue()
+    # 16 samples a step (Tiny's batch), at the measured step time.
+    assert measured["samples_per_sec"] == pytest.approx(16 / measured["seconds"])
+    monkeypatch.setattr(costs.jax, "devices", lambda: [_Device()])
+    out = io.StringIO()
+    rows = nitro.cost_report(file=out)
+    measured = next(row for row in rows if row["program"] == "optimizer step")
+    expected = measured["flops"] / measured["seconds"] / 197e12
+    assert measured["mfu"] == pytest.approx(expected)
+    assert "of the TPU v5 lite's 197 TFLOP/s bf16 dense peak" in out.getvalue()
+
+
+def test_every_epoch_logs_its_speed_and_mfu_where_the_peak_is_known(
+    tmp_path, monkeypatch
+):
+    # As on a TPU v5e: the table's peak for the CPU device the run trains on.
+    monkeypatch.setattr(train, "device_peak", lambda device: peak_flops("TPU v5 lite"))
+    nitro = nx.Nitro(Tiny(max_epochs=2), run_dir=str(tmp_path), checkpointer=None)
+    nitro.train()
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line).get("context") == "data"
+    ]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    last = rows[-1]
+    seconds = nitro.status.step_seconds  # the last epoch's
+    assert last["steps_per_sec"] == pytest.approx(1 / seconds)
+    assert last["samples_per_sec"] == pytest.approx(16 / seconds)
+    (program,) = [p for kind, p in nitro.executables.compiled() if kind == "train_step"]
+    flops = program.cost_analysis()["flops"]
+    assert last["mfu"] == pytest.approx(flops / seconds / 197e12)

@@ -503,7 +503,7 @@ def call_steps(
                 inputs = made[2]
                 if program is None:  # the epoch's first call
                     _refuse_changed(pending, signature, epoch)
-                    program = call_program(
+                    program = log.program = call_program(
                         nitro,
                         carry,
                         batches,

@@ -96,6 +96,7 @@ class EpochLog:
         self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
+        self.program: Any = None  # the train program the epoch ran, for its cost
         self.progress = nitro.progress()  # shows the latest train loss
 
     def settle(self, item: InFlight) -> None:

@@ -36,12 +36,14 @@ import jax.numpy as jnp
 
 from ..checkpoint.lock import lock_checkpoint_dir
 from ..compile.boundary import owned_copy
+from ..compile.costs import step_flops
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..observe import phases
 from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
+from ..observe.speed import device_peak, epoch_speed
 from ..optim.schedules import check_plateau_metrics
 from ..run.restore import finish_restore_best, optimizer_state
 from ..run.smoke import print_smoke_report
@@ -53,6 +55,19 @@ from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
+
+
+def _speed(nitro: Nitro, log: EpochLog, step_seconds: float) -> dict[str, float]:
+    """The epoch's speed for its data line: steps and samples a second, and MFU
+    where the train program's FLOPs and the device's peak are known."""
+    accum = nitro.config.accum
+    batch = nitro.prepared.routing.train_batch or 0
+    return epoch_speed(
+        step_seconds,
+        batch * accum * jax.process_count(),
+        step_flops(log.program, accum),
+        device_peak(jax.devices()[0]),
+    )
 
 
 def _ensure_optimizer_state(nitro: Nitro) -> None:
@@ -322,11 +337,13 @@ def _train(nitro: Nitro) -> None:
                 agreement=agreement,
             )
             stepped = nitro.current_step - steps_before
+            speed: dict[str, float] = {}
             if stepped:  # the loop read each step's loss back: the device is done
                 seconds = time.perf_counter() - started
                 if events is not None:  # mid-epoch validations are not stepping
                     seconds -= events.seconds - events_before
                 nitro.status.step_seconds = seconds / stepped
+                speed = _speed(nitro, log, seconds / stepped)
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
             nitro.sync_scheduled_devices()
@@ -382,7 +399,7 @@ def _train(nitro: Nitro) -> None:
                 _log_validation(nitro, epoch, added, {})
             logproto.log_metrics(
                 nitro.logger,
-                {"data_wait_frac": data_wait_frac},
+                {"data_wait_frac": data_wait_frac, **speed},
                 step=nitro.current_step,
                 epoch=epoch,
                 context="data",

@@ -3,9 +3,11 @@
 XLA estimates, per call of a compiled program, the floating-point operations it
 performs and the bytes it moves (`Compiled.cost_analysis()`). Against the measured
 mean time of an optimizer step (the last epoch trained, its stepping only), that
-gives the rates the step achieved: FLOP/s and bytes/s, to compare with the device's
-peak. On CPU the analysis is XLA's estimate for the host backend; an op XLA cannot
-cost (a custom call) counts as zero.
+gives the rates the step achieved: FLOP/s and bytes/s, samples a second, and the
+model FLOPs utilisation (MFU) against the device's bf16 dense peak where the device
+is on record (`devices/peaks.py`; otherwise MFU is reported unknown). On a mesh the
+figures are per device. On CPU the analysis is XLA's estimate for the host backend;
+an op XLA cannot cost (a custom call) counts as zero.
 """
 
 from __future__ import annotations
@@ -13,34 +15,21 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+import jax
+
+from ..compile.costs import program_costs
+from ..observe.speed import device_peak, epoch_speed
+
 if TYPE_CHECKING:
     from .handle import Nitro
 
-# The programs one optimizer step runs, by how the run trains.
-STEP_PROGRAMS = ("train_step", "gradient", "optimizer")
+# The train programs: one optimizer step a call (or a loop of them, costed once).
+STEP_PROGRAMS = ("train_step", "manual_step")
 ACCUM_NO_RATES = (
     "step rates: not estimated under accumulation (XLA's analysis costs the train "
     "program's loop over micro-batches once, not accum times); rerun with accum=1 "
     "for the per-step rates."
 )
-
-
-def program_costs(executable: Any) -> tuple[float | None, float | None]:
-    """`(flops, bytes accessed)` of one call, or None where XLA gives no figure."""
-    try:
-        analysis = executable.cost_analysis()
-    except Exception:  # a backend without cost analysis
-        return None, None
-    if isinstance(analysis, list | tuple):  # older JAX: one dict per device
-        analysis = analysis[0] if analysis else {}
-    if not isinstance(analysis, dict):
-        return None, None
-    flops = analysis.get("flops")
-    moved = analysis.get("bytes accessed")
-    return (
-        None if flops is None else float(flops),
-        None if moved is None else float(moved),
-    )
 
 
 def cost_rows(nitro: Nitro) -> list[dict[str, Any]]:
@@ -53,25 +42,17 @@ def cost_rows(nitro: Nitro) -> list[dict[str, Any]]:
 
 
 def step_costs(rows: list[dict[str, Any]], accum: int) -> tuple[float, float] | None:
-    """The flops and bytes of one optimizer step: the train program (XLA costs its
-    loop over steps once: one step, whatever the steps per call), or on a mesh
-    `accum` gradient calls plus one optimizer call; None when a program is not
-    compiled or the step's cost is not known (the train program under
-    accumulation)."""
-    by_kind = {row["program"]: row for row in rows}
-    if "train_step" in by_kind:
-        if accum > 1:
-            return None
-        parts = [(by_kind["train_step"], 1)]
-    elif "gradient" in by_kind and "optimizer" in by_kind:
-        parts = [(by_kind["gradient"], accum), (by_kind["optimizer"], 1)]
-    else:
+    """The flops and bytes of one optimizer step, per device: the last train
+    program's (XLA costs its loop over steps once: one step, whatever the steps per
+    call); None when none is compiled, under accumulation (XLA costs the scan over
+    micro-batches once), or when XLA gives no figure."""
+    steps = [row for row in rows if row["program"] in STEP_PROGRAMS]
+    if not steps or accum > 1:
         return None
-    if any(row["flops"] is None or row["bytes"] is None for row, _ in parts):
+    row = steps[-1]
+    if row["flops"] is None or row["bytes"] is None:
         return None
-    flops = sum(row["flops"] * n for row, n in parts)
-    moved = sum(row["bytes"] * n for row, n in parts)
-    return flops, moved
+    return row["flops"], row["bytes"]
 
 
 def _si(value: float | None, unit: str) -> str:
@@ -115,10 +96,23 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     flops, moved = per_step
     print(
         f"optimizer step: {seconds * 1e3:.3g} ms measured (last epoch), "
-        f"{_si(flops, 'FLOP')}, {_si(moved, 'B')} by XLA's analysis: "
+        f"{_si(flops, 'FLOP')}, {_si(moved, 'B')} by XLA's analysis (per device): "
         f"{_si(flops / seconds, 'FLOP/s')}, {_si(moved / seconds, 'B/s')} achieved.",
         file=out,
     )
+    device = jax.devices()[0]
+    peak = device_peak(device)
+    speed = epoch_speed(seconds, samples_per_step(nitro), flops, peak)
+    if "mfu" in speed:
+        utilisation = (
+            f"MFU {speed['mfu']:.1%} of the {device.device_kind}'s "
+            f"{_si(peak, 'FLOP/s')} bf16 dense peak"
+        )
+    else:
+        utilisation = (
+            f"MFU unknown: no peak on record for device kind {device.device_kind!r}"
+        )
+    print(f"{speed['samples_per_sec']:.4g} samples/s; {utilisation}.", file=out)
     rows.append(
         {
             "program": "optimizer step",
@@ -127,6 +121,14 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
             "seconds": seconds,
             "flops_per_second": flops / seconds,
             "bytes_per_second": moved / seconds,
+            **speed,
         }
     )
     return rows
+
+
+def samples_per_step(nitro: Nitro) -> int:
+    """The samples one optimizer step trains on: the global batch, every
+    micro-batch of it."""
+    batch = nitro.prepared.routing.train_batch or 0
+    return batch * nitro.config.accum * jax.process_count()
