@@ -117,18 +117,18 @@ def _check_structure(name: str, given: Any, returned: Any) -> None:
 def manual_step_fn(
     ctx: TraceContext,
     names: tuple[str, ...],
-    scheduled: tuple[tuple[str | None, str], ...],
+    exposed: tuple[tuple[str, str], ...],
 ) -> Callable[..., Any]:
     """The manual step program's traced function: `train_step` on one batch, in
-    train mode, its return checked. `scheduled`: the `(subtree, field)` targets of
-    the run's opt schedules (`OptimizerPlan.manual_targets`); their values for
-    this step (`hp["manual"]`, in that order) are bound into the optimizer states
-    first (`bind_hyperparams`)."""
+    train mode, its return checked. `exposed`: every `(subtree, field)` the
+    optimizer states expose (`OptimizerPlan.manual_targets`), scheduled or not;
+    this step's `(value, scheduled)` of each (`hp["manual"]`, in that order) is
+    bound into the optimizer states first (`bind_hyperparams`)."""
 
     def step(device_values, weights, state, batch, hp, rng):
         opt_state = weights.opt_state
-        if scheduled:
-            values = dict(zip(scheduled, hp["manual"], strict=True))
+        if exposed:
+            values = dict(zip(exposed, hp["manual"], strict=True))
             opt_state = bind_hyperparams(opt_state, values)
         view = ctx.make_view(device_values)
         with training_mode(True), step_rng_scope(rng):
@@ -179,26 +179,28 @@ def manual_program(
 
     Keyed like the automatic programs (`TraceContext.key`): its kind, the
     train_step code and what it calls, and the argument signature, whose tree
-    structure holds each `OptState`'s transformation.
+    structure holds each `OptState`'s transformation and the hyperparameters it
+    exposes: which of those a run schedules is an input (`hp["manual"]`), never a
+    key.
     """
     ctx = nitro.prepared.ctx
     names = nitro.prepared.routing.train_fields
     plan = nitro.prepared.plan
     assert plan is not None
-    scheduled = plan.manual_targets
+    exposed = plan.manual_targets
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batch.items())
     announce = nitro.executables.announcer()
     args = (values, state.weights, state.model_state, batch, hp, rng)
     return nitro.executables.get(
         "manual_step",
-        (shapes, names, scheduled, jax.tree.structure(state.weights.opt_state)),
+        (shapes, names, exposed, jax.tree.structure(state.weights.opt_state)),
         lambda: ctx.compile(
             program_cache(),
             "manual_step",
-            manual_step_fn(ctx, names, scheduled),
+            manual_step_fn(ctx, names, exposed),
             args,
             traced=("train_step",),
-            baked={"mode": "train", "fields": names, "scheduled": scheduled},
+            baked={"mode": "train", "fields": names, "exposed": exposed},
             donate=(1,),  # the Weights: params and the optimizer states
             on_compile=lambda _kind: announce("train_step"),
         ),
