@@ -457,6 +457,51 @@ def test_an_opt_schedule_on_a_subtree_path_binds_into_that_subtree_only():
     )
 
 
+class Exposed(Scheduled):
+    """Scheduled's injected rules, with no schedule of its own."""
+
+    def schedules(self):
+        return {}
+
+
+def test_which_opt_keys_a_manual_run_schedules_compiles_nothing():
+    """Every hyperparameter the optimizer states expose is an input of the manual
+    step from the first program on, scheduled or not: a run that schedules another
+    key (or none) reuses the program."""
+    varying = lambda total: lambda t: 0.01 * (t + 1)  # noqa: E731
+    runs = [
+        {},
+        {"learning_rate": varying},
+        {"opt.head.learning_rate": varying},
+        {"opt.enc.learning_rate": 0.3, "opt.b1": 0.5},
+        {},
+    ]
+    nx.Nitro(Exposed(max_epochs=1), **quiet(schedules=runs[0])).train()
+    before = nx.cache_stats()["misses"]
+    for schedules in runs[1:]:
+        nitro = nx.Nitro(Exposed(max_epochs=1), **quiet(schedules=schedules))
+        nitro.train()
+        assert nx.cache_stats()["misses"] == before, schedules
+
+
+def test_an_unscheduled_exposed_hyperparameter_keeps_the_value_its_state_holds():
+    """A hyperparameter no schedule sets reaches train_step as the state holds it,
+    bitwise, and a schedule of that same value trains the same weights."""
+
+    def weights(**kw):
+        nitro = nx.Nitro(Seen(max_epochs=1), **quiet(**kw))
+        nitro.train()
+        return leaves(nitro.train_state.params)
+
+    lines = train_lines(Seen(max_epochs=1), schedules={"opt.enc.learning_rate": 0.5})
+    assert [m["learning_rate_head"] for m in lines] == [1.0] * 4
+    assert [m["b1_head"] for m in lines] == [np.float32(0.9)] * 4
+    plain = weights(schedules={})
+    same = weights(schedules={"opt.learning_rate": 1.0})
+    for a, b in zip(plain, same, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_subtree_path_beats_the_bare_key_there():
     class Both(Seen):
         def schedules(self):

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
 from jaxnitro.loop.calls import call_length, steps_per_call
+from jaxnitro.loop.step_programs import call_inputs
 
 
 class Everything(Tiny):
@@ -367,6 +368,32 @@ def test_one_program_serves_every_steps_per_call_up_to_the_block():
     before = nx.cache_stats()["misses"]
     run(1)  # one step a call: the program without the loop
     assert nx.cache_stats()["misses"] == before + 1
+
+
+def test_a_blocks_float_step_inputs_travel_as_one_array():
+    """Every rule field is a step input, scheduled or not: the float32 scalars of a
+    block (two groups' learning rates and Adam fields here) reach the program as
+    one `(K, n)` array, one transfer and one argument, not one each."""
+
+    class Groups(Tiny):
+        def param_group(self, keypath):
+            return "encoder" if keypath[0] in ("w1", "b1") else "default"
+
+        def optimizer(self):
+            return optax.adam
+
+    nitro = nx.Nitro(Groups(), logger=None, checkpointer=None)
+    plan = nitro.prepared.plan
+    inputs = call_inputs(nitro, plan, {}, 0, 3, 4)
+    scalars = [
+        leaf
+        for leaf in jax.tree.leaves(plan.step_inputs(0))
+        if not isinstance(leaf, jax.Array)
+    ]
+    assert len(scalars) == 2 * 5  # learning_rate, b1, b2, eps, eps_root per group
+    (packed,) = inputs.hp_steps
+    assert packed.shape == (4, len(scalars)) and packed.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(packed)[0], np.float32(scalars))
 
 
 def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(

@@ -81,8 +81,8 @@ def test_no_decay_mask_changes_compile_nothing():
 def lowered_step(plan, params, by_hand=False):
     """The stablehlo lines of one optimizer step, from the plan or written by hand.
 
-    By hand: RAdam, then (if the plan decays) `u - mask * (lambda * w)`, decay toward
-    zero with no anchor term at all.
+    By hand: RAdam on the step's inputs, then (if the plan decays)
+    `u - mask * (lambda * w)`, decay toward zero with no anchor term at all.
     """
 
     def step(p, state, grads, hp):
@@ -96,7 +96,9 @@ def lowered_step(plan, params, by_hand=False):
 
             return jax.tree.map(pull, updates, p, group["no_decay_mask"]), state
 
-        tx = optax.radam(group["learning_rate"])
+        # The rule's float fields are inputs too, scheduled or not.
+        fields = {name: group[name] for name in plan.groups[0].scheduled}
+        tx = optax.radam(group["learning_rate"], **fields)
         if plan.groups[0].decays:
             decay = optax.GradientTransformation(
                 lambda p: optax.EmptyState(), decay_update

@@ -32,9 +32,11 @@ def test_clip_zero_emits_no_clipping_ops():
 
     def lowered(plan, by_hand=False):
         def step(p, state, grads, hp):
-            if by_hand:  # the rule alone, written by hand
-                lr = hp["groups"]["default"]["learning_rate"]
-                updates, state = optax.radam(lr).update(grads, state, p)
+            if by_hand:  # the rule alone on the step's inputs, written by hand
+                group = hp["groups"]["default"]
+                fields = {name: group[name] for name in plan.groups[0].scheduled}
+                rule = optax.radam(group["learning_rate"], **fields)
+                updates, state = rule.update(grads, state, p)
                 new = jax.tree.map(lambda a, u: (a + u).astype(a.dtype), p, updates)
                 return new, state
             return plan.apply(None, Weights(p, state, None), grads, hp)[:2]

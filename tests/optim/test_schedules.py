@@ -7,6 +7,7 @@ import logging
 import math
 import re
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -112,6 +113,63 @@ def test_schedules_compile_nothing_and_are_logged(tmp_path):
     )
     assert train[-1]["schedule/smoothing"] == pytest.approx(0.2 * 11 / 12)
     assert nitro.device_value("smoothing") == pytest.approx(0.2 * 11 / 12)
+
+
+class AdamGroups(Tiny):
+    """Tiny in two groups on a level-1 Adam, the encoder at a tenth of the rate."""
+
+    def param_group(self, keypath):
+        return "encoder" if keypath[0] in ("w1", "b1") else "default"
+
+    def learning_rate(self, group=None):
+        return 0.005 if group == "encoder" else 0.05
+
+    def optimizer(self):
+        return optax.adam
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_which_keys_a_run_schedules_compiles_nothing(steps_per_call):
+    """Every group's schedulable rule fields are inputs of the training program
+    from the first program on: a run that schedules other keys, other groups' keys
+    or none reuses it."""
+    varying = lambda total: lambda t: 0.01 / (t + 1)  # noqa: E731
+    runs = [
+        {},
+        {"learning_rate": varying},
+        {"opt.encoder.learning_rate": varying},
+        {"b1": varying},
+        {"opt.encoder.b1": 0.8, "opt.default.eps": 1e-6},
+        {"b2": 0.99, "eps_root": 1e-9},
+        {},
+    ]
+
+    def run(schedules):
+        kw = quiet(schedules=schedules, steps_per_call=steps_per_call)
+        nitro = nx.Nitro(AdamGroups(max_epochs=1), **kw)
+        nitro.train()
+        return nitro
+
+    run(runs[0])
+    before = nx.cache_stats()["misses"]
+    for schedules in runs[1:]:
+        run(schedules)
+        assert nx.cache_stats()["misses"] == before, schedules
+
+
+def test_a_schedule_of_a_fields_default_trains_as_no_schedule_bitwise():
+    """An unscheduled rule field reaches the rule as its default, the same slot a
+    schedule writes: scheduling the default changes nothing, bit for bit."""
+
+    def weights(schedules):
+        nitro = nx.Nitro(AdamGroups(max_epochs=1), **quiet(schedules=schedules))
+        nitro.train()
+        return [np.asarray(x) for x in jax.tree.leaves(nitro.train_state.params)]
+
+    plain = weights({})
+    same = weights({"b1": 0.9, "opt.encoder.b2": 0.999, "eps": 1e-8})
+    for a, b in zip(plain, same, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_rule_schedules_are_logged_per_group_after_scaling(tmp_path):

@@ -26,7 +26,9 @@ and the accumulator.
 - `values_steps`: every Device field stacked `(K, ...)`, scheduled or not (so a
   schedule changes no program); `hp_steps`: the host-made optimizer inputs (every
   schedule value, computed on the host for each of the block's steps, so schedules
-  stay exact) stacked `(K, ...)`; both placed once a block (once while no schedule
+  stay exact) stacked `(K, ...)`, the float32 scalars among them (learning rates,
+  rule fields) as one `(K, n)` array (`PACKED`), so each costs neither a transfer
+  nor an argument of its own; both placed once a block (once while no schedule
   varies); `values_shared` (empty), `hp_shared`: what every step shares (masks,
   anchors: device arrays), passed as they are.
 - `start`, `count`: int32 scalars, the call's first block position and its length
@@ -64,6 +66,10 @@ from ..optim.plan import OptimizerPlan
 from .packed import Packing
 from .programs import GradientFields, TraceContext, gradient_fn
 
+SHARED, STACKED, PACKED = 0, 1, 2
+"""How a step input reaches the program (`split_inputs`): once for every step, as
+its own stacked row, or as a column of the step's one float32 vector."""
+
 
 def split_inputs(tree: Any) -> tuple[Any, tuple[bool, ...]]:
     """`(treedef, stacked)`: which leaves of a step-input tree vary per step.
@@ -76,13 +82,27 @@ def split_inputs(tree: Any) -> tuple[Any, tuple[bool, ...]]:
     return treedef, tuple(not isinstance(leaf, jax.Array) for leaf in leaves)
 
 
-def merge_inputs(
-    treedef: Any, stacked: tuple[bool, ...], shared: Any, step: Any
-) -> Any:
+def packs(leaf: Any) -> bool:
+    """Whether a host step input travels as a column of the step's float32 vector:
+    a float32 scalar (a learning rate, a rule field, a decay), which would otherwise
+    cost a transfer and a program argument of its own."""
+    return isinstance(leaf, np.generic | np.ndarray) and (
+        leaf.dtype == np.float32 and leaf.shape == ()
+    )
+
+
+def merge_inputs(treedef: Any, stacked: tuple[int, ...], shared: Any, step: Any) -> Any:
     """The step-input tree of one step (traced), from the shared leaves and the
-    step's slice of the stacked ones, in `split_inputs` order."""
-    shared_it, step_it = iter(shared), iter(step)
-    leaves = [next(step_it) if s else next(shared_it) for s in stacked]
+    step's slice of the stacked ones, in `split_inputs` order; `stacked` holds each
+    leaf's `SHARED`, `STACKED` or `PACKED` (a bool for the first two), and with a
+    `PACKED` leaf the step's first stacked input is the vector of them, in order."""
+    step = list(step)
+    vector: Any = step.pop(0) if PACKED in stacked else None
+    shared_it, step_it, column = iter(shared), iter(step), iter(range(len(stacked)))
+    leaves = [
+        vector[next(column)] if s == PACKED else next(step_it) if s else next(shared_it)
+        for s in stacked
+    ]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
@@ -169,7 +189,7 @@ def automatic_step(
 def scanned_fn(
     one_step: StepBody,
     accum: int,
-    layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]],
+    layout: tuple[Any, tuple[int, ...], Any, tuple[int, ...]],
     *,
     single: bool = False,
     packing: Packing | None = None,

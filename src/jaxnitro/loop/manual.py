@@ -114,18 +114,18 @@ def _check_structure(name: str, given: Any, returned: Any) -> None:
 def manual_step_fn(
     ctx: TraceContext,
     names: tuple[str, ...],
-    scheduled: tuple[tuple[str | None, str], ...],
+    exposed: tuple[tuple[str, str], ...],
 ) -> Callable[..., Any]:
     """The manual step program's traced function: `train_step` on one batch, in
-    train mode, its return checked. `scheduled`: the `(subtree, field)` targets of
-    the run's opt schedules (`OptimizerPlan.manual_targets`); their values for
-    this step (`hp["manual"]`, in that order) are bound into the optimizer states
-    first (`bind_hyperparams`)."""
+    train mode, its return checked. `exposed`: every `(subtree, field)` the
+    optimizer states expose (`OptimizerPlan.manual_targets`), scheduled or not;
+    this step's `(value, scheduled)` of each (`hp["manual"]`, in that order) is
+    bound into the optimizer states first (`bind_hyperparams`)."""
 
     def step(device_values, weights, state, batch, hp, rng):
         opt_state = weights.opt_state
-        if scheduled:
-            values = dict(zip(scheduled, hp["manual"], strict=True))
+        if exposed:
+            values = dict(zip(exposed, hp["manual"], strict=True))
             opt_state = bind_hyperparams(opt_state, values)
         view = ctx.make_view(device_values)
         with training_mode(True), step_rng_scope(rng):
@@ -167,12 +167,13 @@ def manual_step_fn(
 def manual_call_step(
     ctx: TraceContext,
     names: tuple[str, ...],
-    scheduled: tuple[tuple[str | None, str], ...],
+    exposed: tuple[tuple[str, str], ...],
 ) -> StepBody:
     """Manual mode's step as the train program runs it (`compile/scanned.py`):
     `manual_step_fn`, with the accumulator (None: manual mode refuses accum > 1)
-    passed through."""
-    step = manual_step_fn(ctx, names, scheduled)
+    passed through. Which of the `exposed` hyperparameters a run schedules is an
+    input (`hp["manual"]`), never part of the program."""
+    step = manual_step_fn(ctx, names, exposed)
 
     def one_step(device_values, weights, state, accumulator, batch, hp, rng):
         weights, state, reported = step(device_values, weights, state, batch, hp, rng)

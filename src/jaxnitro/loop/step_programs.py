@@ -21,7 +21,16 @@ import numpy as np
 from ..compile.cache import program_cache
 from ..compile.packed import Packing
 from ..compile.programs import calls_layout
-from ..compile.scanned import StepBody, automatic_step, scanned_fn, split_inputs
+from ..compile.scanned import (
+    PACKED,
+    SHARED,
+    STACKED,
+    StepBody,
+    automatic_step,
+    packs,
+    scanned_fn,
+    split_inputs,
+)
 from ..data.sources import batch_size
 from ..devices.placement import Placement
 from ..errors import ConfigError, NitroError
@@ -82,8 +91,9 @@ class CallInputs:
             once and the host-made ones (the scheduled fields) stacked `(K, ...)`,
             placed on the device.
         hp_shared / hp_steps: the optimizer step inputs, split the same way.
-        layout: which leaves are stacked, `(values_treedef, values_stacked,
-            hp_treedef, hp_stacked)`; part of the program's memo.
+        layout: how each leaf travels (`compile.scanned`: shared, stacked or
+            packed), `(values_treedef, values_stacked, hp_treedef, hp_stacked)`;
+            part of the program's memo.
         schedule_values: each block step's `schedule_values`, for its train line.
     """
 
@@ -91,7 +101,7 @@ class CallInputs:
     values_steps: list[Any]
     hp_shared: list[Any]
     hp_steps: list[Any]
-    layout: tuple[Any, tuple[bool, ...], Any, tuple[bool, ...]]
+    layout: tuple[Any, tuple[int, ...], Any, tuple[int, ...]]
     schedule_values: list[dict[Target, float]]
 
 
@@ -119,33 +129,48 @@ def _rows(leaf: jax.Array, size: int) -> jax.Array:
 
 
 def _split(
-    trees: list[Any], first: int, size: int, *, every_leaf: bool = False
-) -> tuple[Any, tuple[bool, ...], list, list]:
+    trees: list[Any],
+    first: int,
+    size: int,
+    *,
+    every_leaf: bool = False,
+    pack: bool = False,
+) -> tuple[Any, tuple[int, ...], list, list]:
     """`(treedef, stacked, shared leaves, stacked leaves)` of the per-step `trees`,
     each stacked leaf padded to `size` rows with its last one (rows no call reaches)
     and placed on the device with one transfer. `every_leaf` stacks the device
-    leaves too (each repeated), so the layout does not follow which are host-made."""
+    leaves too (each repeated), so the layout does not follow which are host-made.
+    `pack` gathers the host float32 scalars into one `(size, n)` array, first among
+    the stacked leaves (`compile.scanned.PACKED`): a transfer and a program
+    argument each would cost more than the values."""
     treedef, host = split_inputs(trees[0])
     flat = [jax.tree_util.tree_leaves(t) for t in trees]
     flat += [flat[-1]] * (size - len(flat))
-    stacked = tuple(every_leaf or h for h in host)
+    packed = [pack and h and packs(leaf) for leaf, h in zip(flat[0], host, strict=True)]
+    stacked = tuple(
+        PACKED if p else STACKED if every_leaf or h else SHARED
+        for p, h in zip(packed, host, strict=True)
+    )
     for i, is_host in enumerate(host):  # a device leaf must stay the same array
         for n, leaves in enumerate(flat[1 : len(trees)], start=1):
             if not is_host and leaves[i] is not flat[0][i]:
                 raise NitroError(SHARED_CHANGED.format(path=i, a=first, b=first + n))
     shared = [leaf for leaf, s in zip(flat[0], stacked, strict=True) if not s]
-    rows = [
+    columns = [i for i, p in enumerate(packed) if p]
+    rows = [np.array([[leaves[i] for i in columns] for leaves in flat], np.float32)]
+    rows = rows[: bool(columns)] + [
         np.stack([np.asarray(leaves[i]) for leaves in flat])
         for i, h in enumerate(host)
-        if h
+        if h and not packed[i]
     ]
     placed = iter(jax.device_put(rows))  # the host-made rows: one transfer
-    steps: list[Any] = [
+    steps: list[Any] = [next(placed)] if columns else []
+    steps += [
         next(placed) if is_host else _rows(flat[0][i], size)
         for i, is_host in enumerate(host)
-        if stacked[i]
+        if stacked[i] == STACKED
     ]
-    return treedef, tuple(stacked), shared, steps
+    return treedef, stacked, shared, steps
 
 
 def call_inputs(
@@ -167,7 +192,7 @@ def call_inputs(
     # Every Device field is stacked, scheduled or not: which fields a run schedules
     # must not change the program (a Device field schedules without a compile).
     vdef, vstacked, vshared, vsteps = _split(values, first, size, every_leaf=True)
-    hdef, hstacked, hshared, hsteps = _split(hps, first, size)
+    hdef, hstacked, hshared, hsteps = _split(hps, first, size, pack=True)
     schedule += schedule[-1:] * (size - length)  # rows no call reaches, as above
     if placement is not None:
         vshared, vsteps, hshared, hsteps = placement.place(
@@ -186,15 +211,15 @@ def _step_body(nitro: Nitro) -> tuple[str, tuple[str, ...], StepBody, dict[str, 
     assert plan is not None
     if nitro.prepared.manual:
         names = nitro.prepared.routing.train_fields
-        scheduled = plan.manual_targets
-        body = manual_call_step(ctx, names, scheduled)
+        exposed = plan.manual_targets
+        body = manual_call_step(ctx, names, exposed)
         return (
             "manual_step",
             ("train_step",),
             body,
             {
                 "fields": names,
-                "scheduled": scheduled,
+                "exposed": exposed,
             },
         )
     accum = nitro.config.accum

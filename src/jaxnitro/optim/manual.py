@@ -266,20 +266,20 @@ def hyperparameters_by_subtree(opt_state: Any) -> dict[str, tuple[str, ...]]:
 
 
 def bind_hyperparams(
-    opt_state: Any, values: Mapping[tuple[str | None, str], Any]
+    opt_state: Any, values: Mapping[tuple[str, str], tuple[Any, Any]]
 ) -> Any:
-    """`opt_state` with scheduled hyperparameters set, absolutely; traced, so a new
-    value compiles nothing, and the tree structure is unchanged.
+    """`opt_state` with the scheduled hyperparameters set, absolutely; traced, so a
+    new value compiles nothing, and the tree structure is unchanged.
 
-    `values` maps `(subtree, name)` to a value: a subtree of None sets `name` on
-    every `OptState` whose rule has it (`optax.inject_hyperparams`), a subtree name
-    only on those under that top-level key, and beats the bare one there.
+    `values` maps `(subtree, name)` to `(value, scheduled)`, for every
+    hyperparameter the states expose (`OptimizerPlan.manual_targets`): where
+    `scheduled` (a traced bool) holds, each `OptState` under that top-level key whose
+    rule has `name` (`optax.inject_hyperparams`) takes `value`, elsewhere it keeps
+    its own. So which keys a run schedules is an input, not a program.
     """
-    bare = {name: v for (subtree, name), v in values.items() if subtree is None}
-    pathed: dict[str, dict[str, Any]] = {}
-    for (subtree, name), value in values.items():
-        if subtree is not None:
-            pathed.setdefault(subtree, {})[name] = value
+    by_subtree: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for (subtree, name), pair in values.items():
+        by_subtree.setdefault(subtree, {})[name] = pair
 
     def bind(path: tuple[Any, ...], node: Any) -> Any:
         hyper = (
@@ -287,11 +287,13 @@ def bind_hyperparams(
         )
         if not hyper:
             return node
-        wanted = {**bare, **pathed.get(_subtree(path), {})}
+        wanted = by_subtree.get(_subtree(path), {})
         if not any(name in hyper for name in wanted):
             return node
         new = {
-            name: jnp.asarray(wanted[name], jnp.result_type(old))
+            name: jnp.where(
+                wanted[name][1], jnp.asarray(wanted[name][0], jnp.result_type(old)), old
+            )
             if name in wanted
             else old
             for name, old in hyper.items()

@@ -44,7 +44,9 @@ class GroupPlan:
         decays: whether the chain ends with Decay (coefficient non-zero or scheduled).
         anchor: what Decay pulls toward: None (zero) or a tree like the params.
         mask: the no-decay mask, 1.0 on every leaf that decays.
-        scheduled: the rule fields a schedule sets for this group.
+        scheduled: the rule fields the step feeds this group's chain as inputs:
+            every one with a float default (`rules.traced_defaults`), which an
+            unscheduled one takes, and any other a schedule sets.
     """
 
     name: str
@@ -75,7 +77,8 @@ class OptimizerPlan:
         >>> from jaxnitro.optim.plan import single_group_plan
         >>> plan = single_group_plan({"w": jnp.ones(2)}, learning_rate=1e-3)
         >>> sorted(plan.step_inputs(0)["groups"]["default"])
-        ['anchor', 'learning_rate', 'no_decay_mask', 'weight_decay']
+        ['anchor', 'b1', 'b2', 'eps', 'eps_root', 'learning_rate', 'no_decay_mask',
+         'weight_decay']
     """
 
     base_lr: float
@@ -89,8 +92,9 @@ class OptimizerPlan:
     perturb_masks: dict[str, Any] | None = None
     ema: EMA | None = None
     experiment: Any = None  # the real experiment, for grad_rule(self, hp)
-    # Manual mode: opt schedules bind into the experiment's own optimizer states.
-    manual: bool = False
+    # Manual mode: opt schedules bind into the experiment's own optimizer states,
+    # whose subtrees expose these hyperparameters (`hyperparameters_by_subtree`).
+    manual_fields: Mapping[str, tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.base_lr) or self.base_lr <= 0:
@@ -107,6 +111,7 @@ class OptimizerPlan:
         self._constant = {s.target: s.value(0) for s in self.schedules if s.constant}
         self._varying = tuple(s for s in self.schedules if not s.constant)
         self._cached: dict[str, Any] | None = None
+        self._sources = {g.name: self._field_sources(g) for g in self.groups}
         # The train line's keys, resolved once: it is built on every logged step.
         self._logged = _log_keys(self._varying, self.groups, manual=self.manual)
 
@@ -120,18 +125,20 @@ class OptimizerPlan:
         return isinstance(self.grad_rule, PerturbRule)
 
     @property
-    def manual_targets(self) -> tuple[tuple[str | None, str], ...]:
-        """Manual mode's opt schedules as `(subtree, field)`, subtree None for a
-        bare key, in the order `step_inputs()["manual"]` holds their values."""
-        if not self.manual:
-            return ()
-        targets = {
-            (s.target.group, s.target.name)
-            for s in self.schedules
-            if s.target.namespace == "opt"
-        }
+    def manual(self) -> bool:
+        """Whether the run trains its own step (manual mode)."""
+        return self.manual_fields is not None
+
+    @property
+    def manual_targets(self) -> tuple[tuple[str, str], ...]:
+        """Manual mode's hyperparameters as `(subtree, field)`: every one the
+        optimizer states expose, scheduled or not, so which keys a run schedules
+        never changes the step's program; in the order `step_inputs()["manual"]`
+        holds their `(value, scheduled)` pairs."""
         return tuple(
-            sorted(targets, key=lambda t: (t[0] or "", t[0] is not None, t[1]))
+            (subtree, name)
+            for subtree, names in sorted((self.manual_fields or {}).items())
+            for name in names
         )
 
     @property
@@ -208,8 +215,8 @@ class OptimizerPlan:
         inputs["grad"] = self.grad_inputs(step, values)
         if self.manual_targets:  # absolute values, bound into the optimizer states
             inputs["manual"] = tuple(
-                np.float32(values[Target("opt", name, group)])
-                for group, name in self.manual_targets
+                _manual_input(values, subtree, name)
+                for subtree, name in self.manual_targets
             )
         if self.is_constant:
             self._cached = inputs
@@ -262,20 +269,36 @@ class OptimizerPlan:
         """Group `g`'s rule fields this step, after the per-group scaling: the
         learning rate times the group's ratio, the decay coefficient (when it decays)
         times that rate, and each scheduled field. A group's own schedule beats one for
-        every group."""
-
-        def scheduled(name: str, default: Any) -> Any:
-            return values.get(
-                Target("opt", name, g.name), values.get(Target("opt", name), default)
-            )
-
-        lr = float(scheduled("learning_rate", self.base_lr)) * g.lr_ratio
+        every group. Runs every step of a varying schedule: which schedule sets
+        each field, if any, is resolved once (`_sources`)."""
+        sources = self._sources[g.name]
+        lr = g.lr_ratio * float(
+            self.base_lr if sources[0] is None else values[sources[0]]
+        )
         own = {"learning_rate": lr}
         if g.decays:
-            own["weight_decay"] = float(scheduled("weight_decay", g.weight_decay)) * lr
-        for name in g.scheduled:
-            own[name] = float(scheduled(name, None))
+            coefficient = g.weight_decay if sources[1] is None else values[sources[1]]
+            own["weight_decay"] = float(coefficient) * lr
+        defaults = dict(g.rule.defaults)
+        for name, source in zip(g.scheduled, sources[2:], strict=True):
+            own[name] = float(defaults[name] if source is None else values[source])
         return own
+
+    def _field_sources(self, g: GroupPlan) -> tuple[Target | None, ...]:
+        """The schedule target that sets each of group `g`'s fields (its learning
+        rate, its decay coefficient, then `g.scheduled`), or None: the group's own
+        beats the one for every group."""
+        targets = {s.target for s in self.schedules}
+
+        def source(name: str) -> Target | None:
+            for target in (Target("opt", name, g.name), Target("opt", name)):
+                if target in targets:
+                    return target
+            return None
+
+        return tuple(
+            source(name) for name in ("learning_rate", "weight_decay", *g.scheduled)
+        )
 
     def scheduled_log(self, values: Mapping[Target, float]) -> dict[str, float]:
         """The varying schedule values of a step, from its `schedule_values`, under
@@ -362,6 +385,18 @@ def _log_keys(
     return keys
 
 
+def _manual_input(
+    values: Mapping[Target, float], subtree: str, name: str
+) -> tuple[np.float32, np.bool_]:
+    """One exposed hyperparameter's manual step input, from a step's
+    `schedule_values`: `(value, scheduled)`, the subtree's own schedule beating the
+    bare key's; `(0, False)` where none sets it, which keeps the state's value."""
+    value = values.get(Target("opt", name, subtree), values.get(Target("opt", name)))
+    if value is None:
+        return np.float32(0.0), np.bool_(False)
+    return np.float32(value), np.bool_(True)
+
+
 def grad_rule_hp(values: Mapping[Target, float]) -> RuleHp:
     """The `hp` of `grad_rule(self, hp)` for one step, from its `schedule_values`:
     each scheduled rule field by name, each bind schedule under "bind"."""
@@ -428,14 +463,16 @@ def single_group_plan(
 
     layout = group_layout(params, None)
     mask = leaf_mask(params, lambda keypath, leaf: True, "no_decay")
+    rule = rule_for_group(None, None, "default")
     group = GroupPlan(
         name="default",
-        rule=rule_for_group(None, None, "default"),
+        rule=rule,
         lr_ratio=1.0,
         weight_decay=0.0,
         decays=False,
         anchor=None,
         mask=mask,
+        scheduled=tuple(name for name, _ in rule.defaults),
     )
     return OptimizerPlan(
         base_lr=learning_rate,

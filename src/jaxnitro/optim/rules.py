@@ -16,6 +16,7 @@ nor a rule's structural fields; a custom rule constructor declares its own with
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class RuleSpec:
     fields: tuple[str, ...]  # schedulable field names (level 0 and 1)
     refused: tuple[str, ...]  # fields that may not be scheduled
     owner: type | None = None  # the experiment class, whose `self.x` the code reads
+    # The schedulable fields every step feeds as inputs, scheduled or not, with the
+    # value an unscheduled one takes (`traced_defaults`); level 0 and 1.
+    defaults: tuple[tuple[str, float], ...] = ()
 
     def key(self) -> tuple[Any, ...]:
         """The rule's identity for the program key: its level and the fingerprint
@@ -215,8 +219,13 @@ def rule_for_group(
     """Resolve one group's rule at setup (levels 0 and 1 call the hook here)."""
     level = optimizer_level(optimizer)
     if level == 0:
+        fields = _schedulable(optax.radam)
         return RuleSpec(
-            0, optax.radam, _schedulable(optax.radam), nonschedulable(optax.radam)
+            0,
+            optax.radam,
+            fields,
+            nonschedulable(optax.radam),
+            defaults=traced_defaults(optax.radam, fields),
         )
     if level == 2:
         assert optimizer is not None
@@ -252,9 +261,80 @@ def rule_for_group(
             f"weights would decay twice. Return the rule without decay (e.g. "
             f"optax.adam for optax.adamw) and set weight_decay() on the experiment."
         )
+    fields = _schedulable(rule)
     return RuleSpec(
-        1, rule, _schedulable(rule), nonschedulable(rule), owner=type(experiment)
+        1,
+        rule,
+        fields,
+        nonschedulable(rule),
+        owner=type(experiment),
+        defaults=traced_defaults(rule, fields),
     )
+
+
+def traced_defaults(
+    rule: Callable[..., Any], fields: tuple[str, ...]
+) -> tuple[tuple[str, float], ...]:
+    """The schedulable fields of a level-0 or level-1 rule that every step feeds as
+    inputs, scheduled or not, each with its default (the value an unscheduled one
+    takes): those with a float default that the rule takes traced.
+
+    So which fields a run schedules never changes a program: the rule is built from
+    the same traced inputs whatever is scheduled. A field whose default is None, an
+    int or not a number (sgd's `momentum=None`, which adds a trace state) still
+    reaches the rule only when scheduled, and one the rule branches on in Python
+    (a `max_norm > 0`, found by tracing the rule once with `jax.eval_shape`) stays
+    a constant, as `declare_nonschedulable` would make it.
+
+    Example:
+        >>> import optax
+        >>> [name for name, _ in traced_defaults(optax.adam, ("b1", "b2", "eps"))]
+        ['b1', 'b2', 'eps']
+    """
+    params = _parameters(rule)
+    floats = {
+        name: float(params[name].default)
+        for name in fields
+        if name in params
+        and name not in ("learning_rate", "weight_decay")
+        and isinstance(params[name].default, float | np.floating)
+    }
+    if not floats:
+        return ()
+    try:
+        return _traced_defaults(rule, tuple(sorted(floats.items())))
+    except TypeError:  # an unhashable rule: probed every time
+        return _traced_defaults.__wrapped__(rule, tuple(sorted(floats.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_defaults(
+    rule: Callable[..., Any], floats: tuple[tuple[str, float], ...]
+) -> tuple[tuple[str, float], ...]:
+    if _traces(rule, dict(floats)):
+        return floats
+    return tuple(
+        (name, value) for name, value in floats if _traces(rule, {name: value})
+    )
+
+
+def _traces(rule: Callable[..., Any], values: Mapping[str, float]) -> bool:
+    """Whether `rule` builds and steps with `values` (and its learning rate) as
+    traced scalars: abstractly, so nothing is computed or compiled."""
+
+    def step(hp: dict[str, Any]) -> Any:
+        tx = rule(**hp)
+        params = jnp.zeros(2)
+        updates, _ = tx.update(params, tx.init(params), params)
+        return updates
+
+    hp = {"learning_rate": np.float32(0.1)}
+    hp.update({name: np.float32(value) for name, value in values.items()})
+    try:
+        jax.eval_shape(step, hp)
+    except Exception:  # the rule needs a constant there: it stays one
+        return False
+    return True
 
 
 def build_chain(

@@ -234,9 +234,12 @@ def build_plan(
         kind = check_anchor(g, anchor_value)
         decays = weight_decay[g] != 0 or g in decay_scheduled
         anchor = _anchor_tree(g, kind, anchor_value, w0, params) if decays else None
+        # The rule's fields with a float default are inputs whatever is scheduled
+        # (`traced_defaults`), so which keys a run schedules compiles nothing.
         fields = tuple(
             sorted(
-                {
+                {name for name, _ in specs[g].defaults}
+                | {
                     s.target.name
                     for s in bound
                     if s.target.namespace == "opt"
@@ -293,7 +296,7 @@ def build_plan(
         perturb_masks=masks,
         ema=inputs.ema,
         experiment=e,
-        manual=inputs.manual_fields is not None,
+        manual_fields=inputs.manual_fields,
     )
     if level == 2:
         hp = plan.step_inputs(0)
