@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
-from experiments import QuietLogger, Tiny
+from experiments import QuietLogger, Tiny, TinyTrainAcc
 
 import jaxnitro as nx
 from jaxnitro.logging.deferred import DeferredMetrics, resolve_all
@@ -114,6 +114,74 @@ def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
     assert len([x for x in lines if x.get("context") == "validate"]) == 2
 
 
+def step_losses(lines):
+    """{step: loss} of the train lines of a run logged every step."""
+    return {x["step"]: x["loss"] for x in lines if x.get("context") == "train"}
+
+
+def test_every_epoch_ends_with_a_train_summary_line_whatever_the_cadence(tmp_path):
+    # 4 steps an epoch, under the default 50: no train line, but every epoch's
+    # summary line carries its mean loss and its last step's train_metrics.
+    nitro = nx.Nitro(TinyTrainAcc(max_epochs=2), run_dir=str(tmp_path / "thin"))
+    assert nitro.config.log_every_n_steps == 50
+    nitro.train()
+    twin = nx.Nitro(
+        TinyTrainAcc(max_epochs=2),
+        run_dir=str(tmp_path / "every"),
+        log_every_n_steps=1,
+        checkpointer=None,
+    )
+    twin.train()
+    lines = read_lines(tmp_path / "thin" / "metrics.jsonl")
+    assert [x for x in lines if x.get("context") == "train"] == []
+    summary = [x for x in lines if x.get("context") == "train_epoch"]
+    assert [(x["type"], x["epoch"], x["step"]) for x in summary] == [
+        ("metrics", 1, 4),
+        ("metrics", 2, 8),
+    ]
+    every = read_lines(tmp_path / "every" / "metrics.jsonl")
+    per_step = step_losses(every)
+    for x, first in zip(summary, (1, 5), strict=True):
+        mean = np.mean([per_step[s] for s in range(first, first + 4)])
+        assert x["loss"] == pytest.approx(mean, rel=1e-6)
+        (last,) = [
+            y for y in every if y.get("context") == "train" and y["step"] == x["step"]
+        ]
+        assert x["train_acc"] == pytest.approx(last["train_acc"])
+        assert set(x) == {*METRIC_KEYS, "loss", "train_acc"}
+    # the summary's loss is the history's train_loss, exactly
+    assert [x["loss"] for x in summary] == [r["train_loss"] for r in nitro.history]
+    # the twin logs every step, and one summary an epoch as well
+    assert [x["step"] for x in every if x.get("context") == "train_epoch"] == [4, 8]
+
+
+METRIC_KEYS = ("type", "run_id", "context", "epoch", "step")
+
+
+def test_a_part_epoch_and_its_resumed_rest_each_end_with_a_summary_line(tmp_path):
+    straight = nx.Nitro(
+        Tiny(max_epochs=2),
+        run_dir=str(tmp_path / "straight"),
+        log_every_n_steps=1,
+        checkpointer=None,
+    )
+    straight.train()
+    per_step = step_losses(read_lines(tmp_path / "straight" / "metrics.jsonl"))
+    run_dir = str(tmp_path / "run")
+    nx.Nitro(Tiny(max_epochs=2), run_dir=run_dir, max_steps=6).train()
+    again = nx.Nitro(Tiny(max_epochs=2), run_dir=run_dir, resume="auto", max_steps=8)
+    again.train()
+    lines = read_lines(os.path.join(run_dir, "metrics.jsonl"))
+    summary = [x for x in lines if x.get("context") == "train_epoch"]
+    # epoch 1; epoch 2's part up to max_steps; the whole of epoch 2, its mean
+    # continuing from the batches trained before the resume
+    assert [(x["epoch"], x["step"]) for x in summary] == [(1, 4), (2, 6), (2, 8)]
+    for x, steps in zip(summary, ((1, 2, 3, 4), (5, 6), (5, 6, 7, 8)), strict=True):
+        mean = np.mean([per_step[s] for s in steps])
+        assert x["loss"] == pytest.approx(mean, rel=1e-6)
+    assert summary[-1]["loss"] == straight.history[-1]["train_loss"]
+
+
 class HostTrainMetrics(Tiny):
     calls: list = nx.field(default_factory=list)  # Host: one entry per call
 
@@ -135,7 +203,8 @@ def test_host_train_metrics_run_every_micro_batch_when_lines_are_thinned(tmp_pat
     )
     nitro.train()
     assert nitro.experiment.calls == [16] * 4  # 4 micro-batches, 2 steps
-    train = [x for x in read_lines(tmp_path / "metrics.jsonl") if "call" in x]
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    train = [x for x in lines if x.get("context") == "train"]
     # The one line written carries its step's last micro-batch's values.
     assert [(x["step"], x["call"]) for x in train] == [(2, 4)]
 

@@ -98,6 +98,14 @@ def test_every_per_step_input_trains_bitwise_as_one_step_per_call(tmp_path, accu
         train_lines = lines(run_dir, "train")
         assert len(train_lines) == steps
         assert train_lines == lines(base_dir, "train")  # loss, loss/u, acc, schedules
+        # each epoch's summary: its mean loss and its last step's acc, read from
+        # the call's stacked outputs as the unscanned loop reads its step's
+        summary = lines(run_dir, "train_epoch")
+        assert [(x["step"], sorted(x)) for x in summary] == [
+            (n, ["acc", "context", "epoch", "loss", "step", "type"])
+            for n in (steps // 2, steps)
+        ]
+        assert summary == lines(base_dir, "train_epoch")
         assert lines(run_dir, "validate") == lines(base_dir, "validate")
         assert [r["train_loss"] for r in got.history] == [
             r["train_loss"] for r in base.history

@@ -4,9 +4,11 @@ The hot loop (`steps.py`, or `calls.py` at steps_per_call > 1) dispatches each
 micro-batch (or each call of several steps) and hands what it reported to `EpochLog`
 a dispatch later, as an `InFlight`; `EpochLog.settle` reads the loss back, checks it,
 keeps the epoch's running mean and writes the train line of every
-`log_every_n_steps`-th step. A scanned call reports its steps' loss terms and device
-train_metrics stacked: each micro-batch's share is a `Stacked` reference into them,
-sliced only once the logger has read the line's values back.
+`log_every_n_steps`-th step; at the epoch's end the loop writes its train summary
+line (`EpochLog.log_summary`, context "train_epoch"), whatever the cadence. A
+scanned call reports its steps' loss terms and device train_metrics stacked: each
+micro-batch's share is a `Stacked` reference into them, sliced only once the logger
+has read the line's values back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from ..data.finite import describe_nonfinite, nonfinite_fields
 from ..errors import DivergenceError
 from ..logging import protocol as logproto
 from ..logging.deferred import DeferredMetrics
+
+SUMMARY_CONTEXT = "train_epoch"
+"""The context of the line every epoch (or part-epoch a stop cut) ends with."""
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -92,6 +97,9 @@ class EpochLog:
         """Batches of the epoch trained so far, those a stopped run trained included."""
         self.step_losses: list[float] = []
         self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
+        self.last_stats: Any = None
+        """The train_metrics of the last optimizer step settled (device or host
+        values, unread), for the summary line."""
         self.check = nitro.config.check_divergence
         self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
@@ -115,6 +123,7 @@ class EpochLog:
             item.outputs = None
         if not item.ends_step:
             return
+        self.last_stats = item.stats
         if self.logging and item.step % self.every == 0:
             self._log_line(item)
         self.step_losses = []
@@ -141,6 +150,28 @@ class EpochLog:
             nitro.experiment,
             jax.device_get(item.outputs),
             **{k: item.host_batch[k] for k in names},
+        )
+
+    def log_summary(self, step: int) -> None:
+        """Write the epoch's train summary line at `step`, its last optimizer step.
+
+        It carries `loss`, the epoch's mean train loss (`mean_loss`, the history
+        row's `train_loss`; a continued epoch's mean includes the batches trained
+        before the stop), and the train_metrics of the epoch's last step, as its
+        train line would. Written whatever `log_every_n_steps` is, so a run shorter
+        than the cadence still logs its training; the step's train_metrics are read
+        back now, once an epoch (the hot loop reads them only for the lines it
+        writes, so an epoch mean of them would cost a read every step).
+        """
+        if not self.logging or not self.loss_count:
+            return
+        stats = jax.device_get(self.last_stats)
+        logproto.log_metrics(
+            self.nitro.logger,
+            _summary_line(self.mean_loss(), stats),
+            step=step,
+            epoch=self.epoch,
+            context=SUMMARY_CONTEXT,
         )
 
     def mean_loss(self) -> float:
@@ -201,11 +232,21 @@ def _train_line(
     line: dict[str, Any] = {"loss": loss}
     for name in terms[0] if terms else ():
         line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
-    for name, value in dict(stats or {}).items():
-        line[str(name)] = _scalar(value)
+    line.update(_stats_line(stats))
     if schedule_line:
         line.update(schedule_line)
     return line
+
+
+def _summary_line(loss: float, stats: Any) -> dict[str, Any]:
+    """The epoch's summary line: its mean loss and its last step's train_metrics
+    (`stats` read back, a scanned call's share of them `Stacked`)."""
+    return {"loss": loss, **_stats_line(unstacked(stats))}
+
+
+def _stats_line(stats: Any) -> dict[str, Any]:
+    """The train_metrics values of a line, each a host scalar or array."""
+    return {str(name): _scalar(value) for name, value in dict(stats or {}).items()}
 
 
 def _scalar(value: Any) -> Any:
