@@ -418,9 +418,11 @@ class Experiment:
 
         Whatever the cadence, every epoch (and the part of one a stop or max_steps
         cut) ends with a train summary line, context "train_epoch", at its last
-        step: the epoch's mean loss (the history's `train_loss`) and its last
-        step's train_metrics. A run shorter than this many steps still logs its
-        training.
+        step: the epoch's mean loss (the history's `train_loss`) and each
+        train_metrics value averaged over the epoch's optimizer steps (the mean of
+        the values their train lines would carry; after a resume mid-epoch, over
+        the steps trained since). A run shorter than this many steps still logs
+        its training.
 
         The default, 50, departs from the spec's 1 (a train line on every optimizer
         step): a line every step cost a dispatch-bound step about 9%

@@ -21,10 +21,12 @@ replacing the other.
 Metrics lines by context: "train", a step's line, every `log_every_n_steps`-th
 optimizer step (its loss, loss terms, train_metrics and schedule values);
 "train_epoch", the train summary every epoch ends with whatever that cadence, at the
-epoch's last step (the epoch's mean loss, the history's `train_loss`, and its last
-step's train_metrics; a stop or max_steps that cuts an epoch writes one for the part,
-and the continued epoch's covers the whole epoch); "validate", the validation
-metrics; "data", the epoch's `data_wait_frac`.
+epoch's last step (the epoch's mean loss, the history's `train_loss`, and each
+train_metrics value averaged over the epoch's steps, the mean of what their train
+lines carry; a stop or max_steps that cuts an epoch writes one for the part, and the
+continued epoch's loss covers the whole epoch, its train_metrics the steps after
+the resume); "validate", the validation metrics; "data", the epoch's
+`data_wait_frac`.
 
 Cost and crash safety. Train lines (metrics lines of context "train") are held in
 memory, their device values unread (`log_deferred_metrics`), and written together,
