@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
-from experiments import QuietLogger, Tiny
+from experiments import QuietLogger, Tiny, TinyTrainAcc
 
 import jaxnitro as nx
 from jaxnitro.logging.deferred import DeferredMetrics, resolve_all
 from jaxnitro.logging.protocol import log_deferred
+from jaxnitro.loop import epoch_log
 
 
 def read_lines(path):
@@ -114,6 +115,154 @@ def test_log_every_n_steps_thins_only_the_train_lines(tmp_path):
     assert len([x for x in lines if x.get("context") == "validate"]) == 2
 
 
+def step_losses(lines, key="loss"):
+    """{step: value of `key`} of the train lines of a run logged every step."""
+    return {x["step"]: x[key] for x in lines if x.get("context") == "train"}
+
+
+def assert_the_steps_mean(value, per_step):
+    """`value` is the mean of the steps' values (and not the last step's alone)."""
+    mean = np.mean(per_step)
+    assert value == pytest.approx(mean, rel=1e-6)
+    assert per_step[-1] != pytest.approx(mean, rel=1e-6)  # the test tells them apart
+
+
+def test_every_epoch_ends_with_a_train_summary_line_whatever_the_cadence(tmp_path):
+    # 4 steps an epoch, under the default 50: no train line, but every epoch's
+    # summary line carries its mean loss and its train_metrics' means.
+    nitro = nx.Nitro(TinyTrainAcc(max_epochs=2), run_dir=str(tmp_path / "thin"))
+    assert nitro.config.log_every_n_steps == 50
+    nitro.train()
+    twin = nx.Nitro(
+        TinyTrainAcc(max_epochs=2),
+        run_dir=str(tmp_path / "every"),
+        log_every_n_steps=1,
+        checkpointer=None,
+    )
+    twin.train()
+    lines = read_lines(tmp_path / "thin" / "metrics.jsonl")
+    assert [x for x in lines if x.get("context") == "train"] == []
+    summary = [x for x in lines if x.get("context") == "train_epoch"]
+    assert [(x["type"], x["epoch"], x["step"]) for x in summary] == [
+        ("metrics", 1, 4),
+        ("metrics", 2, 8),
+    ]
+    every = read_lines(tmp_path / "every" / "metrics.jsonl")
+    per_step = step_losses(every)
+    accs = step_losses(every, "train_acc")
+    for x, first in zip(summary, (1, 5), strict=True):
+        steps = range(first, first + 4)
+        assert_the_steps_mean(x["loss"], [per_step[s] for s in steps])
+        # the mean of the train_acc the steps' train lines carry
+        assert_the_steps_mean(x["train_acc"], [accs[s] for s in steps])
+        assert set(x) == {*METRIC_KEYS, "loss", "train_acc"}
+    # the summary's loss is the history's train_loss, exactly
+    assert [x["loss"] for x in summary] == [r["train_loss"] for r in nitro.history]
+    # the twin logs every step, and one summary an epoch as well
+    assert [x["step"] for x in every if x.get("context") == "train_epoch"] == [4, 8]
+
+
+METRIC_KEYS = ("type", "run_id", "context", "epoch", "step")
+
+
+@pytest.mark.parametrize(
+    ("steps_per_call", "accum", "n_devs", "fold_every"),
+    [
+        (1, 1, 1, 64),
+        (3, 1, 1, 64),  # calls of 3, 3 and a tail of 1: its padding rows unread
+        (3, 1, 1, 2),  # folded into the device sum mid-epoch
+        (3, 2, 1, 64),  # each step's last micro-batch, as its train line
+        (1, 2, 1, 2),
+        (1, 1, 2, 2),  # on a mesh, the calls folded every 2
+        (1, 2, 2, 64),
+    ],
+)
+def test_the_summary_averages_each_train_metric_over_the_epochs_steps(
+    tmp_path, monkeypatch, steps_per_call, accum, n_devs, fold_every
+):
+    monkeypatch.setattr(epoch_log, "FOLD_EVERY", fold_every)
+    kw = {"steps_per_call": steps_per_call, "accum": accum, "n_devs": n_devs}
+    n_train = 16 * 7 * accum  # 7 optimizer steps an epoch
+
+    def run(name, **more):
+        nx.Nitro(
+            TinyTrainAcc(max_epochs=2, n_train=n_train),
+            run_dir=str(tmp_path / name),
+            checkpointer=None,
+            **kw,
+            **more,
+        ).train()
+        return read_lines(tmp_path / name / "metrics.jsonl")
+
+    thin = run("thin")
+    every = run("every", log_every_n_steps=1)  # the twin: a line every step
+    accs = step_losses(every, "train_acc")
+    assert sorted(accs) == list(range(1, 15))
+    for lines in (thin, every):
+        summary = [x for x in lines if x.get("context") == "train_epoch"]
+        assert [(x["epoch"], x["step"]) for x in summary] == [(1, 7), (2, 14)]
+        for x, first in zip(summary, (1, 8), strict=True):
+            steps = range(first, first + 7)
+            assert_the_steps_mean(x["train_acc"], [accs[s] for s in steps])
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_the_summary_averages_host_train_metrics_over_the_epochs_steps(
+    tmp_path, steps_per_call
+):
+    # 6 micro-batches under accum=2: a step's train line carries its last
+    # micro-batch's count (2, 4, 6), the summary their mean
+    def run(name, **more):
+        nx.Nitro(
+            HostTrainMetrics(max_epochs=1, n_train=16 * 6),
+            run_dir=str(tmp_path / name),
+            accum=2,
+            steps_per_call=steps_per_call,
+            checkpointer=None,
+            **more,
+        ).train()
+        return read_lines(tmp_path / name / "metrics.jsonl")
+
+    thin = run("thin")
+    calls = step_losses(run("every", log_every_n_steps=1), "call")
+    assert calls == {1: 2, 2: 4, 3: 6}
+    (summary,) = [x for x in thin if x.get("context") == "train_epoch"]
+    assert summary["step"] == 3
+    assert_the_steps_mean(summary["call"], list(calls.values()))
+
+
+def test_a_part_epoch_and_its_resumed_rest_each_end_with_a_summary_line(tmp_path):
+    straight = nx.Nitro(
+        TinyTrainAcc(max_epochs=2),
+        run_dir=str(tmp_path / "straight"),
+        log_every_n_steps=1,
+        checkpointer=None,
+    )
+    straight.train()
+    every = read_lines(tmp_path / "straight" / "metrics.jsonl")
+    per_step = step_losses(every)
+    accs = step_losses(every, "train_acc")
+    run_dir = str(tmp_path / "run")
+    nx.Nitro(TinyTrainAcc(max_epochs=2), run_dir=run_dir, max_steps=6).train()
+    again = nx.Nitro(
+        TinyTrainAcc(max_epochs=2), run_dir=run_dir, resume="auto", max_steps=8
+    )
+    again.train()
+    lines = read_lines(os.path.join(run_dir, "metrics.jsonl"))
+    summary = [x for x in lines if x.get("context") == "train_epoch"]
+    # epoch 1; epoch 2's part up to max_steps; the whole of epoch 2, its mean
+    # continuing from the batches trained before the resume
+    assert [(x["epoch"], x["step"]) for x in summary] == [(1, 4), (2, 6), (2, 8)]
+    for x, steps in zip(summary, ((1, 2, 3, 4), (5, 6), (5, 6, 7, 8)), strict=True):
+        mean = np.mean([per_step[s] for s in steps])
+        assert x["loss"] == pytest.approx(mean, rel=1e-6)
+    assert summary[-1]["loss"] == straight.history[-1]["train_loss"]
+    # the train_metrics' means cover the steps each process trained: the record
+    # carries the loss sum alone
+    for x, steps in zip(summary, ((1, 2, 3, 4), (5, 6), (7, 8)), strict=True):
+        assert_the_steps_mean(x["train_acc"], [accs[s] for s in steps])
+
+
 class HostTrainMetrics(Tiny):
     calls: list = nx.field(default_factory=list)  # Host: one entry per call
 
@@ -135,9 +284,13 @@ def test_host_train_metrics_run_every_micro_batch_when_lines_are_thinned(tmp_pat
     )
     nitro.train()
     assert nitro.experiment.calls == [16] * 4  # 4 micro-batches, 2 steps
-    train = [x for x in read_lines(tmp_path / "metrics.jsonl") if "call" in x]
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    train = [x for x in lines if x.get("context") == "train"]
     # The one line written carries its step's last micro-batch's values.
     assert [(x["step"], x["call"]) for x in train] == [(2, 4)]
+    # The summary, the mean of the steps' values: (2 + 4) / 2.
+    summary = [x for x in lines if x.get("context") == "train_epoch"]
+    assert [(x["step"], x["call"]) for x in summary] == [(2, 3.0)]
 
 
 def test_logger_none_writes_nothing(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from experiments import TinyMetrics
+from experiments import TinyMetrics, TinyTrainAcc
 
 import jaxnitro as nx
 from jaxnitro.errors import MissingExtraError
@@ -147,6 +147,27 @@ def test_mlflow_through_a_resumed_nitro_is_one_run(store, tmp_path):
     record = nx.read_manifest(run_dir)[-1]
     info = nx.checkpoint_info(os.path.join(run_dir, record.file))
     assert info["run_id"] == run_id
+
+
+def test_mlflow_gets_every_epochs_train_summary_whatever_the_cadence(store, tmp_path):
+    # 4 steps an epoch under the default 50: no train/ metric, one summary an epoch
+    uri, client = store
+    nitro = nx.Nitro(
+        TinyTrainAcc(max_epochs=2),
+        run_dir=str(tmp_path / "Digits"),
+        logger=MLflowLogger(uri),
+        checkpointer=None,
+    )
+    nitro.train()
+    run_id = nitro.logger.run_id()
+    keys = set(client.get_run(run_id).data.metrics)
+    assert not [k for k in keys if k.startswith("train/")]
+    losses = history(client, run_id, "train_epoch/loss")
+    assert [s for s, _ in losses] == [4, 8]
+    assert [v for _, v in losses] == pytest.approx(
+        [row["train_loss"] for row in nitro.history], rel=1e-6
+    )
+    assert [s for s, _ in history(client, run_id, "train_epoch/train_acc")] == [4, 8]
 
 
 def test_mlflow_backend_is_the_client_and_urls_name_a_server(store):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from experiments import TinyMetrics
+from experiments import TinyMetrics, TinyTrainAcc
 
 import jaxnitro as nx
 from jaxnitro.errors import MissingExtraError
@@ -156,6 +156,25 @@ def test_tensorboard_through_a_resumed_nitro_is_one_run(tb, tmp_path):
     assert [s for s, _ in r.scalars("validate/acc")] == [4, 8, 12]
     assert r.texts("status") == [(8, "completed"), (12, "completed")]
     assert [s for s, _ in r.texts("validate/confusion")] == [4, 8, 12]
+
+
+def test_tensorboard_gets_every_epochs_train_summary_whatever_the_cadence(tb, tmp_path):
+    # 4 steps an epoch under the default 50: no train/ scalar, one summary an epoch
+    nitro = nx.Nitro(
+        TinyTrainAcc(max_epochs=2),
+        run_dir=str(tmp_path),
+        logger=TensorBoardLogger(),
+        checkpointer=None,
+    )
+    nitro.train()
+    r = tb(tmp_path / "tensorboard")
+    assert not [t for t in r.ea.Tags()["scalars"] if t.startswith("train/")]
+    losses = r.scalars("train_epoch/loss")
+    assert [s for s, _ in losses] == [4, 8]
+    assert [v for _, v in losses] == pytest.approx(
+        [row["train_loss"] for row in nitro.history], rel=1e-6
+    )
+    assert [s for s, _ in r.scalars("train_epoch/train_acc")] == [4, 8]
 
 
 def test_tensorboard_backend_is_the_summary_writer(tmp_path):

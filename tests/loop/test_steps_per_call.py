@@ -100,6 +100,20 @@ def test_every_per_step_input_trains_bitwise_as_one_step_per_call(tmp_path, accu
         train_lines = lines(run_dir, "train")
         assert len(train_lines) == steps
         assert train_lines == lines(base_dir, "train")  # loss, loss/u, acc, schedules
+        # each epoch's summary: its mean loss and the mean of its steps' acc,
+        # summed from the calls' stacked outputs (a tail call's unused rows left
+        # out) as the unscanned loop sums its steps'
+        summary = lines(run_dir, "train_epoch")
+        assert [(x["step"], sorted(x)) for x in summary] == [
+            (n, ["acc", "context", "epoch", "loss", "step", "type"])
+            for n in (steps // 2, steps)
+        ]
+        assert summary == lines(base_dir, "train_epoch")
+        half = steps // 2
+        for x, first in zip(summary, (0, half), strict=True):
+            accs = [y["acc"] for y in train_lines[first : first + half]]
+            assert x["acc"] == pytest.approx(np.mean(accs), rel=1e-6)
+            assert x["acc"] != pytest.approx(accs[-1], rel=1e-6)
         assert lines(run_dir, "validate") == lines(base_dir, "validate")
         assert [r["train_loss"] for r in got.history] == [
             r["train_loss"] for r in base.history

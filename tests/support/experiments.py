@@ -112,6 +112,13 @@ class TinyMetrics(Tiny):
         return ("acc", "max")
 
 
+class TinyTrainAcc(Tiny):
+    """Tiny with a device train_metrics: each step's train accuracy."""
+
+    def train_metrics(self, logits, *, y):
+        return {"train_acc": jnp.mean(logits.argmax(-1) == y.argmax(-1))}
+
+
 class QuietLogger(nx.Logger):
     """A logger whose verbs do nothing (the protocol's bodies, inherited by naming it
     as a base): subclass it and override what a test reads."""

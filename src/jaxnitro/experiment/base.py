@@ -416,10 +416,18 @@ class Experiment:
         for the divergence check and the history, and validation and the per-epoch
         lines are unaffected. Setup refuses a value that is not an int >= 1.
 
-        The default departs from the spec's 1: a line every step cost a
-        dispatch-bound step about 9% (benchmarks/logger_cost.py), so it is 50, as in
-        PyTorch Lightning. Return 1 (or pass `log_every_n_steps=1`) for a line every
-        step.
+        Whatever the cadence, every epoch (and the part of one a stop or max_steps
+        cut) ends with a train summary line, context "train_epoch", at its last
+        step: the epoch's mean loss (the history's `train_loss`) and each
+        train_metrics value averaged over the epoch's optimizer steps (the mean of
+        the values their train lines would carry; after a resume mid-epoch, over
+        the steps trained since). A run shorter than this many steps still logs
+        its training.
+
+        The default, 50, departs from the spec's 1 (a train line on every optimizer
+        step): a line every step cost a dispatch-bound step about 9%
+        (benchmarks/logger_cost.py), so it is 50, as in PyTorch Lightning. Return 1
+        (or pass `log_every_n_steps=1`) for a line every step.
 
         Returns:
             int: 50 (`DEFAULT_LOG_EVERY_N_STEPS`).

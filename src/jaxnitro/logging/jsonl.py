@@ -4,6 +4,8 @@
     {"type": "other", "run_id": "3f2a9c1d", "key": "binding_report", "value": "..."}
     {"type": "metrics", "run_id": "3f2a9c1d", "context": "train", "epoch": 1,
      "step": 50, "loss": 0.31}
+    {"type": "metrics", "run_id": "3f2a9c1d", "context": "train_epoch", "epoch": 1,
+     "step": 160, "loss": 0.34}
     {"type": "metrics", "run_id": "3f2a9c1d", "context": "validate", "epoch": 1,
      "step": 160, "loss": 0.29}
     {"type": "resume", "run_id": "3f2a9c1d", "step": 160, "epoch": 1,
@@ -15,6 +17,16 @@ never bound to a run, leaves the key out). The keys a line keeps for itself (`ty
 `run_id`; on a metrics line also `context`, `epoch`, `step`) are never a metric's or a
 parameter's name: a clash is refused, naming the key, rather than one value silently
 replacing the other.
+
+Metrics lines by context: "train", a step's line, every `log_every_n_steps`-th
+optimizer step (its loss, loss terms, train_metrics and schedule values);
+"train_epoch", the train summary every epoch ends with whatever that cadence, at the
+epoch's last step (the epoch's mean loss, the history's `train_loss`, and each
+train_metrics value averaged over the epoch's steps, the mean of what their train
+lines carry; a stop or max_steps that cuts an epoch writes one for the part, and the
+continued epoch's loss covers the whole epoch, its train_metrics the steps after
+the resume); "validate", the validation metrics; "data", the epoch's
+`data_wait_frac`.
 
 Cost and crash safety. Train lines (metrics lines of context "train") are held in
 memory, their device values unread (`log_deferred_metrics`), and written together,
@@ -217,8 +229,9 @@ class JSONLogger:
         context: str,
         **kwargs: Any,
     ) -> None:
-        """One metrics line under `context` ("train", "validate", "data", ...); a
-        train line may wait up to `flush_secs`, any other is written at once."""
+        """One metrics line under `context` ("train", "train_epoch", "validate",
+        ...); a train line may wait up to `flush_secs`, any other is written at
+        once."""
         _check_metric_keys(metrics, context)
         head = self._head("metrics") | {
             "context": context,

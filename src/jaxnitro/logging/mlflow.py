@@ -13,7 +13,8 @@ them). `tracking_uri=None` follows MLflow's own resolution (`MLFLOW_TRACKING_URI
 What each verb writes, with the optimizer step as the metric step:
 
     log_metrics   a metric per number, keyed "<context>/<name>" ("train/loss",
-                  "validate/acc"); another value as a JSON artifact
+                  "train_epoch/loss", the epoch's mean, "validate/acc"); another
+                  value as a JSON artifact
                   "<context>/<name>/step-<step>.json"
     log_params    params, flattened with "/"; a value that differs from the one a
                   resumed run logged first (params are immutable in MLflow) becomes

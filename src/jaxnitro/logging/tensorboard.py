@@ -6,7 +6,8 @@ imported when the first event is written, so constructing the logger needs nothi
 What each verb writes, with the optimizer step on the x axis:
 
     log_metrics   a scalar per number, tagged "<context>/<name>" ("train/loss",
-                  "validate/acc", "data/data_wait_frac"); another value as text
+                  "train_epoch/loss", the epoch's mean, "validate/acc",
+                  "data/data_wait_frac"); another value as text
     log_params    the HParams dashboard's session, and a Markdown table "params"
     log_other     text "<key>" ("binding_report")
     log_tags      text "tags"

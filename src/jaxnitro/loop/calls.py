@@ -32,6 +32,9 @@ if each step were read alone: the same running loss sum in the same order, the s
 train lines at the same steps with the same values whatever the steps per call, a
 divergence named at its own step (found at the next read, up to `SETTLE_EVERY`
 micro-batches later, with no rollback).
+A settled call's stacked train_metrics stay on the device for the epoch's summary
+line (`TrainMeans`): summed by one small program every `FOLD_EVERY` calls, read back
+once at the epoch's end.
 
 Where a call ends. At each call boundary the loop picks the call's length: the
 steps_per_call, cut short so that the call ends exactly at the epoch's end and at the
@@ -283,6 +286,8 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
                     call.lines[step] if ends else None,
                 )
             )
+        if stats and log.logging:  # for the epoch's means: once a call, unread
+            log.means.add_call(stats, len(call.batches) // accum, accum)
 
 
 def _stacked(

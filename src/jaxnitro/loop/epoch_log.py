@@ -4,7 +4,10 @@ The hot loop (`steps.py`, or `calls.py` at steps_per_call > 1) dispatches each
 micro-batch (or each call of several steps) and hands what it reported to `EpochLog`
 a dispatch later, as an `InFlight`; `EpochLog.settle` reads the loss back, checks it,
 keeps the epoch's running mean and writes the train line of every
-`log_every_n_steps`-th step. A scanned call reports its steps' loss terms and device
+`log_every_n_steps`-th step; at the epoch's end the loop writes its train summary
+line (`EpochLog.log_summary`, context "train_epoch"), whatever the cadence: the
+epoch's mean loss and the mean of each train_metrics value over its steps
+(`TrainMeans`). A scanned call reports its steps' loss terms and device
 train_metrics stacked: each micro-batch's share is a `Stacked` reference into them,
 sliced only once the logger has read the line's values back.
 """
@@ -17,12 +20,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..data.finite import describe_nonfinite, nonfinite_fields
 from ..errors import DivergenceError
 from ..logging import protocol as logproto
 from ..logging.deferred import DeferredMetrics
+
+SUMMARY_CONTEXT = "train_epoch"
+"""The context of the line every epoch (or part-epoch a stop cut) ends with."""
+FOLD_EVERY = 64
+"""The most settled calls (steps, for train_metrics computed on the host) whose
+train_metrics `TrainMeans` holds unsummed: each time it holds this many, one small
+program adds the calls' stacked device values into a running device sum (host
+values are summed on the host). So the hot loop gains no read-back and no dispatch
+per call, and the memory held stays bounded."""
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
@@ -92,6 +105,9 @@ class EpochLog:
         """Batches of the epoch trained so far, those a stopped run trained included."""
         self.step_losses: list[float] = []
         self.step_terms: list[Any] = []  # each micro-batch's loss terms, on the device
+        self.means = TrainMeans()
+        """The train_metrics of the epoch's optimizer steps, for the summary line
+        (gathered only while a logger is on)."""
         self.check = nitro.config.check_divergence
         self.every = nitro.config.log_every_n_steps
         self.logging = nitro.logger is not None
@@ -116,8 +132,12 @@ class EpochLog:
             item.outputs = None
         if not item.ends_step:
             return
-        if self.logging and item.step % self.every == 0:
-            self._log_line(item)
+        if self.logging:
+            stats = item.stats
+            if stats and not isinstance(stats, Stacked):  # a call's: `add_call`
+                self.means.add(stats)
+            if item.step % self.every == 0:
+                self._log_line(item)
         self.step_losses = []
         self.step_terms = []
 
@@ -144,6 +164,29 @@ class EpochLog:
             **{k: item.host_batch[k] for k in names},
         )
 
+    def log_summary(self, step: int) -> None:
+        """Write the epoch's train summary line at `step`, its last optimizer step.
+
+        It carries `loss`, the epoch's mean train loss (`mean_loss`, the history
+        row's `train_loss`; a continued epoch's mean includes the batches trained
+        before the stop), and each train_metrics value averaged over the epoch's
+        optimizer steps: the mean of the values its steps' train lines would carry
+        (each step's last micro-batch's). Those cover the steps this process
+        trained in the epoch: a continued epoch's, only the steps after the resume
+        (the checkpoint record carries the loss sum alone). Written whatever
+        `log_every_n_steps` is, so a run shorter than the cadence still logs its
+        training; the sums are read back now, once an epoch.
+        """
+        if not self.logging or not self.loss_count:
+            return
+        logproto.log_metrics(
+            self.nitro.logger,
+            _summary_line(self.mean_loss(), self.means.means()),
+            step=step,
+            epoch=self.epoch,
+            context=SUMMARY_CONTEXT,
+        )
+
     def mean_loss(self) -> float:
         """The epoch's mean train loss (NaN if it ran no micro-batch)."""
         return self.loss_sum / self.loss_count if self.loss_count else math.nan
@@ -151,6 +194,108 @@ class EpochLog:
     def carried(self) -> tuple[float, int]:
         """The running loss sum and count, for the rest of an epoch a stop cut."""
         return self.loss_sum, self.loss_count
+
+
+class TrainMeans:
+    """The mean of each train_metrics value over an epoch's optimizer steps.
+
+    Each step counts with the values its train line carries (its last
+    micro-batch's). `add_call` takes a scanned call's stacked device values once
+    the call is settled, held by reference with the steps it trained (a call cut
+    short leaves the rows past its length unused): every `FOLD_EVERY` calls one
+    program sums the held calls' rows into a running device sum (float32 at least),
+    read back by `means` at the epoch's end. `add` takes a step's own values
+    (train_metrics computed on the host): summed on the host in float64,
+    `FOLD_EVERY` steps at a time. A value that is not a number keeps its last
+    step's value.
+    """
+
+    def __init__(self) -> None:
+        self.stacked: list[tuple[Any, int]] = []  # each call's (tree, steps)
+        self.micro: int | None = None  # a step's last micro-batch, under accum
+        self.steps: list[Any] = []  # each step's values, unread
+        self.folded: Any = None  # the device sums of the calls folded so far
+        self.folded_steps = 0
+        self.sums: dict[str, Any] = {}  # host sums, float64
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, Any] = {}  # values that are not numbers
+
+    def add_call(self, stats: Any, steps: int, accum: int) -> None:
+        """Hold a settled call's train_metrics, stacked `(K, ...)` (or `(K, accum,
+        ...)`) on the device, of which it trained the first `steps` rows."""
+        if len(self.stacked) >= FOLD_EVERY:
+            self._fold()
+        self.stacked.append((stats, steps))
+        self.micro = accum - 1 if accum > 1 else None
+
+    def add(self, stats: Any) -> None:
+        """Hold one optimizer step's own train_metrics (its last micro-batch's)."""
+        self.steps.append(stats)
+        if len(self.steps) >= FOLD_EVERY:
+            self._read_steps()
+
+    def means(self) -> dict[str, Any]:
+        """Each value's mean over the steps added (one read-back of the sums)."""
+        if self.stacked:
+            self._fold()
+        if self.steps:
+            self._read_steps()
+        if self.folded is not None:
+            self._sum(jax.device_get(self.folded), self.folded_steps)
+            self.folded, self.folded_steps = None, 0
+        out = {name: total / self.counts[name] for name, total in self.sums.items()}
+        return out | self.last
+
+    def _fold(self) -> None:
+        held, self.stacked = self.stacked, []
+        # A power of two of calls a program, the last call repeated with no rows:
+        # a few programs serve every count.
+        width = 1 << (len(held) - 1).bit_length()
+        trees = tuple(dict(tree) for tree, _ in held)
+        trees += (trees[-1],) * (width - len(held))
+        rows = np.zeros(width, np.int32)
+        rows[: len(held)] = [steps for _, steps in held]
+        self.folded = _fold_calls(self.folded, trees, rows, self.micro)
+        self.folded_steps += int(rows.sum())
+
+    def _read_steps(self) -> None:
+        values, self.steps = jax.device_get(self.steps), []
+        for stats in values:
+            self._sum(dict(stats), 1)
+
+    def _sum(self, values: dict[str, Any], steps: int) -> None:
+        for name, value in values.items():
+            array = np.asarray(value)
+            if array.dtype.kind not in "biufc":
+                self.last[name] = value
+                continue
+            array = array.astype(np.result_type(array.dtype, np.float64))
+            if name in self.sums:
+                self.sums[name] = self.sums[name] + array
+                self.counts[name] += steps
+            else:
+                self.sums[name], self.counts[name] = array, steps
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _fold_calls(
+    total: dict[str, Any] | None,
+    trees: tuple[dict[str, Any], ...],
+    rows: Any,
+    micro: int | None,
+) -> dict[str, Any]:
+    """`total` plus the sum of each call's first `rows[i]` rows of `trees[i]`
+    (under accumulation, micro-batch `micro` of each step: its last)."""
+    sums = dict(total or {})
+    for tree, count in zip(trees, rows, strict=True):
+        for name, leaf in tree.items():
+            values = leaf if micro is None else leaf[:, micro]
+            kept = jnp.arange(values.shape[0]) < count
+            kept = kept.reshape(kept.shape + (1,) * (values.ndim - 1))
+            dtype = jnp.promote_types(values.dtype, jnp.float32)
+            part = jnp.sum(jnp.where(kept, values.astype(dtype), 0), axis=0)
+            sums[name] = sums[name] + part if name in sums else part
+    return sums
 
 
 class StepEvents(Protocol):
@@ -202,11 +347,20 @@ def _train_line(
     line: dict[str, Any] = {"loss": loss}
     for name in terms[0] if terms else ():
         line[f"loss/{name}"] = sum(float(t[name]) for t in terms) / len(terms)
-    for name, value in dict(stats or {}).items():
-        line[str(name)] = _scalar(value)
+    line.update(_stats_line(stats))
     if schedule_line:
         line.update(schedule_line)
     return line
+
+
+def _summary_line(loss: float, means: dict[str, Any]) -> dict[str, Any]:
+    """The epoch's summary line: its mean loss and its train_metrics' means."""
+    return {"loss": loss, **_stats_line(means)}
+
+
+def _stats_line(stats: Any) -> dict[str, Any]:
+    """The train_metrics values of a line, each a host scalar or array."""
+    return {str(name): _scalar(value) for name, value in dict(stats or {}).items()}
 
 
 def _scalar(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """The automatic training loop: epochs, validation, stopping rules, checkpoints, logs.
 
-Each epoch runs the micro-batches (`steps.run_epoch`), then validates, updates every
-Plateau and the early-stopping policy from the validation metrics, runs the
+Each epoch runs the micro-batches (`steps.run_epoch`) and writes its train summary
+line (`EpochLog.log_summary`, whatever log_every_n_steps), then validates, updates
+every Plateau and the early-stopping policy from the validation metrics, runs the
 `Nitro.on_epoch_end` hooks (whose metrics join the validation's), appends one
 history row, writes the validate line, and checkpoints. The run ends at max_epochs
 or max_steps ("completed"), at an early stop ("early_stop"), at a requested stop
@@ -346,6 +347,8 @@ def _train(nitro: Nitro) -> None:
                 speed = _speed(nitro, log, seconds / stepped)
             waited = log.feed.wait_seconds if log.feed is not None else 0.0
             data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
+            # The epoch's train summary line, whatever the train line's cadence.
+            log.log_summary(nitro.current_step)
             nitro.sync_scheduled_devices()
             requested = stops.stop_requested
             partial = 0 < log.trained < len(nitro.data["train"])
