@@ -85,3 +85,39 @@ def test_make_data_full_is_deterministic_and_holds_windows_of_1025(tmp_path):
     assert len(records) == 256 and {len(r) for r in records} == {1025}
     ignore = (tmp_path / "a" / "data" / "full" / ".gitignore").read_text()
     assert ignore.splitlines()[-1] == "*"
+
+
+@pytest.mark.slow
+def test_make_data_gpt2_is_deterministic_and_holds_gpt2_windows(tmp_path):
+    first = make_data(tmp_path / "a", "--gpt2")
+    second = make_data(tmp_path / "b", "--gpt2")
+    gpt2 = [p for p in first if "/gpt2/" in p]
+    assert [os.path.basename(p) for p in gpt2] == ["train.jsonl.gz"]
+    for a, b in zip(first, second, strict=True):
+        assert filecmp.cmp(a, b, shallow=False)
+    for path in first[:3]:  # the shipped files, unchanged
+        assert (
+            Path(path).read_bytes()
+            == (EXAMPLES / "data" / Path(path).name).read_bytes()
+        )
+    with gzip.open(gpt2[0], "rt") as lines:
+        records = [json.loads(line)["input_ids"] for line in lines]
+    assert len(records) == 2048 and {len(r) for r in records} == {1025}
+    assert max(max(r) for r in records) == 50303 and min(min(r) for r in records) == 0
+    ignore = (tmp_path / "a" / "data" / "gpt2" / ".gitignore").read_text()
+    assert ignore.splitlines()[-1] == "*"
+
+
+def test_gpt2_reads_the_shipped_data_when_tiny_and_data_gpt2_otherwise():
+    path = str(EXAMPLES / "gpt2.sx")
+    files = {
+        variant: evaluate_file(path, Selection(variant=variant))
+        .value("train-loader")
+        .sources[0]
+        .paths
+        for variant in (None, "tiny")
+    }
+    assert files == {
+        None: ("data/gpt2/train.jsonl.gz",),
+        "tiny": ("data/train.jsonl.gz",),
+    }

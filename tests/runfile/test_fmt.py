@@ -16,7 +16,7 @@ def fmt(text: str) -> str:
     return format_program(read_text(text))
 
 
-@pytest.mark.parametrize("name", ["minimal.sx", "realistic.sx"])
+@pytest.mark.parametrize("name", ["minimal.sx", "realistic.sx", "gpt2.sx"])
 def test_the_spec_examples_are_fixed_points(name):
     path = EXAMPLES / name
     text = path.read_text()

@@ -1,0 +1,175 @@
+"""GPT-2 small on the Python API: the run file's Flax NNX module, trained with AdamW
+in bf16 on token windows from a JSONL file.
+
+    python examples/gpt2.py [--config tiny|gpt2-small] [--steps N] [--batch B]
+
+The model is `jaxnitro.runfile.nn_modules.GPT`, the module behind the run file's
+`gpt` (examples/runfiles/gpt2.sx trains the same one): learned token and position
+embeddings, pre-norm blocks with causal attention and a GELU MLP, an untied head.
+Its sizes are GraphConst fields, so the `tiny` configuration (2 blocks of width 64,
+context 64, vocabulary 256) and GPT-2 small (12 blocks of width 768 with 12 heads,
+context 1024, vocabulary 50304: 163M parameters) are the same code.
+
+The forward and backward passes run in bfloat16 with float32 master weights and
+AdamW states (`precision="bf16"`); AdamW is `optax.adam` with the framework's
+decoupled weight decay of 0.1, which leaves the rank-1 parameters (biases and norm
+scales) alone, as GPT-2 does. The data are the run file's: windows of seq + 1 tokens
+read from examples/runfiles/data/ (`make_data.py --gpt2` writes GPT-2 small's; the
+tiny windows ship), shuffled each epoch from the run seed. benchmarks/gpt2.py trains
+this experiment on the run file's own batches beside the run file and a hand-written
+Flax NNX + Optax loop. NITRO_RUN_DIR (default runs/gpt2) says where it writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import os
+from typing import Any
+
+import numpy as np
+import optax
+from flax import nnx
+
+import jaxnitro as nx
+from jaxnitro.runfile.nn_modules import GPT
+
+RUNFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runfiles")
+
+CONFIGS: dict[str, dict[str, int]] = {
+    "tiny": {"vocab": 256, "layers": 2, "width": 64, "heads": 2, "seq": 64, "batch": 4},
+    "gpt2-small": {
+        "vocab": 50304,
+        "layers": 12,
+        "width": 768,
+        "heads": 12,
+        "seq": 1024,
+        "batch": 16,
+    },
+}
+"""The sizes of each configuration: gpt2.sx's `tiny` variant and its defaults."""
+
+DATA = {
+    "tiny": os.path.join(RUNFILES, "data", "train.jsonl.gz"),
+    "gpt2-small": os.path.join(RUNFILES, "data", "gpt2", "train.jsonl.gz"),
+}
+"""The windows each configuration reads (the files gpt2.sx reads)."""
+
+ADAMW = {"b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+"""AdamW's settings, gpt2.sx's."""
+
+
+def read_windows(path: str) -> np.ndarray:
+    """The token windows of a JSONL file of `{"input_ids": [...]}` lines (gzip when
+    the name ends in .gz): int32[windows, tokens a window]."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as lines:
+        rows = [json.loads(line)["input_ids"] for line in lines]
+    return np.asarray(rows, np.int32)
+
+
+class GPT2(nx.Experiment):
+    """A decoder-only transformer trained on next-token prediction.
+
+    Batches are `{"tokens": int32[batch, seq + 1]}`: the model reads the first seq
+    tokens of each window and predicts the last seq.
+    """
+
+    vocab: nx.GraphConst[int] = 50304
+    """The vocabulary: the embedding's rows and the head's outputs."""
+    layers: nx.GraphConst[int] = 12
+    """Transformer blocks."""
+    width: nx.GraphConst[int] = 768
+    """The model width."""
+    heads: nx.GraphConst[int] = 12
+    """Attention heads (each of width // heads)."""
+    seq: nx.GraphConst[int] = 1024
+    """The context: positions a window trains on."""
+    batch: int = 16
+    """Windows a step (read only when `train` is None)."""
+    lr: float = 6e-4
+    """AdamW's learning rate."""
+    data: str = DATA["gpt2-small"]
+    """The JSONL file of windows, read when `train` is None."""
+    train: Any = None
+    """The train split, or None for the windows of `data` in batches of `batch`
+    (an `ArraySource`, shuffled each epoch from the run seed)."""
+
+    def build_data(self, dist: Any) -> dict[str, Any]:
+        del dist
+        if self.train is not None:
+            return {"train": self.train}
+        windows = read_windows(self.data)
+        return {"train": nx.ArraySource({"tokens": windows}, self.batch)}
+
+    def build_model(self, rng: Any) -> tuple[Any, Any, Any]:
+        module = GPT(
+            self.vocab,
+            self.layers,
+            self.width,
+            self.heads,
+            self.seq,
+            rngs=nnx.Rngs(params=rng),
+        )
+        graphdef, params = nnx.split(module)
+        return graphdef, params, {}
+
+    def forward(self, model: Any, params: Any, state: Any, *, tokens: Any) -> Any:
+        logits = nnx.merge(model, params)(tokens[:, :-1])
+        return (logits, tokens[:, 1:]), state
+
+    def loss(self, outputs: Any) -> Any:
+        logits, targets = outputs
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return losses.mean()
+
+    def optimizer(self) -> Any:
+        return functools.partial(
+            optax.adam, b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"]
+        )
+
+    def learning_rate(self, group: str | None = None) -> float:
+        return self.lr
+
+    def weight_decay(self, group: str | None = None) -> float:
+        return ADAMW["weight_decay"]
+
+
+def experiment(config: str, **fields: Any) -> GPT2:
+    """The experiment of a configuration in CONFIGS, reading its data file."""
+    sizes = dict(CONFIGS[config])
+    batch = sizes.pop("batch")
+    return GPT2(**{**sizes, "batch": batch, "data": DATA[config], **fields})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
+    args = parser.parse_args()
+    if not os.path.exists(DATA[args.config]):
+        raise SystemExit(
+            f"{DATA[args.config]} is missing: write it with "
+            f"`python examples/runfiles/make_data.py --gpt2`"
+        )
+    fields = {} if args.batch is None else {"batch": args.batch}
+    nitro = nx.Nitro(
+        experiment(args.config, **fields),
+        max_steps=args.steps,
+        max_epochs=args.steps,
+        precision=args.precision,
+        run_dir=os.environ.get("NITRO_RUN_DIR", "runs/gpt2"),
+    )
+    nitro.train()
+    print(
+        f"{nitro.current_step} steps, train loss {nitro.history[-1]['train_loss']:.4f}"
+    )
+    nitro.cost_report()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""GPT-2's tiny configuration, CI's stand-in for benchmarks/gpt2.py on the same code
+path: the hand-written Flax NNX + Optax loop, the Python API (examples/gpt2.py) and
+the run file (examples/runfiles/gpt2.sx) start from the same weights, train the same
+losses on the same batches, and a resumed Python-API run continues bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from example_scripts import example_module
+
+import jaxnitro as nx
+from jaxnitro.runfile.check import check_file
+from jaxnitro.runfile.evaluator import evaluate_file
+from jaxnitro.runfile.knobs import Selection
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_FILE = ROOT / "examples" / "runfiles" / "gpt2.sx"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/gpt2.py as a module (it loads examples/gpt2.py itself)."""
+    with example_module("../benchmarks/gpt2.py", "gpt2_benchmark") as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def gpt2(bench):
+    """examples/gpt2.py, the module the benchmark trains through the Python API."""
+    return bench.example()
+
+
+@pytest.fixture
+def folder(tmp_path, bench):
+    """gpt2.sx and the tiny variant's data in the test's folder; the run file."""
+    return bench.prepare_folder(str(tmp_path), "tiny")
+
+
+def test_the_run_file_variants_are_the_python_configurations(gpt2):
+    for variant, config in ((None, "gpt2-small"), ("tiny", "tiny")):
+        result = evaluate_file(str(RUN_FILE), Selection(variant=variant))
+        model = result.value("model")
+        sizes = gpt2.CONFIGS[config]
+        assert (model.vocab, model.layers, model.dim, model.heads, model.context) == (
+            sizes["vocab"],
+            sizes["layers"],
+            sizes["width"],
+            sizes["heads"],
+            sizes["seq"],
+        )
+        assert result.value("train-loader").batch_size == sizes["batch"]
+        assert result.run.precision == "bf16"
+    report = check_file(str(RUN_FILE))  # no data file is opened
+    assert report.parameters == 4 + 14 * 12 and report.steps == 200
+    shapes = evaluate_file(str(RUN_FILE)).value("model").parameter_shapes()
+    assert (
+        sum(int(np.prod(s)) for s in shapes.values()) == 163_090_176
+    )  # 163M: the head is untied
+
+
+def test_the_three_fronts_start_from_the_same_weights(gpt2, bench):
+    from flax import nnx
+
+    from jaxnitro.runfile.nn_modules import GPT
+    from jaxnitro.runfile.stdlib_nn import GPTSpec
+
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    experiment = gpt2.GPT2(**sizes)
+    spec = GPTSpec(
+        vocab=256, layers=2, dim=64, heads=2, context=64
+    )  # the run file's `gpt`
+
+    def reference(seed):
+        module = GPT(
+            **bench._positional(sizes), rngs=nnx.Rngs(params=jax.random.key(seed))
+        )
+        return bench.by_name(nnx.state(module, nnx.Param))
+
+    _, params, _ = experiment.build_model(jax.random.key(1))
+    python_api = bench.by_name(params)
+    run_file = {k: np.asarray(v) for k, v in spec.init(jax.random.key(1)).items()}
+    ref, other = reference(1), reference(2)
+    assert python_api.keys() == run_file.keys() == ref.keys()
+    for name, value in ref.items():
+        np.testing.assert_array_equal(python_api[name], value)
+        np.testing.assert_array_equal(run_file[name], value)
+    assert not np.array_equal(other["model.head.weight"], ref["model.head.weight"])
+
+
+# (precision, relative loss tolerance, absolute parameter tolerance). Measured on 2
+# CPU cores over 12 steps: f32 losses within 9e-8 (the run file's equal), parameters
+# within 1.2e-7 (one float32 ulp of the norm scales near 1); bf16 losses within
+# 1.5e-5, parameters within 6e-5. bf16 takes twice f32's time: the slow tier.
+TOLERANCES = [
+    ("f32", 1e-6, 1e-6),
+    pytest.param("bf16", 1e-4, 5e-4, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("precision", "rtol", "atol"), TOLERANCES)
+def test_the_three_fronts_train_the_same_losses(bench, folder, precision, rtol, atol):
+    work = bench.Workload("tiny", batch=4, steps=12, cadence=4, precision=precision)
+    source, tokens = bench.run_batches(folder, work)
+    assert len(tokens) == 12 and tokens[0].shape == (4, 65)
+    ref = bench.reference(work, tokens)
+    api = bench.python_api(work, source, str(Path(folder).parent / "api"), log_every=1)
+    run = bench.run_file_side(folder, work, str(Path(folder).parent / "run"))
+    steps = list(range(1, 13))
+    assert sorted(api.logged) == steps and sorted(run.logged) == [4, 8, 12]
+    expected = np.array([ref.logged[s] for s in steps])
+    assert expected[-1] < expected[0] - 0.1  # it learns
+    np.testing.assert_allclose([api.logged[s] for s in steps], expected, rtol=rtol)
+    np.testing.assert_allclose(
+        [run.logged[s] for s in (4, 8, 12)], expected[3::4], rtol=rtol
+    )
+    for side in (api, run):
+        np.testing.assert_allclose(side.block_means, ref.block_means, rtol=rtol)
+        # Every parameter a gradient reaches; the attention key biases get rounding
+        # noise only, which Adam scales up (bench.NO_GRADIENT).
+        assert bench.largest_difference(side.params, ref.params)[0] < atol
+
+
+@pytest.mark.parametrize(
+    "precision", ["f32", pytest.param("bf16", marks=pytest.mark.slow)]
+)
+def test_a_resumed_python_api_run_continues_bitwise(
+    gpt2, bench, folder, tmp_path, precision
+):
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4)
+    _, tokens = bench.run_batches(folder, work)
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    experiment = gpt2.GPT2(**sizes, train=[{"tokens": t} for t in tokens[:4]])
+
+    def train(run_dir, epochs, **kwargs):
+        nitro = nx.Nitro(
+            experiment,
+            seed=1,
+            max_epochs=epochs,
+            precision=precision,
+            run_dir=str(tmp_path / run_dir),
+            logger=None,
+            **kwargs,
+        ).train()
+        nitro.release()
+        return nitro
+
+    straight = train("straight", 2)
+    stopped = train("stopped", 1)
+    head = bench.by_name(stopped.train_state.params)["model.head.weight"]
+    resumed = train("stopped", 2, resume="auto")
+    assert resumed.current_step == straight.current_step == 8
+    assert resumed.history[-1]["train_loss"] == straight.history[-1]["train_loss"]
+    for a, b in zip(
+        jax.tree.leaves(resumed.train_state.params),
+        jax.tree.leaves(straight.train_state.params),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The first epoch alone ends elsewhere: equality says the resume continued.
+    straight_head = bench.by_name(straight.train_state.params)["model.head.weight"]
+    assert not np.array_equal(head, straight_head)
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_the_tiny_configuration(bench, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "gpt2.py",
+            "--config",
+            "tiny",
+            "--steps",
+            "8",
+            "--cadence",
+            "4",
+            "--resume-check",
+        ],
+    )
+    bench.main()
+    out = capsys.readouterr().out
+    assert "python api / reference tokens/s: " in out
+    assert "run file / reference tokens/s: " in out
+    assert "MFU unknown: no peak on record for 'cpu'" in out
+    assert "run file resumed at step 4: final parameters bitwise equal" in out
