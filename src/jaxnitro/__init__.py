@@ -173,6 +173,8 @@ from .observe.progress import (
 )
 from .observe.progress import with_progress_note as with_progress_note
 from .observe.report import set_config_report as set_config_report
+from .observe.run_log import RunLog as RunLog
+from .observe.run_log import read_run_logs as read_run_logs
 from .observe.transitions import publish_phase as publish_phase
 from .optim.decay import Decay as Decay
 from .optim.ema import EMA as EMA
@@ -196,4 +198,7 @@ from .run.config import RunConfig as RunConfig
 from .run.handle import Nitro as Nitro
 from .run.handle import train as train
 from .run.setup_checks import check_compile_options as check_compile_options
+from .run.summary import GroupSummary as GroupSummary
+from .run.summary import ModelSummary as ModelSummary
+from .run.summary import ProgramSummary as ProgramSummary
 from .watch import check_control_readback as check_control_readback

@@ -17,6 +17,11 @@
     nitro launch -n N SCRIPT [ARGS...]   N local processes of `python SCRIPT` as
                           one multi-process run on a loopback coordinator
                           (`--port`, `--heartbeat`, `--grace`, `--timeout`)
+    nitro train FILE.py:CLASS   train a Python experiment (`--set FIELD=VALUE`,
+                          `--preset`, `--resume auto`, `--run-dir`)
+    nitro history DIR     every epoch of a run directory's runs, across resumes
+                          (`--run ID`; `--csv`, `--json` or `--plot FILE`)
+    nitro summary FILE.py:CLASS   parameters per group, bytes, a step's FLOPs
     sexpgpu check FILE    a run file's contract, knobs and shapes (nothing compiled)
     sexpgpu fmt FILE...   run files in the canonical layout
     sexpgpu run FILE      train a run file on the engine (`--steps --variant --set
@@ -27,7 +32,8 @@
 is not a mistake. Exit status: 0 on success, 2 for a usage error (argparse's), 1 when
 the path is missing or not a readable run directory or checkpoint (the reason on
 stderr).
-The run-file verbs' statuses are in `jaxnitro.runfile.commands`.
+The run-file verbs' statuses are in `jaxnitro.runfile.commands`, the Python
+experiment verbs' (train, history, summary) in `jaxnitro.commands`.
 """
 
 from __future__ import annotations
@@ -52,8 +58,9 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         description=(
             "jaxnitro: a training framework for JAX that compiles only when the "
             "graph changes, and `sexpgpu`, which checks, formats, explains and "
-            "runs run files (s-expression experiment files); `serve` serves an "
-            "exported bundle and `mcp` the agent tools."
+            "runs run files (s-expression experiment files); `train`, `history` "
+            "and `summary` train, read back and size Python experiments; `serve` "
+            "serves an exported bundle and `mcp` the agent tools."
         ),
     )
     parser.add_argument(
@@ -200,8 +207,10 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     launch.add_argument(
         "script", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or -m MODULE)"
     )
+    from .commands import add_commands as add_experiment_commands
     from .runfile.commands import add_commands
 
+    add_experiment_commands(commands)
     add_commands(commands)
     return parser
 
@@ -228,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .runfile.commands import run_command
 
             return run_command(args)
+        if args.command in ("train", "history", "summary"):
+            from .commands import run_command as run_experiment_command
+
+            return run_experiment_command(args)
         if args.command == "runs":
             return _runs(args.run_dir)
         if args.command == "serve":

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import ConfigError, NitroError, NotYetSupportedError
 from ..experiment.base import Experiment
 from ..experiment.presets import from_preset
-from ..experiment.traits import config_metadata
+from ..experiment.traits import NO_DEFAULT, config_metadata
 from ..experiment.view import check_field_names
 
 OUTSIDE_ROOT = (
@@ -197,6 +197,102 @@ def check_override_type(owner: str, key: str, meta: Any, value: Any) -> None:
         f"override {key}={value!r}: {owner}.{key} is declared {shown}, so it takes "
         f"{words}, not {json_kind(value)}. Pass e.g. {key}={example}."
     )
+
+
+BAD_TEXT = (
+    "--set {key}={text!r}: {owner}.{key} is a {kind} field declared {shown}, so it "
+    "takes {words}; {text!r} is not one. Pass e.g. --set {key}={example}."
+)
+NOT_TEXT_TYPE = (
+    "--set {key}={text!r}: {owner}.{key} is declared {shown}; --set parses int, "
+    "float, bool and str fields (and their `| None`). Set it in a preset or a "
+    "subclass instead."
+)
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+_NONE = ("none", "null")
+_KIND_NAMES = {"graphconst": "GraphConst", "device": "Device", "host": "Host"}
+
+
+def parse_override_text(cls: type[Experiment], key: str, text: str) -> Any:
+    """The value `text` (a command line's `--set key=text`) for `cls`'s field `key`.
+
+    The text is parsed by the field's declared type inside its marker (GraphConst,
+    Device or Host): an int (`1_000` too), a float (`1e-3`, `inf`), a bool (true,
+    false, yes, no, on, off, 1, 0), a str (the text as given), or None (`none`,
+    `null`) for a field that takes None. The value is then an override like a JSON
+    one: `build_experiment` checks its type, range and the experiment's own rules.
+
+    Raises:
+        ConfigError: `key` is no field of `cls` (the nearest names given), the
+            field's type is not a scalar one, or the text is not of its type (the
+            field, the text and the type named).
+
+    Example:
+        >>> import jaxnitro as nx
+        >>> class Exp(nx.Experiment):
+        ...     width: nx.GraphConst[int] = 8
+        ...     lr: nx.Device[float] = 0.1
+        >>> parse_override_text(Exp, "width", "16")
+        16
+        >>> parse_override_text(Exp, "lr", "1e-2")
+        0.01
+    """
+    check_field_names(
+        cls, [key], "--set", "Pass `--set FIELD=VALUE` with a field of the class."
+    )
+    meta = config_metadata(cls)[key]
+    declared = meta.type
+    arms = (
+        typing.get_args(declared)
+        if typing.get_origin(declared) in (typing.Union, types.UnionType)
+        else (declared,)
+    )
+    scalars = [a for a in arms if a in _SCALAR_TYPES]
+    takes_none = type(None) in arms or meta.default is None
+    shown = " | ".join(getattr(a, "__name__", str(a)) for a in arms)
+    if not scalars or len(scalars) + (type(None) in arms) != len(arms):
+        raise ConfigError(
+            NOT_TEXT_TYPE.format(key=key, text=text, owner=cls.__name__, shown=shown)
+        )
+    if takes_none and text.strip().lower() in _NONE:
+        return None
+    for arm in scalars:
+        value = _from_text(arm, text)
+        if value is not _NO_VALUE:
+            return value
+    words, example = _SCALAR_TYPES[scalars[0]]
+    if meta.default is not None and meta.default is not NO_DEFAULT:
+        example = meta.default
+    raise ConfigError(
+        BAD_TEXT.format(
+            key=key,
+            text=text,
+            owner=cls.__name__,
+            kind=_KIND_NAMES.get(meta.kind, meta.kind),
+            shown=shown,
+            words=words,
+            example=str(example).lower() if isinstance(example, bool) else example,
+        )
+    )
+
+
+_NO_VALUE: Any = object()
+
+
+def _from_text(declared: Any, text: str) -> Any:
+    """`text` as a `declared` (int, float, bool or str), or `_NO_VALUE`."""
+    if declared is str:
+        return text
+    word = text.strip().lower()
+    if declared is bool:
+        if word in _TRUE:
+            return True
+        return False if word in _FALSE else _NO_VALUE
+    try:
+        return int(word) if declared is int else float(word)
+    except ValueError:
+        return _NO_VALUE
 
 
 def _fits(value: Any, declared: Any) -> bool:

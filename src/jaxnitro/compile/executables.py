@@ -11,6 +11,7 @@ phase announced.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
@@ -41,6 +42,7 @@ class Executables:
     def __init__(self, owner: PhaseOwner) -> None:
         self._owner = owner
         self._found: dict[tuple[str, Hashable], Any] = {}
+        self._timings: dict[tuple[str, Hashable], tuple[float, bool]] = {}
         self._checked: set[Hashable] = set()
 
     def get(self, kind: str, memo: Hashable, build: Callable[[], Any]) -> Any:
@@ -50,13 +52,17 @@ class Executables:
         if found is None:
             owner = self._owner
             before = owner.phase
+            started = time.perf_counter()
             try:
                 found = build()
             except BaseException:
                 owner.restore_phase(before)  # no compile stays announced
                 raise
             self._found[key] = found
-            if owner.phase != before:
+            # A real compile announced its phase; a cache hit announced none.
+            compiled = owner.phase != before
+            self._timings[key] = (time.perf_counter() - started, compiled)
+            if compiled:
                 owner.set_phase(before)
                 bar = owner.progress()
                 if bar is not None:
@@ -67,6 +73,16 @@ class Executables:
         """`(kind, executable)` for every program this handle has looked up, in the
         order it first needed them."""
         return [(kind, found) for (kind, _memo), found in self._found.items()]
+
+    def timings(self) -> list[tuple[str, float, bool]]:
+        """`(kind, seconds, compiled)` for every program this handle has looked up,
+        in the order of `compiled()`: the seconds the lookup took (tracing,
+        lowering and XLA's compile on a miss; the key alone on a hit), and
+        whether it compiled (False: the module cache served it)."""
+        return [
+            (kind, *self._timings.get((kind, memo), (0.0, False)))
+            for (kind, memo) in self._found
+        ]
 
     def check_once(self, check: Hashable, run: Callable[[], None]) -> None:
         """Run `run`, a check of a program's outputs worth doing on its first call

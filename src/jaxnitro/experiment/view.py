@@ -8,6 +8,7 @@ any experiment, derived from `Experiment` or written by hand with the three trai
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import numbers
 from typing import Any
@@ -153,8 +154,14 @@ def check_field_names(cls: type, names: Any, what: str, fix: str) -> None:
     known = field_names(cls)
     unknown = [name for name in names if name not in known]
     if unknown:
+        near = [
+            f"`{n}` -> {', '.join(f'`{c}`' for c in close)}"
+            for n in unknown
+            if (close := difflib.get_close_matches(str(n), known, n=3))
+        ]
+        nearest = f" Nearest names: {'; '.join(near)}." if near else ""
         raise ConfigError(
             f"{what} {', '.join(f'`{n}`' for n in unknown)} "
             f"{'is not a field' if len(unknown) == 1 else 'are not fields'} of "
-            f"{cls.__name__}. Its fields are: {', '.join(known)}. {fix}"
+            f"{cls.__name__}.{nearest} Its fields are: {', '.join(known)}. {fix}"
         )

@@ -10,6 +10,8 @@
      "step": 160, "loss": 0.29}
     {"type": "resume", "run_id": "3f2a9c1d", "step": 160, "epoch": 1,
      "source": "runs/Exp/checkpoints/epoch-0001-step-160.safetensors"}
+    {"type": "epoch", "run_id": "3f2a9c1d", "row": {"epoch": 1, "step": 160,
+     "train_loss": 0.31, "loss": 0.29, "seconds": 4.2}}
     {"type": "finish", "run_id": "3f2a9c1d", "status": "completed"}
 
 Inside a run every line carries the run's id (`run_id`; a logger used on its own,
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 import warnings
@@ -66,7 +69,7 @@ from typing import Any, TextIO
 from ..errors import ConfigError, NitroWarning, user_stacklevel
 from .deferred import DeferredMetrics, resolve_all
 from .protocol import finite_only
-from .values import jsonable
+from .values import as_scalar, jsonable
 
 FLUSH_SECONDS = 5.0
 """How long a train line may wait in memory before it is written: what a crash loses."""
@@ -291,6 +294,17 @@ class JSONLogger:
         position of the record `source`."""
         line = {"type": "resume", "run_id": run_id, "step": step, "epoch": epoch}
         self._hold(line | {"source": source}, now=True)
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        """The `epoch` line: an epoch's history row (its scalar values; a
+        non-finite one is null), what `nitro history` reads back."""
+        kept = {}
+        for key, value in row.items():
+            is_scalar, scalar = as_scalar(value)
+            if is_scalar and isinstance(scalar, bool | int | float):
+                finite = not isinstance(scalar, float) or math.isfinite(scalar)
+                kept[key] = scalar if finite else None
+        self._hold(self._head("epoch") | {"row": kept}, now=True)
 
     def finish(self, status: str) -> None:
         """The finish line with the run's outcome; closes the file."""

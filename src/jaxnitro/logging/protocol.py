@@ -22,7 +22,10 @@ train line whose values are still on the device (`deferred.DeferredMetrics`), to
 back later with the others it holds; without it the line is resolved and passed to
 `log_metrics` at once. `flush()` writes what it holds (the loop calls it at the end
 of each epoch's steps). `log_resume(*, step, epoch, run_id, source)` is told where a
-resumed run continues from; without it nothing is logged.
+resumed run continues from; without it nothing is logged. `log_epoch(row)` takes the
+history row of each epoch trained (the handle's `history` row: epoch, step,
+train_loss, the validation metrics, seconds), so the whole run's history can be read
+back from the log (`nitro history`); without it nothing is logged.
 """
 
 from __future__ import annotations
@@ -125,6 +128,13 @@ def log_resume(
     method = getattr(logger, "log_resume", None)
     if callable(method):
         method(step=step, epoch=epoch, run_id=run_id, source=source)
+
+
+def log_epoch(logger: Any, row: dict[str, Any]) -> None:
+    """Give a logger that takes it (`log_epoch`) an epoch's history row."""
+    method = getattr(logger, "log_epoch", None)
+    if callable(method):
+        method(row)
 
 
 def log_params(logger: Any, params: dict[str, Any]) -> None:

@@ -386,15 +386,14 @@ def _train(nitro: Nitro) -> None:
             reached = cadence.ends_at(nitro.current_step)
             if nitro.status.history and nitro.status.history[-1]["epoch"] == epoch:
                 nitro.status.history.pop()  # the row of this epoch's part before a stop
-            nitro.status.history.append(
-                _history_row(
-                    epoch,
-                    nitro.current_step,
-                    log.mean_loss(),
-                    flat,
-                    time.perf_counter() - started,
-                )
+            row = _history_row(
+                epoch,
+                nitro.current_step,
+                log.mean_loss(),
+                flat,
+                time.perf_counter() - started,
             )
+            nitro.status.history.append(row)
             _show_epoch(nitro, flat)
             if (metrics or added) and midway is None:
                 _log_validation(nitro, epoch, flat, scales)
@@ -407,6 +406,7 @@ def _train(nitro: Nitro) -> None:
                 epoch=epoch,
                 context="data",
             )
+            logproto.log_epoch(nitro.logger, row)  # the history row, read back whole
             if requested:
                 reason = "preempted" if stops.preempted else "requested"
             elif early:

@@ -55,7 +55,8 @@ def step_costs(rows: list[dict[str, Any]], accum: int) -> tuple[float, float] | 
     return row["flops"], row["bytes"]
 
 
-def _si(value: float | None, unit: str) -> str:
+def si_text(value: float | None, unit: str) -> str:
+    """`value` with an SI prefix and `unit` ("1.2 MFLOP"); "n/a" for None."""
     if value is None:
         return "n/a"
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -81,8 +82,8 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     print(f"{'program':<{width}}  {'flops/call':>12}  {'bytes/call':>12}", file=out)
     for row in rows:
         print(
-            f"{row['program']:<{width}}  {_si(row['flops'], 'FLOP'):>12}  "
-            f"{_si(row['bytes'], 'B'):>12}",
+            f"{row['program']:<{width}}  {si_text(row['flops'], 'FLOP'):>12}  "
+            f"{si_text(row['bytes'], 'B'):>12}",
             file=out,
         )
     seconds = nitro.status.step_seconds
@@ -96,8 +97,9 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     flops, moved = per_step
     print(
         f"optimizer step: {seconds * 1e3:.3g} ms measured (last epoch), "
-        f"{_si(flops, 'FLOP')}, {_si(moved, 'B')} by XLA's analysis (per device): "
-        f"{_si(flops / seconds, 'FLOP/s')}, {_si(moved / seconds, 'B/s')} achieved.",
+        f"{si_text(flops, 'FLOP')}, {si_text(moved, 'B')} by XLA's analysis "
+        f"(per device): {si_text(flops / seconds, 'FLOP/s')}, "
+        f"{si_text(moved / seconds, 'B/s')} achieved.",
         file=out,
     )
     device = jax.devices()[0]
@@ -106,7 +108,7 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     if "mfu" in speed:
         utilisation = (
             f"MFU {speed['mfu']:.1%} of the {device.device_kind}'s "
-            f"{_si(peak, 'FLOP/s')} bf16 dense peak"
+            f"{si_text(peak, 'FLOP/s')} bf16 dense peak"
         )
     else:
         utilisation = (

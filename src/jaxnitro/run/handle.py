@@ -61,6 +61,7 @@ from .prepared import Prepared
 from .setup import SetupOutcome, SetupSequence
 from .state import TrainState
 from .status import EpochEndHook, RunStatus
+from .summary import ModelSummary, model_summary
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -582,6 +583,27 @@ class Nitro:
             # optimizer step: 0.61 ms measured (last epoch), ... 1.97 GFLOP/s ...
         """
         return costs.cost_report(self, file)
+
+    def summary(self) -> ModelSummary:
+        """The model's parameters per optimizer group, their bytes, the step's cost
+        and the programs compiled, as a `ModelSummary` (print it for the table).
+
+        The step's FLOPs and bytes are XLA's cost analysis of the compiled train
+        program once this handle trained; before that, of one train batch's
+        gradient lowered from shapes (nothing is compiled or run; the optimizer
+        update is left out), and `step_source` says which. Each compiled program
+        is listed with the seconds its compile took, or as cached.
+
+        Returns:
+            ModelSummary: the figures; `str()` of it is the table.
+
+        Example::
+
+            print(Nitro(MyExp()).summary())
+            # MyExp: 4,227 parameters (16.9 kB) in 1 group
+            # ...
+        """
+        return model_summary(self)
 
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Bytes of the parameters, optimizer state and EMA each device holds.
