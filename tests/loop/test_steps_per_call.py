@@ -17,8 +17,9 @@ from experiments import StopsAtStep, Tiny, make_batches, samples
 from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
-from jaxnitro.loop.calls import call_length, steps_per_call
+from jaxnitro.loop.calls import call_length
 from jaxnitro.loop.step_programs import call_inputs
+from jaxnitro.loop.train import epoch_context
 
 
 class Everything(Tiny):
@@ -336,7 +337,7 @@ def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
     picked = {}
     for seconds in (None, 5e-3, 450e-6, 100e-6):
         nitro.status.step_seconds = seconds
-        picked[seconds] = steps_per_call(nitro)
+        picked[seconds] = epoch_context(nitro).steps_per_call
     assert picked == {None: 1, 5e-3: 1, 450e-6: 4, 100e-6: 16}
 
 
@@ -359,7 +360,8 @@ def test_across_processes_auto_is_one_and_a_count_is_kept(monkeypatch):
     auto = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
     auto.status.step_seconds = 100e-6
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    assert (steps_per_call(fixed), steps_per_call(auto)) == (4, 1)
+    picked = epoch_context(fixed).steps_per_call, epoch_context(auto).steps_per_call
+    assert picked == (4, 1)
 
 
 def test_one_program_serves_every_steps_per_call_up_to_the_block():
@@ -398,7 +400,7 @@ def test_a_blocks_float_step_inputs_travel_as_one_array():
 
     nitro = nx.Nitro(Groups(), logger=None, checkpointer=None)
     plan = nitro.prepared.plan
-    inputs = call_inputs(nitro, plan, {}, 0, 3, 4)
+    inputs = call_inputs(nitro.prepared, plan, {}, 0, 3, 4)
     scalars = [
         leaf
         for leaf in jax.tree.leaves(plan.step_inputs(0))

@@ -10,7 +10,7 @@ from experiments import StopsAtStep, Tiny
 
 import jaxnitro as nx
 from jaxnitro.compile.boundary import StepOutputs, Weights
-from jaxnitro.run.state import TrainState
+from jaxnitro.loop.state import TrainState
 
 
 def quiet(**kw):

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -76,6 +76,7 @@ from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
 from .cadence import NEVER
+from .context import EpochContext
 from .epoch_log import EpochLog, InFlight, Stacked, StepEvents, sliced
 from .step_programs import (
     CallInputs,
@@ -85,10 +86,6 @@ from .step_programs import (
     check_epoch_count,
     current_state,
 )
-
-if TYPE_CHECKING:
-    from ..run.handle import Nitro
-
 
 AUTO_CALL_SECONDS = 2e-3
 """steps_per_call="auto" makes a call about this long: long enough that its launch,
@@ -119,24 +116,26 @@ BAR_SECONDS = 0.25
 """How often the progress bar's loss is refreshed (a read-back each time)."""
 
 
-def steps_per_call(nitro: Nitro) -> int:
-    """The steps per call of the epoch about to run.
+def steps_per_call(setting: int | str, step_seconds: float | None) -> int:
+    """The steps per call of the epoch about to run, for the keyword's `setting`.
 
     The keyword's count, or for "auto": 1 for the first epoch a handle trains (it
-    measures the step time, `nitro.status.step_seconds`), then the largest power
+    measures the step time: `step_seconds`, None before), then the largest power
     of two up to `AUTO_MOST` whose call takes at most `AUTO_CALL_SECONDS` at the
     last epoch's step time. Every count trains the same steps bit for bit, so the
     choice changes the speed only. "auto" is 1 across processes: each process
     would measure its own step time, and every rank must run the same calls.
 
-    Example: a 450 us step gets 4 steps a call, a 100 us step 16, a 5 ms step 1.
+    >>> [steps_per_call("auto", s) for s in (None, 450e-6, 100e-6, 5e-3)]
+    [1, 4, 16, 1]
+    >>> steps_per_call(3, 1e-6)
+    3
     """
-    per_call = nitro.config.steps_per_call
-    if per_call != "auto":
-        return int(per_call)
+    if setting != "auto":
+        return int(setting)
     if jax.process_count() > 1:
         return 1
-    seconds = nitro.status.step_seconds
+    seconds = step_seconds
     if not seconds:
         return 1
     fits = min(AUTO_MOST, max(1, int(AUTO_CALL_SECONDS / seconds)))
@@ -334,45 +333,47 @@ def _host_bytes(batch: dict[str, Any]) -> int:
 
 
 def call_steps(
-    nitro: Nitro,
+    context: EpochContext,
     epoch: int,
     feed: Any,
     log: EpochLog,
-    bar: Any,
     skip: int = 0,
     events: StepEvents | None = None,
     agreement: StopAgreement | None = None,
 ) -> int | None:
-    """The hot loop of one epoch in calls: the state committed to the handle on
-    every exit, a raising one included (its buffers were donated); returns how many
-    batches the feed delivered, or None when a stop or an event ended the epoch.
+    """The hot loop of one epoch in calls, from the state `context.current()`
+    holds: the state reached is committed (`context.commit`) on every exit, a
+    raising one included (its buffers were donated); returns how many batches the
+    feed delivered, or None when a stop or an event ended the epoch.
 
     Across processes (`agreement` given) every rank stops at the same step: a call
     ends at each agreement point (`agreement.next_at`), where every rank votes, and
     the stop check reads the agreed flag."""
-    per_call = steps_per_call(nitro)
-    accum = nitro.config.accum
-    seed = nitro.config.seed
-    names = nitro.prepared.routing.train_fields
-    expected = nitro.prepared.routing.train_batch
+    per_call = context.steps_per_call
+    accum = context.accum
+    seed = context.seed
+    prepared = context.prepared
+    names = prepared.routing.train_fields
+    expected = prepared.routing.train_batch
     assert expected is not None
-    plan = nitro.prepared.plan
+    plan = prepared.plan
     assert plan is not None
-    source = nitro.data["train"]
-    status = nitro.status
-    autolog = nitro.config.autolog_schedules and log.logging
+    source = context.source
+    bar = context.bar
+    status = context.stops  # the process's own stop request
+    autolog = context.autolog_schedules and log.logging
     every = log.every
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
-    fields = nitro.prepared.routing.gradient_fields  # None in manual mode
+    fields = prepared.routing.gradient_fields  # None in manual mode
     host_outputs = fields is not None and fields.host_outputs
     # Without varying schedules every block takes the same step inputs.
-    constant = plan.is_constant and not nitro.prepared.device_schedules
+    constant = plan.is_constant and not prepared.device_schedules
     # The placed step inputs: (device values, the block's first step, inputs).
     made: tuple[Any, int | None, CallInputs] | None = None
     program: Any = None
-    start = nitro.train_state
+    start = context.current()
     step = start.step
-    placement = nitro.prepared.ctx.placement
+    placement = prepared.ctx.placement
     # Packed only on one device: a flat buffer would undo the mesh's layout.
     packed = packs_state() and placement is None
     packing = packing_of(_state_trees(start)) if packed else None
@@ -390,7 +391,7 @@ def call_steps(
     due = False  # the last call's ring is being copied: read after the next call
     last_read = time.perf_counter()
     delivered: int | None = 0
-    profiler = status.profiler
+    profiler = context.profiler
     event = NEVER if events is None else events.next_after(step)
     stops: Any = status if agreement is None else agreement  # what the check reads
     agree_at = NEVER if agreement is None else agreement.next_at
@@ -450,7 +451,7 @@ def call_steps(
                     constant
                     and held is not None
                     and held[0] is plan
-                    and held[1] is nitro.device_values()
+                    and held[1] is context.device_values()
                     and held[2] == size
                 ):
                     made = (held[1], None, held[3])
@@ -491,7 +492,7 @@ def call_steps(
                 if profiler is not None:
                     for at in range(step, step + length):
                         profiler.at_step(at, carry[0])
-                device = nitro.device_values()  # set_device may have replaced it
+                device = context.device_values()  # set_device may replace it
                 block_first = step - done_in_block
                 if (
                     made is None
@@ -499,7 +500,7 @@ def call_steps(
                     or made[1] not in (None, block_first)
                 ):
                     inputs = call_inputs(
-                        nitro, plan, device, block_first, block, size, placement
+                        prepared, plan, device, block_first, block, size, placement
                     )
                     # Without varying schedules one placed copy serves every block.
                     made = (device, None if constant else block_first, inputs)
@@ -509,7 +510,7 @@ def call_steps(
                 if program is None:  # the epoch's first call
                     _refuse_changed(pending, signature, epoch)
                     program = log.program = call_program(
-                        nitro,
+                        context,
                         carry,
                         batches,
                         inputs,
@@ -577,14 +578,14 @@ def call_steps(
                 if step >= event:  # calls end at events: only a step-based run's
                     assert events is not None
                     read_all()
-                    nitro.commit_state(_carry_out(start, carry, step, packing))
-                    committed = _state_trees(nitro.train_state)
+                    context.commit(_carry_out(start, carry, step, packing))
+                    committed = _state_trees(context.current())
                     leave = events.fire(step, log)
                     event = events.next_after(step)
                     made = None  # a validation may have moved a Plateau's rate
-                    now = _state_trees(nitro.train_state)  # the events only read it
-                    if not _same(now, committed):
-                        carry = _carry_in(nitro.train_state, packing)
+                    now = context.current()  # the events only read it
+                    if not _same(_state_trees(now), committed):
+                        carry = _carry_in(now, packing)
                     if leave:
                         delivered = None
                         break
@@ -595,9 +596,9 @@ def call_steps(
                 break
         read_all()
     finally:
-        nitro.commit_state(_carry_out(start, carry, step, packing))
+        context.commit(_carry_out(start, carry, step, packing))
         if packing is not None:  # the next epoch starts from these flat buffers
-            held = _state_trees(nitro.train_state)
+            held = _state_trees(context.current())
             _CARRIED["packed"] = (packing, held, carry)
         if ring is not None:
             losses = ring.shape[0] - RING_HEAD

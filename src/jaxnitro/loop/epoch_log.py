@@ -38,7 +38,7 @@ values are summed on the host). So the hot loop gains no read-back and no dispat
 per call, and the memory held stays bounded."""
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
+    from .context import EpochContext
 
 
 class Stacked(NamedTuple):
@@ -93,12 +93,12 @@ class EpochLog:
 
     def __init__(
         self,
-        nitro: Nitro,
+        context: EpochContext,
         epoch: int,
         carried: tuple[float, int] = (0.0, 0),
         skip: int = 0,
     ) -> None:
-        self.nitro = nitro
+        self.context = context
         self.epoch = epoch
         self.loss_sum, self.loss_count = carried
         self.trained = skip
@@ -108,12 +108,12 @@ class EpochLog:
         self.means = TrainMeans()
         """The train_metrics of the epoch's optimizer steps, for the summary line
         (gathered only while a logger is on)."""
-        self.check = nitro.config.check_divergence
-        self.every = nitro.config.log_every_n_steps
-        self.logging = nitro.logger is not None
+        self.check = context.check_divergence
+        self.every = context.log_every_n_steps
+        self.logging = context.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
         self.program: Any = None  # the train program the epoch ran, for its cost
-        self.progress = nitro.progress()  # shows the latest train loss
+        self.progress = context.bar  # shows the latest train loss
 
     def settle(self, item: InFlight) -> None:
         loss = float(item.loss)
@@ -150,16 +150,14 @@ class EpochLog:
             functools.partial(_train_line, loss, item.schedule_line),
         )
         logproto.log_deferred(
-            self.nitro.logger, line, step=item.step, epoch=self.epoch, context="train"
+            self.context.logger, line, step=item.step, epoch=self.epoch, context="train"
         )
 
     def _host_train_metrics(self, item: InFlight) -> Any:
-        nitro = self.nitro
-        names = nitro.prepared.routing.fields["train_metrics"].select(
-            tuple(item.host_batch)
-        )
-        return nitro.prepared.hooks["train_metrics"](
-            nitro.experiment,
+        prepared = self.context.prepared
+        names = prepared.routing.fields["train_metrics"].select(tuple(item.host_batch))
+        return prepared.hooks["train_metrics"](
+            self.context.experiment,
             jax.device_get(item.outputs),
             **{k: item.host_batch[k] for k in names},
         )
@@ -180,7 +178,7 @@ class EpochLog:
         if not self.logging or not self.loss_count:
             return
         logproto.log_metrics(
-            self.nitro.logger,
+            self.context.logger,
             _summary_line(self.mean_loss(), self.means.means()),
             step=step,
             epoch=self.epoch,

@@ -39,8 +39,9 @@ from ..optim.schedules import Target
 from .manual import manual_call_step
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
-    from ..run.state import TrainState
+    from .context import EpochContext
+    from .prepared import Prepared
+    from .state import TrainState
 
 
 def check_batch(
@@ -63,11 +64,11 @@ def check_batch(
 
 
 def device_inputs(
-    nitro: Nitro, device: dict[str, Any], current: dict[Target, float]
+    prepared: Prepared, device: dict[str, Any], current: dict[Target, float]
 ) -> dict[str, Any]:
     """The Device fields `device` with the scheduled ones overridden by NumPy values
     from `current`, the step's `schedule_values`."""
-    scheduled = nitro.prepared.device_schedules
+    scheduled = prepared.device_schedules
     if not scheduled:
         return device
     return {**device, **scheduled_devices(current, scheduled)}
@@ -174,7 +175,7 @@ def _split(
 
 
 def call_inputs(
-    nitro: Nitro,
+    prepared: Prepared,
     plan: OptimizerPlan,
     device: dict[str, Any],
     first: int,
@@ -188,7 +189,7 @@ def call_inputs(
     program on a mesh would otherwise place them again at every call)."""
     schedule = [plan.schedule_values(s) for s in range(first, first + length)]
     hps = [plan.step_inputs(first + i, v) for i, v in enumerate(schedule)]
-    values = [device_inputs(nitro, device, v) for v in schedule]
+    values = [device_inputs(prepared, device, v) for v in schedule]
     # Every Device field is stacked, scheduled or not: which fields a run schedules
     # must not change the program (a Device field schedules without a compile).
     vdef, vstacked, vshared, vsteps = _split(values, first, size, every_leaf=True)
@@ -203,14 +204,16 @@ def call_inputs(
     )
 
 
-def _step_body(nitro: Nitro) -> tuple[str, tuple[str, ...], StepBody, dict[str, Any]]:
+def _step_body(
+    prepared: Prepared, accum: int
+) -> tuple[str, tuple[str, ...], StepBody, dict[str, Any]]:
     """`(kind, traced hooks, step body, baked constants)` of the run's mode: the
     automatic step over its plan, or manual mode's own `train_step`."""
-    ctx = nitro.prepared.ctx
-    plan = nitro.prepared.plan
+    ctx = prepared.ctx
+    plan = prepared.plan
     assert plan is not None
-    if nitro.prepared.manual:
-        names = nitro.prepared.routing.train_fields
+    if prepared.manual:
+        names = prepared.routing.train_fields
         exposed = plan.manual_targets
         body = manual_call_step(ctx, names, exposed)
         return (
@@ -222,8 +225,7 @@ def _step_body(nitro: Nitro) -> tuple[str, tuple[str, ...], StepBody, dict[str, 
                 "exposed": exposed,
             },
         )
-    accum = nitro.config.accum
-    fields = nitro.prepared.routing.gradient_fields
+    fields = prepared.routing.gradient_fields
     assert fields is not None  # routed at setup for a run with a train split
     traced = ("forward", "loss") + (
         ("train_metrics",) if fields.train_metrics is not None else ()
@@ -238,7 +240,7 @@ def _step_body(nitro: Nitro) -> tuple[str, tuple[str, ...], StepBody, dict[str, 
 
 
 def call_program(
-    nitro: Nitro,
+    context: EpochContext,
     carry: tuple[Any, Any, Any],
     batches: dict[str, Any],
     inputs: CallInputs,
@@ -254,9 +256,9 @@ def call_program(
     `carry`: the state arguments `(Weights, model_state, accumulator)`, or with a
     `packing` `(flat buffers, (), ())`; `single`: every call runs one step
     (steps_per_call=1)."""
-    ctx = nitro.prepared.ctx
-    accum = nitro.config.accum
-    kind, traced, body, baked = _step_body(nitro)
+    ctx = context.prepared.ctx
+    accum = context.accum
+    kind, traced, body, baked = _step_body(context.prepared, accum)
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batches.items())
     args = (
         inputs.values_shared,
@@ -279,8 +281,8 @@ def call_program(
     # The manual optimizer states' transformations live in the Weights' tree
     # structure: the memo sees them there, as the compile key does.
     structure = jax.tree.structure(carry[0])
-    announce = nitro.executables.announcer()
-    return nitro.executables.get(
+    announce = context.executables.announcer()
+    return context.executables.get(
         kind,
         (shapes, accum, repr(baked), inputs.layout, ring.shape, structure),
         lambda: ctx.compile(

@@ -24,12 +24,12 @@ from .epoch_log import EpochLog, StepEvents
 from .feed import open_feed
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
-    from ..run.state import TrainState
+    from .context import EpochContext
+    from .state import TrainState
 
 
 def run_epoch(
-    nitro: Nitro,
+    context: EpochContext,
     epoch: int,
     *,
     skip: int = 0,
@@ -39,8 +39,9 @@ def run_epoch(
 ) -> EpochLog:
     """One epoch of micro-batches from the train split's feed; closed on every exit.
 
-    It trains from `nitro.train_state` and commits the new state to the handle on
-    every exit, a raising one included (the old one's buffers were donated).
+    It trains from the state `context.current()` holds and commits the new state
+    (`context.commit`) on every exit, a raising one included (the old one's
+    buffers were donated).
     `skip`: batches a stopped run already trained this epoch; they are read (so the
     epoch's order and the source's state stay as they were) and passed over.
     `carried`: their running loss sum and count, which the epoch's mean continues.
@@ -49,34 +50,32 @@ def run_epoch(
     `agreement`: across processes, the stop every rank agrees on, which the loop
     reads instead of the process's own request (None in one process).
     """
-    log = EpochLog(nitro, epoch, carried, skip)
-    source = nitro.data["train"]
-    bar = nitro.progress()
+    log = EpochLog(context, epoch, carried, skip)
+    source = context.source
+    bar = context.bar
     if bar is not None:
-        max_epochs = nitro.config.max_epochs
-        bar.begin("train", len(source), epoch=epoch, max_epochs=max_epochs)
+        bar.begin("train", len(source), epoch=epoch, max_epochs=context.max_epochs)
     feed = open_feed(
         source,
         epoch=epoch - 1,
-        fields=nitro.prepared.routing.train_fields,
+        fields=context.prepared.routing.train_fields,
         name="train",
-        placement=nitro.prepared.ctx.placement,
         stage=False,  # the calls loop stacks a block's batches, then places it
     )
     log.feed = feed
-    accum = nitro.config.accum
+    accum = context.accum
     try:
-        delivered = call_steps(nitro, epoch, feed, log, bar, skip, events, agreement)
+        delivered = call_steps(context, epoch, feed, log, skip, events, agreement)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
-            nitro.commit_state(_zeroed_accumulator(nitro.train_state))
+            context.commit(_zeroed_accumulator(context.current()))
         raise
     finally:
         feed.close()
-    logproto.flush(nitro.logger)  # the epoch's train lines, before validation runs
+    logproto.flush(context.logger)  # the epoch's train lines, before validation
     if delivered is not None:
         if delivered % accum:  # a source that ran short or long ended mid-step
-            nitro.commit_state(_zeroed_accumulator(nitro.train_state))
+            context.commit(_zeroed_accumulator(context.current()))
         _check_epoch_length(source, delivered, epoch)
     return log
 

@@ -50,12 +50,40 @@ from ..run.restore import finish_restore_best, optimizer_state
 from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
 from .cadence import StepCadence
+from .calls import steps_per_call
+from .context import EpochContext
 from .evaluate import evaluate_split
 from .records import write_checkpoint
 from .steps import EpochLog, run_epoch
 
 if TYPE_CHECKING:
     from ..run.handle import Nitro
+
+
+def epoch_context(nitro: Nitro) -> EpochContext:
+    """What the epoch about to run reads of the handle (`context.py`); its
+    steps_per_call resolved now ("auto" follows the last epoch's step time)."""
+    config, status = nitro.config, nitro.status
+    return EpochContext(
+        accum=config.accum,
+        seed=config.seed,
+        steps_per_call=steps_per_call(config.steps_per_call, status.step_seconds),
+        log_every_n_steps=config.log_every_n_steps,
+        autolog_schedules=config.autolog_schedules,
+        check_divergence=config.check_divergence,
+        max_epochs=config.max_epochs,
+        prepared=nitro.prepared,
+        executables=nitro.executables,
+        experiment=nitro.experiment,
+        source=nitro.data["train"],
+        logger=nitro.logger,
+        bar=nitro.progress(),
+        stops=status,
+        profiler=status.profiler,
+        device_values=nitro.device_values,
+        current=lambda: nitro.train_state,
+        commit=nitro.commit_state,
+    )
 
 
 def _speed(nitro: Nitro, log: EpochLog, step_seconds: float) -> dict[str, float]:
@@ -330,7 +358,7 @@ def _train(nitro: Nitro) -> None:
             started, steps_before = time.perf_counter(), nitro.current_step
             events_before = events.seconds if events is not None else 0.0
             log = run_epoch(
-                nitro,
+                epoch_context(nitro),
                 epoch,
                 skip=skip if epoch == first else 0,
                 carried=carried if epoch == first else (0.0, 0),

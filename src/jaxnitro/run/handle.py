@@ -48,6 +48,8 @@ from ..experiment.view import (
 )
 from ..handle_type import RunHandle
 from ..logging import protocol as logproto
+from ..loop.prepared import Prepared
+from ..loop.state import TrainState
 from ..observe import phases
 from ..observe.entry import entry_point
 from ..observe.history import MetricHistory
@@ -57,9 +59,7 @@ from ..observe.transitions import PhaseRecorder
 from . import costs, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
-from .prepared import Prepared
 from .setup import SetupOutcome, SetupSequence
-from .state import TrainState
 from .status import EpochEndHook, RunStatus
 from .summary import ModelSummary, model_summary
 

@@ -32,9 +32,9 @@ from ..checkpoint.sources import (
 )
 from ..compile.boundary import owned_copy
 from ..errors import CheckpointError, ConfigError, NitroWarning
+from ..loop.state import TrainState
 from ..optim.plan import OptimizerPlan
 from .config import RunConfig
-from .state import TrainState
 
 if TYPE_CHECKING:
     from .handle import Nitro

@@ -22,8 +22,8 @@ import jax
 
 from ..checkpoint.header import RecordHeader
 from ..errors import CheckpointError, ConfigError, NitroWarning, user_stacklevel
+from ..loop.prepared import Routing
 from .config import RunConfig
-from .prepared import Routing
 
 log = logging.getLogger("jaxnitro")
 
@@ -58,7 +58,7 @@ def data_signature(
     train split.
 
     Example:
-        >>> from jaxnitro.run.prepared import Routing
+        >>> from jaxnitro.loop.prepared import Routing
         >>> routing = Routing(fields={}, train_fields=("x",), gradient_fields=None,
         ...     train_batch=8, sample_shapes={"x": (3,)}, residency={},
         ...     sample_dtypes={"x": "float32"})

@@ -74,6 +74,8 @@ from ..experiment.view import (
     replace_fields,
 )
 from ..logging import protocol as logproto
+from ..loop.prepared import Prepared
+from ..loop.state import TrainState
 from ..observe.progress import Progress
 from ..optim.manual import hyperparameters_by_subtree
 from ..optim.plan import OptimizerPlan
@@ -87,7 +89,6 @@ from .accessors import (
 )
 from .config import RunConfig
 from .derived import convert_derived, derived_from_record
-from .prepared import Prepared
 from .resume_inputs import check_resume_flag, check_resumed_inputs, data_signature
 from .setup_checks import w0_provider
 from .setup_manual import (
@@ -99,7 +100,6 @@ from .setup_manual import (
 )
 from .setup_routing import probe_routing
 from .smoke import smoke_batches
-from .state import TrainState
 from .status import RunStatus
 from .write_probe import probe_outputs
 

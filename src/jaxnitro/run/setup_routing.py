@@ -18,8 +18,8 @@ from ..data.sources import batch_size, first_batch, probe_split
 from ..errors import ConfigError
 from ..experiment.hooks import hook_function
 from ..experiment.routing import HookFields, hook_fields
+from ..loop.prepared import Routing
 from .config import RunConfig
-from .prepared import Routing
 from .setup_checks import (
     check_eval_fields,
     check_numeric_fields,

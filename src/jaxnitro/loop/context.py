@@ -1,0 +1,78 @@
+"""`EpochContext`: what one training epoch reads, handed to the hot loop.
+
+The epoch loop (`steps.py`, `calls.py`, `epoch_log.py`, `step_programs.py`) takes
+this value and the training state instead of the handle: the run's settings it
+reads, the prepared programs and routing, the train split, the logger and progress
+bar, the stop control, and two narrow doors back to the state's owner (`current`
+reads the state it holds, `commit` hands it a new one). `train.py` builds one per
+epoch from the handle (`steps_per_call` is resolved per epoch: "auto" measures the
+first one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..compile.executables import Executables
+from ..observe.profiling import StepProfiler
+from .prepared import Prepared
+from .state import TrainState
+
+
+class StopControl(Protocol):
+    """Where the loop reads whether to stop: the handle's own request (its
+    `RunStatus`), or across processes the stop every rank agreed on."""
+
+    @property
+    def stop_requested(self) -> bool: ...
+
+    @property
+    def preempted(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class EpochContext:
+    """What one training epoch reads.
+
+    Attributes:
+        accum: micro-batches per optimizer step.
+        seed: the run seed (the step rng folds it in).
+        steps_per_call: optimizer steps per dispatch this epoch ("auto" resolved).
+        log_every_n_steps: the train line's cadence.
+        autolog_schedules: the train line carries the schedule values.
+        check_divergence: a non-finite loss raises.
+        max_epochs: for the progress bar's epoch count.
+        prepared: the programs' trace context, the optimizer plan, the routing.
+        executables: the handle's compiled programs (its memo of the cache).
+        experiment: the live experiment (host train_metrics are called on it).
+        source: the train split.
+        logger: the run's logger, or None.
+        bar: the progress bar, or None.
+        stops: the stop control the loop checks at call boundaries.
+        profiler: the `profile=` trace of chosen steps, or None.
+        device_values: the Device fields now (`set_device` may replace them).
+        current: the training state its owner holds now.
+        commit: hand the owner a new training state (on every exit of the loop,
+            a raising one included: the old state's buffers were donated).
+    """
+
+    accum: int
+    seed: int
+    steps_per_call: int
+    log_every_n_steps: int
+    autolog_schedules: bool
+    check_divergence: bool
+    max_epochs: int
+    prepared: Prepared
+    executables: Executables
+    experiment: Any
+    source: Any
+    logger: Any
+    bar: Any
+    stops: StopControl
+    profiler: StepProfiler | None
+    device_values: Callable[[], dict[str, Any]]
+    current: Callable[[], TrainState]
+    commit: Callable[[TrainState], None]
