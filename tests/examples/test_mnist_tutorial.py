@@ -55,16 +55,36 @@ def test_tutorial_trains_on_an_mnist_directory(tutorial, tmp_path, monkeypatch):
     assert nx.cache_stats()["misses"] == before["misses"]
 
 
+# The script, with a copy of its smoke run's temporary directory kept for the test
+# at the moment the framework removes it (when the handle goes, at the latest at exit).
+KEEPING = """
+import runpy, shutil, sys
+import jaxnitro.run.handle as handle
+from jaxnitro.run import smoke
+
+def keep_then_remove(status, path):
+    shutil.copytree(path, sys.argv[2])
+    smoke.remove_smoke_run_dir(status, path)
+
+handle.remove_smoke_run_dir = keep_then_remove
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
 @pytest.mark.needs_processes
 def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NITRO_MNIST_DIR"}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     env.update(
         NITRO_SMOKE="1",
         NITRO_RUN_DIR=str(tmp_path / "never-written"),
         JAXNITRO_COMPILATION_CACHE="off",
+        TMPDIR=str(temp),
     )
+    kept = tmp_path / "kept"
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE)],
+        [sys.executable, "-c", KEEPING, str(EXAMPLE), str(kept)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -73,22 +93,26 @@ def test_tutorial_script_runs_in_smoke_mode(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "test accuracy: " in done.stdout
-    # The framework's smoke run: a temporary run directory, reported at the end.
+    # The framework's smoke run: a temporary run directory, reported at the end,
+    # and gone once the script is.
     assert not (tmp_path / "never-written").exists()
     assert "smoke run: 1 epoch in " in done.stderr
     assert "train: 2 of 24 batches, 1 optimizer steps" in done.stderr
-    run_dir = Path(re.search(r"^run directory: (\S+)$", done.stdout, re.M).group(1))
-    assert run_dir.name.startswith("nitro-smoke-")
+    smoke_dir = Path(re.search(r"^run directory: (\S+)$", done.stdout, re.M).group(1))
+    assert smoke_dir.name.startswith("nitro-smoke-") and smoke_dir.parent == temp
+    assert not smoke_dir.exists() and list(temp.iterdir()) == []
+    run_dir = kept  # what it held, copied as it was removed
     assert (run_dir / "manifest.json").exists()
     # It ends by exporting its model and checking the loaded bundle against predict.
     assert "bundle agrees with predict" in done.stdout
-    # The binding report is shown once, by setup (a log record off a terminal),
-    # not printed a second time; the run's directory and best record close it.
+    # The binding report is shown once, by setup (on stderr off a terminal), not
+    # printed a second time; the run's directory and best record close it.
     assert "binding report" not in done.stdout
+    assert done.stderr.count("jaxnitro binding report for MnistMLP") == 1
     best = re.search(
         r"^best checkpoint: (\S+) \(epoch 1, macro_recall ", done.stdout, re.M
     )
-    assert best is not None and Path(best.group(1)).parent == run_dir
+    assert best is not None and Path(best.group(1)).parent == smoke_dir
     recorded = {entry.file for entry in nx.read_manifest(str(run_dir))}
     assert Path(best.group(1)).name in recorded
     # Off a terminal, one summary line per epoch on stderr.

@@ -71,15 +71,84 @@ def test_plot_writes_a_png_with_the_best_point_marked(h, tmp_path):
         stars = [line for line in ax.get_lines() if line.get_marker() == "*"]
         assert len(stars) == 1 and list(stars[0].get_xdata()) == [19]
     assert axes[0].get_title(loc="left").startswith("macro_recall: best 0.94")
-    assert h.plot(tmp_path / "again.png").get_axes()[0].get_ylabel() == "macro_recall"
+    every = [c for c in h.columns if c not in ("epoch", "step", "seconds")]
+    drawn = h.plot(tmp_path / "again.png").get_axes()
+    assert [ax.get_ylabel() for ax in drawn] == every  # every metric by default
+    assert every[:2] == ["train_loss", "macro_recall"]
 
 
-def test_plot_without_matplotlib_names_the_extra(h, monkeypatch):
+def test_plot_without_matplotlib_names_the_extra(h, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(
+        MissingExtraError, match=r"plot\(h\) needs the `matplotlib\.pyplot` package"
+    ):
+        plot(h)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(
         MissingExtraError, match=r"plot\(h\) needs the `matplotlib\.figure` package"
     ):
-        plot(h)
+        plot(h, tmp_path / "h.png")
+
+
+def pixel_spread(path) -> float:
+    """The variance of an image's pixels: 0 for a blank (one-colour) image."""
+    from matplotlib import image
+
+    return float(image.imread(str(path))[..., :3].var())
+
+
+def test_h_plot_draws_every_metric_on_whole_epochs_and_plt_savefig_saves_it(
+    tmp_path,
+):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        {"epoch": e, "step": 4 * e, "train_loss": 2.4 / e, "loss": 2.0 / e, "acc": a}
+        for e, a in ((1, 0.5), (2, 0.8), (3, 0.9))
+    ]
+    h = MetricHistory(rows, selection_metric=("acc", "max"))
+    fig = h.plot()
+    try:
+        assert plt.gcf() is fig  # pyplot's current figure: plt.savefig sees it
+        axes = fig.get_axes()
+        assert [ax.get_ylabel() for ax in axes] == ["train_loss", "acc", "loss"]
+        fig.canvas.draw()
+        for ax in axes:  # whole epochs only, never 1.5 or 2.5
+            ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+            assert ticks == [1.0, 2.0, 3.0], ax.get_xticks()
+        assert axes[-1].get_xlabel() == "epoch"
+        plt.savefig(tmp_path / "plt.png")
+        fig.savefig(tmp_path / "fig.png")
+    finally:
+        plt.close(fig)
+    assert pixel_spread(tmp_path / "plt.png") > 0  # not a blank image
+    assert pixel_spread(tmp_path / "fig.png") > 0
+    # Saved to a path, the figure is not left in pyplot's registry.
+    open_before = plt.get_fignums()
+    h.plot(tmp_path / "path.png")
+    assert pixel_spread(tmp_path / "path.png") > 0
+    assert plt.get_fignums() == open_before
+
+
+def test_many_metrics_plot_in_two_columns_with_the_x_axis_under_each():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    rows = [
+        {"epoch": e, "step": e, "train_loss": 1.0 / e, "a": e, "b": 2 * e, "c": 3 * e}
+        for e in (1, 2)
+    ]
+    import matplotlib.pyplot as plt
+
+    fig = plot(MetricHistory(rows))
+
+    try:
+        axes = fig.get_axes()
+        assert len(axes) == 4  # two rows of two, no empty panel
+        assert [ax.get_xlabel() for ax in axes] == ["", "", "epoch", "epoch"]
+    finally:
+        plt.close(fig)
 
 
 def test_plot_with_nothing_to_draw_says_so():

@@ -76,7 +76,7 @@ def test_thin_rows_checks_its_arguments(args, message):
 
 # ------------------------------------------------------------ the table -------------
 def test_history_table_thins_rows_and_drops_columns_from_the_right(h):
-    t = history_table(h, 20, 60)
+    t = history_table(h, 20, 56)
     assert t["labels"] == ["epoch", "step", "train_loss", "macro_recall", "loss"]
     assert t["alignment"] == ["right"] * 5
     picked = [row[0] for row in t["cells"]]

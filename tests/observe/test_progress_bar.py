@@ -235,7 +235,7 @@ TRAINING = textwrap.dedent(
 @pytest.mark.needs_processes
 @pytest.mark.slow  # a process on a pseudo-terminal
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
-def test_a_real_training_run_at_a_terminal_keeps_one_live_line():
+def test_a_real_training_run_at_a_terminal_keeps_one_live_line_and_its_epochs():
     pytest.importorskip("pyte")
     term = Terminal(TRAINING, str(Path(experiments.__file__).resolve().parent), rows=40)
     try:
@@ -254,6 +254,12 @@ def test_a_real_training_run_at_a_terminal_keeps_one_live_line():
     bars = [line for line in screen if re.search(r" +[━╸╺]", line)]
     assert [described(b) for b in bars] == ["setup done", "done: 3/3 epochs"]
     assert screen[-1] == bars[-1] and " 100% " in bars[-1]
+    # Each epoch's results stay on screen above the bar, in order, just above it.
+    epochs = [line for line in screen if line.startswith("epoch ")]
+    assert screen[-4:-1] == epochs, screen
+    for n, line in enumerate(epochs, 1):
+        shown = rf"epoch {n}/3: train_loss \S+ · val loss \S+ · \d+\.\d s"
+        assert re.fullmatch(shown, line), line
     # The setup report printed while the bar was live sits whole above it.
     assert any(x.startswith("╭") and "jaxnitro: Tiny" in x for x in screen), screen
     assert not term.screen.cursor.hidden

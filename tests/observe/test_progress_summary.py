@@ -13,10 +13,12 @@ from experiments import QuietLogger, TinyMetrics
 
 import jaxnitro as nx
 from jaxnitro.observe import progress as progress_module
+from jaxnitro.observe import progress_summary
 from jaxnitro.observe.progress import Progress, progress_reporter
 from jaxnitro.observe.progress_bar import BarReporter
 from jaxnitro.observe.progress_line import ProgressLine
 from jaxnitro.observe.progress_log import LogReporter
+from jaxnitro.observe.progress_summary import SummaryReporter
 
 
 class Events:
@@ -34,22 +36,117 @@ def quiet(**kw):
     return {"logger": None, "checkpointer": None, **kw}
 
 
-def test_a_run_off_a_terminal_writes_one_summary_line_per_epoch(monkeypatch):
+EPOCH_LINE = r"epoch (\d)/2: train_loss (\S+) · val acc (\S+) · (\d+\.\d) s"
+
+
+def test_a_run_off_a_terminal_writes_the_binding_report_and_each_epoch(monkeypatch):
     stderr = io.StringIO()  # a log file: no terminal, no logging handler
     monkeypatch.setattr(sys, "stderr", stderr)
     nitro = nx.Nitro(TinyMetrics(max_epochs=2), **quiet())
     nitro.train()
-    lines = stderr.getvalue().splitlines()
+    text = stderr.getvalue()
+    # The binding report first (a log file keeps where every value came from),
+    report, _, rest = text.partition("\n" + "epoch 1/2:")
+    assert report.startswith("jaxnitro binding report for TinyMetrics\n")
+    assert report == nitro.binding_report()
+    # then one line per epoch: the epochs are shorter than the 30 s interval.
+    lines = ("epoch 1/2:" + rest).splitlines()
     assert len(lines) == 2
     for line, row in zip(lines, nitro.history, strict=True):
-        match = re.fullmatch(
-            r"epoch (\d)/2: train_loss (\S+) · val acc (\S+) · (\d+\.\d) s", line
-        )
+        match = re.fullmatch(EPOCH_LINE, line)
         assert match is not None, line
         epoch, loss, acc, _ = match.groups()
         assert int(epoch) == row["epoch"]
         assert float(loss) == pytest.approx(row["train_loss"], rel=1e-3)
         assert float(acc) == pytest.approx(row["acc"], rel=1e-3)
+        assert "." in acc  # a ratio never reads as an integer: 1.0, not 1
+
+
+def test_a_logging_handler_gets_the_binding_report_instead_of_stderr(monkeypatch):
+    stderr, records = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    handler = logging.StreamHandler(records)
+    handler.setLevel(logging.INFO)
+    logger = logging.getLogger("jaxnitro")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel: the logger's level cache is reset
+    logger.addHandler(handler)
+    try:
+        nitro = nx.Nitro(TinyMetrics(max_epochs=1), **quiet())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert "binding report" not in stderr.getvalue()
+    assert nitro.binding_report() in records.getvalue()
+
+
+def test_a_long_epoch_off_a_terminal_writes_a_progress_line_each_interval():
+    out, now = io.StringIO(), [100.0]
+    reporter = SummaryReporter(stream=out, interval_s=30, clock=lambda: now[0])
+    reporter("begin", "train", 1000, 1, 4)
+    now[0] = 160.0  # a minute on: a phase event past the interval writes a line
+    reporter("phase", "compiling gradient", 1000, 1, 4)
+    assert out.getvalue() == "epoch 1/4: train 0/1000 [compiling gradient]\n"
+    reporter("phase", "", 1000, 1, 4)
+    for i in range(1, 601):  # 10 steps a second from here
+        now[0] = 160.0 + i / 10
+        reporter("step", "", 1000, 1, 4)
+        if i == 5:
+            reporter("metrics", "loss 2.439", 1000, 1, 4)
+    reporter("epoch", "epoch 1/4: train_loss 1.5 · 100.0 s", 0, 1, 4)
+    lines = out.getvalue().splitlines()[1:]
+    # One line per 30 s since the line before it: at steps 300 and 600, each with
+    # the units done of the epoch's, the latest values, the rate and the run's ETA.
+    assert lines == [
+        "epoch 1/4: train 300/1000 · loss 2.439 · 10.0 steps/s · ETA 6:10",
+        "epoch 1/4: train 600/1000 · loss 2.439 · 10.0 steps/s · ETA 5:40",
+        "epoch 1/4: train_loss 1.5 · 100.0 s",
+    ]
+    # An epoch line restarts the interval: 20 s later, nothing yet.
+    reporter("begin", "train", 1000, 2, 4)
+    now[0] += 20
+    reporter("step", "", 1000, 2, 4)
+    assert len(out.getvalue().splitlines()) == 4
+
+
+def test_the_progress_interval_is_configurable_and_checked():
+    assert progress_summary.PROGRESS_EVERY_S == 30.0
+    reporter = nx.progress_summary_reporter
+    assert reporter.interval_s == 30.0
+    out, now = io.StringIO(), [0.0]
+    quiet_one = SummaryReporter(stream=out, interval_s=None, clock=lambda: now[0])
+    quiet_one("begin", "train", 10, 1, 1)
+    for _ in range(10):
+        now[0] += 3600.0
+        quiet_one("step", "", 10, 1, 1)
+    assert out.getvalue() == ""  # None: the epoch lines only
+    quiet_one.interval_s = 60
+    assert quiet_one.interval_s == 60.0
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
+        with pytest.raises(nx.ConfigError, match=r"interval_s must be a number of "):
+            SummaryReporter(interval_s=bad)
+        with pytest.raises(nx.ConfigError, match=re.escape(f"got {bad!r}")):
+            reporter.interval_s = bad
+    assert reporter.interval_s == 30.0  # a refused value changes nothing
+
+
+def test_a_real_run_off_a_terminal_writes_progress_lines_between_epochs(monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(nx.progress_summary_reporter, "_interval", 1e-9)
+    nitro = nx.Nitro(TinyMetrics(max_epochs=2), **quiet())
+    nitro.train()
+    lines = stderr.getvalue().split(nitro.binding_report() + "\n")[1].splitlines()
+    progress = [line for line in lines if not re.fullmatch(EPOCH_LINE, line)]
+    assert len(lines) - len(progress) == 2
+    train = [line for line in progress if re.match(r"epoch \d/2: train \d", line)]
+    assert train, lines
+    for line in train:  # the epoch, units done of the total, loss, rate, ETA
+        shown = r"epoch [12]/2: train [1-4]/4( · loss \S+)?( · val acc \S+)?"
+        shown += r"( · \S+ steps/s)?( · ETA \d+:\d\d)?"
+        assert re.fullmatch(shown, line), line
+    assert any(" · loss " in line and "steps/s" in line for line in train), train
+    assert any("ETA" in line for line in train), train
 
 
 def test_progress_reporter_none_turns_the_summary_lines_off(monkeypatch):
@@ -123,9 +220,36 @@ def test_the_bar_draws_the_values_after_the_stretch():
     bar("begin", "train", 2, 1, 1)
     bar("metrics", "loss 0.5", 0, 1, 1)
     assert bar.line.description() == "epoch 1/1: train · loss 0.5"
-    bar("epoch", "epoch 1/1: train_loss 0.5 · 0.1 s", 0, 1, 1)  # the line says it
     bar("done", "", 0, 0, 0)
-    assert "epoch 1/1: train_loss" not in out.getvalue()
+
+
+def test_at_a_terminal_each_epoch_line_stays_above_the_bar():
+    pyte = pytest.importorskip("pyte")
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=90, color_system=None)
+    bar = BarReporter(console=console, refresh_per_second=1000)
+    summaries = [
+        "epoch 1/3: train_loss 2.439 · val acc 0.5 · 0.2 s",
+        "epoch 2/3: train_loss 1.2 · val acc 1.0 · 0.1 s",
+        "epoch 3/3: train_loss 0.9 · val acc 1.0 · 0.1 s",
+    ]
+    for epoch, summary in enumerate(summaries, 1):
+        bar("begin", "train", 2, epoch, 3)
+        bar("step", "", 0, 0, 0)
+        bar("step", "", 0, 0, 0)
+        bar("begin", "val", 1, epoch, 3)
+        bar("step", "", 0, 0, 0)
+        bar("epoch", summary, 0, epoch, 3)
+    bar("done", "", 0, 0, 0)
+    screen = pyte.Screen(90, 10)
+    pyte.Stream(screen).feed(out.getvalue().replace("\n", "\r\n"))
+    shown = [line.rstrip() for line in screen.display if line.strip()]
+    # Every epoch's results, then the bar's closing line: nothing was overwritten.
+    assert shown[:3] == summaries
+    assert len(shown) == 4 and shown[3].startswith("done: 3/3 epochs ")
+    assert " 100% " in shown[3]
 
 
 def test_the_log_reporter_records_each_epoch_summary():

@@ -1,12 +1,17 @@
 """Smoke runs: smoke=True or NITRO_SMOKE=1."""
 
+import gc
 import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 from experiments import Tiny, make_batches
 
 import jaxnitro as nx
+from jaxnitro.run import smoke
 
 
 class Loud(Tiny):
@@ -81,3 +86,76 @@ def test_with_accumulation_a_smoke_run_trains_one_whole_optimizer_step():
 def test_smoke_must_be_a_bool():
     with pytest.raises(nx.ConfigError, match="smoke must be True or False, got 1"):
         nx.Nitro(Tiny(), smoke=1)
+
+
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """A temporary directory of the test's own, as TMPDIR names it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    assert tempfile.gettempdir() == str(tmp)
+    return tmp
+
+
+def smoke_dirs() -> list[str]:
+    return [
+        n for n in os.listdir(tempfile.gettempdir()) if n.startswith("nitro-smoke-")
+    ]
+
+
+def test_a_smoke_run_leaves_no_temporary_directory_behind(temp_dir, capsys):
+    nitro = nx.Nitro(Loud(), smoke=True)
+    nitro.train()
+    run_dir = nitro.run_dir
+    assert smoke_dirs() == [os.path.basename(run_dir)]  # there while the handle is
+    assert os.listdir(run_dir)  # its checkpoint and log, to look at meanwhile
+    report = capsys.readouterr().err
+    assert f"{run_dir} (a temporary directory, removed with this handle" in report
+    del nitro
+    gc.collect()
+    assert smoke_dirs() == []
+
+
+def test_a_smoke_run_whose_setup_fails_leaves_nothing_at_exit(temp_dir):
+    class Broken(Tiny):
+        def build_model(self, rng):
+            raise RuntimeError("no model today")
+
+    with pytest.raises(RuntimeError, match="no model today"):
+        nx.Nitro(Broken(), smoke=True)
+    assert len(smoke_dirs()) == 1  # no handle to drop: the exit hook removes it
+    smoke._remove_all()  # what atexit runs
+    assert smoke_dirs() == []
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import jaxnitro as nx
+from experiments import Tiny
+
+nx.Nitro(Tiny(), run_dir="never-used").train()
+"""
+
+
+@pytest.mark.needs_processes
+@pytest.mark.slow  # a process of its own
+def test_nitro_smoke_1_in_a_script_leaves_no_temporary_directory(temp_dir, tmp_path):
+    import experiments
+
+    support = os.path.dirname(os.path.abspath(experiments.__file__))
+    env = dict(os.environ, NITRO_SMOKE="1", TMPDIR=str(temp_dir))
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, support],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "smoke run: 1 epoch in " + str(temp_dir) in done.stderr
+    assert smoke_dirs() == []
+    assert not (tmp_path / "never-used").exists()

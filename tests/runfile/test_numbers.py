@@ -198,6 +198,10 @@ def test_a_diverged_run_and_a_refused_run_dir_are_coded(tmp_path, capsys):
     argv = ["run", str(path), "--steps", "2", "--device", "cpu", "--run-dir", run_dir]
     assert main(argv) == 1
     err = capsys.readouterr().err
+    # Off a terminal the engine's binding report comes first (a log keeps it),
+    report, _, err = err.partition(f"E-RUN-008 {path}: ")
+    assert report.startswith("jaxnitro binding report for RunfileExperiment\n")
+    err = f"E-RUN-008 {path}: " + err  # then the coded error
     assert err.startswith(f"E-RUN-008 {path}: the training diverged: The training ")
     assert "fix: lower the learning rate" in err and "Traceback" not in err
     (tmp_path / "a-file").write_text("")

@@ -488,13 +488,16 @@ class MetricHistory:
     def plot(self, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
         """`plot(h, path, ...)`: a matplotlib Figure (needs the `plot` extra).
 
-        One panel per metric, stacked on a shared x axis, the best epoch starred.
+        Every logged metric by default, one panel each on whole-number epoch
+        ticks, the best epoch starred. Without `path` it is pyplot's current
+        figure, so `plt.savefig(...)` saves it; `fig.savefig(...)` always works.
 
         Args:
             path: where to save the figure (the format follows the suffix), or
                 None to save nothing.
-            **kwargs: `x` ("epoch" or "step"), `metrics` (None, "all", a name or a
-                list of names) and `dpi`, as `jaxnitro.plot` takes them.
+            **kwargs: `x` ("epoch" or "step"), `metrics` ("all", the default; None
+                for the checkpointer's metric; a name or a list of names) and
+                `dpi`, as `jaxnitro.plot` takes them.
 
         Returns:
             matplotlib.figure.Figure: the figure.

@@ -2,10 +2,11 @@
 
 `history_series` computes everything a plot draws without a plotting package, so
 another front end (a notebook widget, a web page) can draw the same thing. `plot`
-draws it with matplotlib, an optional extra (`pip install 'jaxnitro[plot]'`): one panel
-per metric, the checkpointer's chosen epoch marked with a star on each. It builds a
-`matplotlib.figure.Figure` directly, so it never touches pyplot's global state or the
-interactive backend; saving a PNG uses Agg.
+draws it with matplotlib, an optional extra (`pip install 'jaxnitro[plot]'`): every
+logged metric by default, one panel each on whole-number epoch ticks, the
+checkpointer's chosen epoch marked with a star on each. Without a path the figure is
+pyplot's current one (so `plt.savefig` saves it); with a path it is saved and never
+enters pyplot's global state.
 """
 
 from __future__ import annotations
@@ -146,62 +147,93 @@ def plot(
     path: str | os.PathLike[str] | None = None,
     *,
     x: str = "epoch",
-    metrics: str | Iterable[str] | None = None,
+    metrics: str | Iterable[str] | None = "all",
     dpi: int = 120,
 ) -> Any:
     """Draw `history_series(h, x=x, metrics=metrics)` as a matplotlib Figure.
 
-    One panel per metric, stacked, sharing the x axis; the checkpointer's chosen epoch
-    is a red star on each panel. Saves a PNG (or any format matplotlib infers from the
-    suffix) when `path` is given, and returns the `matplotlib.figure.Figure`. Needs the
-    `plot` extra.
+    By default every logged scalar metric, train_loss included (`metrics="all"`;
+    None is `history_series`'s default, the checkpointer's metric), one panel each:
+    stacked on a shared x axis, in two columns past three panels, the x ticks on
+    whole epochs (or steps), the checkpointer's chosen epoch a red star on each
+    panel. Needs the `plot` extra.
+
+    Without `path`, the figure is pyplot's current figure, as pandas' plots are:
+    `plt.savefig(...)`, `plt.show()` and a notebook's inline display all see it.
+    With `path`, it is saved there (the format follows the suffix) and pyplot does
+    not keep it, so a loop of saved plots holds no memory. `fig.savefig(...)` works
+    either way.
+
+    Returns:
+        matplotlib.figure.Figure: the figure.
 
     Example (with matplotlib installed):
 
-        fig = plot(nitro.history, "history.png", metrics="all")
+        h.plot("history.png")                  # every metric, saved
+        fig = h.plot(metrics=["acc", "loss"])  # two panels; then plt.savefig(...)
     """
     series = history_series(h, x=x, metrics=metrics)
     panels = series["panels"]
     if not panels:
         extra = f" (non-scalar: {', '.join(h.non_scalar)})" if h.non_scalar else ""
         raise ConfigError(NOTHING_TO_PLOT.format(n=len(h), extra=extra))
-    figure_module = require("matplotlib.figure", extra="plot", feature="plot(h)")
-    fig = figure_module.Figure(
-        figsize=(8.0, 1.0 + 2.6 * len(panels)), layout="constrained"
-    )
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    columns = 1 if len(panels) <= 3 else 2
+    rows = -(-len(panels) // columns)
+    size = (8.0 if columns == 1 else 12.0, 1.0 + 2.6 * rows)
+    if path is None:  # pyplot's current figure: plt.savefig and plt.show see it
+        pyplot = require("matplotlib.pyplot", extra="plot", feature="plot(h)")
+        fig = pyplot.figure(figsize=size, layout="constrained")
+    else:
+        figure_module = require("matplotlib.figure", extra="plot", feature="plot(h)")
+        fig = figure_module.Figure(figsize=size, layout="constrained")
+    ticker = require("matplotlib.ticker", extra="plot", feature="plot(h)")
+    grid = fig.subplots(rows, columns, sharex=True, squeeze=False)
+    axes = [grid[i // columns, i % columns] for i in range(len(panels))]
     for ax, panel in zip(axes, panels, strict=True):
-        few = len(panel["x"]) <= 60
-        ax.plot(
-            panel["x"],
-            panel["y"],
-            color="C0",
-            linewidth=1.6,
-            marker="o" if few else None,
-            markersize=3,
-        )
-        if panel["best"] is not None:
-            bx, by = panel["best"]
-            ax.plot(
-                [bx],
-                [by],
-                linestyle="none",
-                marker="*",
-                markersize=16,
-                color="C3",
-                markeredgecolor="black",
-                markeredgewidth=0.6,
-                zorder=3,
-                label=f"best epoch ({h.best_epoch})",
-            )
-            ax.axvline(bx, color="C3", alpha=0.25, linewidth=1)
-            if ax is axes[0]:
-                ax.legend(loc="best", fontsize="small", frameon=False)
-        ax.set_title(panel["subtitle"], loc="left", fontsize="medium")
-        ax.set_ylabel(panel["name"])
-        ax.grid(alpha=0.3)
-    axes[-1].set_xlabel(series["xlabel"])
+        _draw(ax, panel, h, ticker, legend=ax is axes[0])
+    for ax in grid.flat[len(panels) :]:  # an odd count: the last slot stays empty
+        ax.remove()
+    for column in range(columns):  # the x axis's label under each column's last
+        last = max(i for i in range(len(panels)) if i % columns == column)
+        axes[last].set_xlabel(series["xlabel"])
+        axes[last].xaxis.set_tick_params(labelbottom=True)
     fig.suptitle(series["title"])
     if path is not None:
         fig.savefig(os.fspath(path), dpi=dpi)
     return fig
+
+
+def _draw(
+    ax: Any, panel: dict[str, Any], h: MetricHistory, ticker: Any, *, legend: bool
+) -> None:
+    """One metric's panel: its line, the best point, whole-number x ticks."""
+    few = len(panel["x"]) <= 60
+    ax.plot(
+        panel["x"],
+        panel["y"],
+        color="C0",
+        linewidth=1.6,
+        marker="o" if few else None,
+        markersize=3,
+    )
+    if panel["best"] is not None:
+        bx, by = panel["best"]
+        ax.plot(
+            [bx],
+            [by],
+            linestyle="none",
+            marker="*",
+            markersize=16,
+            color="C3",
+            markeredgecolor="black",
+            markeredgewidth=0.6,
+            zorder=3,
+            label=f"best epoch ({h.best_epoch})",
+        )
+        ax.axvline(bx, color="C3", alpha=0.25, linewidth=1)
+        if legend:
+            ax.legend(loc="best", fontsize="small", frameon=False)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # epochs are whole
+    ax.set_title(panel["subtitle"], loc="left", fontsize="medium")
+    ax.set_ylabel(panel["name"])
+    ax.grid(alpha=0.3)

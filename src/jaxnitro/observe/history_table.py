@@ -13,13 +13,13 @@ never be used as an index by mistake (the spec's 1-based rows mark a gap with 0)
 
 from __future__ import annotations
 
-import math
 import numbers
 import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .history import LEADING
+from .number_format import format_number, format_seconds
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -110,20 +110,21 @@ def thin_rows(n: int, best: int | None, budget: int) -> list[int | None]:
     return out
 
 
-def format_cell(value: Any) -> str:
-    """A cell's text: integers whole, floats to 5 significant digits, None empty.
+def format_cell(value: Any, column: str = "") -> str:
+    """A cell's text: `format_number`'s rule, None empty, the `seconds` column's
+    durations to a tenth (`format_seconds`).
 
     Example:
         >>> [format_cell(v) for v in (12, 0.041683124, None, float("nan"), 1e-7)]
-        ['12', '0.041683', '', 'nan', '1e-07']
+        ['12', '0.04168', '', 'nan', '1e-07']
+        >>> format_cell(0.19469, "seconds")
+        '0.2'
     """
     if value is None:
         return ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return str(value)
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    return "nan" if math.isnan(value) else f"{float(value):.5g}"
+    if column == "seconds" and isinstance(value, float):
+        return format_seconds(value)
+    return format_number(value)
 
 
 def table_width(widths: list[int]) -> int:
@@ -176,7 +177,9 @@ def history_table(h: MetricHistory, height: int, width: int) -> dict[str, Any]:
             break
         budget = max(budget - over, 1)
     cells = [
-        [GAP] * len(labels) if i is None else [format_cell(rows[i][c]) for c in labels]
+        [GAP] * len(labels)
+        if i is None
+        else [format_cell(rows[i][c], c) for c in labels]
         for i in picked
     ]
     return {
@@ -204,7 +207,7 @@ def _fit_columns(
     widths = {
         c: max(
             [len(c), len(GAP)]
-            + [len(format_cell(rows[i][c])) for i in picked if i is not None]
+            + [len(format_cell(rows[i][c], c)) for i in picked if i is not None]
         )
         for c in columns
     }

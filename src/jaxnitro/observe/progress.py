@@ -73,7 +73,8 @@ progress_log_reporter = LogReporter()
 """The log-record reporter: INFO records on the `jaxnitro.progress` logger."""
 
 progress_summary_reporter = SummaryReporter()
-"""The non-terminal reporter: one summary line per epoch on stderr."""
+"""The non-terminal reporter: one summary line per epoch on stderr, and a progress
+line at most every `progress_summary_reporter.interval_s` seconds (30; None: none)."""
 
 
 class DefaultReporter:
@@ -82,8 +83,12 @@ class DefaultReporter:
     In order: `progress_bar_reporter` when stderr is a terminal
     (`is_terminal_session()`); `progress_log_reporter` when a logging handler would
     show INFO records of `jaxnitro.progress` (`is_log_shown()`);
-    `progress_summary_reporter` otherwise (a log file, `nohup`, CI), which writes
-    one line per epoch to stderr. `progress_reporter(None)` turns all of it off.
+    `progress_summary_reporter` otherwise (a log file, `nohup`, SLURM, CI), which
+    writes one line per epoch to stderr and, during an epoch, a progress line (units
+    done, loss, rate, ETA) at most every 30 s: set
+    `progress_summary_reporter.interval_s` to change it. On a terminal the bar keeps
+    each epoch's line on screen above it. `progress_reporter(None)` turns all of it
+    off.
     """
 
     def __init__(

@@ -2,7 +2,14 @@
 
 The bar reads `epoch 3/40: train [compiling gradient]`, filled by the run's fraction
 with the run's ETA, and ends as `done: 40/40 epochs` with the elapsed time. Setup
-reads `setup [building data]` over a pulsing bar, and ends as `setup done`.
+reads `setup [building data]` over a pulsing bar, and ends as `setup done`. Each
+epoch's summary line (`epoch 3/40: train_loss 0.4123 · val acc 0.9031 · 2.1 s`) is
+printed above the live bar and stays on screen, as Keras's `verbose=1` keeps it:
+
+    setup done                           ━━━━━━━━━━━━━━━━━━━━━━━ 100% 0:00:01
+    epoch 1/3: train_loss 0.6931 · val acc 0.81 · 1.2 s
+    epoch 2/3: train_loss 0.4123 · val acc 0.9031 · 0.9 s
+    epoch 3/3: train · loss 0.3517 · val acc 0.9031 ━━━━━━━━━━━━━━━━━━━╸━━━  83% 0:00:01
 
 Events only change a `ProgressLine` (a few attribute writes, cheap enough per step or
 per note); rich's refresh thread reads it when it redraws, at most ten times a second.
@@ -137,10 +144,11 @@ class BarReporter:
             self._line.note = label
         elif verb == "metrics":
             self._line.values = label
+        elif verb == "epoch":  # the epoch's summary line stays, above the bar
+            self._progress.console.print(label, markup=False, highlight=False)
         elif verb == "done":
             self._finish(label)
-        # "end" and "epoch" change nothing on the line (the line shows the latest
-        # values itself); unknown verbs are ignored
+        # "end" changes nothing on the line; unknown verbs are ignored
 
     def _start(self) -> bool:
         console = self._console

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from .number_format import format_number, format_seconds
+
 
 def stretch_name(label: str, epoch: int, max_epochs: int) -> str:
     """`epoch 3/40: train`, or the label alone for a stretch without epochs."""
@@ -128,30 +130,32 @@ class ProgressLine:
 
 
 def format_values(values: Mapping[str, float]) -> str:
-    """`loss 0.4123 · val acc 0.9031`: each value to four significant digits.
+    """`loss 0.4123 · val acc 0.9031`: each value by `format_number`'s rule.
 
-    >>> format_values({"loss": 0.412345, "val acc": 0.9})
-    'loss 0.4123 · val acc 0.9'
+    >>> format_values({"loss": 0.412345, "val acc": 1.0})
+    'loss 0.4123 · val acc 1.0'
     """
-    return " · ".join(f"{name} {value:.4g}" for name, value in values.items())
+    return " · ".join(
+        f"{name} {format_number(value)}" for name, value in values.items()
+    )
 
 
 def epoch_summary(row: Mapping[str, Any], max_epochs: int) -> str:
     """One epoch's summary line from its history row: the epoch, the train loss,
     every scalar validation metric, and the epoch's seconds.
 
-    >>> row = {"epoch": 2, "step": 8, "train_loss": 0.52, "acc": 0.91, "loss": 0.4,
+    >>> row = {"epoch": 2, "step": 8, "train_loss": 0.52, "acc": 1.0, "loss": 0.4,
     ...        "seconds": 1.234}
     >>> epoch_summary(row, 5)
-    'epoch 2/5: train_loss 0.52 · val acc 0.91 · val loss 0.4 · 1.2 s'
+    'epoch 2/5: train_loss 0.52 · val acc 1.0 · val loss 0.4 · 1.2 s'
     """
     shown = {"train_loss": row["train_loss"]}
     for name, value in row.items():
         if name in ("epoch", "step", "train_loss", "seconds"):
             continue
         if isinstance(value, int | float | np.number) and not isinstance(value, bool):
-            shown[f"val {name}"] = float(value)
+            shown[f"val {name}"] = value
     return (
         f"epoch {row['epoch']}/{max_epochs}: {format_values(shown)} · "
-        f"{row['seconds']:.1f} s"
+        f"{format_seconds(row['seconds'])} s"
     )

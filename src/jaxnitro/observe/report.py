@@ -13,6 +13,7 @@ accessor was redefined after the handle froze it:
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,13 +98,19 @@ def stale_report(
 
 
 def show_report(title: str, text: str) -> None:
-    """Show a report: a rich panel on an interactive terminal, a log record else.
+    """Show a report: a rich panel on an interactive terminal; elsewhere a log
+    record when a logging handler shows INFO records of `jaxnitro`, else the text on
+    stderr, so a log file (`> train.log`, nohup, SLURM) keeps it beside the epoch
+    lines. `progress_reporter(None)` silences the stderr copy with the rest of the
+    plain-text output. Only rank 0 of a run across processes shows it.
 
     The same text goes to the logger's `log_other` either way (the caller's job), so
     a run's record holds it wherever the process ran.
     """
-    from .progress import progress_bar_reporter
+    from ..devices.distributed import is_rank0
+    from .progress import current_progress_reporter, progress_bar_reporter
     from .progress_bar import is_terminal_session
+    from .progress_log import is_log_shown
 
     if is_terminal_session():
         from rich.console import Console
@@ -112,8 +119,15 @@ def show_report(title: str, text: str) -> None:
         panel = Panel(text, title=title, expand=False)
         if not progress_bar_reporter.print_above(panel):
             Console(stderr=True).print(panel)
-    else:
-        logging.getLogger("jaxnitro").info("%s\n%s", title, text)
+        return
+    logger = logging.getLogger("jaxnitro")
+    if is_log_shown(logger):
+        logger.info("%s\n%s", title, text)
+    elif current_progress_reporter() is not None and is_rank0():
+        stream = sys.stderr
+        if stream is not None:  # pythonw: no stderr at all
+            stream.write(text + "\n")
+            stream.flush()
 
 
 def frozen_table(title: str, values: Mapping[str, Any], status: str) -> Any:

@@ -60,6 +60,7 @@ from . import costs, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .setup import SetupOutcome, SetupSequence
+from .smoke import remove_smoke_run_dir
 from .status import EpochEndHook, RunStatus
 from .summary import ModelSummary, model_summary
 
@@ -328,8 +329,14 @@ class Nitro:
         self._prepared = outcome.prepared
         self._train_state = outcome.state
         self.status = outcome.status
-        # A handle dropped (garbage collected) lets go of its run directory's lock.
-        weakref.finalize(self, outcome.status.release_run_lock)
+        # A handle dropped (garbage collected) lets go of its run directory's lock,
+        # and a smoke run's temporary directory goes with it.
+        if outcome.config.smoke:
+            weakref.finalize(
+                self, remove_smoke_run_dir, outcome.status, outcome.config.run_dir
+            )
+        else:
+            weakref.finalize(self, outcome.status.release_run_lock)
         self.data: dict[str, Any] = outcome.data
         self._experiment = outcome.experiment
         self._device_values = outcome.device_values

@@ -8,7 +8,9 @@ temporary directory, and prints what it exercised when `train()` ends. Lightning
 calls this `fast_dev_run`.
 
 What the smoke run changes, each shown with the source "smoke" in the binding
-report: `max_epochs` is 1; `run_dir` is a new `nitro-smoke-*` temporary directory;
+report: `max_epochs` is 1; `run_dir` is a new `nitro-smoke-*` temporary directory,
+removed when the handle is garbage collected or the process exits, whichever comes
+first (so smoke runs leave nothing in the temporary directory);
 the logger is a `JSONLogger` there (the experiment's logger is never constructed,
 since a tracking logger may open a remote run; `logger=None` keeps logging off);
 the checkpointer keeps the last record there (`checkpointer=None` keeps it off).
@@ -18,13 +20,17 @@ programs, the optimizer, schedules over the shortened run) is the real run's.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import ConfigError
+from ..observe.number_format import format_number
 from .accessors import Source
 
 if TYPE_CHECKING:
@@ -66,9 +72,37 @@ def smoke_requested(keywords: Mapping[str, Any]) -> tuple[bool, Source]:
     )
 
 
+_made: set[str] = set()
+_made_lock = threading.Lock()
+
+
 def smoke_run_dir() -> str:
-    """A new temporary run directory for a smoke run."""
-    return tempfile.mkdtemp(prefix="nitro-smoke-")
+    """A new temporary run directory for a smoke run, removed at the latest when
+    the process exits (`remove_smoke_run_dir`)."""
+    path = tempfile.mkdtemp(prefix="nitro-smoke-")
+    with _made_lock:
+        if not _made:
+            atexit.register(_remove_all)
+        _made.add(path)
+    return path
+
+
+def remove_smoke_run_dir(status: Any, path: str) -> None:
+    """Remove a smoke run's directory once its handle is gone: the handle's share
+    of the directory's lock is released first (`status.release_run_lock`)."""
+    status.release_run_lock()
+    with _made_lock:
+        _made.discard(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_all() -> None:
+    """At exit: the smoke directories no handle removed (a setup that failed)."""
+    with _made_lock:
+        left = list(_made)
+        _made.clear()
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def smoke_logger() -> Any:
@@ -93,13 +127,16 @@ def smoke_batches(split: str, accum: int) -> int:
 
 def smoke_report(nitro: Nitro, full_sizes: Mapping[str, int]) -> str:
     """What a smoke run exercised, one line per part."""
-    lines = [f"smoke run: 1 epoch in {nitro.run_dir}"]
+    lines = [
+        f"smoke run: 1 epoch in {nitro.run_dir} (a temporary directory, removed "
+        f"with this handle or at exit)"
+    ]
     history = nitro.history[-1] if nitro.history else {}
     for name, split in nitro.data.items():
         read = f"{len(split)} of {full_sizes.get(name, len(split))} batches"
         if name == "train":
             loss = history.get("train_loss")
-            shown = "" if loss is None else f", train loss {loss:.4g}"
+            shown = "" if loss is None else f", train loss {format_number(loss)}"
             lines.append(
                 f"  train: {read}, {nitro.current_step} optimizer steps{shown}"
             )
@@ -109,7 +146,7 @@ def smoke_report(nitro: Nitro, full_sizes: Mapping[str, int]) -> str:
                 for k, v in history.items()
                 if k not in _ROW_AXES and isinstance(v, int | float)
             }
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            shown = ", ".join(f"{k} {format_number(v)}" for k, v in metrics.items())
             lines.append(f"  val: {read}, validated" + (f": {shown}" if shown else ""))
         else:
             lines.append(f"  {name}: {read} (evaluate() reads them)")

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..observe.number_format import format_number
 from .source import RunfileError, counted, fail
 
 VERBS = {
@@ -255,7 +256,7 @@ def _run(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:
 
 
 def _loss(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.4f}"
+    return "-" if loss is None else format_number(loss)
 
 
 def _explain(args: argparse.Namespace, sets: tuple[tuple[str, str], ...]) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..observe.number_format import format_number
 from .blocks import BlockEnd
 from .engine import (
     CompiledRun,
@@ -42,13 +43,13 @@ class RunOutcome:
         """The closing lines `sexpgpu run` prints."""
         found = [
             f"eval {name} at step {step}: "
-            + ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
+            + ", ".join(f"{k} {format_number(float(v))}" for k, v in metrics.items())
             for name, (step, metrics) in self.passes.items()
         ]
         done = f"done: {counted(self.steps, 'step')}, " + (
             "nothing trained"
             if self.train_loss is None
-            else f"train/loss {self.train_loss:.4f}"
+            else f"train/loss {format_number(self.train_loss)}"
         )
         return [*found, done] + [f"  counter {k} {v}" for k, v in self.counters.items()]
 
