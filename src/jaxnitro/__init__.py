@@ -136,7 +136,6 @@ from .logging.protocol import reattach as reattach
 from .logging.protocol import run_id as run_id
 from .logging.protocol import run_url as run_url
 from .logging.tensorboard import TensorBoardLogger as TensorBoardLogger
-from .loop.render import render as render
 from .observe.counter import progress_counter as progress_counter
 from .observe.entry import work_in_flight as work_in_flight
 from .observe.history import MetricHistory as MetricHistory
@@ -197,6 +196,7 @@ from .optim.stopping import EarlyStopping as EarlyStopping
 from .run.config import RunConfig as RunConfig
 from .run.handle import Nitro as Nitro
 from .run.handle import train as train
+from .run.render import render as render
 from .run.setup_checks import check_compile_options as check_compile_options
 from .run.summary import GroupSummary as GroupSummary
 from .run.summary import ModelSummary as ModelSummary

@@ -345,7 +345,7 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
     every rank votes, and not at the next step, as it does in one process."""
     from jaxnitro.devices import agreement
     from jaxnitro.loop.steps import run_epoch
-    from jaxnitro.loop.train import _ensure_optimizer_state, epoch_context
+    from jaxnitro.run.training import _ensure_optimizer_state, epoch_context
 
     monkeypatch.setattr(agreement, "AGREE_MOST_STEPS", 4)
     monkeypatch.setattr(agreement, "AGREE_SECONDS", 1e9)  # every 4 steps

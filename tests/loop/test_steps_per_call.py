@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnitro as nx
 from jaxnitro.loop.calls import call_length
 from jaxnitro.loop.step_programs import call_inputs
-from jaxnitro.loop.train import epoch_context
+from jaxnitro.run.training import epoch_context
 
 
 class Everything(Tiny):

@@ -149,7 +149,7 @@ def test_a_failure_after_the_last_epoch_still_finishes_the_logger_and_fails(
     def broken(nitro):
         raise RuntimeError("restore_best broke")
 
-    monkeypatch.setattr("jaxnitro.loop.train.finish_restore_best", broken)
+    monkeypatch.setattr("jaxnitro.run.training.finish_restore_best", broken)
     logger = Finished()
     nitro = nx.Nitro(Tiny(max_epochs=1), logger=logger, checkpointer=None)
     with pytest.raises(RuntimeError, match="restore_best broke"):

@@ -8,8 +8,8 @@ from experiments import Tiny, make_batches
 
 import jaxnitro as nx
 from jaxnitro.devices.peaks import peak_flops
-from jaxnitro.loop import train
 from jaxnitro.run import costs
+from jaxnitro.run import training as train
 
 
 def test_cost_report_lists_each_program_and_the_achieved_step_rate():

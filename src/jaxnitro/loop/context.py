@@ -1,12 +1,18 @@
-"""`EpochContext`: what one training epoch reads, handed to the hot loop.
+"""What the loop reads of a run: `EpochContext` for one training epoch, `EvalHost`
+for an evaluation pass.
 
 The epoch loop (`steps.py`, `calls.py`, `epoch_log.py`, `step_programs.py`) takes
 this value and the training state instead of the handle: the run's settings it
 reads, the prepared programs and routing, the train split, the logger and progress
 bar, the stop control, and two narrow doors back to the state's owner (`current`
-reads the state it holds, `commit` hands it a new one). `train.py` builds one per
-epoch from the handle (`steps_per_call` is resolved per epoch: "auto" measures the
-first one).
+reads the state it holds, `commit` hands it a new one). `run/training.py` builds
+one per epoch from the handle (`steps_per_call` is resolved per epoch: "auto"
+measures the first one).
+
+An evaluation pass (`evaluate.py`) runs inside a verb of the handle and changes a
+little of it (the phase, the eval width it fixes, a stop request a stop on the
+progress line makes): it takes the owner as an `EvalHost`, the narrow protocol of
+what it reads and writes, which the handle satisfies.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..compile.executables import Executables
+from ..observe import phases
 from ..observe.profiling import StepProfiler
 from .prepared import Prepared
 from .state import TrainState
@@ -76,3 +83,65 @@ class EpochContext:
     device_values: Callable[[], dict[str, Any]]
     current: Callable[[], TrainState]
     commit: Callable[[TrainState], None]
+
+
+class EvalSettings(Protocol):
+    """The run settings an evaluation pass reads (`RunConfig` has them)."""
+
+    @property
+    def eval_loss(self) -> bool: ...
+
+    @property
+    def n_devs(self) -> int: ...
+
+    @property
+    def max_epochs(self) -> int: ...
+
+
+class EvalStatus(Protocol):
+    """The bookkeeping an evaluation pass reads and writes (`RunStatus` has it):
+    the eval programs' batch width, fixed by the first pass, and the stop request
+    a stop from the progress line makes."""
+
+    eval_width: int | None
+    stop_requested: bool
+
+
+class EvalHost(Protocol):
+    """What an evaluation pass (`evaluate.py`) reads and writes of its owner, the
+    handle: the settings, the prepared programs and the data, the weights it
+    evaluates, its phase and progress line."""
+
+    @property
+    def config(self) -> EvalSettings: ...
+
+    @property
+    def prepared(self) -> Prepared: ...
+
+    @property
+    def status(self) -> EvalStatus: ...
+
+    @property
+    def experiment(self) -> Any: ...
+
+    @property
+    def states(self) -> Any: ...
+
+    @property
+    def current_epoch(self) -> int: ...
+
+    @property
+    def phase(self) -> phases.Phase: ...
+
+    data: dict[str, Any]
+    executables: Executables
+
+    def device_values(self) -> dict[str, Any]: ...
+
+    def eval_params(self) -> Any: ...
+
+    def set_phase(self, phase: phases.Phase, **info: Any) -> None: ...
+
+    def restore_phase(self, phase: phases.Phase, **info: Any) -> None: ...
+
+    def progress(self) -> Any: ...

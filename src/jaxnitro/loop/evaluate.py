@@ -44,7 +44,7 @@ from .feed import open_eval_feed
 from .nonfinite import OutputTally, report_nonfinite_outputs
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
+    from .context import EvalHost
 
 
 def _shapes(batch: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -76,7 +76,7 @@ def eval_width_for(size: int, n_devs: int) -> int:
 
 
 def forward_chunk(
-    nitro: Nitro, chunk: Mapping[str, Any], names: tuple[str, ...]
+    nitro: EvalHost, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> tuple[Any, int]:
     """Outputs of forward on one chunk (<= the eval width), sliced back: device
     arrays, or across processes host arrays (every process passes the same chunk
@@ -93,7 +93,9 @@ def forward_chunk(
     return jax.tree.map(lambda leaf: leaf[:count], whole), count
 
 
-def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int | None) -> Any:
+def forward_padded(
+    nitro: EvalHost, padded: Mapping[str, Any], count: int | None
+) -> Any:
     """Device outputs of forward on fields padded to the eval width, cut to `count`
     (None: left padded, as across processes, where every process's part is)."""
     width = nitro.status.eval_width
@@ -132,7 +134,7 @@ def forward_padded(nitro: Nitro, padded: Mapping[str, Any], count: int | None) -
     return outputs
 
 
-def _shape_note(nitro: Nitro, fields: Mapping[str, Any]) -> str | None:
+def _shape_note(nitro: EvalHost, fields: Mapping[str, Any]) -> str | None:
     """Which fields differ in per-sample shape from the batches the handle was set up
     with, when tracing forward for a new shape failed; None when none does."""
     known = nitro.prepared.routing.sample_shapes
@@ -156,7 +158,7 @@ _TRACES = {"eval_metrics": "metrics", "eval_loss": "loss"}
 
 
 def run_on_outputs(
-    nitro: Nitro,
+    nitro: EvalHost,
     kind: str,
     outputs: Any,
     chunk: Mapping[str, Any],
@@ -204,7 +206,7 @@ def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any
 
 
 def evaluate_split(
-    nitro: Nitro, split: str, *, stoppable: bool = True
+    nitro: EvalHost, split: str, *, stoppable: bool = True
 ) -> dict[str, Any]:
     """Run one split in eval mode and return its finalized metrics.
 
@@ -223,7 +225,7 @@ def evaluate_split(
     return result
 
 
-def _leave_eval(nitro: Nitro, previous: phases.Phase, **info: Any) -> None:
+def _leave_eval(nitro: EvalHost, previous: phases.Phase, **info: Any) -> None:
     if isinstance(previous, phases.TrainStepping):
         nitro.set_phase(previous, **info)
     else:
@@ -231,7 +233,7 @@ def _leave_eval(nitro: Nitro, previous: phases.Phase, **info: Any) -> None:
 
 
 def _evaluate_split(
-    nitro: Nitro, split: str, previous: phases.Phase, stoppable: bool
+    nitro: EvalHost, split: str, previous: phases.Phase, stoppable: bool
 ) -> dict[str, Any]:
     source = nitro.data[split]
     bar = nitro.progress()
@@ -358,7 +360,7 @@ def _refuse_reserved(combined: Mapping[str, Any], source: str) -> None:
 
 
 def _gathered(
-    nitro: Nitro, item: EvalStaged, counts: np.ndarray
+    nitro: EvalHost, item: EvalStaged, counts: np.ndarray
 ) -> tuple[EvalStaged, Any]:
     """Across processes: the chunk as one process would see it (every process's
     real rows, rank by rank, `counts` of them) and the forward outputs of those
@@ -412,7 +414,7 @@ class _BatchParts:
         self.fields.append(fields)
         self.n_real += n_real
 
-    def run(self, nitro: Nitro, device: bool) -> tuple[list[Any], int]:
+    def run(self, nitro: EvalHost, device: bool) -> tuple[list[Any], int]:
         """`metrics` on the whole batch as `MetricLeaf`s, and its real count;
         the parts are cleared (and, on the device, deleted)."""
         pieces, n_real = self.pieces, self.n_real
@@ -489,7 +491,11 @@ class _LossMean:
 
 
 def _add_loss(
-    nitro: Nitro, losses: _LossMean, outputs: Any, item: EvalStaged, has_metrics: bool
+    nitro: EvalHost,
+    losses: _LossMean,
+    outputs: Any,
+    item: EvalStaged,
+    has_metrics: bool,
 ) -> bool:
     """Add the chunk's loss (and its terms) to `losses`; False stops the loss.
 
@@ -517,7 +523,7 @@ def _plain_tree(value: Any) -> Any:
     return plain(value)
 
 
-def predict_batch(nitro: Nitro, batch: Any) -> Any:
+def predict_batch(nitro: EvalHost, batch: Any) -> Any:
     """Host outputs of forward on one batch, sliced to its real sample count."""
     batch = as_batch(batch, "predict takes a batch dict such as {'img': images}.")
     names = nitro.prepared.routing.fields["forward"].select(tuple(batch))

@@ -48,6 +48,7 @@ from ..experiment.view import (
 )
 from ..handle_type import RunHandle
 from ..logging import protocol as logproto
+from ..loop.evaluate import evaluate_split, predict_batch
 from ..loop.prepared import Prepared
 from ..loop.state import TrainState
 from ..observe import phases
@@ -57,12 +58,14 @@ from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
 from . import costs, reports, restore
+from . import render as rendering
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .setup import SetupOutcome, SetupSequence
 from .smoke import remove_smoke_run_dir
 from .status import EpochEndHook, RunStatus
 from .summary import ModelSummary, model_summary
+from .training import run_training
 
 RELEASED_REFUSAL = (
     "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
@@ -659,8 +662,6 @@ class Nitro:
         """train()'s work: the run directory's lock first (a refusal writes
         nothing), then the deferred setup lines, then the training, which lets
         go of the lock when it returns or raises."""
-        from ..loop.train import run_training
-
         if self._setup_lines_pending and self.status.run_lock is None:
             self.status.run_lock = lock_checkpoint_dir(
                 self.config.checkpointer, self.config.run_dir, purpose="train"
@@ -822,8 +823,6 @@ class Nitro:
                 redefined after the handle was built; the handle keeps what it
                 froze.
         """
-        from ..loop.evaluate import evaluate_split
-
         self._check_stale("validate")
         if "val" not in self.data:
             raise ConfigError(
@@ -867,8 +866,6 @@ class Nitro:
             nitro.evaluate()                 # the "test" split: {"acc": 0.97, ...}
             nitro.evaluate(split="val")      # the same as nitro.validate()
         """
-        from ..loop.evaluate import evaluate_split
-
         self._check_stale("evaluate")
         if split not in self.data:
             raise ConfigError(
@@ -923,8 +920,6 @@ class Nitro:
             for out in nitro.predict(nitro.data["test"]):   # lazy, one per batch
                 ...
         """
-        from ..loop.evaluate import predict_batch
-
         if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
             return self._run_entry(lambda: predict_batch(self, batch), stoppable=False)
         if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
@@ -993,12 +988,10 @@ class Nitro:
             paths = nitro.render(split="val", predictions=True)
             paths = nitro.render({"img": images}, predictions=True, tag="new")
         """
-        from ..loop.render import render
-
         if batch is None:
             self._refuse_released(f"render(split={split!r})", (split,))
         return self._run_entry(
-            lambda: render(
+            lambda: rendering.render(
                 self,
                 batch,
                 split=split,
@@ -1011,8 +1004,6 @@ class Nitro:
         )
 
     def _predict_many(self, batches: Iterable[Any]) -> Iterator[Any]:
-        from ..loop.evaluate import predict_batch
-
         for batch in batches:
             yield self._run_entry(
                 lambda b=batch: predict_batch(self, b), stoppable=False

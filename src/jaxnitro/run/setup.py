@@ -288,7 +288,7 @@ class SetupSequence:
         self._averaged_from = located.averaged_from
         step = epoch = 0  # where training starts: a resume continues its position
         self._resumed_from_epoch: int | None = None
-        # The running train loss of an epoch a stop cut (loop.train keeps it).
+        # The running train loss of an epoch a stop cut (run/training.py keeps it).
         self._epoch_loss: dict[str, Any] | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()

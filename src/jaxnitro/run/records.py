@@ -26,7 +26,7 @@ from ..logging import protocol as logproto
 from ..observe import phases
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
+    from .handle import Nitro
 
 
 def write_checkpoint(

@@ -29,7 +29,7 @@ from ..experiment.hooks import has_hook
 from ..experiment.routing import as_batch, hook_fields
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
+    from .handle import Nitro
 
 
 def _sample(value: Any, index: int) -> Any:

@@ -42,22 +42,22 @@ from ..devices.agreement import StopAgreement
 from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
+from ..loop.cadence import StepCadence
+from ..loop.calls import steps_per_call
+from ..loop.context import EpochContext
+from ..loop.evaluate import evaluate_split
+from ..loop.steps import EpochLog, run_epoch
 from ..observe import phases
 from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..observe.speed import device_peak, epoch_speed
 from ..optim.schedules import check_plateau_metrics
-from ..run.restore import finish_restore_best, optimizer_state
-from ..run.smoke import print_smoke_report
 from ..watch import did_you_mean
-from .cadence import StepCadence
-from .calls import steps_per_call
-from .context import EpochContext
-from .evaluate import evaluate_split
 from .records import write_checkpoint
-from .steps import EpochLog, run_epoch
+from .restore import finish_restore_best, optimizer_state
+from .smoke import print_smoke_report
 
 if TYPE_CHECKING:
-    from ..run.handle import Nitro
+    from .handle import Nitro
 
 
 def epoch_context(nitro: Nitro) -> EpochContext:
