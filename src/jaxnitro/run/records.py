@@ -27,13 +27,19 @@ from ..observe import phases
 
 if TYPE_CHECKING:
     from .handle import Nitro
+    from .status import HeldStop
 
 
 def write_checkpoint(
-    nitro: Nitro, epoch: int, flat: dict[str, Any], reason: str | None
+    nitro: Nitro,
+    epoch: int,
+    flat: dict[str, Any],
+    reason: str | None,
+    held_stop: HeldStop | None,
 ) -> None:
     """Save the record of `epoch` as it stands (its end, or a step inside it);
-    `flat`: the validation metrics, flattened ({} when none ran there)."""
+    `flat`: the validation metrics, flattened ({} when none ran there);
+    `held_stop`: where the epoch stands when it is unfinished (None at its end)."""
     ckpt = nitro.checkpointer
     if ckpt is None:
         return
@@ -68,7 +74,7 @@ def write_checkpoint(
         },
         # The running train loss of an epoch a stop cut (None when it ended), so
         # a resume that continues the epoch reports the whole epoch's mean.
-        epoch_loss=nitro.status.held_stop,
+        epoch_loss=None if held_stop is None else held_stop.to_json(),
         # The run started from these averaged weights (None: it did not).
         averaged_from=nitro.averaged_from,
         # What a resume compares: the hooks' code and the train data's shape.

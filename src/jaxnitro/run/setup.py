@@ -100,7 +100,7 @@ from .setup_manual import (
 )
 from .setup_routing import probe_routing
 from .smoke import smoke_batches
-from .status import RunStatus
+from .status import HeldStop, RunStatus
 from .write_probe import probe_outputs
 
 log = logging.getLogger("jaxnitro")
@@ -289,13 +289,13 @@ class SetupSequence:
         step = epoch = 0  # where training starts: a resume continues its position
         self._resumed_from_epoch: int | None = None
         # The running train loss of an epoch a stop cut (run/training.py keeps it).
-        self._epoch_loss: dict[str, Any] | None = None
+        self._epoch_loss: HeldStop | None = None
         if self._resume is not None and self._record is not None:
             self._adopt_resumed_seed()
             step = self._record.header.step
             epoch = self._record.header.epoch
             self._resumed_from_epoch = epoch
-            self._epoch_loss = self._record.header.epoch_loss
+            self._epoch_loss = HeldStop.from_json(self._record.header.epoch_loss)
             recorded_preset = self._record.header.preset
             if self._run_config.preset is None and recorded_preset is not None:
                 self._run_config = self._run_config.with_value(

@@ -17,6 +17,60 @@ from ..checkpoint.lock import RunDirLock
 from ..checkpoint.record import CheckpointRecord
 from ..observe.profiling import StepProfiler
 
+
+@dataclass(frozen=True)
+class HeldStop:
+    """Where a stop cut an epoch, so training again (or a resume) continues it.
+
+    Attributes:
+        epoch: the epoch the stop cut (1-based).
+        step: the optimizer step the stop left the run at.
+        batches: the batches of the epoch trained before the stop; None in a
+            record written before it was kept (then it follows from the step).
+        loss_sum: the running train loss sum of those batches.
+        loss_count: how many micro-batches that sum holds.
+
+    The checkpoint record keeps it as JSON (`RecordHeader.epoch_loss`):
+
+    >>> held = HeldStop(2, 7, 3, 1.5, 3)
+    >>> HeldStop.from_json(held.to_json()) == held
+    True
+    >>> HeldStop.from_json({"epoch": 2}) is None  # damaged or foreign: no stop
+    True
+    """
+
+    epoch: int
+    step: int
+    batches: int | None
+    loss_sum: float
+    loss_count: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The record header's form (its keys predate this type)."""
+        held: dict[str, Any] = {"epoch": self.epoch, "step": self.step}
+        if self.batches is not None:
+            held["batches"] = self.batches
+        return {**held, "sum": self.loss_sum, "count": self.loss_count}
+
+    @classmethod
+    def from_json(cls, value: Any) -> HeldStop | None:
+        """The held stop a record's header carries, or None when it carries none
+        (or one without the keys a continuation needs)."""
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            batches = value.get("batches")
+            return cls(
+                int(value["epoch"]),
+                int(value["step"]),
+                None if batches is None else int(batches),
+                float(value["sum"]),
+                int(value["count"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 EpochEndHook = Callable[[Any, int, dict[str, Any]], "Mapping[str, Any] | None"]
 """`hook(nitro, epoch, observations) -> metrics or None`, called on the host at an
 epoch's end, after its validation and before its history row and checkpoint.
@@ -34,9 +88,8 @@ class RunStatus:
         preempted: the pending stop request came from a SIGTERM (a preemption).
         stop_reason: how the last `train()` ended ("completed", "early_stop",
             "requested", "preempted", "error"), or None before one ends.
-        held_stop: where a stop cut the current epoch (the epoch, step, batches
-            trained and the running loss), so training again continues it; None
-            when the last epoch ended whole.
+        held_stop: where a stop cut the current epoch (`HeldStop`), so training
+            again continues it; None when the last epoch ended whole.
         pending_record: the record whose optimizer state the next `train()`
             restores (a resume, or `restore_optimizer=True`); None once placed.
         restored_best: `restore_best` replaced the trained weights at the end of
@@ -60,7 +113,7 @@ class RunStatus:
     stop_requested: bool = False
     preempted: bool = False
     stop_reason: str | None = None
-    held_stop: dict[str, Any] | None = None
+    held_stop: HeldStop | None = None
     pending_record: CheckpointRecord | None = None
     restored_best: bool = False
     released_by: str | None = None

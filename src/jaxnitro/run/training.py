@@ -55,6 +55,7 @@ from ..watch import did_you_mean
 from .records import write_checkpoint
 from .restore import finish_restore_best, optimizer_state
 from .smoke import print_smoke_report
+from .status import HeldStop
 
 if TYPE_CHECKING:
     from .handle import Nitro
@@ -279,12 +280,8 @@ class _StepEvents:
                     bar.step()
         leave = leave or self.stops.stop_requested
         if cadence.checkpoints_at(step) and not leave:
-            held = nitro.status.held_stop
-            nitro.status.held_stop = _loss_so_far(nitro, log)  # where the epoch is
-            try:
-                write_checkpoint(nitro, log.epoch, flat, None)
-            finally:
-                nitro.status.held_stop = held
+            # Where the epoch stands: a resume from this record continues it.
+            write_checkpoint(nitro, log.epoch, flat, None, _loss_so_far(nitro, log))
         return leave
 
     def at(self, step: int) -> _Validation | None:
@@ -441,7 +438,13 @@ def _train(nitro: Nitro) -> None:
                 reason = "early_stop"
             elif epoch == max_epochs or reached:
                 reason = "completed"
-            write_checkpoint(nitro, epoch, flat, reason if reason != "error" else None)
+            write_checkpoint(
+                nitro,
+                epoch,
+                flat,
+                reason if reason != "error" else None,
+                nitro.status.held_stop,
+            )
             if requested or early or reached:
                 break
     except BaseException as error:
@@ -508,7 +511,7 @@ def _stop_profile(nitro: Nitro) -> None:
 def _trained_this_epoch(nitro: Nitro) -> int:
     """How many batches of the current epoch a stop left trained (0 when it ended).
 
-    The stop recorded it (`_epoch_loss["batches"]`, on the handle and in the record
+    The stop recorded it (`HeldStop.batches`, on the handle and in the record
     written at the stop); without that record, as of a record written before it was
     kept, it follows from the step count, the batch count and accum, which holds
     while neither changes."""
@@ -516,8 +519,8 @@ def _trained_this_epoch(nitro: Nitro) -> int:
         return 0
     accum = nitro.config.accum
     held = _held_stop(nitro)
-    if held is not None and "batches" in held:
-        done = int(held["batches"])
+    if held is not None and held.batches is not None:
+        done = held.batches
         if done % accum:
             raise ConfigError(
                 f"The run stopped {done} batches into epoch {nitro.current_epoch}, "
@@ -532,27 +535,21 @@ def _trained_this_epoch(nitro: Nitro) -> int:
     return done * accum if 0 < done < per_epoch else 0
 
 
-def _loss_so_far(nitro: Nitro, log: EpochLog) -> dict[str, Any]:
+def _loss_so_far(nitro: Nitro, log: EpochLog) -> HeldStop:
     """Where a stop cut an epoch, for the rest of it (kept on the handle and in the
     record written at the stop): the batches trained and the running train loss."""
     total, count = log.carried()
-    return {
-        "epoch": nitro.current_epoch,
-        "step": nitro.current_step,
-        "batches": log.trained,
-        "sum": total,
-        "count": count,
-    }
+    return HeldStop(nitro.current_epoch, nitro.current_step, log.trained, total, count)
 
 
-def _held_stop(nitro: Nitro) -> dict[str, Any] | None:
+def _held_stop(nitro: Nitro) -> HeldStop | None:
     """What the stop that cut the current epoch recorded (`_loss_so_far`), on the
     handle or read from the resumed record; None when no stop left the handle here."""
     held = nitro.status.held_stop
     if (
-        isinstance(held, dict)
-        and held.get("epoch") == nitro.current_epoch
-        and held.get("step") == nitro.current_step
+        held is not None
+        and held.epoch == nitro.current_epoch
+        and held.step == nitro.current_step
     ):
         return held
     return None
@@ -563,8 +560,8 @@ def _carried_loss(nitro: Nitro, skip: int) -> tuple[float, int]:
     this epoch; (0.0, 0) when none matches (a record written before it was kept:
     the row then covers the rest only)."""
     held = _held_stop(nitro)
-    if skip and held is not None and held.get("count") == skip:
-        return float(held["sum"]), skip
+    if skip and held is not None and held.loss_count == skip:
+        return held.loss_sum, skip
     return 0.0, 0
 
 
