@@ -75,6 +75,7 @@ from ..devices.placement import Placement
 from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
+from .accumulation import Accumulation
 from .cadence import NEVER
 from .context import EpochContext
 from .epoch_log import EpochLog, InFlight, Stacked, StepEvents, sliced
@@ -83,7 +84,6 @@ from .step_programs import (
     call_inputs,
     call_program,
     check_batch,
-    check_epoch_count,
     current_state,
 )
 
@@ -427,7 +427,7 @@ def call_steps(
                 continue
             if count is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
-                    check_epoch_count(source, accum, epoch)
+                    Accumulation(accum).refuse_epoch(len(source), epoch)
                 count = len(source)
                 signature = batch_signature(routed)
                 size = block_steps(per_call, _host_bytes(routed) * accum)

@@ -297,28 +297,3 @@ def call_program(
             layout=calls_layout(accum),
         ),
     )
-
-
-EPOCH_ACCUM = (
-    "The train split has {count} batches in epoch {epoch} (len() read after the "
-    "epoch's plan was drawn), which does not divide by accum={accum} ({count} % "
-    "{accum} = {rest}): every optimizer step takes {accum} micro-batches, and the "
-    "last {rest} would carry their gradient into the next epoch. Keep each epoch's "
-    "batch count a multiple of accum (have begin_epoch drop the extra batches), or "
-    "change accum or the batch size so it divides."
-)
-
-
-def check_epoch_count(source: Any, accum: int, epoch: int) -> None:
-    """Refuse an epoch whose batch count does not divide by accum, before it trains.
-
-    Called once the feed has delivered the epoch's first batch, so the plan that
-    may change the count is drawn on every path (the fan-out's `begin_epoch`, the
-    source's own `__iter__`)."""
-    count = len(source)
-    if count % accum:
-        raise ConfigError(
-            EPOCH_ACCUM.format(
-                count=count, epoch=epoch, accum=accum, rest=count % accum
-            )
-        )

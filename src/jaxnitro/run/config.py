@@ -36,6 +36,7 @@ from ..compile.precision import check_precision
 from ..devices.placement import check_sharding
 from ..devices.process import check_n_devs, pinned_n_devs
 from ..errors import ConfigError
+from ..loop.accumulation import Accumulation
 from ..observe.profiling import check_profile
 from ..optim.ema import EMA
 from ..optim.setup import check_ema
@@ -452,6 +453,12 @@ class RunConfig:
         if values["eval_weights"] is None:  # the EMA, checked above, decides
             values["eval_weights"] = "ema" if values["ema"] is not None else "raw"
         return cls(**values, sources=sources)
+
+    @property
+    def accumulation(self) -> Accumulation:
+        """`accum` as an `Accumulation`: the steps an epoch makes, the samples a
+        step takes, the refusals of a batch count it does not divide."""
+        return Accumulation(self.accum)
 
     def with_value(self, name: str, value: Any, *, source: Source) -> RunConfig:
         """This config with `name` set to `value`, from `source`, checked as built.

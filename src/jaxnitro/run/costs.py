@@ -133,4 +133,4 @@ def samples_per_step(nitro: Nitro) -> int:
     """The samples one optimizer step trains on: the global batch, every
     micro-batch of it."""
     batch = nitro.prepared.routing.train_batch or 0
-    return batch * nitro.config.accum * jax.process_count()
+    return nitro.config.accumulation.samples(batch) * jax.process_count()

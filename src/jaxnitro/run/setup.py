@@ -151,7 +151,7 @@ def follow_max_steps(
     trains = "train" in data
     if config.val_every_n_steps is not None and trains and "val" not in data:
         raise ConfigError(VAL_EVERY_NEEDS_VAL.format(value=config.val_every_n_steps))
-    per_epoch = sizes.get("train", 0) // config.accum
+    per_epoch = config.accumulation.steps(sizes.get("train", 0))
     if config.max_steps is None or not per_epoch:
         return config
     if config.sources["max_epochs"] != "default":
@@ -228,7 +228,7 @@ class SetupSequence:
         """The schedule horizon: max_epochs * (train batches // accum), or
         max_steps when that comes first."""
         c = self._run_config
-        per_epoch = self._split_sizes.get("train", 0) // c.accum
+        per_epoch = c.accumulation.steps(self._split_sizes.get("train", 0))
         total = c.max_epochs * per_epoch
         return total if c.max_steps is None else min(total, c.max_steps)
 

@@ -74,14 +74,7 @@ def probe_routing(
         check_numeric_fields(batch, train_fields, "train")
         train_batch = batch_size(batch, train_fields)
         check_probe_size("train", train_batch)
-        count, accum = split_sizes["train"], config.accum
-        if count % accum:
-            raise ConfigError(
-                f"The train split has {count} batches, which does not divide by "
-                f"accum={accum} ({count} % {accum} = {count % accum}): every "
-                f"optimizer step takes {accum} micro-batches. Change the batch "
-                f"size or accum so the batch count divides."
-            )
+        config.accumulation.refuse_split(split_sizes["train"])
         if last is not None:
             last_size = batch_size(last, train_fields)
             check_probe_size("train", last_size, "last")

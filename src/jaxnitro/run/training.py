@@ -90,12 +90,12 @@ def epoch_context(nitro: Nitro) -> EpochContext:
 def _speed(nitro: Nitro, log: EpochLog, step_seconds: float) -> dict[str, float]:
     """The epoch's speed for its data line: steps and samples a second, and MFU
     where the train program's FLOPs and the device's peak are known."""
-    accum = nitro.config.accum
+    accumulation = nitro.config.accumulation
     batch = nitro.prepared.routing.train_batch or 0
     return epoch_speed(
         step_seconds,
-        batch * accum * jax.process_count(),
-        step_flops(log.program, accum),
+        accumulation.samples(batch) * jax.process_count(),
+        step_flops(log.program, accumulation.micro_batches),
         device_peak(jax.devices()[0]),
     )
 
@@ -517,22 +517,14 @@ def _trained_this_epoch(nitro: Nitro) -> int:
     while neither changes."""
     if nitro.current_epoch < 1 or "train" not in nitro.data:
         return 0
-    accum = nitro.config.accum
+    accumulation = nitro.config.accumulation
     held = _held_stop(nitro)
     if held is not None and held.batches is not None:
-        done = held.batches
-        if done % accum:
-            raise ConfigError(
-                f"The run stopped {done} batches into epoch {nitro.current_epoch}, "
-                f"which accum={accum} does not divide: the rest of the epoch cannot "
-                f"be cut into optimizer steps of {accum} micro-batches the way the "
-                f"stopped run was. Continue it with an accum that divides {done}, "
-                f"or with the accum it was trained with."
-            )
-        return done
-    per_epoch = len(nitro.data["train"]) // accum
+        accumulation.refuse_stopped(held.batches, nitro.current_epoch)
+        return held.batches
+    per_epoch = accumulation.steps(len(nitro.data["train"]))
     done = nitro.current_step - (nitro.current_epoch - 1) * per_epoch
-    return done * accum if 0 < done < per_epoch else 0
+    return accumulation.batches(done) if 0 < done < per_epoch else 0
 
 
 def _loss_so_far(nitro: Nitro, log: EpochLog) -> HeldStop:
