@@ -17,9 +17,10 @@
 # that folder is on PYTHONPATH already (env.sh test sourced earlier in the same
 # command), and waits 5 s (the
 # chip env.sh's version check opened can refuse the next process for a moment).
-# Then `python3 -m pytest` with the project's addopts (`-m 'not slow and not tf'`,
-# strict markers, the doctests) and JAX_PLATFORMS=tpu,cpu: the tests run on the chip,
-# the conftest's four fake CPU devices beside it. Arguments go to pytest as they are.
+# Then `python3 -m pytest` with the project's addopts
+# (`-m 'not slow and not tf and not wandb'`, strict markers, the doctests) and
+# JAX_PLATFORMS=tpu,cpu: the tests run on the chip, the conftest's four fake CPU
+# devices beside it. Arguments go to pytest as they are.
 #
 # Tests marked needs_sockets, needs_devices(n) or needs_processes are skipped there
 # with the reason (no sockets, one chip, one process on it); pytest's -ra summary

@@ -136,6 +136,7 @@ from .logging.protocol import reattach as reattach
 from .logging.protocol import run_id as run_id
 from .logging.protocol import run_url as run_url
 from .logging.tensorboard import TensorBoardLogger as TensorBoardLogger
+from .logging.wandb import WandbLogger as WandbLogger
 from .observe.counter import progress_counter as progress_counter
 from .observe.entry import work_in_flight as work_in_flight
 from .observe.history import MetricHistory as MetricHistory
