@@ -1,13 +1,12 @@
-"""The programs the automatic loop runs, and how each is keyed and compiled.
+"""The programs a run compiles, and how each is keyed and compiled.
 
 | program      | computes                                  | donated                 |
-| train_step   | accum == 1: the gradient and the          | params, opt state       |
-|              | optimizer step, fused                     |                         |
-| gradient     | accum > 1: forward, loss, the gradient    | the accumulator         |
-|              | added into the accumulator, loss terms,   |                         |
-|              | train_metrics                             |                         |
-| optimizer    | accum > 1: global-norm clip, the Optax    | params, opt state, and  |
-|              | rule, a zeroed accumulator                | the accumulator         |
+| train_step   | 1 to K optimizer steps a call             | params, opt state, EMA, |
+|              | (`scanned.py`): each micro-batch's        | the accumulator         |
+|              | gradient (`gradient_fn`), the optimizer   |                         |
+|              | step, loss terms, train_metrics           |                         |
+| manual_step  | the same loop around the experiment's own | params, opt state       |
+|              | `train_step` (`loop/manual.py`)           |                         |
 | eval_forward | forward in eval mode                      | nothing                 |
 | eval_metrics | metrics, when their residency is device   | nothing                 |
 | eval_loss    | loss on eval outputs                      | nothing                 |
@@ -17,7 +16,8 @@ stripped view inside the trace, so a compiled program never depends on the ident
 the experiment class object (a reloaded class with unchanged code still hits).
 
 On a mesh (n_devs > 1) each program compiles with explicit shardings, from the role of
-each argument and result (`LAYOUTS`): the batch split along the data axis, the
+each argument and result (`LAYOUTS`, `calls_layout`): the batch split along the data
+axis (a block of batches along its batch axis, behind the block's), the
 training state as the run's `Placement` lays it out, the rest replicated. The
 executable places what it is given before each call, so a value from anywhere (a
 restore, a NumPy scalar, a host batch) arrives where the program expects it.
