@@ -248,7 +248,7 @@ class Nitro:
             that meets entries scored under another metric.
         DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
 
-    Example:
+    Examples:
         A tiny regression, trained for two epochs and queried:
 
         >>> import tempfile
@@ -993,7 +993,7 @@ class Nitro:
             paths = nitro.render(split="val", predictions=True)
             paths = nitro.render({"img": images}, predictions=True, tag="new")
         """
-        from ..loop.render import render
+        from ..loop.rendering import render
 
         if batch is None:
             self._refuse_released(f"render(split={split!r})", (split,))
