@@ -61,7 +61,7 @@ class WithHostField(nx.Experiment):
 
 
 def first_step_seconds(images: np.ndarray | None) -> float:
-    nx.cache_reset()
+    nx.compile.cache_reset()
     start = time.perf_counter()
     nx.Nitro(WithHostField(images=images), logger=None, checkpointer=None).train()
     return time.perf_counter() - start

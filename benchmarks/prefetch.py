@@ -251,14 +251,14 @@ def compare_in_the_loop(source, epochs: int) -> None:
     import jaxnitro as nx
 
     splits = {
-        "inline (NoPrefetch)": nx.NoPrefetch(source),
-        "single producer (workers=1)": nx.PrefetchIterator(source, workers=1),
-        "fan-out, workers=2": nx.PrefetchIterator(source, workers=2),
-        "fan-out, workers=2, host_batches=8": nx.PrefetchIterator(
+        "inline (NoPrefetch)": nx.data.NoPrefetch(source),
+        "single producer (workers=1)": nx.data.PrefetchIterator(source, workers=1),
+        "fan-out, workers=2": nx.data.PrefetchIterator(source, workers=2),
+        "fan-out, workers=2, host_batches=8": nx.data.PrefetchIterator(
             source, workers=2, host_batches=8
         ),
-        "fan-out, workers=3": nx.PrefetchIterator(source, workers=3),
-        f"fan-out, default workers={DEFAULT}": nx.PrefetchIterator(source),
+        "fan-out, workers=3": nx.data.PrefetchIterator(source, workers=3),
+        f"fan-out, default workers={DEFAULT}": nx.data.PrefetchIterator(source),
     }
     for name, split in splits.items():
         waits = DataWait()
@@ -377,16 +377,16 @@ def part_b(epochs: int) -> None:
     sides = {
         "batches on the device": loop(device),
         "list of host batches (inline)": loop(host),
-        "one producer": loop(nx.PrefetchIterator(Prebuilt(host), workers=1)),
-        "fan-out, 2 workers": loop(nx.PrefetchIterator(Prebuilt(host), workers=2)),
+        "one producer": loop(nx.data.PrefetchIterator(Prebuilt(host), workers=1)),
+        "fan-out, 2 workers": loop(nx.data.PrefetchIterator(Prebuilt(host), workers=2)),
         f"fan-out, default {DEFAULT} workers": loop(
-            nx.PrefetchIterator(Prebuilt(host))
+            nx.data.PrefetchIterator(Prebuilt(host))
         ),
         "one producer, staged": loop(
-            nx.PrefetchIterator(Prebuilt(host), workers=1), stage=True
+            nx.data.PrefetchIterator(Prebuilt(host), workers=1), stage=True
         ),
         "fan-out, 2 workers, staged": loop(
-            nx.PrefetchIterator(Prebuilt(host), workers=2), stage=True
+            nx.data.PrefetchIterator(Prebuilt(host), workers=2), stage=True
         ),
     }
     walls: dict[str, list[float]] = {name: [] for name in sides}
@@ -409,7 +409,7 @@ def part_b(epochs: int) -> None:
         row = "the tutorial Grain loader, fan-out 2"
         print(f"    {row:34s} left out: {no_grain}")
         return
-    grain_wall = statistics.median(loop(nx.PrefetchIterator(ds, workers=2))(3))
+    grain_wall = statistics.median(loop(nx.data.PrefetchIterator(ds, workers=2))(3))
     print(
         f"    {'the tutorial Grain loader, fan-out 2':34s} "
         f"{statistics.median(base) / grain_wall:6.3f}x   "

@@ -107,13 +107,26 @@ def test_the_package_root_holds_few_modules():
     assert len(flat) <= 10, flat
 
 
-def test_only_the_package_init_assembles_the_public_api():
-    """No module re-exports another's names (`from .x import y as y`, `__all__`)."""
+def test_only_package_inits_assemble_the_public_api():
+    """The root and each subpackage's `__init__.py` assemble the public API; no other
+    module re-exports another's names (`from .x import y as y`, or an `__all__`
+    listing a name it does not define itself)."""
     hubs = []
     for path in PACKAGE.rglob("*.py"):
-        if path == PACKAGE / "__init__.py":
+        if path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text())
+        own = {
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+        } | {
+            t.id
+            for n in tree.body
+            if isinstance(n, ast.Assign | ast.AnnAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Name)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 hubs += [
@@ -122,7 +135,8 @@ def test_only_the_package_init_assembles_the_public_api():
             if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
             ):
-                hubs.append(f"{path.name}: __all__")
+                listed = ast.literal_eval(node.value)
+                hubs += [f"{path.name}: __all__ {n}" for n in listed if n not in own]
     assert hubs == []
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import jaxnitro as nx
 
@@ -72,3 +73,23 @@ def test_the_readme_names_step_rng_with_linen_and_nnx():
     text = README.read_text()
     assert 'rngs={"dropout": nx.step_rng()}' in text
     assert "nnx.Rngs(dropout=nx.step_rng())" in marked_block("flax-nnx")
+
+
+def test_the_export_lines_follow_the_quick_start_and_serve_what_predict_gives(
+    tmp_path, monkeypatch
+):
+    """The export block continues the quick start: on_epoch_end, export, load."""
+    quick_start, export = python_blocks()[0], marked_block("export")
+    (tmp_path / "readme_export.py").write_text(quick_start + "\n" + export)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        module = importlib.import_module("readme_export")  # trains twice, as a file
+        served = module.served
+        assert served.history[3]["err"] == pytest.approx(1 - served.history[3]["acc"])
+        out = nx.load_bundle(module.path)(img=module.new_images)["logits"]
+        np.testing.assert_allclose(
+            out, served.predict({"img": module.new_images}), rtol=1e-5, atol=1e-5
+        )
+    finally:
+        sys.modules.pop("readme_export", None)

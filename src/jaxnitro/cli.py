@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def format_epochs(epochs: Sequence[int]) -> str:
     """Ascending epochs as ranges: `1-3, 5, 8-9`.
 
-    Example:
+    Examples:
         >>> format_epochs([1, 2, 3, 5, 8, 9])
         '1-3, 5, 8-9'
     """
@@ -286,7 +286,7 @@ _HEADERS = ("run", "ckpts", "epochs", "best", "metric", "last written", "parent"
 
 
 def _runs(run_dir: str) -> int:
-    from .checkpoint.runs import run_directories
+    from .checkpoint.run_listing import run_directories
 
     if not os.path.isdir(run_dir):
         raise CheckpointError(f"No run directory at {run_dir!r}.")
@@ -304,7 +304,7 @@ def _runs(run_dir: str) -> int:
 def _runs_table(run_dir: str, *, titled: bool) -> None:
     """The runs table of one run directory; `titled`: headed by its path (a folder
     of run directories lists several)."""
-    from .checkpoint.runs import runs
+    from .checkpoint.run_listing import runs
 
     summaries = runs(run_dir)
     if not summaries:

@@ -225,7 +225,7 @@ def _summary(e: Any) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     from .observe.history import MetricHistory
-    from .observe.history_table import history_table, render_text
+    from .observe.history_text import history_table, render_text
     from .observe.run_log import read_run_logs
 
     try:
@@ -321,7 +321,7 @@ def _json_run(log: Any) -> dict[str, Any]:
 def _selections(run_dir: str) -> dict[str | None, tuple[str, str]]:
     """Each run's checkpoint selection (metric, mode) from the manifest, to mark
     its best epoch; {} when there is no readable manifest."""
-    from .checkpoint.runs import runs
+    from .checkpoint.run_listing import runs
 
     try:
         summaries = runs(run_dir)

@@ -10,6 +10,23 @@ from __future__ import annotations
 import os
 import sys
 
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DistributedError",
+    "DivergenceError",
+    "HookError",
+    "MissingExtraError",
+    "NitroError",
+    "NitroWarning",
+    "NotYetSupportedError",
+    "Preempted",
+    "RoutingError",
+    "RunDirLockedError",
+    "StaleHandleWarning",
+    "StrippedHostError",
+]
+
 
 class NitroError(Exception):
     """Base of every error jaxnitro raises."""

@@ -32,7 +32,7 @@ def json_depth(data: bytes) -> int:
     Exact for valid JSON; for invalid JSON, at least the depth a parser reaches
     before it stops at the first error.
 
-    Example:
+    Examples:
         >>> json_depth(b'{"a": [[1, 2], "]]]]"]}')
         3
     """
@@ -64,7 +64,7 @@ def loads_bounded(data: bytes, *, max_bytes: int, max_depth: int, what: str) -> 
         JSONRefused: over a limit, not UTF-8, not valid JSON, or a repeated key;
             the message names `what`, the limit or the parser's position.
 
-    Example:
+    Examples:
         >>> loads_bounded(b'{"a": [1]}', max_bytes=100, max_depth=4, what="x")
         {'a': [1]}
         >>> loads_bounded(b"[" * 50, max_bytes=100, max_depth=4, what="the body")

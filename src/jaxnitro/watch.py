@@ -22,6 +22,8 @@ import numpy as np
 
 from .errors import CheckpointError, ConfigError
 
+__all__ = ["check_control_readback"]
+
 NONFINITE_OUTPUTS = "nonfinite_outputs"
 """The key an eval pass adds to its metrics, with the count, when forward's outputs
 held NaN or infinite values (absent from a clean pass)."""
@@ -35,7 +37,7 @@ def check_control_readback(value: Any, what: str, name: str) -> float:
     device scalar). Text is refused even when it would parse ("0.93", b"0.5"), and so
     is a complex number, whose imaginary part float() would drop.
 
-    Example:
+    Examples:
         >>> check_control_readback(0.5, "checkpoint metric", "acc")
         0.5
         >>> check_control_readback("0.93", "checkpoint metric", "acc")

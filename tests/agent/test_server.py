@@ -92,7 +92,7 @@ async def train_stop_history_export(client, root):
 def test_the_in_process_client_drives_a_run_end_to_end(tmp_path):
     root = make_root(tmp_path)
     tools = AgentTools(root)
-    nx.cache_reset()
+    nx.compile.cache_reset()
 
     async def main():
         async with Client(build_server(tools)) as client:

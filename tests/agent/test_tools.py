@@ -28,7 +28,7 @@ def wait_for(tools, run_id, done, timeout=60.0):
 
 
 def test_train_returns_at_once_and_status_follows_the_run(tools):
-    nx.cache_reset()  # a cold cache, so the run compiles (and shows it)
+    nx.compile.cache_reset()  # a cold cache, so the run compiles (and shows it)
     started = tools.train("tiny_agent.py:TinyAgent", keywords={"max_epochs": 2})
     assert (started["run"], started["state"]) == ("r1", "starting")
     status = finish(tools, "r1")

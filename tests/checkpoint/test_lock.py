@@ -190,7 +190,7 @@ def test_a_process_refused_by_the_lock_writes_nothing_into_the_run_dir(run_dir, 
 
 
 def test_a_verb_other_than_train_logs_the_setup_lines_first(run_dir):
-    record = nx.find_latest(None, run_dir)
+    record = nx.checkpoint.find_latest(None, run_dir)
     nitro = nx.Nitro(Tiny(), run_dir=run_dir, weights=record)
     log = Path(run_dir) / "metrics.jsonl"
     assert not log.exists()  # the directory was written with logger=None
@@ -203,7 +203,7 @@ def test_a_verb_other_than_train_logs_the_setup_lines_first(run_dir):
 
 
 def test_reading_a_locked_directory_needs_no_lock(run_dir, capsys):
-    record = nx.find_latest(None, run_dir)
+    record = nx.checkpoint.find_latest(None, run_dir)
     fd = foreign_lock(run_dir)
     try:
         reader = nx.Nitro(Tiny(), run_dir=run_dir, weights=record, logger=None)

@@ -30,7 +30,7 @@ from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.lookup import find_latest, selected_checkpoint
 from jaxnitro.checkpoint.manifest import read_manifest
 from jaxnitro.checkpoint.record import CheckpointRecord, save_record
-from jaxnitro.checkpoint.runs import checkpoint_run, runs
+from jaxnitro.checkpoint.run_listing import checkpoint_run, runs
 from jaxnitro.checkpoint.selectors import Best, Epochs, Every, Last
 from jaxnitro.checkpoint.source_checks import check_source
 from jaxnitro.checkpoint.sources import (

@@ -47,7 +47,7 @@ class StepRecorder(QuietLogger):
 
 
 def test_two_epochs_compile_nothing_after_the_first_step():
-    nx.cache_reset()
+    nx.compile.cache_reset()
     recorder = StepRecorder()
     nitro = nx.Nitro(
         Tiny(max_epochs=2, width=20),
@@ -195,7 +195,7 @@ def test_accum_recompiles_only_the_train_step():
 def test_cache_reset_empties_and_counts():
     nx.Nitro(Tiny(), **quiet()).validate()
     assert nx.cache_stats()["entries"] > 0
-    nx.cache_reset()
+    nx.compile.cache_reset()
     assert nx.cache_stats() == {"hits": 0, "misses": 0, "entries": 0}
     nx.Nitro(Tiny(), **quiet()).validate()
     assert nx.cache_stats()["misses"] == 3  # forward; the loss at widths 16 and 8
@@ -263,7 +263,7 @@ def test_an_unknown_compile_option_is_refused_before_any_program_compiles():
         def build_data(self, dist):
             raise AssertionError("setup built the data before refusing the options")
 
-    nx.cache_reset()
+    nx.compile.cache_reset()
     with pytest.raises(
         nx.ConfigError, match="^compile_options were refused by XLA: .*xla_no_such"
     ):

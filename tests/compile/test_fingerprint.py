@@ -335,7 +335,7 @@ def test_a_level_two_optimizer_reading_self_is_keyed_by_what_it_reads():
     plain = trained(Momentum)
     Momentum.momentum = lambda self: 0.9
     heavy = trained(Momentum)
-    nx.cache_reset()
+    nx.compile.cache_reset()
     fresh = trained(Momentum)
     for b, c in zip(heavy, fresh, strict=True):
         np.testing.assert_array_equal(b, c)  # the edited method took effect
@@ -746,7 +746,7 @@ def test_a_value_whose_attributes_raise_is_named_and_both_checks_say_so():
         f"to this value the programs that read it keep the value they were traced "
         f"with. Make it a value the fingerprint can read (numbers, strings, tuples, "
         f"dataclasses, NumPy arrays), pass it to the hook as an input, or call "
-        f"`nx.cache_reset()` after changing it.",
+        f"`nx.compile.cache_reset()` after changing it.",
         f"jaxnitro: the stale-handle check cannot see {reason}: a change to it will "
         f"not be reported. Rebuild the `Nitro` after changing it.",
     ]

@@ -41,7 +41,7 @@ def test_each_epoch_is_a_fresh_permutation_fixed_by_seed_and_epoch():
     np.testing.assert_array_equal(np.concatenate([b["x"] for b in again]), second)
     batch = source.batch_at(2, source.plan_for(0))
     np.testing.assert_array_equal(batch["z"], batch["x"] * 2)  # rows stay paired
-    nx.check_batch_at(nx.ArraySource(data, 8, seed=3), values=True)
+    nx.data.check_batch_at(nx.ArraySource(data, 8, seed=3), values=True)
     other = nx.ArraySource(data, 8, seed=4)
     assert not np.array_equal(np.concatenate([b["x"] for b in other]), first)
 

@@ -11,9 +11,9 @@ from jaxnitro.data.protocol import fanout_capable
 def test_a_list_is_sliced_and_a_wrapper_keeps_its_settings():
     batches = [{"x": np.full(2, i)} for i in range(5)]
     assert first_batches(batches, 2) == batches[:2]
-    wrapped = nx.PrefetchIterator(batches, workers=1, device_batches=2)
+    wrapped = nx.data.PrefetchIterator(batches, workers=1, device_batches=2)
     cut = first_batches(wrapped, 3)
-    assert isinstance(cut, nx.PrefetchIterator) and cut.device_batches == 2
+    assert isinstance(cut, nx.data.PrefetchIterator) and cut.device_batches == 2
     assert len(cut) == 3 and len(wrapped) == 5  # the original is not changed
 
 

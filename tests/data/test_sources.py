@@ -98,7 +98,7 @@ class CountsPlans:
 
 @pytest.mark.parametrize(
     "wrap",
-    [lambda s: s, lambda s: nx.PrefetchIterator(s, workers=1), nx.NoPrefetch],
+    [lambda s: s, lambda s: nx.data.PrefetchIterator(s, workers=1), nx.data.NoPrefetch],
     ids=["fanout", "single", "inline"],
 )
 def test_setup_draws_one_plan_so_n_epochs_see_n_plus_one(wrap):
@@ -138,7 +138,7 @@ class PlansInIter:
 @pytest.mark.parametrize("inline", [False, True], ids=["single", "inline"])
 def test_a_source_with_batch_at_alone_is_iterated_at_setup_and_every_epoch(inline):
     source = PlansInIter()
-    split = nx.NoPrefetch(source) if inline else source
+    split = nx.data.NoPrefetch(source) if inline else source
     if inline:
         nitro = nx.Nitro(
             Tiny(max_epochs=2), data={"train": split}, logger=None, checkpointer=None
@@ -194,9 +194,9 @@ class CountsCalls(CountsPlans):
 @pytest.mark.parametrize(
     ("wrap", "iters"),
     [
-        (lambda s: nx.PrefetchIterator(s, workers=2), 1),
-        (lambda s: nx.PrefetchIterator(s, workers=1), 3),
-        (nx.NoPrefetch, 3),
+        (lambda s: nx.data.PrefetchIterator(s, workers=2), 1),
+        (lambda s: nx.data.PrefetchIterator(s, workers=1), 3),
+        (nx.data.NoPrefetch, 3),
     ],
     ids=["fanout", "single", "inline"],
 )
@@ -227,7 +227,7 @@ def test_a_sources_own_check_source_options_runs_at_setup_for_every_split():
     data = Tiny().build_data(None)
     split = {
         "train": Checked(data["train"]),
-        "val": nx.NoPrefetch(Checked(data["val"])),
+        "val": nx.data.NoPrefetch(Checked(data["val"])),
     }
     nx.Nitro(Tiny(), data=split, logger=None, checkpointer=None)
     assert calls == [("train", "materialized"), ("val", "inline")]
@@ -238,18 +238,18 @@ def test_a_sources_own_check_source_options_runs_at_setup_for_every_split():
             logger=None,
             checkpointer=None,
         )
-    nx.check_source_options(Checked(), "test", nx.prefetch_config(Checked()))
+    nx.data.check_source_options(Checked(), "test", nx.data.prefetch_config(Checked()))
     assert calls[-1] == ("test", "materialized")
 
 
 def test_the_data_api_the_spec_lists_is_public():
     from jaxnitro.data import prefetch, protocol, sources, stream
 
-    assert nx.check_source_options is sources.check_source_options
-    assert nx.epoch_token is protocol.epoch_token
-    assert nx.PrefetchStream is stream.PrefetchStream
-    assert nx.batch_stream is prefetch.batch_stream
-    assert nx.eval_stream is prefetch.eval_stream
+    assert nx.data.check_source_options is sources.check_source_options
+    assert nx.data.epoch_token is protocol.epoch_token
+    assert nx.data.PrefetchStream is stream.PrefetchStream
+    assert nx.data.batch_stream is prefetch.batch_stream
+    assert nx.data.eval_stream is prefetch.eval_stream
 
 
 @pytest.mark.parametrize("split, flags", [("train", "True"), ("val", "False")])

@@ -56,7 +56,7 @@ def test_config_metadata_has_type_default_kind_doc_and_line():
         "max_epochs",
         "name",
     ]
-    assert meta["width"] == nx.FieldMeta(
+    assert meta["width"] == nx.experiment.FieldMeta(
         type=int,
         default=128,
         kind="graphconst",
@@ -77,7 +77,7 @@ def test_required_field_reports_no_default():
         seed: int
         width: nx.GraphConst[int]
 
-    assert nx.config_metadata(Required)["width"].default is nx.NO_DEFAULT
+    assert nx.config_metadata(Required)["width"].default is nx.experiment.NO_DEFAULT
     assert Required(seed=3, width=2).seed == 3
     with pytest.raises(TypeError):
         Required(width=2)  # type: ignore[call-arg]
@@ -240,7 +240,7 @@ def test_stripped_host_stays_silent_when_stored_copied_or_compared():
 
 
 def test_graphconst_hashable_by_content_passes():
-    nx.assert_graphconst_hashable(Marked(layers=(1, 2)))
+    nx.experiment.assert_graphconst_hashable(Marked(layers=(1, 2)))
 
 
 def test_graphconst_hashed_by_identity_is_refused():
@@ -252,7 +252,7 @@ def test_graphconst_hashed_by_identity_is_refused():
         cfg: nx.GraphConst[object] = None
 
     with pytest.raises(nx.ConfigError, match="`cfg` of Nested holds a Config") as info:
-        nx.assert_graphconst_hashable(Nested(cfg=Config()))
+        nx.experiment.assert_graphconst_hashable(Nested(cfg=Config()))
     assert "flatten it into separate fields" in str(info.value)
     assert "identity" in str(info.value)
 
@@ -266,9 +266,9 @@ def test_graphconst_unhashable_is_refused():
         cfg: nx.GraphConst[object] = None
 
     with pytest.raises(nx.ConfigError, match="does not hash"):
-        nx.assert_graphconst_hashable(Nested(cfg=Mutable([1])))
+        nx.experiment.assert_graphconst_hashable(Nested(cfg=Mutable([1])))
     with pytest.raises(nx.ConfigError, match="does not hash"):
-        nx.assert_graphconst_hashable(Nested(cfg=np.ones(3)))
+        nx.experiment.assert_graphconst_hashable(Nested(cfg=np.ones(3)))
 
 
 def test_a_graphconst_nan_equals_itself_as_in_the_cache_key():
@@ -277,7 +277,7 @@ def test_a_graphconst_nan_equals_itself_as_in_the_cache_key():
         pair: nx.GraphConst[tuple] = (1.0, 2.0)
 
     nan = Threshold(cut=float("nan"), pair=(1.0, float("nan")))
-    nx.assert_graphconst_hashable(nan)
+    nx.experiment.assert_graphconst_hashable(nan)
     # a resume compares the record's values, read back from JSON, with today's
     again = Threshold(cut=float("nan"), pair=(1.0, float("nan")))
     stored = json.loads(json.dumps(graphconst_record(nan), allow_nan=False))
@@ -298,7 +298,7 @@ def test_graphconst_that_differs_from_its_copy_is_refused_with_that_reason():
     with pytest.raises(
         nx.ConfigError, match="It does not compare equal to a copy of itself"
     ):
-        nx.assert_graphconst_hashable(Nested(cfg=Never()))
+        nx.experiment.assert_graphconst_hashable(Nested(cfg=Never()))
 
 
 def test_the_class_docstring_gains_a_marker_table():

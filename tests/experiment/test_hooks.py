@@ -100,11 +100,11 @@ def test_set_config_report_silences_it():
     cls = fresh_class()
     nitro = nx.Nitro(cls(), **quiet())
     cls.seed = lambda self: 7
-    previous = nx.set_config_report(False)
+    previous = nx.observe.set_config_report(False)
     try:
         nitro.validate()
     finally:
-        nx.set_config_report(previous)
+        nx.observe.set_config_report(previous)
 
 
 def test_repr_lists_the_frozen_values(tmp_path):

@@ -117,7 +117,7 @@ def test_an_undeclared_field_is_never_transferred():
 
     from jaxnitro.compile.cache import program_cache
 
-    nx.cache_reset()
+    nx.compile.cache_reset()
     nitro = nx.Nitro(WithNames(max_epochs=1), **quiet())
     nitro.train()
     nitro.predict(make_batches(16, 16, extra=True)[0])

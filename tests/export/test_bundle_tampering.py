@@ -65,7 +65,7 @@ def refused(path, error, field, match):
     with pytest.raises(error, match=match) as info:
         nx.load_bundle(path)
     assert info.value.field == field
-    assert issubclass(error, nx.BundleError)
+    assert issubclass(error, nx.export.BundleError)
     return info.value
 
 
@@ -73,7 +73,7 @@ def test_an_empty_files_table_does_not_turn_the_checksums_off(bundle):
     tamper(bundle, lambda m: m.update(files={}))
     error = refused(
         bundle,
-        nx.BundleManifestError,
+        nx.export.BundleManifestError,
         "files",
         r"manifest.json: files has no sha256 for 'program_b1.jaxexport' "
         r"\(programs\['1'\]\); every file a bundle needs is listed",
@@ -92,7 +92,10 @@ def test_an_empty_files_table_does_not_turn_the_checksums_off(bundle):
 def test_every_needed_file_must_be_checksummed(bundle, name, field):
     tamper(bundle, lambda m: m["files"].pop(name))
     refused(
-        bundle, nx.BundleManifestError, "files", rf"no sha256 for '{name}' \({field}\)"
+        bundle,
+        nx.export.BundleManifestError,
+        "files",
+        rf"no sha256 for '{name}' \({field}\)",
     )
 
 
@@ -107,7 +110,7 @@ def test_a_program_outside_the_folder_is_refused_by_name(bundle):
     tamper(bundle, point_out)
     refused(
         bundle,
-        nx.BundlePathError,
+        nx.export.BundlePathError,
         "programs['1']",
         r"programs\['1'\] is '../outside.jaxexport', which is not a path inside "
         r"the bundle's folder .*without '\.\.' or a leading '/'",
@@ -116,15 +119,21 @@ def test_a_program_outside_the_folder_is_refused_by_name(bundle):
 
 def test_weights_outside_the_folder_and_absolute_paths_are_refused(bundle):
     tamper(bundle, lambda m: m["weights"].update(file="sub/../../w.safetensors"))
-    refused(bundle, nx.BundlePathError, "weights.file", r"weights.file is 'sub/")
+    refused(bundle, nx.export.BundlePathError, "weights.file", r"weights.file is 'sub/")
     tamper(bundle, lambda m: m["weights"].update(file="/etc/passwd"))
-    refused(bundle, nx.BundlePathError, "weights.file", r"is '/etc/passwd', which")
+    refused(
+        bundle, nx.export.BundlePathError, "weights.file", r"is '/etc/passwd', which"
+    )
     tamper(bundle, lambda m: m["weights"].update(file="weights.safetensors"))
     tamper(bundle, lambda m: m["files"].update({"../notes.txt": "0" * 64}))
-    refused(bundle, nx.BundlePathError, "files['../notes.txt']", r"'\.\./notes.txt'")
+    refused(
+        bundle, nx.export.BundlePathError, "files['../notes.txt']", r"'\.\./notes.txt'"
+    )
     tamper(bundle, lambda m: m["files"].pop("../notes.txt"))
     tamper(bundle, lambda m: m.update(postprocess="post\x00.py"))
-    refused(bundle, nx.BundlePathError, "postprocess", r"postprocess is 'post\\x00")
+    refused(
+        bundle, nx.export.BundlePathError, "postprocess", r"postprocess is 'post\\x00"
+    )
 
 
 def test_a_symbolic_link_leaving_the_folder_is_refused(bundle):
@@ -134,7 +143,7 @@ def test_a_symbolic_link_leaving_the_folder_is_refused(bundle):
     os.symlink(outside, program)  # same bytes, same checksum: only the link differs
     refused(
         bundle,
-        nx.BundlePathError,
+        nx.export.BundlePathError,
         "programs['1']",
         rf"programs\['1'\] is 'program_b1.jaxexport', which resolves to "
         rf"{outside} through a symbolic link, outside the bundle's folder",
@@ -145,7 +154,7 @@ def test_a_symbolic_link_leaving_the_folder_is_refused(bundle):
     # ...but the b3 program is not the b1 program the manifest declares.
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "programs['1']",
         r"program_b1.jaxexport \(programs\['1'\]\) has the input 'x' as "
         r"float32\[3,8\], but the manifest declares float32\[batch, 8\] at batch "
@@ -158,7 +167,9 @@ def test_a_manifest_link_leaving_the_folder_is_refused(bundle):
     outside = os.path.join(os.path.dirname(bundle), "manifest.json")
     shutil.move(manifest, outside)
     os.symlink(outside, manifest)
-    refused(bundle, nx.BundlePathError, "the manifest", r"through a symbolic link")
+    refused(
+        bundle, nx.export.BundlePathError, "the manifest", r"through a symbolic link"
+    )
 
 
 def test_a_fifo_or_a_folder_in_place_of_a_file_is_refused(bundle):
@@ -167,14 +178,16 @@ def test_a_fifo_or_a_folder_in_place_of_a_file_is_refused(bundle):
     os.mkfifo(weights)  # reading it would block forever
     refused(
         bundle,
-        nx.BundleFileMissingError,
+        nx.export.BundleFileMissingError,
         "files['weights.safetensors']",
         r"weights.safetensors is missing \(or not a regular file\)",
     )
     manifest = os.path.join(bundle, "manifest.json")
     os.remove(manifest)
     os.mkdir(manifest)
-    refused(bundle, nx.BundleManifestError, None, r"manifest.json is not a regular")
+    refused(
+        bundle, nx.export.BundleManifestError, None, r"manifest.json is not a regular"
+    )
 
 
 @pytest.mark.parametrize(
@@ -192,7 +205,7 @@ def test_a_manifest_that_is_no_json_object_is_refused(bundle, text, match):
     data = text if isinstance(text, bytes) else text.encode()
     with open(os.path.join(bundle, "manifest.json"), "wb") as f:
         f.write(data)
-    with pytest.raises(nx.BundleManifestError, match=match) as info:
+    with pytest.raises(nx.export.BundleManifestError, match=match) as info:
         nx.load_bundle(bundle)
     assert info.value.file.endswith("manifest.json")
 
@@ -203,7 +216,7 @@ def test_a_manifest_over_the_size_limit_is_refused_before_it_is_read(
     monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 512)
     refused(
         bundle,
-        nx.BundleManifestError,
+        nx.export.BundleManifestError,
         None,
         r"manifest.json is \d+ bytes; a manifest is at most 512",
     )
@@ -270,15 +283,19 @@ SCHEMA = [
 @pytest.mark.parametrize(("change", "field", "match"), SCHEMA)
 def test_schema_violations_name_the_field(bundle, change, field, match):
     tamper(bundle, change)
-    error = refused(bundle, nx.BundleManifestError, field, match)
+    error = refused(bundle, nx.export.BundleManifestError, field, match)
     assert "export the bundle again" in str(error)
 
 
 def test_format_and_version_types_are_checked(bundle):
     tamper(bundle, lambda m: m.update(format_version=True))
-    refused(bundle, nx.BundleVersionError, "format", r"version True; this jaxnitro")
+    refused(
+        bundle, nx.export.BundleVersionError, "format", r"version True; this jaxnitro"
+    )
     tamper(bundle, lambda m: m.update(format_version=0))
-    refused(bundle, nx.BundleVersionError, "format_version", r"versions start at 1")
+    refused(
+        bundle, nx.export.BundleVersionError, "format_version", r"versions start at 1"
+    )
 
 
 def test_an_altered_program_with_its_checksum_updated_is_a_named_error(bundle):
@@ -288,7 +305,7 @@ def test_an_altered_program_with_its_checksum_updated_is_a_named_error(bundle):
     rehash(bundle, "program_dynamic.jaxexport")
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "programs['dynamic']",
         r"program_dynamic.jaxexport \(programs\['dynamic'\]\) is not a readable "
         r"jax.export program \(struct.error: unpack_from requires.*altered after "
@@ -303,7 +320,7 @@ def test_altered_weights_with_their_checksum_updated_are_a_named_error(bundle):
     rehash(bundle, "weights.safetensors")
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "weights.file",
         r"weights.safetensors is not a readable safetensors file",
     )
@@ -315,14 +332,14 @@ def test_weight_keys_and_shapes_must_match_the_programs(bundle):
     tamper(bundle, lambda m: m["weights"].update(keys=[*keys[:-1], "['params']['zz']"]))
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "weights.keys",
         r"holds no tensor \"\['params'\]\['zz'\]\", which the manifest lists",
     )
     tamper(bundle, lambda m: m["weights"].update(keys=keys[::-1]))
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "programs['1']",
         r"takes the weight \"\['params'\]\['w2'\]\" as float32\[16\], but the "
         r"weights file holds float32\[16, 3\]",
@@ -330,7 +347,7 @@ def test_weight_keys_and_shapes_must_match_the_programs(bundle):
     tamper(bundle, lambda m: m["weights"].update(keys=keys[:-1]))
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "programs['1']",
         r"takes 4 arguments, but the manifest gives it 2 weight tensors and 1 wire",
     )
@@ -340,7 +357,7 @@ def test_a_changed_output_dtype_disagrees_with_the_program(bundle):
     tamper(bundle, lambda m: m["outputs"][0].update(dtype="float16"))
     refused(
         bundle,
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         "programs['1']",
         r"has the output 'logits' as float32\[1,3\], but the manifest declares "
         r"float16\[batch, 3\]",
@@ -376,7 +393,7 @@ def test_every_manifest_value_replaced_gives_a_bundle_error_or_loads(bundle):
             try:
                 nx.load_bundle(bundle)
                 outcome = "loads"
-            except nx.BundleError as error:
+            except nx.export.BundleError as error:
                 outcome = type(error).__name__
             outcomes[(path, repr(wrong))] = outcome
     assert len(outcomes) > 300

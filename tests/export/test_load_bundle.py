@@ -36,10 +36,12 @@ def edit_manifest(path, **changes):
 def test_newer_format_version_is_refused(bundle):
     _, path = bundle
     edit_manifest(path, format_version=2)
-    with pytest.raises(nx.BundleVersionError, match="format version 2, newer than"):
+    with pytest.raises(
+        nx.export.BundleVersionError, match="format version 2, newer than"
+    ):
         nx.load_bundle(path)
     edit_manifest(path, format="other")
-    with pytest.raises(nx.BundleVersionError, match="declares format 'other'"):
+    with pytest.raises(nx.export.BundleVersionError, match="declares format 'other'"):
         nx.load_bundle(path)
 
 
@@ -47,10 +49,10 @@ def test_missing_files_are_refused(bundle, tmp_path):
     _, path = bundle
     os.remove(os.path.join(path, "program_b3.jaxexport"))
     with pytest.raises(
-        nx.BundleFileMissingError, match=r"program_b3.jaxexport is miss"
+        nx.export.BundleFileMissingError, match=r"program_b3.jaxexport is miss"
     ):
         nx.load_bundle(path)
-    with pytest.raises(nx.BundleFileMissingError, match="is not a bundle"):
+    with pytest.raises(nx.export.BundleFileMissingError, match="is not a bundle"):
         nx.load_bundle(tmp_path)
 
 
@@ -59,10 +61,12 @@ def test_a_tampered_weights_file_is_refused(bundle):
     with open(os.path.join(path, "weights.safetensors"), "r+b") as f:
         f.seek(-4, os.SEEK_END)
         f.write(b"\x00\x00\x80\x7f")
-    with pytest.raises(nx.BundleChecksumError, match=r"weights.safetensors has sha256"):
+    with pytest.raises(
+        nx.export.BundleChecksumError, match=r"weights.safetensors has sha256"
+    ):
         nx.load_bundle(path)
-    assert issubclass(nx.BundleChecksumError, nx.BundleError)
-    assert issubclass(nx.BundleError, nx.NitroError)
+    assert issubclass(nx.export.BundleChecksumError, nx.export.BundleError)
+    assert issubclass(nx.export.BundleError, nx.NitroError)
 
 
 def test_on_a_default_platform_it_was_not_lowered_for_it_runs_on_one_it_was(
@@ -101,9 +105,9 @@ def test_a_bundle_for_no_platform_this_process_has_is_refused(tmp_path):
         f"again with StableHLOBundle(platforms=(..., {default!r})), or load the "
         "bundle in a process that has one of them (JAX_PLATFORMS)."
     )
-    with pytest.raises(nx.BundlePlatformError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(nx.export.BundlePlatformError, match=f"^{re.escape(message)}$"):
         nx.load_bundle(path)
-    assert issubclass(nx.BundlePlatformError, nx.BundleError)
+    assert issubclass(nx.export.BundlePlatformError, nx.export.BundleError)
 
 
 def test_inputs_are_checked_by_name_dtype_and_shape(bundle):
@@ -151,7 +155,7 @@ def test_checkpoint_provenance_and_git_diff_file(tmp_path):
 
 def test_git_provenance_outside_a_work_tree_warns_and_is_empty(tmp_path):
     with pytest.warns(nx.NitroWarning, match="is not inside a git work tree"):
-        assert nx.git_provenance(tmp_path) == {}
+        assert nx.export.git_provenance(tmp_path) == {}
     assert nx.site_provenance(nx.StableHLOBundle(), None) == {}
 
 

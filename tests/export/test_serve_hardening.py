@@ -372,7 +372,7 @@ def test_a_program_failing_its_warm_up_is_a_named_bundle_error(path, monkeypatch
 
     monkeypatch.setattr(type(model), "__call__", lambda self, **kw: broken(**kw))
     with pytest.raises(
-        nx.BundleProgramError,
+        nx.export.BundleProgramError,
         match=r"the program .*program_b1.jaxexport for batch size 1 fails on zeros "
         r"\(RuntimeError: INVALID_ARGUMENT: bad module\)",
     ):

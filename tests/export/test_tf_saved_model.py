@@ -85,7 +85,7 @@ def test_a_fresh_tensorflow_process_reproduces_predict(tmp_path):
     nitro = nx.Nitro(Exportable(max_epochs=1), **quiet())
     nitro.train()
     path = nx.export_model(
-        nitro, nx.TFSavedModel(), dir=tmp_path, name="tf", batch_sizes=[1, 3, 5]
+        nitro, nx.export.TFSavedModel(), dir=tmp_path, name="tf", batch_sizes=[1, 3, 5]
     )
     x = make_batches(7, 7, seed=8)[0]["x"]
     got, facts = load_in_fresh_process(path, {"x": x}, tmp_path)
@@ -123,7 +123,7 @@ def test_a_fresh_tensorflow_process_reproduces_predict(tmp_path):
 def test_wire_names_dtypes_echoes_and_the_postprocess_survive(tmp_path):
     nitro = nx.Nitro(Rich(), **quiet())
     path = nx.export_model(
-        nitro, nx.TFSavedModel(), dir=tmp_path, name="rich", batch_sizes=[2]
+        nitro, nx.export.TFSavedModel(), dir=tmp_path, name="rich", batch_sizes=[2]
     )
     pixels = np.arange(16, dtype=np.uint8).reshape(2, 8) * 15
     got, facts = load_in_fresh_process(path, {"pixels": pixels}, tmp_path)
@@ -147,13 +147,13 @@ def test_without_tensorflow_the_export_names_the_tf_extra(tmp_path, monkeypatch)
         nx.MissingExtraError,
         match=r"TFSavedModel needs the `tensorflow` package.*jaxnitro\[tf\]",
     ):
-        nx.export_model(nitro, nx.TFSavedModel(), dir=tmp_path, name="tf")
+        nx.export_model(nitro, nx.export.TFSavedModel(), dir=tmp_path, name="tf")
     assert os.listdir(tmp_path) == []  # nothing half-written
 
 
 def test_platforms_are_checked_when_constructed():
-    assert repr(nx.TFSavedModel()) == "TFSavedModel(platforms=('cpu',))"
+    assert repr(nx.export.TFSavedModel()) == "TFSavedModel(platforms=('cpu',))"
     with pytest.raises(nx.ConfigError, match=r"platforms=\('gpu',\).*cpu, cuda"):
-        nx.TFSavedModel(platforms=("gpu",))
+        nx.export.TFSavedModel(platforms=("gpu",))
     with pytest.raises(nx.ConfigError, match="at least one is needed"):
-        nx.TFSavedModel(platforms=())
+        nx.export.TFSavedModel(platforms=())

@@ -371,7 +371,7 @@ def test_evaluation_pads_on_the_prefetch_thread_and_hooks_see_unpadded_batches(
             val = make_batches(40, 16, seed=1)
             return {
                 "train": make_batches(64, 16),
-                "val": nx.PrefetchIterator(FannedOut(val), workers=2),
+                "val": nx.data.PrefetchIterator(FannedOut(val), workers=2),
             }
 
     class Listed(Counting):

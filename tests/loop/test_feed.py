@@ -70,7 +70,7 @@ def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does(
         nitro.train()
         return source.seeks, jax.tree.leaves(nitro.parameters)
 
-    inline_seeks, inline = trained(nx.NoPrefetch)
+    inline_seeks, inline = trained(nx.data.NoPrefetch)
     stream_seeks, streamed = trained(lambda s: s)
     assert inline_seeks[-3:] == stream_seeks[-3:] == [0, 1, 2]
     for a, b in zip(inline, streamed, strict=True):
@@ -85,7 +85,7 @@ def test_a_staged_batch_is_split_over_the_mesh(monkeypatch, evaluation):
 
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
     placement = Placement.build(n_devs=4, mode="replicated")
-    source = nx.auto_prefetch({"s": make_batches(32, 16)})["s"]
+    source = nx.data.auto_prefetch({"s": make_batches(32, 16)})["s"]
     if evaluation:
         opened = feed.open_eval_feed(
             source, select=lambda keys: ("x",), width=16, name="s", placement=placement

@@ -25,7 +25,7 @@ class Shuffled(Tiny):
         train = grain.MapDataset.source(samples(64)).shuffle(seed=3).batch(16)
         val = grain.MapDataset.source(samples(24, seed=1)).batch(16)
         return {
-            "train": nx.PrefetchIterator(train, workers=self.workers),
+            "train": nx.data.PrefetchIterator(train, workers=self.workers),
             "val": val,
         }
 
@@ -56,7 +56,10 @@ def test_the_fanout_path_and_the_inline_path_train_the_same(tmp_path):
     class Inline(Shuffled):
         def build_data(self, dist):
             data = Shuffled.build_data(self, dist)
-            return {"train": nx.NoPrefetch(data["train"].source), "val": data["val"]}
+            return {
+                "train": nx.data.NoPrefetch(data["train"].source),
+                "val": data["val"],
+            }
 
     inline = nx.Nitro(Inline(max_epochs=2), logger=None, checkpointer=None)
     assert inline.prepared.prefetch["train"].path == "inline"
@@ -97,7 +100,7 @@ def test_device_memory_holds_a_bounded_number_of_batches(monkeypatch, staged):
     class Staged(TinyMetrics):
         def build_data(self, dist):
             return {
-                name: nx.PrefetchIterator(
+                name: nx.data.PrefetchIterator(
                     FannedOut(make_batches(n, 16, seed=seed)),
                     workers=2,
                     device_batches=staged,
@@ -158,9 +161,9 @@ def accumulated(nitro):
 @pytest.mark.parametrize(
     "wrap",
     [
-        lambda s: nx.PrefetchIterator(s, workers=2),
-        lambda s: nx.PrefetchIterator(s, workers=1),
-        nx.NoPrefetch,
+        lambda s: nx.data.PrefetchIterator(s, workers=2),
+        lambda s: nx.data.PrefetchIterator(s, workers=1),
+        nx.data.NoPrefetch,
     ],
     ids=["fanout", "single", "inline"],
 )
@@ -191,7 +194,7 @@ def test_an_epoch_that_runs_short_mid_step_leaves_no_gradient_behind():
 
     nitro = nx.Nitro(
         Tiny(max_epochs=1),
-        data={"train": nx.NoPrefetch(Short([4]))},
+        data={"train": nx.data.NoPrefetch(Short([4]))},
         accum=2,
         logger=None,
         checkpointer=None,
@@ -235,7 +238,7 @@ def test_an_early_exit_does_not_wait_for_workers_inside_a_slow_batch_at(phase):
     # Training may read a block of 8 batches before its first call (staged as on
     # an accelerator): the stall starts after it, where the workers read ahead.
     stall_from = 8 if phase == "train" and feed.stages_on_device() else 2
-    stalled = nx.PrefetchIterator(
+    stalled = nx.data.PrefetchIterator(
         Stalling(make_batches(256, 16), release, stall_from), workers=3
     )
     if phase == "train":

@@ -265,7 +265,7 @@ class Streamed(Tiny):
 
     def build_data(self, dist):
         train = grain.MapDataset.source(samples(16 * 7)).shuffle(seed=3).batch(16)
-        return {"train": nx.PrefetchIterator(train, workers=2)}
+        return {"train": nx.data.PrefetchIterator(train, workers=2)}
 
 
 def test_the_prefetch_stream_feeds_calls_as_it_feeds_steps():

@@ -253,7 +253,7 @@ class Shrinking:
 def test_an_epoch_that_delivers_other_than_len_batches_is_refused(source, accum):
     class Short(Tiny):
         def build_data(self, dist):
-            return {"train": nx.PrefetchIterator(source(), workers=1)}
+            return {"train": nx.data.PrefetchIterator(source(), workers=1)}
 
     nitro = nx.Nitro(Short(max_epochs=2), accum=accum, **quiet())
     with pytest.raises(

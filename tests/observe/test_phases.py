@@ -20,7 +20,7 @@ def names(events):
 
 
 def test_a_whole_run_publishes_its_phases_in_order():
-    nx.cache_reset()  # compile phases appear only when something compiles
+    nx.compile.cache_reset()  # compile phases appear only when something compiles
     events = []
     handle = nx.register_phase_monitor(
         lambda phase, step, epoch, info: events.append((phase, step, epoch, dict(info)))
@@ -64,12 +64,12 @@ def test_a_whole_run_publishes_its_phases_in_order():
 
 
 def test_progress_counter_counts_steps_and_eval_batches():
-    before = nx.progress_counter()
+    before = nx.observe.progress_counter()
     nitro = nx.Nitro(Tiny(max_epochs=1), **quiet())
     nitro.train()  # 4 optimizer steps and 2 val batches
-    assert nx.progress_counter() - before == 6
+    assert nx.observe.progress_counter() - before == 6
     nitro.evaluate(split="test")  # 3 batches
-    assert nx.progress_counter() - before == 9
+    assert nx.observe.progress_counter() - before == 9
 
 
 def test_phase_is_starting_until_the_first_transition_and_keeps_how_a_run_ended():
@@ -77,7 +77,7 @@ def test_phase_is_starting_until_the_first_transition_and_keeps_how_a_run_ended(
     assert isinstance(nitro.phase, nx.Starting)
     nitro.train()
     assert isinstance(nitro.phase, nx.Done)
-    assert not nx.work_in_flight()
+    assert not nx.observe.work_in_flight()
 
 
 def test_a_stop_request_ends_with_the_call_that_honoured_it():

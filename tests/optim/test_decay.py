@@ -64,7 +64,7 @@ def test_no_decay_mask_changes_compile_nothing():
             return 0.1
 
         def no_decay(self, keypath, leaf):
-            return nx.default_no_decay(keypath, leaf) and not self.decay_biases
+            return nx.optim.default_no_decay(keypath, leaf) and not self.decay_biases
 
     first = nx.Nitro(Decayed(max_epochs=3), **quiet())
     first.train()
@@ -118,7 +118,7 @@ def test_zero_decay_emits_no_decay_and_zero_anchor_no_subtraction():
         def weight_decay(self, group=None):
             return 0.1
 
-    nx.cache_reset()
+    nx.compile.cache_reset()
     plain = nx.Nitro(OneBatch(max_epochs=1), **quiet())
     decayed = nx.Nitro(Decayed(max_epochs=1), **quiet())
     plain.train()

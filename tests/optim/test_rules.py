@@ -246,7 +246,7 @@ def test_a_declared_nonschedulable_field_is_refused():
             return clipped_sgd
 
     assert nx.nonschedulable(clipped_sgd) == ()
-    assert nx.declare_nonschedulable(clipped_sgd, "max_norm") is clipped_sgd
+    assert nx.optim.declare_nonschedulable(clipped_sgd, "max_norm") is clipped_sgd
     assert nx.nonschedulable(clipped_sgd) == ("max_norm",)
     with pytest.raises(
         nx.ConfigError,
@@ -255,16 +255,16 @@ def test_a_declared_nonschedulable_field_is_refused():
         r"functools.partial\(.*clipped_sgd, max_norm=...\)",
     ):
         nx.Nitro(Clipped(), schedules={"max_norm": 0.5}, **quiet())
-    nx.declare_nonschedulable(clipped_sgd)  # a declaration replaces the last one
+    nx.optim.declare_nonschedulable(clipped_sgd)  # a declaration replaces the last one
     assert nx.nonschedulable(clipped_sgd) == ()
     with pytest.raises(
         nx.ConfigError, match=r"clipped_sgd has no parameter `max_nrom`.*max_norm\."
     ):
-        nx.declare_nonschedulable(clipped_sgd, "max_nrom")
+        nx.optim.declare_nonschedulable(clipped_sgd, "max_nrom")
     with pytest.raises(nx.ConfigError, match="name each field by a string"):
-        nx.declare_nonschedulable(clipped_sgd, 3)
+        nx.optim.declare_nonschedulable(clipped_sgd, 3)
     with pytest.raises(nx.ConfigError, match="the first argument is the rule"):
-        nx.declare_nonschedulable(optax.sgd(0.1), "momentum")
+        nx.optim.declare_nonschedulable(optax.sgd(0.1), "momentum")
 
 
 def test_level2_that_returns_no_chain_is_refused_at_setup():

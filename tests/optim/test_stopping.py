@@ -50,12 +50,12 @@ def test_early_stopping_counters_resume(tmp_path):
 def test_a_control_readback_refuses_what_is_not_a_real_number(value):
     message = rf"`acc` is {re.escape(repr(value))}, not a real number \(it is a "
     with pytest.raises(nx.CheckpointError, match=message):
-        nx.check_control_readback(value, "checkpoint metric", "acc")
+        nx.watch.check_control_readback(value, "checkpoint metric", "acc")
     stopper = nx.EarlyStopping(metric="acc", mode="max", patience=1)
     with pytest.raises(nx.CheckpointError, match=message):
         stopper.should_stop(1, {"acc": value})
     for real in (True, 2, np.float32(0.5), jnp.asarray(0.5, jnp.bfloat16)):
-        assert nx.check_control_readback(real, "checkpoint metric", "acc") == real
+        assert nx.watch.check_control_readback(real, "checkpoint metric", "acc") == real
 
 
 def test_the_handle_holds_its_own_copy_of_the_stopping_policy():

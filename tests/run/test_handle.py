@@ -126,7 +126,9 @@ def test_a_source_is_released_only_after_the_workers_reading_it_finish():
 
     nitro = nx.Nitro(
         Tiny(max_epochs=1),
-        data={"train": nx.PrefetchIterator(Held(make_batches(128, 16)), workers=3)},
+        data={
+            "train": nx.data.PrefetchIterator(Held(make_batches(128, 16)), workers=3)
+        },
         logger=Stopper(1),
         checkpointer=None,
         log_every_n_steps=1,

@@ -90,7 +90,7 @@ def test_a_learning_rate_sweep_compiles_once_and_a_width_change_recompiles(
     wider = compile_run(str(path), Selection(sets=(("width", "32"),)))
     assert first.graph == again.graph != wider.graph
     assert [g.name for g in first.groups] == ["group-1", "default"]
-    nx.cache_reset()
+    nx.compile.cache_reset()
     run_file(str(path), Selection(sets=(("lr", "0.01"),)), run_dir=str(tmp_path / "a"))
     compiled = nx.cache_stats()["misses"]
     run_file(str(path), Selection(sets=(("lr", "0.05"),)), run_dir=str(tmp_path / "b"))

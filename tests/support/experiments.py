@@ -119,7 +119,7 @@ class TinyTrainAcc(Tiny):
         return {"train_acc": jnp.mean(logits.argmax(-1) == y.argmax(-1))}
 
 
-class QuietLogger(nx.Logger):
+class QuietLogger(nx.logging.Logger):
     """A logger whose verbs do nothing (the protocol's bodies, inherited by naming it
     as a base): subclass it and override what a test reads."""
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError, NitroError, NotYetSupportedError
 from ..experiment.base import Experiment
-from ..experiment.presets import from_preset
+from ..experiment.named_presets import from_preset
 from ..experiment.traits import NO_DEFAULT, config_metadata
 from ..experiment.view import check_field_names
 
@@ -228,7 +228,7 @@ def parse_override_text(cls: type[Experiment], key: str, text: str) -> Any:
             field's type is not a scalar one, or the text is not of its type (the
             field, the text and the type named).
 
-    Example:
+    Examples:
         >>> import jaxnitro as nx
         >>> class Exp(nx.Experiment):
         ...     width: nx.GraphConst[int] = 8

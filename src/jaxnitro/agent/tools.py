@@ -18,14 +18,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..checkpoint.runs import runs
+from ..checkpoint.run_listing import runs
 from ..compile.cache import cache_stats
 from ..devices.process import setup_devices
 from ..errors import ConfigError
 from ..export.bundle import StableHLOBundle
 from ..export.sequence import export_model
 from ..observe.counter import progress_counter
-from ..observe.history_table import history_table, render_text
+from ..observe.history_text import history_table, render_text
 from ..run.config import check_settings
 from ..run.handle import Nitro
 from .inputs import checked_batch

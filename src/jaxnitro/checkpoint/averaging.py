@@ -43,7 +43,7 @@ class Average:
         state: where the model state comes from: None (the best pick when the
             selector ranks, else the latest), "best" or "latest".
 
-    Example:
+    Examples:
         >>> Average(Last(10))
         Average(selector=Last(n=10), weight='uniform', state=None)
     """

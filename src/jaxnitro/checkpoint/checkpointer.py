@@ -133,7 +133,7 @@ class Checkpointer:
             "max"; `metric` without `mode`, or the reverse; a `scope` other than
             "run" or "dir"; a `name` that is not callable.
 
-    Example:
+    Examples:
         >>> Checkpointer(keep=(Best(3), Last(10)))  # the best 3 and the latest 10
         Checkpointer(keep=(Best(k=3, among=None), Last(n=10)), metric=None, mode=None)
         >>> Checkpointer(keep=Last(5)).keep  # a rolling window

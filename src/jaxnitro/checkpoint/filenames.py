@@ -20,7 +20,7 @@ def checkpoint_filename(
 
     The epoch comes first, zero-padded, so lexicographic order is training order.
 
-    Example:
+    Examples:
         >>> checkpoint_filename(epoch=6, step=4500, metric="loss", score=0.04168312)
         'epoch-0006-step-4500-loss=0.0416831.safetensors'
         >>> checkpoint_filename(epoch=6, step=4500)

@@ -104,7 +104,7 @@ class RecordHeader:
             name (object of strings).
         format_version: the record format, `FORMAT_VERSION` (integer).
 
-    Example:
+    Examples:
         >>> header = RecordHeader(
         ...     framework_version="0.1.0", experiment="exp.MyExp", epoch=2, step=8,
         ...     seed=42, preset=None, graphconst={"width": 8}, config={},

@@ -41,7 +41,7 @@ TRANSIENT_ERRNOS = frozenset(
 def is_transient_io(error: BaseException) -> bool:
     """Whether `error` is an I/O error that the same call may not raise again.
 
-    Example:
+    Examples:
         >>> import errno
         >>> is_transient_io(OSError(errno.EBUSY, "busy"))
         True
@@ -74,7 +74,7 @@ def with_io_retry(
         what: how the log names the operation.
         sleep: the wait function (tests pass a fake).
 
-    Example:
+    Examples:
         >>> with_io_retry(lambda: 42)
         42
     """

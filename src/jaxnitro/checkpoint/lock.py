@@ -105,7 +105,7 @@ class RunDirLock:
     (a second call does nothing). The process's lock is dropped when its last share
     is released, or when the process ends.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> directory = tempfile.mkdtemp()
         >>> first = lock_run_dir(directory, purpose="train")

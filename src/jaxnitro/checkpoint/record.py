@@ -221,7 +221,7 @@ def space_errno(error: BaseException) -> int | None:
     """The errno of `error` when it says the disk or quota is full or the file too
     large (an OSError, or safetensors' error wrapping one); else None.
 
-    Example:
+    Examples:
         >>> import errno
         >>> space_errno(OSError(errno.ENOSPC, "full")) == errno.ENOSPC
         True

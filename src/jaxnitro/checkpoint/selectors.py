@@ -66,7 +66,7 @@ class Selector:
         across_runs (bool): True for one that, under `Checkpointer(scope="dir")`,
             decides over every run's entries instead of this run's. Default False.
 
-    Example:
+    Examples:
         Selectors pick from manifest entries; here a run's three epochs:
 
         >>> from jaxnitro.checkpoint.checkpointer import Checkpointer
@@ -187,7 +187,7 @@ class Best(Selector):
         ConfigError: `k` is not an int >= 1 (a bool is refused), or `among` is not
             a selector.
 
-    Example:
+    Examples:
         >>> Best(3)
         Best(k=3, among=None)
         >>> Best(0)
@@ -240,7 +240,7 @@ class Last(Selector):
     Raises:
         ConfigError: `n` is not an int >= 1 (a bool is refused).
 
-    Example:
+    Examples:
         >>> Last(10)
         Last(n=10)
     """
@@ -272,7 +272,7 @@ class Epochs(Selector):
         ConfigError: `epochs` is not iterable; a number in a collection is not an
             int >= 1; there is no epoch at all (an empty range included).
 
-    Example:
+    Examples:
         >>> Epochs(range(10, 101, 10))
         Epochs(epochs=range(10, 101, 10))
         >>> Epochs([1, 2, 5])
@@ -327,7 +327,7 @@ class Every(Selector):
     Raises:
         ConfigError: `n` is not an int >= 1 (a bool is refused).
 
-    Example:
+    Examples:
         >>> from jaxnitro.checkpoint.checkpointer import Checkpointer
         >>> Checkpointer(keep=(Best(3), Every(10)))  # the best 3 and every 10th
         Checkpointer(keep=(Best(k=3, among=None), Every(n=10)), metric=None, mode=None)

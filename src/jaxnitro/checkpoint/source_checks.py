@@ -47,7 +47,7 @@ def check_source(source: Any, what: str, *, restore_optimizer: bool = False) -> 
     Raises:
         ConfigError: a source of the wrong shape, with the form to use.
 
-    Example:
+    Examples:
         >>> check_source(("latest", "best"), "weights")
         >>> check_source("best", "weights")
         Traceback (most recent call last):

@@ -65,7 +65,7 @@ def owned_copy(tree: Any) -> Any:
     first step. Host leaves become device arrays of the same dtype and weak type
     as `jnp.array` gives.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> owned_copy({"w": np.ones(2, np.float32)})["w"].dtype
         dtype('float32')

@@ -76,7 +76,7 @@ def typed_key(value: Any) -> Hashable:
     the value keys together with its type, recursively through containers, and a
     float keys by its repr (which also lets a NaN equal itself).
 
-    Example:
+    Examples:
         >>> typed_key((1, 2)) == typed_key((True, 2.0)), (1, 2) == (True, 2.0)
         (False, True)
     """
@@ -156,7 +156,7 @@ def program_cache() -> CompileCache:
 def cache_stats() -> dict[str, int]:
     """The compile cache counters: `{"hits": ..., "misses": ..., "entries": ...}`.
 
-    Example:
+    Examples:
         >>> sorted(cache_stats())
         ['entries', 'hits', 'misses']
     """

@@ -45,7 +45,7 @@ UNDIGESTABLE_IN_KEY = (
     "after a change to this value the programs that read it keep the value they were "
     "traced with. Make it a value the fingerprint can read (numbers, strings, "
     "tuples, dataclasses, NumPy arrays), pass it to the hook as an input, or call "
-    "`nx.cache_reset()` after changing it."
+    "`nx.compile.cache_reset()` after changing it."
 )
 UNDIGESTABLE_IN_STALE_CHECK = (
     "jaxnitro: the stale-handle check cannot see a {what}, reached from {where} "
@@ -389,7 +389,7 @@ def global_names(code: types.CodeType) -> frozenset[str]:
     LOAD_NAME), without the attribute and method names (LOAD_ATTR, LOAD_METHOD)
     that co_names holds beside them.
 
-    Example:
+    Examples:
         >>> def f(self):
         ...     return self.scale * SCALE
         >>> sorted(global_names(f.__code__)), sorted(f.__code__.co_names)
@@ -416,7 +416,7 @@ def fingerprint(*objects: Any, owner: type | None = None, contents: bool = True)
     was appended to. Cache keys keep the default, since a traced hook bakes in what
     it reads.
 
-    Example:
+    Examples:
         >>> def f(x): return x + 1
         >>> def g(x): return x + 2
         >>> fingerprint(f) == fingerprint(f), fingerprint(f) == fingerprint(g)

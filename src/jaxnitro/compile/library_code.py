@@ -51,7 +51,7 @@ _OWN_PACKAGE = __name__.partition(".")[0]
 def is_user_code(obj: Any) -> bool:
     """Whether `obj` is defined in the user's code rather than an installed library.
 
-    Example:
+    Examples:
         >>> import json
         >>> is_user_code(json.dumps), is_user_code(is_user_code)
         (False, False)

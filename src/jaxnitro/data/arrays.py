@@ -54,19 +54,19 @@ class ArraySource:
         seed: the shuffle seed. None (the default) adopts the run's seed when
             `Nitro` is built, so `Nitro(e, seed=...)` sets the data order too.
 
-    Example:
+    Examples:
 
-    >>> import numpy as np
-    >>> source = ArraySource({"x": np.arange(10.0)}, batch_size=4, seed=0)
-    >>> len(source), source.dropped_samples
-    (2, 2)
-    >>> xs = np.concatenate([batch["x"] for batch in source])
-    >>> len(xs), len(set(xs.tolist()))  # 8 distinct samples, in a shuffled order
-    (8, 8)
-    >>> evaluation = ArraySource({"x": np.arange(10.0)}, 4, shuffle=False,
-    ...                          drop_last=False)
-    >>> [b["x"].tolist() for b in evaluation][-1]
-    [8.0, 9.0]
+        >>> import numpy as np
+        >>> source = ArraySource({"x": np.arange(10.0)}, batch_size=4, seed=0)
+        >>> len(source), source.dropped_samples
+        (2, 2)
+        >>> xs = np.concatenate([batch["x"] for batch in source])
+        >>> len(xs), len(set(xs.tolist()))  # 8 distinct samples, in a shuffled order
+        (8, 8)
+        >>> evaluation = ArraySource({"x": np.arange(10.0)}, 4, shuffle=False,
+        ...                          drop_last=False)
+        >>> [b["x"].tolist() for b in evaluation][-1]
+        [8.0, 9.0]
     """
 
     def __init__(

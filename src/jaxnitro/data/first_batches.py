@@ -26,7 +26,7 @@ class FirstBatches:
     `epoch_token`, `release`, the source's own API) is the source's, so a source
     that fans out still does, reading batches `0..n-1` of each epoch's plan.
 
-    Example:
+    Examples:
         >>> cut = FirstBatches([{"x": [1]}, {"x": [2]}, {"x": [3]}], 2)
         >>> len(cut), [b["x"] for b in cut]
         (2, [[1], [2]])

@@ -55,8 +55,9 @@ def default_prefetch_workers() -> int:
     2 cores with a loader costing one step a batch (benchmarks/prefetch.py), the
     loop waited on data 4.2-9.6% of the epoch with 2 workers and 1.2-3.2% with 4.
 
-    >>> 3 <= default_prefetch_workers() <= 8
-    True
+    Examples:
+        >>> 3 <= default_prefetch_workers() <= 8
+        True
     """
     try:
         cores = len(os.sched_getaffinity(0))
@@ -125,7 +126,7 @@ class PrefetchIterator(SplitWrapper):
             to opt out); `host_batches` is below `workers`; `ordered` is not a
             bool; `source` is already wrapped.
 
-    Example:
+    Examples:
         >>> batches = [{"x": np.zeros((4, 2), np.float32)}] * 3
         >>> split = PrefetchIterator(batches, workers=2)
         >>> split
@@ -211,9 +212,10 @@ def _settings(split: Any) -> PrefetchIterator | NoPrefetch:
 def prefetch_config(split: Any) -> PrefetchConfig:
     """The prefetch settings and path `split` resolves to (a bare split: defaults).
 
-    >>> prefetch_config(NoPrefetch([]))  # doctest: +NORMALIZE_WHITESPACE
-    PrefetchConfig(device_batches=0, host_batches=0, workers=0, ordered=True,
-                   path='inline')
+    Examples:
+        >>> prefetch_config(NoPrefetch([]))  # doctest: +NORMALIZE_WHITESPACE
+        PrefetchConfig(device_batches=0, host_batches=0, workers=0, ordered=True,
+                       path='inline')
     """
     settings = _settings(split)
     if isinstance(settings, NoPrefetch):
@@ -243,9 +245,10 @@ def auto_prefetch(
     `NoPrefetch`. Eval splits included. Call at setup after derive, the schema probe
     and the contract checks, which see the collection as build_data returned it.
 
-    >>> wrapped = auto_prefetch({"train": [], "val": NoPrefetch([])})
-    >>> [type(s).__name__ for s in wrapped.values()]
-    ['PrefetchIterator', 'NoPrefetch']
+    Examples:
+        >>> wrapped = auto_prefetch({"train": [], "val": NoPrefetch([])})
+        >>> [type(s).__name__ for s in wrapped.values()]
+        ['PrefetchIterator', 'NoPrefetch']
     """
     return {
         name: split
@@ -267,8 +270,8 @@ _SINGLE_NO_TRAIT = (
     "plan` (re-plan the epoch: shuffle, draw augmentation seeds) and `batch_at(self, "
     "i, plan=None) -> batch` (i is a BATCH index in range(len(source)), not a sample "
     "offset), have `__iter__` call begin_epoch, and verify them with "
-    "jaxnitro.check_batch_at(source, values=True). A grain.MapDataset and a list of "
-    "built batches need nothing. To keep one producer on purpose, pass "
+    "jaxnitro.data.check_batch_at(source, values=True). A grain.MapDataset and a list "
+    "of built batches need nothing. To keep one producer on purpose, pass "
     "PrefetchIterator(source, workers=1)."
 )
 

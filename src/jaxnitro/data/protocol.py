@@ -67,27 +67,29 @@ class BatchSource(Protocol):
 class IndexedSource(BatchSource, Protocol):
     """A source with the fan-out trait: batch `i` of an epoch on demand.
 
-    Example, a loader over arrays `x` (float32[N, ...]) whose plan is a permutation:
+    Examples:
+        A loader over arrays `x` (float32[N, ...]) whose plan is a permutation:
 
-    >>> import numpy as np
-    >>> class Loader:
-    ...     def __init__(self, x, batch_size, seed):
-    ...         self.x, self.bs, self.seed, self.epoch_token = x, batch_size, seed, 0
-    ...     def __len__(self):
-    ...         return len(self.x) // self.bs
-    ...     def begin_epoch(self):
-    ...         rng = np.random.default_rng((self.seed, self.epoch_token))
-    ...         self.epoch_token += 1
-    ...         return rng.permutation(len(self.x))
-    ...     def batch_at(self, i, plan=None):
-    ...         rows = plan[i * self.bs : (i + 1) * self.bs]  # i counts BATCHES
-    ...         return {"x": self.x[rows]}
-    ...     def __iter__(self):
-    ...         plan = self.begin_epoch()
-    ...         return (self.batch_at(i, plan) for i in range(len(self)))
-    >>> loader = Loader(np.arange(10.0), batch_size=4, seed=0)
-    >>> fanout_capable(loader), len(loader)
-    (True, 2)
+        >>> import numpy as np
+        >>> class Loader:
+        ...     def __init__(self, x, batch_size, seed):
+        ...         self.x, self.bs, self.seed = x, batch_size, seed
+        ...         self.epoch_token = 0
+        ...     def __len__(self):
+        ...         return len(self.x) // self.bs
+        ...     def begin_epoch(self):
+        ...         rng = np.random.default_rng((self.seed, self.epoch_token))
+        ...         self.epoch_token += 1
+        ...         return rng.permutation(len(self.x))
+        ...     def batch_at(self, i, plan=None):
+        ...         rows = plan[i * self.bs : (i + 1) * self.bs]  # i counts BATCHES
+        ...         return {"x": self.x[rows]}
+        ...     def __iter__(self):
+        ...         plan = self.begin_epoch()
+        ...         return (self.batch_at(i, plan) for i in range(len(self)))
+        >>> loader = Loader(np.arange(10.0), batch_size=4, seed=0)
+        >>> fanout_capable(loader), len(loader)
+        (True, 2)
     """
 
     def begin_epoch(self) -> Any: ...
@@ -169,8 +171,9 @@ def fanout_capable(source: Any) -> bool:
     `grain.MapDataset` (the built-in adapter supplies both). A wrapper is looked
     through.
 
-    >>> fanout_capable([{"x": [1.0]}])
-    False
+    Examples:
+        >>> fanout_capable([{"x": [1.0]}])
+        False
     """
     return not missing_trait_methods(source)
 
@@ -179,10 +182,11 @@ def epoch_token(source: Any) -> int | None:
     """The source's epoch counter (an int attribute or method), or None to skip the
     fan-out's check. A NumPy integer counts; a bool does not.
 
-    >>> class Counted:
-    ...     epoch_token = np.int64(3)
-    >>> epoch_token(Counted()), epoch_token([])
-    (3, None)
+    Examples:
+        >>> class Counted:
+        ...     epoch_token = np.int64(3)
+        >>> epoch_token(Counted()), epoch_token([])
+        (3, None)
     """
     token = getattr(unwrap_source(source), "epoch_token", None)
     if callable(token):

@@ -144,7 +144,8 @@ def check_source_options(source: Any, name: str, cfg: Any) -> None:
     about its own settings, e.g. an option its `__iter__` implements, which the
     fan-out never calls.
 
-    >>> check_source_options([{"x": [1.0]}], "train", None)
+    Examples:
+        >>> check_source_options([{"x": [1.0]}], "train", None)
     """
     source = unwrap_source(source)
     if not is_materialized(source):

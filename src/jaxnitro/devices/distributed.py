@@ -115,7 +115,7 @@ class Distributed:
         as evenly as it goes, lower ranks first (an eval split keeps every row:
         its batches' parts, joined rank by rank, are the whole batches again).
 
-        Example:
+        Examples:
             >>> dist = Distributed(1, 2, (), (), None)
             >>> dist.shard(np.arange(10), 4).tolist()
             [2, 3, 6, 7]

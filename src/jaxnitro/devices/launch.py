@@ -47,7 +47,7 @@ def rank_environment(
 ) -> dict[str, str]:
     """The environment of process `rank` of `n` with the coordinator on `port`.
 
-    Example:
+    Examples:
         >>> env = rank_environment(1, 2, 9471)
         >>> env["NITRO_COORDINATOR"], env["NITRO_PROCESS_ID"]
         ('127.0.0.1:9471', '1')

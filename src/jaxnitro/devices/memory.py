@@ -28,7 +28,7 @@ def memory_report(parts: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """Per device, the bytes of each of `parts` (name -> tree) and their total;
     a device holding nothing of a part shows 0 for it.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> report = memory_report({"params": {"w": jnp.zeros((4, 4))}})
         >>> next(iter(report.values()))

@@ -154,7 +154,7 @@ def setup_devices(
             for, or an n_devs that is not a whole number from 1 to the number of
             visible devices; nothing is changed then.
 
-    Example:
+    Examples:
         >>> report = setup_devices()
         >>> sorted(report)
         ['backend', 'n_devs', 'pinned', 'visible']

@@ -81,7 +81,7 @@ def field(
             `dataclasses.field`).
         ConfigError: `ge` or `le` is not a real number, or `ge` > `le`.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from jaxnitro import Device, Experiment, field
         >>> class E(Experiment):
@@ -173,7 +173,7 @@ class Experiment:
     `export_provenance_extra`) have defaults here too; `export_inputs` and
     `export_outputs` raise, naming the fix, since `export_model` needs them.
 
-    Args:
+    Keyword Args:
         **fields: the field values, by keyword; a field without a default must be
             given.
 
@@ -184,7 +184,7 @@ class Experiment:
         TypeError: a field without a default is missing (the dataclass
             constructor's error).
 
-    Example:
+    Examples:
         >>> import jaxnitro as nx
         >>> class Sketch(nx.Experiment):
         ...     width: nx.GraphConst[int] = 128

@@ -17,7 +17,7 @@ _TRAINING = contextvars.ContextVar("jaxnitro_training", default=False)
 def training() -> bool:
     """Whether the hook being traced runs in train mode (a Python bool).
 
-    Example:
+    Examples:
         >>> training()
         False
         >>> with training_mode(True):

@@ -29,7 +29,7 @@ so a dataset-sized value is never walked by a compile. Three fixes, by what it i
 class StrippedHost:
     """The value `compile_view` substitutes for a Host field.
 
-    Example:
+    Examples:
         >>> s = StrippedHost("images", "MyExp")
         >>> s
         StrippedHost('images')

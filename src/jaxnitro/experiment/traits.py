@@ -152,7 +152,7 @@ def dispatch_variant(
         ConfigError: no such field (with the near names), a Device field, or a
             value outside `choices`.
 
-    Example:
+    Examples:
         >>> import jaxnitro as nx
         >>> class E(nx.Experiment):
         ...     model_kind: nx.GraphConst[str] = "mlp"

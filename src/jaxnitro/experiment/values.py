@@ -64,7 +64,7 @@ def coerce_graphconst(name: str, declared: Any, value: Any) -> Any:
     True), a NumPy string to `str`; anything else of another type is refused. A
     declared type other than these, or none, is left to the value.
 
-    Example:
+    Examples:
         >>> coerce_graphconst("depth", int, 3.0), coerce_graphconst("p", float, 1)
         (3, 1.0)
     """

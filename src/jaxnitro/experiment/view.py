@@ -29,7 +29,7 @@ def replace_fields(e: Any, **changes: Any) -> Any:
 def compile_view(e: Any) -> Any:
     """The experiment as traced code sees it: every Host field a `StrippedHost`.
 
-    Example:
+    Examples:
         >>> from jaxnitro import Experiment, GraphConst
         >>> class E(Experiment):
         ...     width: GraphConst[int] = 128
@@ -77,7 +77,7 @@ def isequal(a: Any, b: Any) -> bool:
     """`a == b`, except that a NaN equals a NaN (Julia's `isequal`), also inside
     tuples and lists.
 
-    Example:
+    Examples:
         >>> nan = float("nan")
         >>> isequal(nan, float("nan")), isequal((1, nan), (1, nan)), nan == nan
         (True, True, False)

@@ -67,7 +67,7 @@ class StableHLOBundle:
     Raises:
         ConfigError: an empty or unknown platform list.
 
-    Example:
+    Examples:
         >>> StableHLOBundle().platforms
         ('cpu', 'cuda')
     """

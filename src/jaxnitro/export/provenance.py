@@ -99,7 +99,7 @@ def git_provenance(root: str | os.PathLike[str]) -> dict[str, Any]:
         backend writes as a file beside the artifact. A field git cannot answer
         is omitted. Outside a work tree (or without git) it warns and returns {}.
 
-    Example:
+    Examples:
         >>> import tempfile, warnings
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("ignore")

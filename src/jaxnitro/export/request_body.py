@@ -90,7 +90,7 @@ class ServeLimits:
     Raises:
         ConfigError: a limit that is not a whole number >= 1.
 
-    Example:
+    Examples:
         >>> ServeLimits(max_rows=512).max_rows
         512
         >>> ServeLimits(max_rows=0)  # doctest: +ELLIPSIS

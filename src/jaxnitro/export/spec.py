@@ -51,7 +51,7 @@ class ExportSpec:
             count is not the number of non-batch axes, a `from_` that is not a
             non-empty string, or a `nonfinite` other than "refuse" and "allow".
 
-    Example:
+    Examples:
         >>> spec = ExportSpec("img", "uint8", (1, 28, 28), axis_letters="hw")
         >>> spec.dtype, spec.shape, spec.batch_axis, spec.axis_letters
         (dtype('uint8'), (1, 28, 28), 0, ('h', 'w'))

@@ -54,7 +54,7 @@ class TFSavedModel:
     Raises:
         ConfigError: an empty or unknown platform list.
 
-    Example:
+    Examples:
         >>> TFSavedModel(platforms=("cpu", "cuda")).platforms
         ('cpu', 'cuda')
     """

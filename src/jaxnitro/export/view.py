@@ -40,7 +40,7 @@ def export_view(e: Any) -> Any:
         A copy of the experiment type: Host fields `StrippedHost`, Device fields
         NumPy arrays (0-d for a scalar field), GraphConst fields unchanged.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from jaxnitro import Experiment, Device
         >>> class E(Experiment):

@@ -31,7 +31,7 @@ class DeferredMetrics:
         device: a pytree of device arrays (or host values, passed through).
         build: `build(host_tree) -> dict`, the line from `device` read back.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> line = DeferredMetrics(jnp.float32(0.25), lambda v: {"acc": float(v)})
         >>> line.resolve()
@@ -49,7 +49,7 @@ class DeferredMetrics:
 def resolve_all(lines: Sequence[DeferredMetrics]) -> list[dict[str, Any]]:
     """Every line of `lines`, their device values read back in one `device_get`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> lines = [DeferredMetrics(jnp.int32(i), lambda v: {"i": int(v)})
         ...          for i in range(3)]

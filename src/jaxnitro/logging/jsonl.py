@@ -122,7 +122,7 @@ class JSONLogger:
             line logged this many seconds or more after the last write (see the
             module docstring); 0 writes every line at once.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
         >>> lg = JSONLogger(path)
@@ -355,7 +355,7 @@ def repair_partial_line(path: str) -> dict[str, Any] | None:
     `<path>.partial` (first, so no byte is lost) and then cut from `path`, with a
     `NitroWarning`. Returns what was moved (`{"bytes", "moved_to"}`), else None.
 
-    Example:
+    Examples:
         >>> import tempfile, os, warnings
         >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
         >>> with open(path, "w") as f:

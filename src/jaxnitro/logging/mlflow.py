@@ -79,7 +79,7 @@ _BAD_KEY_CHARS = re.compile(r"[^\w./\- :]")
 def mlflow_key(name: str) -> str:
     """`name` with the characters MLflow refuses in keys replaced by "_".
 
-    Example:
+    Examples:
         >>> mlflow_key("validate/acc@5"), mlflow_key("/a//b/")
         ('validate/acc_5', 'a/b')
     """
@@ -101,7 +101,7 @@ class MLflowLogger:
     The run is created by the first verb that writes, so a logger that setup reattaches
     to a recorded run never creates a stray one.
 
-    Example:
+    Examples:
         >>> lg = MLflowLogger("file:/tmp/mlruns", experiment_name="digits")
         >>> lg.logger_info()["experiment_name"], lg.logger_state()
         ('digits', None)

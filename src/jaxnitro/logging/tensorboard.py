@@ -53,7 +53,7 @@ class TensorBoardLogger:
             `<run_dir>/tensorboard`.
         flush_secs: how often pending events reach the file.
 
-    Example:
+    Examples:
         >>> lg = TensorBoardLogger("runs/exp/tensorboard")
         >>> lg.logger_info()["view"]
         'tensorboard --logdir runs/exp/tensorboard'

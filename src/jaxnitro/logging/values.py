@@ -23,7 +23,7 @@ def as_scalar(value: Any) -> tuple[bool, Any]:
 
     NumPy scalars and 0-d arrays become Python `bool`, `int` or `float`.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> as_scalar(np.float32(0.5)), as_scalar(np.array(3)), as_scalar([1, 2])
         ((True, 0.5), (True, 3), (False, [1, 2]))
@@ -46,7 +46,7 @@ def flatten(params: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
     """Nested mappings and namedtuples (a metric group's result, say) joined into one
     level with `sep`; a plain tuple is a value and stays one.
 
-    Example:
+    Examples:
         >>> flatten({"lr": 0.1, "adam": {"b1": 0.9}, "shape": (2, 3)})
         {'lr': 0.1, 'adam/b1': 0.9, 'shape': (2, 3)}
     """
@@ -67,7 +67,7 @@ def jsonable(value: Any) -> Any:
     """`value` as strict JSON-ready data: arrays become lists, unknown objects their
     repr, and a NaN or infinity becomes None (null), since JSON has no token for it.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> jsonable({"m": np.eye(2, dtype=int), "x": np.float32(0.5)})
         {'m': [[1, 0], [0, 1]], 'x': 0.5}
@@ -93,7 +93,7 @@ def jsonable(value: Any) -> Any:
 def as_text(value: Any) -> str:
     """A value as Markdown: one-line text as is, anything longer as a code block.
 
-    Example:
+    Examples:
         >>> as_text("done"), as_text("a\\nb")
         ('done', '    a\\n    b')
     """
@@ -106,7 +106,7 @@ def as_text(value: Any) -> str:
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table.
 
-    Example:
+    Examples:
         >>> print(markdown_table(["k", "v"], [["lr", 0.1]]))
         | k | v |
         |---|---|

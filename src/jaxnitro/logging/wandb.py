@@ -97,13 +97,14 @@ class WandbLogger:
             directory, else W&B's default (`WANDB_DIR`, or the working directory).
         name: the run's display name; None lets W&B choose one.
         tags: tags set when the run starts.
-        group, notes: W&B's run group and notes.
+        group: W&B's run group.
+        notes: W&B's run notes.
         settings: a `wandb.Settings`, passed to `wandb.init` as is.
 
     The run starts at the first verb that writes, so setup binds the run id (and a
     resume its recorded run) before it does.
 
-    Example:
+    Examples:
         >>> lg = WandbLogger(project="digits", mode="offline")
         >>> lg.logger_info()["project"], lg.logger_state()
         ('digits', None)

@@ -22,7 +22,7 @@ NEVER = sys.maxsize
 class StepCadence:
     """The step events of one run: each None when unset.
 
-    Example:
+    Examples:
         >>> cadence = StepCadence(max_steps=10, val_every=4, checkpoint_every=6)
         >>> [cadence.next_after(s) for s in (0, 4, 6, 8, 10)]
         [4, 6, 8, 10, 9223372036854775807]

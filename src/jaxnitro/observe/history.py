@@ -140,7 +140,7 @@ class MetricHistory:
             other than a `(name, "min" | "max")` pair or None; a
             `resumed_from_epoch` other than an int >= 0 or None.
 
-    Example:
+    Examples:
         >>> h = MetricHistory(
         ...     [{"epoch": e, "step": 10 * e, "train_loss": 1 / e, "acc": e / 4}
         ...      for e in (1, 2, 3)],
@@ -497,7 +497,7 @@ class MetricHistory:
                 None to save nothing.
             **kwargs: `x` ("epoch" or "step"), `metrics` ("all", the default; None
                 for the checkpointer's metric; a name or a list of names) and
-                `dpi`, as `jaxnitro.plot` takes them.
+                `dpi`, as `jaxnitro.observe.plot` takes them.
 
         Returns:
             matplotlib.figure.Figure: the figure.
@@ -524,14 +524,14 @@ class MetricHistory:
 
     # ------------------------------------------------------------ display ----------
     def __repr__(self) -> str:
-        from .history_table import history_table, render_text
+        from .history_text import history_table, render_text
 
         return render_text(history_table(self, _REPR_HEIGHT, _REPR_WIDTH))
 
     def __rich_console__(
         self, console: Console, options: ConsoleOptions
     ) -> RenderResult:
-        from .history_table import history_table, render_rich
+        from .history_text import history_table, render_rich
 
         height = options.height or console.height
         yield render_rich(history_table(self, height, options.max_width))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..extras import require
-from .history_table import format_cell, history_title
+from .history_text import format_cell, history_title
 
 if TYPE_CHECKING:
     from .history import MetricHistory
@@ -103,7 +103,7 @@ def history_series(
         chosen epoch on that panel, else None) and `subtitle`. A row lacking the
         metric is skipped; a non-finite value is kept, so the line breaks there.
 
-    Example:
+    Examples:
         >>> from jaxnitro.observe.history import MetricHistory
         >>> h = MetricHistory(
         ...     [{"epoch": e, "step": 5 * e, "train_loss": 1.0, "acc": a}

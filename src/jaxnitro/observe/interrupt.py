@@ -76,7 +76,7 @@ class StopOnInterrupt:
         requested: whether a first SIGINT or SIGTERM arrived.
         terminated: whether that first signal was a SIGTERM.
 
-    Example:
+    Examples:
         >>> import signal
         >>> stops = []
         >>> with StopOnInterrupt(lambda: stops.append(1), message=None) as guard:

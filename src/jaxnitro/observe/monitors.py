@@ -48,7 +48,7 @@ class PhaseInfo(Mapping[str, Any]):
     when the run was already in TrainStepping; `nitro` and `logger` are None while
     `Nitro(e)` is being built.
 
-    Example:
+    Examples:
         >>> info = PhaseInfo(logger="lg", metrics={"loss": 0.5})
         >>> info.logger, info["metrics"], info.nitro, info.is_rank0
         ('lg', {'loss': 0.5}, None, True)

@@ -30,7 +30,7 @@ def format_number(value: Any) -> str:
     kept and the decimals go (`12346`); below 1e-4 it takes an exponent. NaN and
     the infinities read `nan`, `inf`, `-inf`; a bool or a non-number is `str()`.
 
-    Example:
+    Examples:
         >>> [format_number(v) for v in (2.43912, 1.0, 0.19469, 0.5, 0.0, 120)]
         ['2.439', '1.0', '0.1947', '0.5', '0.0', '120']
         >>> [format_number(v) for v in (999.96, 1234.5, 12345.6, -0.041683, 1.2e-4)]
@@ -64,7 +64,7 @@ def format_number(value: Any) -> str:
 def format_seconds(seconds: float) -> str:
     """A duration in seconds, to a tenth: `0.2`, `2.1`, `125.0` (NaN: `nan`).
 
-    Example:
+    Examples:
         >>> [format_seconds(s) for s in (0.19469, 2.06, 125.0)]
         ['0.2', '2.1', '125.0']
     """
@@ -74,7 +74,7 @@ def format_seconds(seconds: float) -> str:
 def format_clock(seconds: float) -> str:
     """A longer duration as a clock, `m:ss` or `h:mm:ss` (an ETA, a run's time).
 
-    Example:
+    Examples:
         >>> [format_clock(s) for s in (5.4, 65, 3600 * 26 + 61)]
         ['0:05', '1:05', '26:01:01']
     """

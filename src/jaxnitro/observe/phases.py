@@ -142,7 +142,7 @@ COMPILE_PHASES: dict[str, type[Compiling]] = {
 def compile_phase(kind: str) -> Compiling:
     """The compile phase announced while program `kind` compiles.
 
-    Example:
+    Examples:
         >>> compile_phase("gradient")
         GradientCompiling()
     """

@@ -163,7 +163,7 @@ def progress_reporter(f: ProgressReporter | None) -> ProgressReporter | None:
     Raises:
         TypeError: `f` is neither callable nor None.
 
-    Example:
+    Examples:
         >>> seen = []
         >>> previous = progress_reporter(lambda verb, label, *rest: seen.append(verb))
         >>> with Progress() as progress:
@@ -231,7 +231,7 @@ def with_progress_note(msg: str) -> Iterator[None]:
     Blocks nest and the innermost is shown. A new phase or stretch clears every note,
     including those of blocks still open.
 
-    Example:
+    Examples:
         >>> files = ["a.bin", "b.bin"]
         >>> with with_progress_note("loading index"):
         ...     for i, name in enumerate(files, 1):

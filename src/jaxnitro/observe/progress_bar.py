@@ -79,7 +79,7 @@ class BarReporter:
             recordings).
         refresh_per_second: the redraw rate.
 
-    Example:
+    Examples:
         >>> import io
         >>> from rich.console import Console
         >>> out = io.StringIO()

@@ -167,7 +167,7 @@ def read_run_logs(
     Raises:
         ConfigError: no run directory, no `metrics.jsonl` in it, or no run `run`.
 
-    Example:
+    Examples:
         >>> import json, os, tempfile
         >>> d = tempfile.mkdtemp()
         >>> lines = [

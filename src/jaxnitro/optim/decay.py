@@ -37,7 +37,7 @@ def Decay(  # noqa: N802 - named like the spec's rule, a constructor
 ) -> optax.GradientTransformation:
     """Decoupled decay toward `anchor` (None: toward zero), gated per leaf by `mask`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> rule = Decay(0.1)
         >>> params = {"w": jnp.array([1.0, -2.0])}

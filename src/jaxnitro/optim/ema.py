@@ -31,7 +31,7 @@ class EMA:
             the initial weights for the first 1 / (1 - beta) steps.
         every: update after every `every`-th optimizer step.
 
-    Example:
+    Examples:
         >>> EMA(0.999).decay(0), EMA(0.999, warmup=False).decay(0)
         (0.1, 0.999)
     """

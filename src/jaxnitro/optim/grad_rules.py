@@ -145,7 +145,7 @@ class RuleHp(dict[str, Any]):
     numbers (floats). Reading a name no schedule sets raises a ConfigError naming it
     and the fix, not a bare KeyError; `hp.get(name, default)` reads it optionally.
 
-    Example:
+    Examples:
         >>> hp = RuleHp({"rho": 0.05}, {"sam_warm": 0.5})
         >>> hp["rho"] * hp["bind"]["sam_warm"], hp.get("eta", 0.01)
         (0.025, 0.01)

@@ -48,7 +48,7 @@ def plain_keypath(path: tuple[Any, ...]) -> tuple[Hashable, ...]:
 def default_no_decay(keypath: tuple[Hashable, ...], leaf: Any) -> bool:
     """The built-in decay exclusion: every leaf of rank 1 or less (biases, norms).
 
-    Example:
+    Examples:
         >>> default_no_decay(("dense", "bias"), np.zeros(3))
         True
         >>> default_no_decay(("dense", "kernel"), np.zeros((3, 3)))

@@ -98,7 +98,7 @@ jax.tree_util.register_pytree_with_keys(
 def setup_optimizer(tx: optax.GradientTransformation, params: Any) -> OptState:
     """The optimizer state of `tx` for the parameter tree `params`.
 
-    Example:
+    Examples:
         >>> import optax, jax.numpy as jnp
         >>> state = setup_optimizer(optax.sgd(0.1), {"w": jnp.zeros(2)})
         >>> type(state).__name__
@@ -130,7 +130,7 @@ def backward(f: Callable[..., Any], params_sub: Any, *consts: Any) -> tuple[Any,
     Returns:
         (loss, grads): the scalar loss and a gradient tree matching `params_sub`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> loss, g = backward(lambda w, x: (w * x).sum(), jnp.ones(2), jnp.arange(2.0))
         >>> g.tolist()

@@ -72,7 +72,7 @@ class GroupPlan:
 class OptimizerPlan:
     """The run's optimizer: structure baked into programs, values fed per step.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from jaxnitro.optim.plan import single_group_plan
         >>> plan = single_group_plan({"w": jnp.ones(2)}, learning_rate=1e-3)

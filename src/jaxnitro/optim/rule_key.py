@@ -38,7 +38,7 @@ _MAX_DEPTH = 64
 def rule_key(tx: Any) -> Hashable:
     """The structural key of `tx` (see the module); cached per transformation.
 
-    Example:
+    Examples:
         >>> import optax
         >>> rule_key(optax.adam(1e-3)) == rule_key(optax.adam(1e-3))
         True

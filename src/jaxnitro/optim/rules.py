@@ -75,7 +75,7 @@ def nonschedulable(rule: Callable[..., Any]) -> tuple[str, ...]:
     `declare_nonschedulable` declared, and those its signature shows are structural
     (a required argument other than the rates, a bool, string, callable or dtype).
 
-    Example:
+    Examples:
         >>> import optax
         >>> nonschedulable(optax.sgd)
         ('nesterov', 'accumulator_dtype')
@@ -117,7 +117,7 @@ def declare_nonschedulable(
     it again where the rule is redefined. Returns `rule`, so it can wrap the
     definition.
 
-    Example:
+    Examples:
         >>> import optax
         >>> def clipped_sgd(learning_rate, max_norm=1.0):
         ...     parts = [optax.clip_by_global_norm(max_norm)] if max_norm > 0 else []
@@ -286,7 +286,7 @@ def traced_defaults(
     (a `max_norm > 0`, found by tracing the rule once with `jax.eval_shape`) stays
     a constant, as `declare_nonschedulable` would make it.
 
-    Example:
+    Examples:
         >>> import optax
         >>> [name for name, _ in traced_defaults(optax.adam, ("b1", "b2", "eps"))]
         ['b1', 'b2', 'eps']

@@ -50,7 +50,7 @@ class Plateau:
     entry or a bare number. An unscored epoch (`watch.is_unscored`: the metric NaN
     or infinite, or the validation pass's forward outputs were) is a bad epoch.
 
-    Example:
+    Examples:
         >>> p = Plateau(1e-3, patience=0)
         >>> state = p.state_for(("loss", "min"))
         >>> [state.update(v) for v in (1.0, 0.9, 0.95)], state.scale

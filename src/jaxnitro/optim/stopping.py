@@ -26,12 +26,13 @@ class EarlyStopping:
     """Stop training when a validation metric stops improving.
 
     Args:
-        metric, mode: what to watch, both or neither; neither follows the run's
-            `monitor`.
+        metric: what to watch: a metric name, given with `mode` or neither; neither
+            follows the run's `monitor`.
+        mode: "min" or "max", given with `metric` or neither.
         patience: epochs without improvement before stopping (>= 1).
         min_delta: how much better than the best an epoch must be to improve.
 
-    Example:
+    Examples:
         >>> es = EarlyStopping(metric="loss", mode="min", patience=2)
         >>> [es.should_stop(e, {"loss": v}) for e, v in enumerate([3, 2, 2.5, 2.1], 1)]
         [False, False, False, True]

@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError, user_stacklevel
-from ..experiment.presets import from_preset, presets
+from ..experiment.named_presets import from_preset, presets
 from ..experiment.traits import field_names
 from ..optim.setup import FIELD_ACCESSORS
 from ..watch import did_you_mean

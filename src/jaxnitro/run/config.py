@@ -348,7 +348,7 @@ class RunConfig:
             (what a smoke run set), "environment" (`NITRO_SMOKE`) or "max_steps"
             (max_epochs, left at its default, following max_steps).
 
-    Example:
+    Examples:
         >>> from jaxnitro import Experiment
         >>> class E(Experiment):
         ...     max_epochs: int = 3

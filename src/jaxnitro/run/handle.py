@@ -57,8 +57,7 @@ from ..observe.history import MetricHistory
 from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import costs, reports, restore
-from . import render as rendering
+from . import costs, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .setup import SetupOutcome, SetupSequence
@@ -251,7 +250,7 @@ class Nitro:
             that meets entries scored under another metric.
         DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
 
-    Example:
+    Examples:
         A tiny regression, trained for two epochs and queried:
 
         >>> import tempfile

@@ -57,7 +57,7 @@ def data_signature(
     """The train data's shape as a record keeps it (JSON), or None without a
     train split.
 
-    Example:
+    Examples:
         >>> from jaxnitro.loop.prepared import Routing
         >>> routing = Routing(fields={}, train_fields=("x",), gradient_fields=None,
         ...     train_batch=8, sample_shapes={"x": (3,)}, residency={},
@@ -140,7 +140,7 @@ def check_resumed_inputs(
 def hook_changes(recorded: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     """The hooks whose fingerprint differs, or that one side lacks, in order.
 
-    Example:
+    Examples:
         >>> hook_changes({"forward": "a", "loss": "b"}, {"forward": "a", "loss": "c"})
         ['loss']
     """
@@ -155,7 +155,7 @@ def data_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[st
     """Each difference between two data signatures, as "what: was in the record,
     is now".
 
-    Example:
+    Examples:
         >>> was = {"splits": {"train": 4}, "batch_size": 8, "fields": {}}
         >>> data_changes(was, {**was, "batch_size": 16})
         ['batch size: 8 in the record, 16 now']

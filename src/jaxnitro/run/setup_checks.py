@@ -66,7 +66,7 @@ def check_compile_options(options: Any) -> dict[str, Any]:
         ConfigError: not a dict, a key or value of the wrong type, or options XLA
             refuses (its message included).
 
-    Example:
+    Examples:
         >>> check_compile_options(None)
         {}
     """

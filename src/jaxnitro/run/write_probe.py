@@ -35,7 +35,7 @@ def probe_writable(directory: str, writer: str) -> None:
     it; `ConfigError` naming the directory, the OS error, `writer` (what writes
     there) and the fix if that fails.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     probe_writable(tmp, "the checkpointer")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class CadencePlan:
     """A run's steps as engine epochs.
 
-    Example:
+    Examples:
         >>> plan = cadence_plan(steps=5, cadence=2, microbatches=2)
         >>> plan.epochs, plan.steps_per_epoch, plan.batches_per_epoch
         (3, (2, 2, 1), (4, 4, 2))

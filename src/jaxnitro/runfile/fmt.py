@@ -52,7 +52,7 @@ BODY_FORMS = {
 def format_program(program: Program) -> str:
     """The canonical text of a program, ending in a newline (empty for none).
 
-    Example:
+    Examples:
         >>> from jaxnitro.runfile.reader import read_text
         >>> print(format_program(read_text("(defvar  x\\n  [1   2])  ; two")), end="")
         (defvar x [1 2]) ; two

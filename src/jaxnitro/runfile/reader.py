@@ -55,7 +55,7 @@ def read_text(text: str, name: str = "<string>") -> Program:
     Raises:
         RunfileError: E-READ-* with the position of the offending text.
 
-    Example:
+    Examples:
         >>> read_text("[1 :a] ; two").forms[0].shape()
         ('[', (('int', 1), ('keyword', 'a')))
     """

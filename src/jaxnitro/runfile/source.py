@@ -139,7 +139,7 @@ def fail(
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """`count` and the noun in the number it takes, for messages.
 
-    Example:
+    Examples:
         >>> counted(1, "graph"), counted(2, "micro-batch", "micro-batches")
         ('1 graph', '2 micro-batches')
     """

@@ -313,7 +313,7 @@ def schedule_value(rate: ScheduleSpec | float, step: int, steps: int) -> float:
     `decay-fraction` of the run; `cosine` warms up the same way, then follows a
     half cosine to zero at the last step; `constant` is its value.
 
-    Example:
+    Examples:
         >>> wsd = ScheduleSpec("warmup-stable-decay", 1.0, 2, 0.5)
         >>> [round(schedule_value(wsd, s, 8), 3) for s in range(8)]
         [0.5, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25]

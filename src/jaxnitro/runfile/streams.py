@@ -180,4 +180,4 @@ def train_split(blocks: TrainBlocks) -> Any:
 
     import jaxnitro as nx
 
-    return nx.NoPrefetch(blocks) if jax.default_backend() == "cpu" else blocks
+    return nx.data.NoPrefetch(blocks) if jax.default_backend() == "cpu" else blocks

@@ -54,7 +54,7 @@ def thin_rows(n: int, best: int | None, budget: int) -> list[int | None]:
     With a budget too small for every window, the best comes first, then the last,
     then the first.
 
-    Example:
+    Examples:
         >>> thin_rows(30, 14, 10)
         [0, 1, 2, None, 13, 14, 15, None, 28, 29]
         >>> thin_rows(4, None, 10)
@@ -114,7 +114,7 @@ def format_cell(value: Any, column: str = "") -> str:
     """A cell's text: `format_number`'s rule, None empty, the `seconds` column's
     durations to a tenth (`format_seconds`).
 
-    Example:
+    Examples:
         >>> [format_cell(v) for v in (12, 0.041683124, None, float("nan"), 1e-7)]
         ['12', '0.04168', '', 'nan', '1e-07']
         >>> format_cell(0.19469, "seconds")
@@ -142,7 +142,7 @@ def history_table(h: MetricHistory, height: int, width: int) -> dict[str, Any]:
         None), `gap_rows` (indices into `cells` of gap lines) and `note` (what is not
         shown and how to select it; "" when everything is).
 
-    Example:
+    Examples:
         >>> from jaxnitro.observe.history import MetricHistory
         >>> h = MetricHistory(
         ...     [{"epoch": e, "step": e, "train_loss": 1.0,

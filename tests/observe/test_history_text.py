@@ -10,7 +10,7 @@ from rich.console import Console
 
 import jaxnitro as nx
 from jaxnitro.observe.history import MetricHistory
-from jaxnitro.observe.history_table import history_table, render_text, thin_rows
+from jaxnitro.observe.history_text import history_table, render_text, thin_rows
 
 
 # ------------------------------------------------------------ thin_rows -------------
