@@ -12,7 +12,7 @@ from experiments import QuietLogger, Tiny, TinyMetrics, make_batches, samples
 from toy_sources import FannedOut, prefetch_threads, surviving_threads
 
 import jaxnitro as nx
-import jaxnitro.loop.calls as calls
+import jaxnitro.loop.blocks as blocks
 import jaxnitro.loop.feed as feed
 
 
@@ -123,7 +123,7 @@ def test_device_memory_holds_a_bounded_number_of_batches(monkeypatch, staged):
     assert len(alive["train"]) == 16 and len(alive["val"]) == 12
     # Evaluation holds its staged batches and two more; training holds the block of
     # steps its calls read (the epoch's 8 batches here) and the one being placed.
-    bounds = {"train": 2 * calls.BLOCK_STEPS, "val": staged + 2}
+    bounds = {"train": 2 * blocks.BLOCK_STEPS, "val": staged + 2}
     for phase, counts in alive.items():
         assert 1 <= max(counts) - before <= bounds[phase], (phase, counts)
     assert count() == before  # every staged batch freed when its pass closed

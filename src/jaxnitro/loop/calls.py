@@ -68,14 +68,20 @@ from ..compile.packed import (
     unpack_program,
 )
 from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
-from ..data.signature import batch_signature, changed_field
+from ..data.signature import batch_signature
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
 from ..devices.placement import Placement
-from ..errors import ConfigError
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
 from .accumulation import Accumulation
+from .blocks import (
+    DIRECT_BATCH_BYTES,
+    block_steps,
+    host_bytes,
+    refuse_changed,
+    stacked_block,
+)
 from .cadence import NEVER
 from .context import EpochContext
 from .epoch_log import EpochLog, InFlight, Stacked, StepEvents, sliced
@@ -92,19 +98,6 @@ AUTO_CALL_SECONDS = 2e-3
 its argument placement and its Python (tens of microseconds) are a small part."""
 AUTO_MOST = 16
 """The most steps "auto" puts in one call (a stop request waits for the call)."""
-BLOCK_STEPS = 8
-"""The fewest steps a staged block holds: at steps_per_call=1 a block of 8 batches is
-placed with one transfer and read by 8 calls (a separate transfer per batch cost a
-TPU step 150-300 us, more than the step itself)."""
-DIRECT_BATCH_BYTES = 512 * 2**10
-"""At steps_per_call=1 a step's batches of at least this many bytes go to the
-executable as they are, one transfer a step, not stacked into blocks: on a TPU v5e
-host blocks took a 314 KB tutorial batch from 0.99x to 1.15x of the hand-written
-loop, but an 800 KB one from 0.90x down to 0.71x (the stack's copy outweighs the
-transfers it saves)."""
-BLOCK_BYTES = 256 * 2**20
-"""A block holds fewer than BLOCK_STEPS batches (down to steps_per_call) where that
-many would pass this many bytes on the device."""
 TALLY_SIZE = 512
 """Micro-batch losses the device ring holds (float32)."""
 SETTLE_EVERY = 256
@@ -140,17 +133,6 @@ def steps_per_call(setting: int | str, step_seconds: float | None) -> int:
         return 1
     fits = min(AUTO_MOST, max(1, int(AUTO_CALL_SECONDS / seconds)))
     return 1 << (fits.bit_length() - 1)
-
-
-def block_steps(per_call: int, batch_bytes: int) -> int:
-    """The steps a staged block holds: at least `per_call`, up to `BLOCK_STEPS`
-    while the block stays under `BLOCK_BYTES`.
-
-    >>> block_steps(1, 1000), block_steps(16, 1000), block_steps(2, 100 * 2**20)
-    (8, 16, 2)
-    """
-    fits = max(1, BLOCK_BYTES // max(batch_bytes, 1))
-    return max(per_call, min(BLOCK_STEPS, fits))
 
 
 def call_length(steps_per_call: int, left: int, until_event: int) -> int:
@@ -289,49 +271,6 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
             log.means.add_call(stats, len(call.batches) // accum, accum)
 
 
-def _stacked(
-    routed: list[dict[str, Any]], steps: int, accum: int, size: int
-) -> dict[str, Any]:
-    """A block's routed batches as one: each field `(size, B, ...)`, or `(size,
-    accum, B, ...)` under accumulation (one host copy per field; a field whose
-    batches are all device arrays is stacked on the device); a block of fewer than
-    `size` steps is padded with its last batch, which no call reaches.
-
-    Raises ValueError when a field's batches differ in shape or dtype."""
-    if size == steps == accum == 1:  # a view of the one batch: no copy
-        return {name: np.asarray(value)[None] for name, value in routed[0].items()}
-    out = {}
-    pad = (size - steps) * accum
-    for name in routed[0]:
-        arrays = [batch[name] for batch in routed]
-        if not all(isinstance(a, jax.Array) for a in arrays):
-            arrays = [np.asarray(a) for a in arrays]
-        if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
-            raise ValueError(f"field {name} holds several dtypes")
-        stack: Any = (  # a field on the device already stays there
-            jax.numpy.stack(arrays + arrays[-1:] * pad)
-            if isinstance(arrays[0], jax.Array)
-            else np.stack(arrays + arrays[-1:] * pad)
-        )
-        out[name] = (
-            stack if accum == 1 else stack.reshape((size, accum, *stack.shape[1:]))
-        )
-    return out
-
-
-def _refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
-    """Raise the refusal naming the first batch of a block whose field left the
-    compiled signature; nothing when none did."""
-    for _, batch, index in pending:
-        refusal = changed_field(signature, batch, "train", index, epoch)
-        if refusal is not None:
-            raise ConfigError(refusal) from None
-
-
-def _host_bytes(batch: dict[str, Any]) -> int:
-    return sum(int(getattr(v, "nbytes", 0)) for v in batch.values())
-
-
 def call_steps(
     context: EpochContext,
     epoch: int,
@@ -430,9 +369,9 @@ def call_steps(
                     Accumulation(accum).refuse_epoch(len(source), epoch)
                 count = len(source)
                 signature = batch_signature(routed)
-                size = block_steps(per_call, _host_bytes(routed) * accum)
+                size = block_steps(per_call, host_bytes(routed) * accum)
                 if per_call == 1 and (
-                    not on_device or _host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
+                    not on_device or host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
                 ):
                     # The executable takes each host batch as it is (a view) and
                     # transfers it itself: on a CPU a block buys nothing, and a
@@ -441,7 +380,7 @@ def call_steps(
                 positions = _positions(size, placement)
                 settle_at = max(
                     per_call * accum,
-                    min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(_host_bytes(full), 1)),
+                    min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(host_bytes(full), 1)),
                 )
                 # Room for what may stay unread, and the calls dispatched meanwhile.
                 losses = max(TALLY_SIZE, 4 * (settle_at + size * accum))
@@ -469,9 +408,9 @@ def call_steps(
 
     def _staged(reading: list[Any], block: int) -> dict[str, Any]:
         try:
-            batches = _stacked([r for _, r, _ in reading], block, accum, size)
+            batches = stacked_block([r for _, r, _ in reading], block, accum, size)
         except ValueError:  # fields of several shapes do not stack
-            _refuse_changed(reading, signature, epoch)
+            refuse_changed(reading, signature, epoch)
             raise
         # On a CPU backend the executable takes host arrays itself, but a block
         # that serves several calls would be copied again for each: placed once,
@@ -508,7 +447,7 @@ def call_steps(
                         _CARRIED["inputs"] = (plan, device, size, inputs)
                 inputs = made[2]
                 if program is None:  # the epoch's first call
-                    _refuse_changed(pending, signature, epoch)
+                    refuse_changed(pending, signature, epoch)
                     program = log.program = call_program(
                         context,
                         carry,
@@ -533,7 +472,7 @@ def call_steps(
                     )
                     carry = (first_arg, second, third)
                 except TypeError:  # an executable refusing its arguments: no step ran
-                    _refuse_changed(pending, signature, epoch)
+                    refuse_changed(pending, signature, epoch)
                     raise
                 first_micro = done_in_block * accum
                 micro = pending[first_micro : first_micro + length * accum]
