@@ -36,7 +36,11 @@ class Executables:
 
     Example::
 
-        step = nitro.executables.get("train_step", shapes, lambda: ctx.compile(...))
+        step = nitro.executables.get("train_step", memo, lambda: ctx.compile(...))
+
+    A program reaches it through its declaration, `Program.executable`
+    (`declaration.py`), which derives the memo from the program's kind, baked
+    constants and per-call shapes.
     """
 
     def __init__(self, owner: PhaseOwner) -> None:

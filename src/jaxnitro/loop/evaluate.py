@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..compile.cache import program_cache
+from ..compile.declaration import Program
 from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
@@ -103,25 +103,19 @@ def forward_padded(
     ctx = nitro.prepared.ctx
     names = tuple(padded)
     args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)
-
-    def build() -> Any:
-        try:
-            return ctx.compile(
-                program_cache(),
-                "eval_forward",
-                eval_forward_fn(ctx, names),
-                args,
-                traced=("forward",),
-                baked={"mode": "eval"},
-                on_compile=nitro.executables.announcer(),
-            )
-        except Exception as error:
-            note = _shape_note(nitro, padded)
-            if note:
-                error.add_note(note)
-            raise
-
-    executable = nitro.executables.get("eval_forward", _shapes(padded), build)
+    try:
+        executable = EVAL_FORWARD.executable(
+            nitro.executables,
+            ctx,
+            lambda: eval_forward_fn(ctx, names),
+            args,
+            _shapes(padded),
+        )
+    except Exception as error:  # a trace for a batch of another shape failed
+        note = _shape_note(nitro, padded)
+        if note:
+            error.add_note(note)
+        raise
     outputs = executable(*args)
     nitro.executables.check_once(
         ("batch first", width), lambda: check_batch_first(outputs, width)
@@ -153,8 +147,19 @@ def _shape_note(nitro: EvalHost, fields: Mapping[str, Any]) -> str | None:
     )
 
 
-_EVAL_PROGRAMS = {"eval_metrics": eval_metrics_fn, "eval_loss": eval_loss_fn}
-_TRACES = {"eval_metrics": "metrics", "eval_loss": "loss"}
+EVAL_FORWARD = Program("eval_forward", traced=("forward",), baked={"mode": "eval"})
+"""forward in eval mode on a batch padded to the eval width."""
+_ON_OUTPUTS = {
+    "eval_metrics": (
+        Program("eval_metrics", traced=("metrics",), baked={"mode": "eval"}),
+        eval_metrics_fn,
+    ),
+    "eval_loss": (
+        Program("eval_loss", traced=("loss",), baked={"mode": "eval"}),
+        eval_loss_fn,
+    ),
+}
+"""The programs that run a hook on (sliced) eval outputs, and their builders."""
 
 
 def run_on_outputs(
@@ -173,18 +178,13 @@ def run_on_outputs(
     ctx = nitro.prepared.ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
     args = (nitro.device_values(), outputs, fields)
-    executable = nitro.executables.get(
-        kind,
+    program, builder = _ON_OUTPUTS[kind]
+    executable = program.executable(
+        nitro.executables,
+        ctx,
+        lambda: builder(ctx, names),
+        args,
         (_shapes(fields), _tree_shapes(outputs)),
-        lambda: ctx.compile(
-            program_cache(),
-            kind,
-            _EVAL_PROGRAMS[kind](ctx, names),
-            args,
-            traced=(_TRACES[kind],),
-            baked={"mode": "eval"},
-            on_compile=nitro.executables.announcer(),
-        ),
     )
     return jax.device_get(executable(*args))
 

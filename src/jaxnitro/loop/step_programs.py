@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from ..compile.cache import program_cache
+from ..compile.declaration import Program
 from ..compile.packed import Packing
 from ..compile.programs import calls_layout
 from ..compile.scanned import (
@@ -278,22 +278,21 @@ def call_program(
         "packing": repr(packing),
         **baked,
     }
+    program = Program(
+        kind,
+        traced,
+        baked,
+        donate=(2, 4),  # the Weights and the accumulator
+        layout=calls_layout(accum),
+        announce_as="train_step",
+    )
     # The manual optimizer states' transformations live in the Weights' tree
     # structure: the memo sees them there, as the compile key does.
     structure = jax.tree.structure(carry[0])
-    announce = context.executables.announcer()
-    return context.executables.get(
-        kind,
-        (shapes, accum, repr(baked), inputs.layout, ring.shape, structure),
-        lambda: ctx.compile(
-            program_cache(),
-            kind,
-            scanned_fn(body, accum, inputs.layout, single=single, packing=packing),
-            args,
-            traced=traced,
-            baked=baked,
-            donate=(2, 4),  # the Weights and the accumulator
-            on_compile=lambda _kind: announce("train_step"),
-            layout=calls_layout(accum),
-        ),
+    return program.executable(
+        context.executables,
+        ctx,
+        lambda: scanned_fn(body, accum, inputs.layout, single=single, packing=packing),
+        args,
+        (shapes, accum, inputs.layout, ring.shape, structure),
     )
