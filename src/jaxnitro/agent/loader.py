@@ -164,6 +164,22 @@ _SCALAR_TYPES: dict[Any, tuple[str, Any]] = {
 }
 
 
+def _scalar_arms(meta: Any) -> tuple[tuple[Any, ...], list[Any]]:
+    """`(arms, scalars)` of a field's declared type: its union's members (the type
+    itself when it is no union), and those among int, float, bool and str; the
+    scalars are empty unless every arm is one of them or None."""
+    declared = meta.type
+    arms = (
+        typing.get_args(declared)
+        if typing.get_origin(declared) in (typing.Union, types.UnionType)
+        else (declared,)
+    )
+    scalars = [a for a in arms if a in _SCALAR_TYPES]
+    if len(scalars) + (type(None) in arms) != len(arms):
+        return arms, []
+    return arms, scalars
+
+
 def check_override_type(owner: str, key: str, meta: Any, value: Any) -> None:
     """Refuse an override whose JSON type is not the field's declared scalar type.
 
@@ -175,14 +191,8 @@ def check_override_type(owner: str, key: str, meta: Any, value: Any) -> None:
         ConfigError: the value's type is not the declared one, or it is null for a
             field that does not take None.
     """
-    declared = meta.type
-    arms = (
-        typing.get_args(declared)
-        if typing.get_origin(declared) in (typing.Union, types.UnionType)
-        else (declared,)
-    )
-    scalars = [a for a in arms if a in _SCALAR_TYPES]
-    if not scalars or len(scalars) + (type(None) in arms) != len(arms):
+    arms, scalars = _scalar_arms(meta)
+    if not scalars:
         return  # not (only) scalar types: the experiment's own checks decide
     if value is None:
         if type(None) in arms or meta.default is None:
@@ -242,16 +252,10 @@ def parse_override_text(cls: type[Experiment], key: str, text: str) -> Any:
         cls, [key], "--set", "Pass `--set FIELD=VALUE` with a field of the class."
     )
     meta = config_metadata(cls)[key]
-    declared = meta.type
-    arms = (
-        typing.get_args(declared)
-        if typing.get_origin(declared) in (typing.Union, types.UnionType)
-        else (declared,)
-    )
-    scalars = [a for a in arms if a in _SCALAR_TYPES]
+    arms, scalars = _scalar_arms(meta)
     takes_none = type(None) in arms or meta.default is None
     shown = " | ".join(getattr(a, "__name__", str(a)) for a in arms)
-    if not scalars or len(scalars) + (type(None) in arms) != len(arms):
+    if not scalars:
         raise ConfigError(
             NOT_TEXT_TYPE.format(key=key, text=text, owner=cls.__name__, shown=shown)
         )
