@@ -78,22 +78,18 @@ def test_the_inline_feed_positions_a_source_at_each_epoch_as_the_stream_does(
 
 
 @pytest.mark.needs_devices(4)
-@pytest.mark.parametrize("evaluation", [False, True], ids=["train", "eval"])
-def test_a_staged_batch_is_split_over_the_mesh(monkeypatch, evaluation):
+def test_a_staged_eval_chunk_is_split_over_the_mesh(monkeypatch):
     from jaxnitro.devices.placement import Placement
     from jaxnitro.loop import feed
 
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
     placement = Placement.build(n_devs=4, mode="replicated")
     source = nx.data.auto_prefetch({"s": make_batches(32, 16)})["s"]
-    if evaluation:
-        opened = feed.open_eval_feed(
-            source, select=lambda keys: ("x",), width=16, name="s", placement=placement
-        )
-    else:
-        opened = feed.open_feed(
-            source, epoch=0, fields=("x",), name="s", placement=placement
-        )
+    # (A training pass stages nothing here: the calls loop places whole blocks,
+    # split along their batch axis: tests/loop/test_steps_per_call.py.)
+    opened = feed.open_eval_feed(
+        source, select=lambda keys: ("x",), width=16, name="s", placement=placement
+    )
     try:  # read before closing: the stream deletes what it staged
         staged = next(iter(opened)).device["x"]
         assert staged.sharding == placement.data_sharding

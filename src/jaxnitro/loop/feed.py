@@ -3,12 +3,14 @@
 A list of built batches (the "materialized" path) and a `NoPrefetch` split are read
 inline: producing a batch is a pointer load, and threads would only add hand-offs.
 Every other split runs its prefetch stream: worker threads build the batches (calling
-`batch_at` for a fan-out-capable source), and on an accelerator a transfer thread
-stages the routed fields on the device ahead of the step. On a CPU backend the routed
-host arrays go to the executable as they are: it places them itself, and an explicit
-copy would only cost time (measured in benchmarks/prefetch.py).
+`batch_at` for a fan-out-capable source). A training pass keeps the routed fields on
+the host: the calls loop stacks a block of steps' batches and places the stack with
+one transfer (`calls.py`). An evaluation pass on an accelerator has a transfer thread
+stage each padded chunk on the device ahead of its forward; on a CPU backend the host
+arrays go to the executable as they are (it places them itself, and an explicit copy
+would only cost time: benchmarks/prefetch.py).
 
-Either way the training loop gets `Staged(host, device)` items and the time it waited
+Either way the training loop gets `Staged(host, routed)` items and the time it waited
 for them, for the once-per-epoch `data_wait_frac`; evaluation gets `EvalStaged` chunks,
 padded to the eval width by their producer.
 """
@@ -124,26 +126,19 @@ def open_feed(
     epoch: int,
     fields: tuple[str, ...],
     name: str,
-    placement: Placement | None = None,
-    stage: bool = True,
 ) -> InlineFeed | StreamFeed:
-    """A training pass over `split` for 0-based `epoch`: `Staged(host, device)`.
+    """A training pass over `split` for 0-based `epoch`: `Staged(host, routed)`.
 
-    `device` holds the routed `fields`, each checked as `batch_stream` checks them:
-    device arrays when staged on an accelerator (split along the batch axis over
-    the run's mesh when there is one), host arrays otherwise (a field the source
-    already put on the device stays there). `stage=False` keeps them on the host
-    on every backend: a steps_per_call run stacks a call's batches first and
-    places the stack with one transfer (`calls.py`). Close it on every exit path.
+    `routed` holds the routed `fields`, each checked as `batch_stream` checks them,
+    as host arrays (a field the source already put on the device stays there): the
+    calls loop stacks a block of steps' batches and places the stack with one
+    transfer (`calls.py`). Close it on every exit path.
     """
-    on_device = stage and stages_on_device()
-    sharding = _batch_sharding(placement)
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
-        routed = routed_fields(host, fields, name)
-        return [Staged(host, transfer(routed, sharding) if on_device else routed)]
+        return [Staged(host, routed_fields(host, fields, name))]
 
-    return _open(split, epoch, name, prepare, on_device)
+    return _open(split, epoch, name, prepare, on_device=False)
 
 
 def open_eval_feed(

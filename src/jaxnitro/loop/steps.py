@@ -60,7 +60,6 @@ def run_epoch(
         epoch=epoch - 1,
         fields=context.prepared.routing.train_fields,
         name="train",
-        stage=False,  # the calls loop stacks a block's batches, then places it
     )
     log.feed = feed
     accum = context.accum
