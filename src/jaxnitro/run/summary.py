@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from ..compile.costs import program_costs
 from ..compile.programs import gradient_fn
-from .costs import cost_rows, program_costs, si_text, step_costs
+from .costs import cost_rows, si_text, step_costs
 
 if TYPE_CHECKING:
     from .handle import Nitro

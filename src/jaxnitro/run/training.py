@@ -52,6 +52,7 @@ from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..observe.speed import device_peak, epoch_speed
 from ..optim.schedules import check_plateau_metrics
 from ..watch import did_you_mean
+from .costs import samples_per_step
 from .records import write_checkpoint
 from .restore import finish_restore_best, optimizer_state
 from .smoke import print_smoke_report
@@ -90,12 +91,10 @@ def epoch_context(nitro: Nitro) -> EpochContext:
 def _speed(nitro: Nitro, log: EpochLog, step_seconds: float) -> dict[str, float]:
     """The epoch's speed for its data line: steps and samples a second, and MFU
     where the train program's FLOPs and the device's peak are known."""
-    accumulation = nitro.config.accumulation
-    batch = nitro.prepared.routing.train_batch or 0
     return epoch_speed(
         step_seconds,
-        accumulation.samples(batch) * jax.process_count(),
-        step_flops(log.program, accumulation.micro_batches),
+        samples_per_step(nitro),
+        step_flops(log.program, nitro.config.accum),
         device_peak(jax.devices()[0]),
     )
 
