@@ -13,7 +13,7 @@ and reaches both keys.
 
     >>> program = Program("eval_loss", traced=("loss",), baked={"mode": "eval"})
     >>> program.memo(((8, 10),))
-    ('eval_loss', (('mode', "'eval'"),), ((8, 10),))
+    ((('mode', "'eval'"),), ((8, 10),))
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ class Program:
     announce_as: str | None = None
 
     def memo(self, varying: Hashable) -> Hashable:
-        """The handle's memo key: the kind, the baked constants (by their repr,
-        as the cache key holds them) and what varies per call (`varying`: the
-        shapes the caller names)."""
+        """The handle's memo key beside the kind (`Executables.get` pairs them):
+        the baked constants (by their repr, as the cache key holds them) and what
+        varies per call (`varying`: the shapes the caller names)."""
         baked = tuple(sorted((k, repr(v)) for k, v in self.baked.items()))
-        return (self.kind, baked, varying)
+        return (baked, varying)
 
     def executable(
         self,
