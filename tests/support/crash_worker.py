@@ -84,8 +84,10 @@ def _child(request: dict) -> None:
     nitro = nx.Nitro(
         Tiny(max_epochs=6), run_dir=request["run_dir"], resume="auto", logger=None
     )
-    with open(status, "w") as f:
+    # Written whole or not at all: a timed SIGKILL may land mid-write.
+    with open(status + ".partial", "w") as f:
         json.dump({"start": nitro.current_epoch, "run": nitro.checkpoint_run}, f)
+    os.replace(status + ".partial", status)
     if request.get("finalize"):
         checkpointer = nitro.checkpointer
         finalize = checkpointer.finalize
