@@ -248,8 +248,21 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
     size = ring.shape[0]
     for call in calls:
         reported = call.reported
-        outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
         terms, stats = reported.terms, reported.stats
+        micro = len(call.batches)
+        if (
+            not terms
+            and not stats
+            and reported.outputs is None
+            and not (
+                log.logging
+                and (call.first + micro // accum) // log.every > call.first // log.every
+            )
+        ):  # losses only, no train line: settled together
+            at = (call.first * accum + np.arange(micro)) % size
+            if log.settle_losses(ring[at].tolist()):
+                continue
+        outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
         for j, (host, index) in enumerate(call.batches):
             step, micro = divmod(j, accum)
             at = (step,) if accum == 1 else (step, micro)
@@ -269,6 +282,7 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
             )
         if stats and log.logging:  # for the epoch's means: once a call, unread
             log.means.add_call(stats, len(call.batches) // accum, accum)
+    log.show_latest()
 
 
 def call_steps(
@@ -490,9 +504,9 @@ def call_steps(
                 step += length
                 done_in_block += length
                 advance_progress_counter(length)
+                if bar is not None:  # the call's micro-batches, in one event
+                    bar.steps(len(micro))
                 for _, batch, _ in micro:
-                    if bar is not None:
-                        bar.step()
                     feed.release(batch)
                 unread.append(call)
                 unread_micro += length * accum

@@ -114,6 +114,8 @@ class EpochLog:
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
         self.program: Any = None  # the train program the epoch ran, for its cost
         self.progress = context.bar  # shows the latest train loss
+        self.latest: float | None = None
+        """The last settled micro-batch's loss."""
 
     def settle(self, item: InFlight) -> None:
         loss = float(item.loss)
@@ -121,8 +123,7 @@ class EpochLog:
             raise DivergenceError(divergence_message(loss, item, self.epoch))
         self.loss_sum += loss
         self.loss_count += 1
-        if self.progress is not None:
-            self.progress.show({"loss": loss}, throttle=True)
+        self.latest = loss
         self.trained += 1
         self.step_losses.append(loss)
         if item.terms:
@@ -140,6 +141,31 @@ class EpochLog:
                 self._log_line(item)
         self.step_losses = []
         self.step_terms = []
+
+    def settle_losses(self, losses: list[float]) -> bool:
+        """Settle micro-batches that make whole optimizer steps and carry nothing
+        but their loss (no loss terms, no train_metrics, no train line among their
+        steps), in order, as `settle` would one by one: the same running sum, so
+        the epoch's mean is bitwise the same. False, settling none, when the
+        divergence check is on and one is not finite: `settle` them one by one
+        then, which names the step."""
+        if not losses:
+            return True
+        if self.check and not all(map(math.isfinite, losses)):
+            return False
+        total = self.loss_sum
+        for loss in losses:  # one by one: a sum in another order could round apart
+            total += loss
+        self.loss_sum = total
+        self.loss_count += len(losses)
+        self.trained += len(losses)
+        self.latest = losses[-1]
+        return True
+
+    def show_latest(self) -> None:
+        """Show the last settled loss on the progress line (throttled)."""
+        if self.progress is not None and self.latest is not None:
+            self.progress.show({"loss": self.latest}, throttle=True)
 
     def _log_line(self, item: InFlight) -> None:
         # The loss terms and device train_metrics stay on the device: the logger

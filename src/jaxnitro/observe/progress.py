@@ -17,6 +17,10 @@ A reporter is `f(verb, label, total, epoch, max_epochs)`, with verb one of:
 * "epoch": once per trained epoch, after its validation; label is its summary line,
   `epoch 3/40: train_loss 0.4123 · val acc 0.9031 · 2.1 s`.
 
+A reporter may also have a method `advance(count)`: `count` "step" events at once.
+The training loop reports a call of several steps that way (the built-in reporters
+have it); a reporter without it gets `count` "step" calls.
+
 A new "phase" or "begin" clears the note. `progress_reporter(f)` installs one and
 returns the previous; None switches progress off, the bar and the per-epoch summary
 lines alike. A reporter should ignore a verb it does not know. A reporter that raises
@@ -130,6 +134,19 @@ class DefaultReporter:
         if verb == "done":
             self._choice = None
 
+    def advance(self, count: int) -> None:
+        """`count` units completed: the chosen reporter's `advance`, or its "step"
+        `count` times."""
+        choice = self._choice
+        if choice is None:
+            return
+        advance = getattr(choice, "advance", None)
+        if advance is not None:
+            advance(count)
+            return
+        for _ in range(count):
+            choice("step", "", 0, 0, 0)
+
 
 default_progress_reporter = DefaultReporter()
 """The reporter installed at import; see `DefaultReporter`."""
@@ -192,25 +209,51 @@ def report_progress(
     verb: str, label: str = "", total: int = 0, epoch: int = 0, max_epochs: int = 0
 ) -> None:
     """Send one event to the current reporter; one that raises is switched off."""
-    global _reporter
     f = _reporter
     if f is None or not is_rank0():  # rank 0 shows a run across processes
         return
     try:
         f(verb, label, total, epoch, max_epochs)
     except Exception as error:
-        if _reporter is f:
-            _reporter = None
-        with contextlib.suppress(Exception):  # let it close a live display
-            f("done", "", 0, 0, 0)
-        warnings.warn(
-            f"Progress reporter {_name(f)} raised {type(error).__name__}: {error} on "
-            f"verb {verb!r}. It is switched off and the run goes on. Fix it and "
-            f"install it again with progress_reporter(f), or pass None to run without "
-            f"progress output.",
-            NitroWarning,
-            stacklevel=3,
-        )
+        _switch_off(f, error, verb)
+
+
+def report_steps(
+    count: int, label: str, total: int, epoch: int, max_epochs: int
+) -> None:
+    """`count` "step" events at once: one `advance(count)` call for a reporter that
+    has that method (the built-in ones do), else `count` "step" calls. The calls
+    loop reports a call's steps together, so the line costs it a call, not a step.
+    """
+    f = _reporter
+    if f is None or count <= 0 or not is_rank0():
+        return
+    advance = getattr(f, "advance", None)
+    if advance is None:
+        for _ in range(count):
+            report_progress("step", label, total, epoch, max_epochs)
+        return
+    try:
+        advance(count)
+    except Exception as error:
+        _switch_off(f, error, "step")
+
+
+def _switch_off(f: ProgressReporter, error: Exception, verb: str) -> None:
+    """Switch off reporter `f`, which raised `error` on `verb`, with a warning."""
+    global _reporter
+    if _reporter is f:
+        _reporter = None
+    with contextlib.suppress(Exception):  # let it close a live display
+        f("done", "", 0, 0, 0)
+    warnings.warn(
+        f"Progress reporter {_name(f)} raised {type(error).__name__}: {error} on "
+        f"verb {verb!r}. It is switched off and the run goes on. Fix it and "
+        f"install it again with progress_reporter(f), or pass None to run without "
+        f"progress output.",
+        NitroWarning,
+        stacklevel=4,
+    )
 
 
 def progress_note(msg: str) -> None:
@@ -328,6 +371,12 @@ class Progress:
             report_progress(
                 "step", self._label, self._total, self._epoch, self._max_epochs
             )
+
+    def steps(self, count: int) -> None:
+        """`count` units completed at once, as `count` `step()` calls would report
+        them (one event for a reporter with an `advance(count)` method)."""
+        if _reporter is not None:
+            report_steps(count, self._label, self._total, self._epoch, self._max_epochs)
 
     def end(self) -> None:
         """The stretch finished (a no-op when none is open)."""

@@ -150,6 +150,11 @@ class BarReporter:
             self._finish(label)
         # "end" changes nothing on the line; unknown verbs are ignored
 
+    def advance(self, count: int) -> None:
+        """`count` "step" events at once."""
+        if self._progress is not None:
+            self._line.step(count)
+
     def _start(self) -> bool:
         console = self._console
         if console is None:

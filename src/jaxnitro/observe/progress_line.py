@@ -81,9 +81,9 @@ class ProgressLine:
         if self._has_epochs():
             self._advance()
 
-    def step(self) -> None:
-        """One unit of the stretch completed."""
-        self.done += 1
+    def step(self, count: int = 1) -> None:
+        """`count` units of the stretch completed (one by default)."""
+        self.done += count
         if self._has_epochs():
             self._advance()
 

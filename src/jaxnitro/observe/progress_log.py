@@ -116,6 +116,13 @@ class LogReporter:
             self._line = ProgressLine()
         # "end" writes nothing: the next stretch or "done" says where the run is
 
+    def advance(self, count: int) -> None:
+        """`count` "step" events at once (a record written at most once)."""
+        if self._id is None:
+            return
+        self._line.step(count)
+        self._write_throttled()
+
     def _write_throttled(self) -> None:
         if self._clock() - self._written >= self._interval:
             self._write(self._line.description())

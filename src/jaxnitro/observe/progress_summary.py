@@ -136,6 +136,14 @@ class SummaryReporter:
             self._since = None
         # "end" writes nothing; unknown verbs are ignored
 
+    def advance(self, count: int) -> None:
+        """`count` "step" events at once (a progress line written at most once)."""
+        if not self._open:
+            return
+        self._line.step(count)
+        if self._interval is not None:
+            self._at_step(self._interval)
+
     def _at_step(self, interval: float) -> None:
         now = self._clock()
         if self._since is None:  # the rate counts from the stretch's first step,
