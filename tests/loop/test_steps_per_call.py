@@ -483,3 +483,24 @@ def test_a_continued_epoch_then_whole_ones_log_every_step(tmp_path, k):
     nitro.train()
     assert nitro.current_step == 16
     assert [row["step"] for row in nitro.history] == [8, 16]
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_the_epoch_mean_is_the_same_whether_losses_settle_together_or_one_by_one(
+    tmp_path, steps_per_call
+):
+    # A train line at every step settles each micro-batch alone (EpochLog.settle);
+    # without a logger a call's losses settle in one pass (settle_losses). The
+    # epoch's mean is one running sum in order either way: bitwise the same.
+    alone, _ = train(tmp_path, "alone", Tiny(), steps_per_call=steps_per_call)
+    together = nx.Nitro(
+        Tiny(),
+        run_dir=str(tmp_path / "together"),
+        checkpointer=None,
+        logger=None,
+        steps_per_call=steps_per_call,
+    ).train()
+    means = [row["train_loss"] for row in alone.history]
+    assert means == [row["train_loss"] for row in together.history]
+    assert len(means) == Tiny().max_epochs
+    assert all(np.isfinite(means))

@@ -297,3 +297,78 @@ def test_is_log_shown_follows_levels_and_propagation(progress_logger):
     assert is_log_shown()
     progress_logger.setLevel(logging.WARNING)
     assert not is_log_shown()
+
+
+# ------------------------------------------------------- several steps at once ---
+def test_steps_sends_one_step_a_unit_to_a_reporter_without_advance(events):
+    with Progress() as progress:
+        progress.begin("train", 10, epoch=1, max_epochs=2)
+        progress.steps(3)
+        progress.steps(0)
+    assert [v for v, _ in events.verbs()] == [
+        "begin",
+        "step",
+        "step",
+        "step",
+        "end",
+        "done",
+    ]
+
+
+class Advancing(Events):
+    """A reporter that takes several steps in one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.advanced: list[int] = []
+
+    def advance(self, count: int) -> None:
+        self.advanced.append(count)
+
+
+def test_steps_sends_one_advance_to_a_reporter_that_has_it():
+    reporter = Advancing()
+    previous = progress_reporter(reporter)
+    try:
+        with Progress() as progress:
+            progress.begin("train", 10, epoch=1, max_epochs=2)
+            progress.steps(4)
+            progress.step()
+    finally:
+        progress_reporter(previous)
+    assert reporter.advanced == [4]
+    assert [v for v, _ in reporter.verbs()] == ["begin", "step", "end", "done"]
+
+
+def test_an_advance_that_raises_switches_the_reporter_off_with_a_warning():
+    class Broken(Advancing):
+        def advance(self, count: int) -> None:
+            raise RuntimeError("no room")
+
+    reporter = Broken()
+    previous = progress_reporter(reporter)
+    try:
+        with Progress() as progress:
+            progress.begin("train", 10)
+            with pytest.warns(
+                NitroWarning, match="raised RuntimeError: no room on verb 'step'"
+            ):
+                progress.steps(2)
+            assert current_progress_reporter() is None
+    finally:
+        progress_reporter(previous)
+
+
+def test_the_default_reporter_advances_its_choice_as_many_steps_would():
+    out = io.StringIO()
+    summary = progress_mod.SummaryReporter(stream=out, interval_s=None)
+    chosen = DefaultReporter(bar=summary, log=summary, summary=summary)
+    chosen("begin", "train", 10, 1, 2)
+    chosen.advance(3)
+    chosen("step", "", 0, 0, 0)
+    assert summary.progress_text(0.0).startswith("epoch 1/2: train 4/10")
+    plain = Events()
+    fallback = DefaultReporter(bar=plain, log=plain, summary=plain)
+    fallback("begin", "train", 10, 1, 2)
+    fallback.advance(2)
+    assert [v for v, _ in plain.verbs()] == ["begin", "step", "step"]
