@@ -37,17 +37,12 @@ from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
 from ..experiment.view import replace_fields
+from ..keys.fingerprint import fingerprint
+from ..keys.program_key import Identity, ProgramKey, abstract_signature, typed_key
 from ..metrics import flatten_metrics
 from ..optim.plan import OptimizerPlan
 from .boundary import StepOutputs
-from .cache import (
-    CompileCache,
-    Identity,
-    ProgramKey,
-    abstract_signature,
-    typed_key,
-)
-from .fingerprint import fingerprint
+from .cache import CompileCache
 from .precision import cast_floating, compute_dtype, like_dtypes
 
 
