@@ -34,11 +34,8 @@ from typing import Any
 from ..devices.distributed import is_rank0
 from ..devices.gather import gather_split_leaves
 from ..errors import CheckpointError, ConfigError
+from ..experiment.record_name import RECORD_SUFFIX, checkpoint_filename
 from ..watch import is_unscored, read_watched
-from .filenames import (
-    RECORD_SUFFIX,
-    checkpoint_filename,
-)
 from .header import RecordHeader
 from .manifest import (
     Manifest,

@@ -37,6 +37,7 @@ from ..watch import did_you_mean
 from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
 from .ranges import check_bounds, check_in_range
+from .record_name import checkpoint_filename
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
 
@@ -45,6 +46,21 @@ DEFAULT_LEARNING_RATE = 1e-3
 
 # The train line's default thinning: Lightning's default (the spec says 1).
 DEFAULT_LOG_EVERY_N_STEPS = 50
+
+
+class _RunDefault:
+    """The type of `RUN_DEFAULT`: one instance, compared by identity."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RUN_DEFAULT"
+
+
+# What `logger()` and `checkpointer()` return when the experiment keeps the base's:
+# "the run's default". The classes live in layers above the experiment (logging/,
+# checkpoint/), so the run makes them (`jaxnitro.run.defaults`).
+RUN_DEFAULT: Any = _RunDefault()
 
 
 def field(
@@ -514,12 +530,11 @@ class Experiment:
         None to log nothing.
 
         Returns:
-            JSONLogger: a new logger without a path, which setup points at
-            `<run_dir>/metrics.jsonl`.
+            RUN_DEFAULT: the run's default, which setup makes (`jaxnitro.run.
+            defaults`): a new `JSONLogger` pointed at `<run_dir>/metrics.jsonl`.
+            An override may return `super().logger()` for the same.
         """
-        from ..logging.jsonl import JSONLogger
-
-        return JSONLogger()
+        return RUN_DEFAULT
 
     def checkpointer(self) -> Any:
         """The run's checkpointer; the default keeps the best 3 and the latest.
@@ -528,12 +543,11 @@ class Experiment:
         is given). Return None to write no checkpoints.
 
         Returns:
-            Checkpointer: a new `Checkpointer()`, `keep=(Best(3), Last(1))`,
+            RUN_DEFAULT: the run's default, which setup makes (`jaxnitro.run.
+            defaults`): a new `Checkpointer()`, `keep=(Best(3), Last(1))`,
             ranking by the monitor.
         """
-        from ..checkpoint.checkpointer import Checkpointer
-
-        return Checkpointer()
+        return RUN_DEFAULT
 
     def checkpoint_filename(
         self,
@@ -570,8 +584,6 @@ class Experiment:
                 def checkpoint_filename(self, *, epoch, score=None, **names):
                     return f"e{epoch:04d}_{score or 0.0:.4f}.safetensors"
         """
-        from ..checkpoint.filenames import checkpoint_filename
-
         return checkpoint_filename(epoch=epoch, step=step, metric=metric, score=score)
 
     def early_stop(self) -> Any:
