@@ -54,8 +54,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("optim", "checkpoint"),
     # The verbs' loops: epochs, calls, evaluation, taking a context and a state.
     ("loop",),
-    # One run (the handle, its setup and restore), and the model as a bundle.
-    ("run", "export"),
+    # One run: the handle, its setup and restore.
+    ("run",),
+    # The model as a servable bundle: it reads a handle's public face, untyped.
+    ("export",),
     ("jaxnitro",),
     # Front ends: the agent's tools, the run-file language.
     ("agent", "runfile"),

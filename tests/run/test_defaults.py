@@ -7,7 +7,7 @@ from experiments import Tiny
 
 import jaxnitro as nx
 from jaxnitro import RunConfig
-from jaxnitro.experiment.base import RUN_DEFAULT
+from jaxnitro.experiment.run_accessors import RUN_DEFAULT
 
 
 def test_the_base_accessors_ask_for_the_runs_default():

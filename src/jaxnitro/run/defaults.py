@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..experiment.base import RUN_DEFAULT
+from ..experiment.run_accessors import RUN_DEFAULT
 from ..logging.jsonl import JSONLogger
 
 _DEFAULTS: dict[str, Callable[[], Any]] = {
