@@ -1,9 +1,12 @@
-"""The package's layering rule (docs/architecture.md), checked on the source.
+"""The package's layering rules (docs/architecture.md), checked on the source.
 
-The layers below the run (experiment, compile, optim, data, checkpoint, logging,
-observe) never import `run/` (the handle, its setup and restore) or `loop/`: every
-import is read from the source, those deferred into a function or written under
-TYPE_CHECKING included, since each closes an import cycle all the same.
+Every package and root module has a place in one ordered list of layers, `LAYERS`,
+lowest first. A module imports its own package, or a package of a lower layer; never
+one of a higher layer, nor another package of its own layer. Every import is read
+from the source: module-level ones, those deferred into a function and those written
+under TYPE_CHECKING alike, since each closes an import cycle all the same. Older,
+narrower checks stay beside it: the layers below the run never import `run/` or
+`loop/`, and `loop/` never imports `run/`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,41 @@ LOWER = (
     "devices",
 )
 UPPER = ("run", "loop")
+
+# The layers, lowest first. Each entry is a package under jaxnitro/ or a module at its
+# root ("jaxnitro" is the root package's own __init__: the public API, assembled from
+# the layers below it). Packages of one layer import nothing of each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # The foundations: they import nothing of jaxnitro.
+    ("_version", "errors", "json_bounds", "handle_type"),
+    # Lazy optional imports, the watched metric, metric modes, and the keys of
+    # compiled programs (the code fingerprint, the cache key): errors alone below.
+    ("extras", "watch", "metrics", "keys"),
+    # The user's class, its fields and hooks.
+    ("experiment",),
+    # Sources, streams and batches (routing reads the experiment's hooks).
+    ("data",),
+    # Where a run executes: processes, meshes, placement, gathering batches.
+    ("devices",),
+    ("logging",),
+    # Phases, progress, history: the compile layer announces its phases here.
+    ("observe",),
+    # The compiled programs; they take the optimizer as an `OptimizerStep`.
+    ("compile",),
+    ("optim", "checkpoint"),
+    # The verbs' loops: epochs, calls, evaluation, taking a context and a state.
+    ("loop",),
+    # One run: the handle, its setup and restore.
+    ("run",),
+    # The model as a servable bundle: it reads a handle's public face, untyped.
+    ("export",),
+    ("jaxnitro",),
+    # Front ends: the agent's tools, the run-file language.
+    ("agent", "runfile"),
+    ("commands",),
+    ("cli",),
+)
+RANK = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -69,6 +107,125 @@ def upward_imports(root: Path) -> list[str]:
                 where = path.relative_to(root.parent)
                 broken.append(f"{where}:{line}: {name} -> {target}")
     return broken
+
+
+def unit_of(module: str) -> str:
+    """The layer unit of a dotted module name: its package under the root, the
+    root module itself, or the root package ("jaxnitro")."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def units(root: Path) -> set[str]:
+    """Every unit the package holds: its subpackages and its root modules."""
+    found = {root.name}
+    for path in root.glob("*.py"):
+        if path.stem != "__init__":
+            found.add(path.stem)
+    return found | {p.parent.name for p in root.glob("*/__init__.py")}
+
+
+def layer_breaks(root: Path, layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Each import that breaks the order of `layers`, as `file:line: why`."""
+    rank = {unit: r for r, layer in enumerate(layers) for unit in layer}
+    broken = [f"{unit}: has no layer" for unit in sorted(units(root) - set(rank))]
+    for path in sorted(root.rglob("*.py")):
+        name = module_name(path, root)
+        own = unit_of(name)
+        if own not in rank:
+            continue
+        for line, target in imported_modules(path, root):
+            other = unit_of(target)
+            if other == own or (other in rank and rank[other] < rank[own]):
+                continue
+            if other not in rank:
+                why = "a unit with no layer"
+            elif rank[other] == rank[own]:
+                why = f"a package of its own layer {rank[own] + 1}"
+            else:
+                why = f"layer {rank[other] + 1}, above its own {rank[own] + 1}"
+            where = path.relative_to(root.parent)
+            broken.append(f"{where}:{line}: {name} -> {target} ({why})")
+    return broken
+
+
+def test_every_import_follows_the_order_of_the_layers():
+    assert layer_breaks(PACKAGE, LAYERS) == []
+
+
+def test_every_layer_entry_names_a_unit_of_the_package():
+    assert sorted(set(RANK) - units(PACKAGE)) == []
+    assert len(RANK) == sum(len(layer) for layer in LAYERS)  # no unit named twice
+
+
+def make_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "jaxnitro"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent != root:
+            (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    return root
+
+
+TOY_LAYERS = (("errors",), ("experiment",), ("compile", "logging"), ("jaxnitro",))
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("from ..compile.cache import key\n", "layer 3, above its own 2"),
+        (
+            "def f():\n    from jaxnitro.compile import cache\n",
+            "layer 3, above its own 2",
+        ),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from ..logging.jsonl import JSONLogger\n",
+            "layer 3, above its own 2",
+        ),
+        ("import jaxnitro\n", "layer 4, above its own 2"),
+        ("from ..unplaced import thing\n", "a unit with no layer"),
+    ],
+)
+def test_an_import_against_the_order_is_caught_wherever_it_stands(
+    tmp_path, source, why
+):
+    root = make_package(
+        tmp_path,
+        {
+            "errors.py": "",
+            "experiment/base.py": source,
+            "compile/cache.py": "",
+            "logging/jsonl.py": "",
+            "unplaced/__init__.py": "",
+        },
+    )
+    found = layer_breaks(root, TOY_LAYERS)
+    assert found[0] == "unplaced: has no layer"
+    [broken] = found[1:]
+    assert broken.startswith("jaxnitro/experiment/base.py:")
+    assert broken.endswith(f"({why})")
+
+
+def test_packages_of_one_layer_import_nothing_of_each_other(tmp_path):
+    root = make_package(
+        tmp_path,
+        {
+            "errors.py": "",
+            "experiment/base.py": "from ..errors import E\n",
+            "compile/cache.py": "from ..experiment import base\nfrom . import x\n",
+            "compile/x.py": "",
+            "logging/jsonl.py": "def f():\n    from ..compile.cache import key\n",
+        },
+    )
+    assert layer_breaks(root, TOY_LAYERS) == [
+        "jaxnitro/logging/jsonl.py:2: jaxnitro.logging.jsonl -> jaxnitro.compile.cache"
+        " (a package of its own layer 3)"
+    ]
 
 
 def test_no_lower_layer_imports_the_run_or_the_loop():

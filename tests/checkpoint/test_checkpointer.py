@@ -18,7 +18,6 @@ import jaxnitro as nx
 from jaxnitro.checkpoint import checkpointer as checkpointer_module
 from jaxnitro.checkpoint import topk as topk_module
 from jaxnitro.checkpoint.checkpointer import Checkpointer
-from jaxnitro.checkpoint.filenames import checkpoint_filename
 from jaxnitro.checkpoint.info import checkpoint_info
 from jaxnitro.checkpoint.manifest import (
     MANIFEST,
@@ -35,6 +34,7 @@ from jaxnitro.checkpoint.retention_checks import (
 )
 from jaxnitro.checkpoint.selectors import Best, Epochs, Every, Last, Selector
 from jaxnitro.checkpoint.topk import TopKCheckpointer
+from jaxnitro.experiment.record_name import checkpoint_filename
 
 SCORES = {1: 0.9, 2: 0.5, 3: 0.7, 4: 0.4, 5: 0.8, 6: 0.6, 7: 0.95, 8: 0.3, 9: 0.85}
 

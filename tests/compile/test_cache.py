@@ -1,7 +1,6 @@
 """The compile cache: what moves a key, and what never does."""
 
 import contextlib
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,6 @@ from compile_counts import kinds_compiled
 from experiments import HostBuilt, QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
-from jaxnitro.compile.cache import ProgramKey, typed_key
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
@@ -133,42 +131,6 @@ def test_graphconst_values_python_calls_equal_compile_apart():
     misses = nx.cache_stats()["misses"]
     assert predict((1, 2))["offsets"].dtype == np.int32
     assert nx.cache_stats()["misses"] == misses  # each value hits its own program
-
-
-def test_typed_key_tells_apart_values_python_calls_equal():
-    @dataclasses.dataclass(frozen=True)
-    class Cfg:
-        width: float
-
-    for a, b in [
-        ((1, 2), (True, 2.0)),
-        (0.0, -0.0),
-        (frozenset({1}), frozenset({1.0})),
-        ({"a": 1}, {"a": True}),
-        (Cfg(1), Cfg(1.0)),
-        (np.float32(1.0), 1.0),
-    ]:
-        assert a == b and typed_key(a) != typed_key(b)
-    assert typed_key((1, (2.0, "x"))) == typed_key((1, (2.0, "x")))
-    assert typed_key(float("nan")) == typed_key(float("nan"))
-
-
-def test_baked_constants_key_with_their_types():
-    def key(baked):
-        return ProgramKey(
-            kind="gradient",
-            experiment=("m", "E"),
-            graphconst=(),
-            code="",
-            model=None,
-            signature=(),
-            baked=baked,
-            compile_options=(),
-        )
-
-    assert key((("inv_accum", 1.0),)) == key((("inv_accum", 1.0),))
-    assert key((("inv_accum", 1.0),)) != key((("inv_accum", 1),))
-    assert key((("clip", 0.0),)) != key((("clip", -0.0),))
 
 
 def test_clip_threshold_compiles_nothing_and_switching_it_on_only_the_train_step():

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxnitro.compile.cache import Identity
+from jaxnitro.keys.program_key import Identity
 from jaxnitro.optim.rule_key import rule_key
 
 

@@ -1,12 +1,12 @@
 """Checkpoints: the record format, the checkpointer and its manifest."""
 
+from ..experiment.record_name import checkpoint_filename as checkpoint_filename
 from .averaging import Average as Average
 from .checkpointer import Checkpointer as Checkpointer
-from .checkpointer import load_checkpoint as load_checkpoint
 from .compat import check_record_tree_compatible as check_record_tree_compatible
-from .filenames import checkpoint_filename as checkpoint_filename
 from .info import checkpoint_info as checkpoint_info
 from .io_retry import with_io_retry as with_io_retry
+from .loading import load_checkpoint as load_checkpoint
 from .lookup import find_latest as find_latest
 from .lookup import resolve_checkpoint as resolve_checkpoint
 from .lookup import selected_checkpoint as selected_checkpoint

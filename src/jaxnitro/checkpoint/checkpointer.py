@@ -20,6 +20,11 @@ at any instant leaves a readable directory whose manifest names complete records
 fresh directory gets an empty manifest before its first record, so records without
 a manifest always mean a lost one (which lookups rebuild, and the first save writes
 back), never a kill between the first record and its manifest.
+
+The parts a write uses live beside it: `naming` (the name function's answer checked,
+a free variant of it), `retention` (what the selectors keep, what rotation deletes)
+and `recovery` (finishing what a killed write left); `load_checkpoint` is in
+`loading`.
 """
 
 from __future__ import annotations
@@ -28,46 +33,36 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..devices.distributed import is_rank0
 from ..devices.gather import gather_split_leaves
 from ..errors import CheckpointError, ConfigError
 from ..watch import is_unscored, read_watched
-from .filenames import (
-    RECORD_SUFFIX,
-    checkpoint_filename,
-)
 from .header import RecordHeader
 from .manifest import (
     Manifest,
     ManifestEntry,
     holds_records,
-    is_deletable_record,
     load_manifest,
     manifest_path,
     read_manifest,
     remove_file,
-    restore_lost_manifest,
     write_manifest,
 )
+from .naming import check_name_function, free_filename, name_function, record_filename
 from .paths import checked_path
 from .record import (
     TMP_PREFIX,
     CheckpointRecord,
-    read_header,
     read_header_checksummed,
     rewrite_header,
     save_record,
 )
-from .selectors import (
-    Best,
-    Last,
-    is_scored_under,
-    is_selector,
-    selector_admits,
-)
+from .recovery import recover_directory
+from .retention import kept_entries, others_ranked, rotation
+from .selectors import Best, Last, is_scored_under, is_selector
 
 SCOPES = ("run", "dir")
 STOP_REASONS = ("completed", "early_stop", "requested", "preempted", "error")
@@ -281,26 +276,7 @@ class Checkpointer:
         self.parent = parent
         self._last_saved = None
         self._recovered = False
-        self._check_filename()
-
-    def _check_filename(self) -> None:
-        """Call the filename function once with sample values, so a broken one
-        fails at setup rather than after the first epoch."""
-        score = None if self.metric is None else 0.5
-        sample: dict[str, Any] = {"epoch": 1, "step": 1, "metric": self.metric}
-        sample["score"] = score
-        try:
-            self._filename(epoch=1, step=1, metric=self.metric, score=score)
-        except ConfigError:
-            raise
-        except Exception as error:
-            who = "name function" if self.name is not None else "checkpoint_filename"
-            spelled = ", ".join(f"{k}={v!r}" for k, v in sample.items())
-            raise ConfigError(
-                f"The checkpointer's {who} failed on sample values ({spelled}): "
-                f"{type(error).__name__}: {error}. It is called with the keywords "
-                f"epoch, step, metric and score; accept **names for any added later."
-            ) from error
+        check_name_function(*self._naming(), metric=self.metric)
 
     def entries(self) -> list[ManifestEntry]:
         """Every entry of the directory's manifest, every run's.
@@ -340,14 +316,9 @@ class Checkpointer:
     def _matches(self, entry: ManifestEntry) -> bool:
         return is_scored_under(entry, self.metric, self.mode)
 
-    def _others_ranked(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
-        if self.scope != "dir":
-            return []
-        return [
-            e
-            for e in entries
-            if e.run != self.run and e.score is not None and self._matches(e)
-        ]
+    def _naming(self) -> tuple[Callable[..., str], str]:
+        """The function that names records, and what an error calls it."""
+        return name_function(self.name, self._bound_name)
 
     def save(
         self,
@@ -406,13 +377,17 @@ class Checkpointer:
         # A re-trained epoch (a resume that branched nowhere) replaces its old entry.
         replaced = [e for e in own if e.epoch == epoch]
         own_pool = [e for e in own if e.epoch != epoch and self._matches(e)]
-        others = self._others_ranked(all_entries)
-        filename = self._free_filename(
-            directory,
+        others = others_ranked(
             all_entries,
-            replaced,
-            self._filename(epoch=epoch, step=step, metric=metric, score=score),
+            run=self.run,
+            scope=self.scope,
+            metric=self.metric,
+            mode=self.mode,
         )
+        named = record_filename(
+            *self._naming(), epoch=epoch, step=step, metric=metric, score=score
+        )
+        filename = free_filename(directory, all_entries, replaced, named, run=self.run)
         candidate = ManifestEntry(
             file=filename,
             epoch=epoch,
@@ -426,17 +401,8 @@ class Checkpointer:
             parent=self.parent,
         )
 
-        def pool(selector: Any) -> list[ManifestEntry]:
-            across = self.scope == "dir" and getattr(selector, "across_runs", False)
-            return own_pool + others if across else own_pool
-
-        admitted = any(selector_admits(s, pool(s), candidate, self) for s in self.keep)
-        kept: list[ManifestEntry] = []
-        for selector in self.keep:
-            for entry in selector.select([*pool(selector), candidate], self):
-                if entry not in kept:
-                    kept.append(entry)
-        if not admitted or candidate not in kept:
+        kept = kept_entries(self, candidate, own_pool, others)
+        if kept is None:
             self._last_saved = None
             return False
         if not os.path.lexists(manifest_path(directory)) and not holds_records(
@@ -460,86 +426,14 @@ class Checkpointer:
         _, checksum = read_header_checksummed(path)
         candidate = dataclasses.replace(candidate, checksum=checksum)
         dropped = [e for e in [*own_pool, *replaced, *others] if e not in kept]
-        survivors = [e for e in all_entries if e not in dropped] + [candidate]
-        listed = {e.file for e in survivors}
-        # Files an earlier rotation could not delete stay listed until they are gone.
-        leftover = {
-            name
-            for name in manifest.pending_deletion
-            if os.path.exists(os.path.join(directory, name))
-        }
-        doomed = sorted(({e.file for e in dropped} | leftover) - listed)
-        # Only files the framework wrote, by its own naming: a crafted entry or
-        # pending_deletion naming notes.txt or .nitro.lock deletes nothing.
-        doomed = [name for name in doomed if is_deletable_record(directory, name)]
+        survivors, doomed = rotation(
+            directory, all_entries, dropped, candidate, manifest.pending_deletion
+        )
         write_manifest(directory, survivors, doomed, tmp_prefix=self._tmp_prefix)
         for name in doomed:
             remove_file(os.path.join(directory, name))
         self._last_saved = candidate
         return True
-
-    def _filename(
-        self, *, epoch: int, step: int, metric: str | None, score: float | None
-    ) -> str:
-        function = self.name if self.name is not None else self._bound_name
-        if function is None:
-            return checkpoint_filename(
-                epoch=epoch, step=step, metric=metric, score=score
-            )
-        name = function(epoch=epoch, step=step, metric=metric, score=score)
-        if isinstance(name, str) and "\x00" in name:
-            who = "name function" if self.name is not None else "checkpoint_filename"
-            raise ConfigError(
-                f"The checkpointer's {who} returned {name!r}, which holds a NUL byte "
-                f"(\\x00); no file name can hold one. Return a filename without it, "
-                f"such as 'epoch-0003.safetensors'."
-            )
-        if not isinstance(name, str) or not name or os.path.basename(name) != name:
-            who = "name function" if self.name is not None else "checkpoint_filename"
-            raise ConfigError(
-                f"The checkpointer's {who} returned {name!r}; it must return "
-                f"a filename without a directory, such as 'epoch-0003.safetensors'."
-            )
-        return name if name.endswith(RECORD_SUFFIX) else name + RECORD_SUFFIX
-
-    def _free_filename(
-        self,
-        directory: str,
-        entries: Sequence[ManifestEntry],
-        replaced: Sequence[ManifestEntry],
-        filename: str,
-    ) -> str:
-        """`filename`, or it with `-run-<id>` when that would overwrite another's."""
-        mine = {e.file for e in replaced}
-        listed = {e.file for e in entries} - mine
-        stem = filename[: -len(RECORD_SUFFIX)]
-        candidates = [filename, f"{stem}-run-{self.run}{RECORD_SUFFIX}"]
-        candidates += [
-            f"{stem}-run-{self.run}-{i}{RECORD_SUFFIX}" for i in range(2, 100)
-        ]
-        for name in candidates:
-            if name in listed:
-                continue
-            path = os.path.join(directory, name)
-            if name in mine or not os.path.exists(path) or self._is_own_orphan(path):
-                return name
-        raise CheckpointError(
-            f"Cannot find a free checkpoint filename for {filename} in {directory}: "
-            f"every variant up to -run-{self.run}-99 belongs to another run."
-        )
-
-    def _is_own_orphan(self, path: str) -> bool:
-        """A record this run renamed into place but never listed (a killed write)."""
-        try:
-            header = read_header(path)
-        except CheckpointError:
-            return False
-        # An average_checkpoints file has run None, so it can pass for an orphan
-        # only of a run with no id; a record of a run that started from an average
-        # also carries averaged_from, and is its run's own.
-        return header.run == self.run and (
-            self.run is not None or header.averaged_from is None
-        )
 
     def recover(self) -> None:
         """Finish what a killed write left: rotation's pending deletions, and this
@@ -555,24 +449,9 @@ class Checkpointer:
         """`recover()`; the manifest it read (recovery leaves it unchanged)."""
         directory = self._directory()
         self._recovered = True
-        # A lost manifest is written back before this run's first record, or the
-        # manifest it starts would list only the records written from then on.
-        restore_lost_manifest(
+        return recover_directory(
             directory, metric=self.metric, mode=self.mode, tmp_prefix=self._tmp_prefix
         )
-        manifest = load_manifest(directory)
-        listed = {e.file for e in manifest.entries}
-        for name in manifest.pending_deletion:
-            if name not in listed and is_deletable_record(directory, name):
-                remove_file(os.path.join(directory, name))
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return manifest
-        for name in names:
-            if name.startswith(self._tmp_prefix):
-                remove_file(os.path.join(directory, name))
-        return manifest
 
     def finalize(self, stop_reason: str) -> bool:
         """Record how the run ended in its last record, if a selector kept it.
@@ -649,43 +528,3 @@ class Checkpointer:
             watcher=f"The checkpointer ranks by `{self.metric}`",
             hint=" Set `monitor` to one of them.",
         )
-
-
-def load_checkpoint(
-    checkpointer: Any, path: str | os.PathLike[str]
-) -> CheckpointRecord | None:
-    """Load the record at `path` through the checkpointer that wrote it.
-
-    It asks the checkpointer (`checkpointer.load(path)`) rather than reading the
-    file itself, so a checkpointer with another storage backend can implement it;
-    `Checkpointer.load` reads the file, refusing a damaged or foreign one and a
-    record of another format version by name.
-
-    Args:
-        checkpointer: a `Checkpointer`, any object with a `load(path)` method, or
-            None.
-        path: the record's path.
-
-    Returns:
-        CheckpointRecord | None: the record (`.header`, a `RecordHeader`;
-        `.arrays`, the stored arrays by key), or None when `checkpointer` is None.
-
-    Raises:
-        CheckpointError: the file is missing, damaged or not a record.
-        ConfigError: `checkpointer` has no `load` method.
-
-    Example::
-
-        path = "runs/exp/epoch-0003-step-12.safetensors"
-        record = nx.load_checkpoint(nitro.checkpointer, path)
-        record.header.epoch, sorted(record.arrays)[:2]
-    """
-    if checkpointer is None:
-        return None
-    load = getattr(checkpointer, "load", None)
-    if not callable(load):
-        raise ConfigError(
-            f"load_checkpoint: {type(checkpointer).__name__} has no load(path) "
-            f"method; pass a Checkpointer, an object with load(path), or None."
-        )
-    return load(path)  # type: ignore[no-any-return]

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import ConfigError, NitroWarning
 from .checkpointer import Checkpointer
 from .manifest import ManifestEntry
+from .retention import others_ranked
 from .selectors import is_scored_under
 
 NO_VAL_ONLY_BEST = (
@@ -56,7 +57,9 @@ def scope_deletion_warning(
     """The warning for scope "dir" when other runs' checkpoints may be deleted."""
     if not trains or ckpt.scope != "dir":
         return None
-    others = ckpt._others_ranked(entries)
+    others = others_ranked(
+        entries, run=ckpt.run, scope=ckpt.scope, metric=ckpt.metric, mode=ckpt.mode
+    )
     if not others:
         return None
     runs = sorted({str(e.run) if e.run is not None else "legacy" for e in others})

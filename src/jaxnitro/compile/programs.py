@@ -37,17 +37,12 @@ from ..errors import HookError
 from ..experiment.modes import training_mode
 from ..experiment.rng import EVAL_RNG_INPUT, step_rng_scope
 from ..experiment.view import replace_fields
+from ..keys.fingerprint import fingerprint
+from ..keys.program_key import Identity, ProgramKey, abstract_signature, typed_key
 from ..metrics import flatten_metrics
-from ..optim.plan import OptimizerPlan
 from .boundary import StepOutputs
-from .cache import (
-    CompileCache,
-    Identity,
-    ProgramKey,
-    abstract_signature,
-    typed_key,
-)
-from .fingerprint import fingerprint
+from .cache import CompileCache
+from .optimizer_step import OptimizerStep
 from .precision import cast_floating, compute_dtype, like_dtypes
 
 
@@ -297,7 +292,7 @@ class GradientFields:
 
 
 def gradient_fn(
-    ctx: TraceContext, fields: GradientFields, plan: OptimizerPlan
+    ctx: TraceContext, fields: GradientFields, plan: OptimizerStep
 ) -> Callable:
     """The gradient computation of one micro-batch, traced into the train program
     (`compile/scanned.py`): `(values, params, model_state, batch, grad_hp, rng) ->
@@ -329,7 +324,7 @@ def gradient_fn(
             differentiate = jax.value_and_grad(objective, has_aux=True)
             (loss, (outputs, new_state, terms)), grads = differentiate(params)
             if plan.perturbs:
-                eps = plan.grad_rule.perturbation(  # type: ignore[attr-defined]
+                eps = plan.grad_rule.perturbation(
                     grads, params, grad_hp["masks"], grad_hp["values"]
                 )
                 shifted = jax.tree.map(lambda p, e: p + e, params, eps)

@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..optim.plan import OptimizerPlan
+from .optimizer_step import OptimizerStep
 from .packed import Packing
 from .programs import GradientFields, TraceContext, gradient_fn
 
@@ -150,7 +150,7 @@ stacked `(accum, ...)`."""
 
 
 def automatic_step(
-    ctx: TraceContext, fields: GradientFields, accum: int, plan: OptimizerPlan
+    ctx: TraceContext, fields: GradientFields, accum: int, plan: OptimizerStep
 ) -> StepBody:
     """The automatic mode's step: the gradient of each micro-batch added into the
     accumulator as `a + g / accum`, then the optimizer step on the accumulated

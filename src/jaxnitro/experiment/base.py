@@ -4,8 +4,10 @@ A subclass becomes a frozen, keyword-only dataclass registered as a JAX pytree (
 Device fields are the children). It records its fields' markers as the three traits
 `device_fields`, `host_fields` and `config_metadata`, and it carries the run accessors
 (`seed`, `accum`, `max_epochs`, ...) with their defaults, which a subclass overrides
-with a method or with a field of the same name. Its docstring gains a marker table
-(field, kind, type, default, doc), so `help(MyExp)` shows every field at a glance.
+with a method or with a field of the same name (inherited from `RunAccessors`,
+`run_accessors.py`), and the export hooks' defaults (`ExportHooks`,
+`export_hooks.py`). Its docstring gains a marker table (field, kind, type, default,
+doc; `field_table.py`), so `help(MyExp)` shows every field at a glance.
 
     class MnistMLP(Experiment):
         width: GraphConst[int] = 128
@@ -24,27 +26,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 import sys
 import typing
 from typing import Any, ClassVar
 
 import jax
-import numpy as np
 
 from ..errors import ConfigError, HookError
 from ..watch import did_you_mean
+from .export_hooks import ExportHooks
+from .field_table import marker_table, summarize
 from .fielddocs import read_field_sources
 from .markers import DEVICE_MARKER, GRAPHCONST_MARKER, HOST_MARKER, Kind, field_kind
 from .ranges import check_bounds, check_in_range
+from .record_name import checkpoint_filename
+from .run_accessors import RunAccessors
 from .traits import NO_DEFAULT, FieldMeta
 from .values import coerce_graphconst, freeze_graphconst
 
 # The base learning rate of the default optimizer (radam) when nothing sets one.
 DEFAULT_LEARNING_RATE = 1e-3
-
-# The train line's default thinning: Lightning's default (the spec says 1).
-DEFAULT_LOG_EVERY_N_STEPS = 50
 
 
 def field(
@@ -125,7 +126,7 @@ def _resolve_annotations(cls: type) -> dict[str, Any]:
         return resolved
 
 
-class Experiment:
+class Experiment(RunAccessors, ExportHooks):
     """Base class of experiments: marked fields plus hooks, with accessor defaults.
 
     Subclasses are frozen keyword-only dataclasses, registered as JAX pytrees whose
@@ -247,7 +248,7 @@ class Experiment:
                 le=f.metadata.get("jaxnitro_range", (None, None))[1],
             )
         cls._jaxnitro_meta = meta
-        table = _marker_table(cls)
+        table = marker_table(cls)
         cls.__doc__ = f"{inspect.cleandoc(own_doc)}\n\n{table}" if own_doc else table
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_with_keys, _unflattener(cls), _flatten
@@ -309,232 +310,6 @@ class Experiment:
         ]
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    # --- run accessors: a keyword beats a subclass method or field, which beats these
-    def seed(self) -> int:
-        """The global RNG seed, set before build_data.
-
-        Setup seeds Python's `random` and NumPy's global RNG with it (NumPy's modulo
-        2**32) before `build_data`, and passes `jax.random.key(seed)` to
-        `build_model`. A resume takes the record's seed instead. A `seed` field
-        must not be GraphConst (setup refuses it), so a seed sweep shares one
-        compiled program.
-
-        Returns:
-            int: 42.
-        """
-        return 42
-
-    def run_dir(self) -> str:
-        """The run's output directory: runs/<experiment class name>.
-
-        Relative to the working directory. Checkpoints, the manifest, the default
-        log file and `resume="auto"` resolve against it.
-
-        Returns:
-            str: `os.path.join("runs", type(self).__name__)`.
-        """
-        return os.path.join("runs", type(self).__name__)
-
-    def n_devs(self) -> int:
-        """Local devices to shard the batch over (the global batch splits across
-        them, so it must divide by n_devs); 1 runs on one device without a mesh.
-
-        A `setup_devices(n_devs=...)` pin beats this accessor, and the `n_devs`
-        keyword of `Nitro` beats both. At most the visible devices.
-
-        Returns:
-            int: 1.
-        """
-        return 1
-
-    def accum(self) -> int:
-        """Micro-batches per optimizer step; baked into the gradient program.
-
-        Setup refuses a value that is not an int >= 1, and a train split whose
-        batch count does not divide by it (`ConfigError`). With accum = N each
-        optimizer step accumulates the gradients of N micro-batches.
-
-        Returns:
-            int: 1.
-        """
-        return 1
-
-    def max_epochs(self) -> int:
-        """Epochs to train for: the epoch `train()` ends at.
-
-        Setup refuses a value that is not an int >= 0, and a `max_epochs` field
-        marked GraphConst (`ConfigError`).
-
-        Returns:
-            int: 1.
-        """
-        return 1
-
-    def max_steps(self) -> int | None:
-        """Optimizer steps to train for in all, or None for no step bound.
-
-        Counted over the whole run, a resume included: training ends after step
-        `max_steps`, mid-epoch if it falls there (that part-epoch is validated,
-        checkpointed and gets its history row; stop_reason "completed"), or at
-        `max_epochs`, whichever comes first. When `max_epochs` is left at its
-        default (no keyword, method or field sets it), max_steps alone bounds the
-        run: setup sets max_epochs to the epochs it needs. The schedules' horizon
-        is min(max_steps, max_epochs * steps per epoch). Setup refuses a value that
-        is not an int >= 1.
-
-        Returns:
-            None.
-        """
-        return None
-
-    def gradient_clip_norm(self) -> float:
-        """Global-norm clip threshold of the accumulated gradient; 0 is off.
-
-        Applied to the fully accumulated gradient at the start of the optimizer
-        step. It must be finite and >= 0.
-
-        Returns:
-            float: 0.0.
-        """
-        return 0.0
-
-    def check_divergence(self) -> bool:
-        """Whether a non-finite training loss stops the run.
-
-        When True, a NaN or infinite loss raises `DivergenceError` naming its step
-        and epoch; when False, training continues from the diverged state.
-
-        Returns:
-            bool: True.
-        """
-        return True
-
-    def log_every_n_steps(self) -> int:
-        """Write the train line only on optimizer steps that are a multiple of this.
-
-        Only the writing is thinned: the loss is still read back every micro-batch
-        for the divergence check and the history, and validation and the per-epoch
-        lines are unaffected. Setup refuses a value that is not an int >= 1.
-
-        Whatever the cadence, every epoch (and the part of one a stop or max_steps
-        cut) ends with a train summary line, context "train_epoch", at its last
-        step: the epoch's mean loss (the history's `train_loss`) and each
-        train_metrics value averaged over the epoch's optimizer steps (the mean of
-        the values their train lines would carry; after a resume mid-epoch, over
-        the steps trained since). A run shorter than this many steps still logs
-        its training.
-
-        The default, 50, departs from the spec's 1 (a train line on every optimizer
-        step): a line every step cost a dispatch-bound step about 9%
-        (benchmarks/logger_cost.py), so it is 50, as in PyTorch Lightning. Return 1
-        (or pass `log_every_n_steps=1`) for a line every step.
-
-        Returns:
-            int: 50 (`DEFAULT_LOG_EVERY_N_STEPS`).
-        """
-        return DEFAULT_LOG_EVERY_N_STEPS
-
-    def val_every_n_steps(self) -> int | None:
-        """Validate also after every optimizer step that is a multiple of this.
-
-        Such a validation runs mid-epoch, where the step falls (an epoch's last
-        step validates at the epoch end, once); the epoch-end validation stays.
-        Each one writes a validate line and updates every Plateau and the
-        early-stopping policy, so their patience counts validations, not epochs;
-        the history keeps one row per epoch. The validation a stop or max_steps
-        adds mid-epoch counts only when its step is such a multiple, so a stopped
-        and resumed run decides as a straight one. Setup refuses a value that is
-        not an int >= 1, and one given without a val split.
-
-        Returns:
-            None: validate at epoch ends only.
-        """
-        return None
-
-    def checkpoint_every_n_steps(self) -> int | None:
-        """Write a checkpoint record also after every optimizer step that is a
-        multiple of this.
-
-        A record written mid-epoch holds where the epoch stands (its batches and
-        running train loss), so a resume from it continues that epoch at the exact
-        batch and reproduces a straight run bitwise. It carries the validation
-        metrics of its step when a validation ran there, else none (a ranking
-        selector leaves it unscored). The manifest keeps one record per epoch of a
-        run, so a later record of the same epoch replaces it. Setup refuses a value
-        that is not an int >= 1.
-
-        Returns:
-            None: checkpoint at epoch ends only.
-        """
-        return None
-
-    def autolog_schedules(self) -> bool:
-        """Whether varying schedule values are logged on the train line.
-
-        Returns:
-            bool: True.
-        """
-        return True
-
-    def eval_loss(self) -> bool:
-        """Whether evaluation also reports the loss when custom metrics are defined.
-
-        When True, each eval batch also runs `loss` in its own compiled program, and
-        `loss` and each `loss/<term>` join what `finalize_metrics` returns, averaged
-        over batches; a split whose batches lack the fields `loss` declares is
-        skipped. Without `metrics` the loss is reported anyway.
-
-        Returns:
-            bool: False.
-        """
-        return False
-
-    def monitor(self) -> tuple[str, str] | None:
-        """The validation metric the run is judged by, as (name, "min" | "max").
-
-        The checkpointer, early stopping and every Plateau follow it unless given
-        their own metric and mode. The name is a key of the validation metrics
-        (the validation loss is "loss"); "val_loss" is read as "loss" with a
-        `DeprecationWarning`. None becomes ("loss", "min") at setup when the
-        experiment defines no `metrics` or `eval_loss` is on. Otherwise there is no
-        monitor, and setup refuses what would follow it: a checkpointer without a
-        metric of its own that keeps Best checkpoints (on a handle with a val
-        split), an EarlyStopping or a Plateau without their own metric.
-
-        Returns:
-            tuple[str, str] | None: None.
-        """
-        return None
-
-    def logger(self) -> Any:
-        """The run's logger; the default writes metrics.jsonl in run_dir.
-
-        Called once per construction (not at all when the `logger` keyword is
-        given), so a side effect in an override happens once per `Nitro`. Return
-        None to log nothing.
-
-        Returns:
-            JSONLogger: a new logger without a path, which setup points at
-            `<run_dir>/metrics.jsonl`.
-        """
-        from ..logging.jsonl import JSONLogger
-
-        return JSONLogger()
-
-    def checkpointer(self) -> Any:
-        """The run's checkpointer; the default keeps the best 3 and the latest.
-
-        Called once per construction (not at all when the `checkpointer` keyword
-        is given). Return None to write no checkpoints.
-
-        Returns:
-            Checkpointer: a new `Checkpointer()`, `keep=(Best(3), Last(1))`,
-            ranking by the monitor.
-        """
-        from ..checkpoint.checkpointer import Checkpointer
-
-        return Checkpointer()
-
     def checkpoint_filename(
         self,
         *,
@@ -570,46 +345,7 @@ class Experiment:
                 def checkpoint_filename(self, *, epoch, score=None, **names):
                     return f"e{epoch:04d}_{score or 0.0:.4f}.safetensors"
         """
-        from ..checkpoint.filenames import checkpoint_filename
-
         return checkpoint_filename(epoch=epoch, step=step, metric=metric, score=score)
-
-    def early_stop(self) -> Any:
-        """The early-stopping rule; default none.
-
-        An `EarlyStopping`, or any object with `should_stop(epoch, metrics) ->
-        bool`, checked once per epoch after validation; setup refuses one on a
-        handle that has a train split and no val split.
-
-        Returns:
-            None: the run never stops early.
-        """
-        return None
-
-    def ema(self) -> Any:
-        """The exponential moving average of the weights; default none.
-
-        Return an `EMA(beta)` to keep one; validation, checkpoint selection and
-        `predict` then read it (see the `eval_weights` keyword).
-
-        Returns:
-            None: no EMA.
-        """
-        return None
-
-    def schedules(self) -> dict[str, Any]:
-        """Values that vary with the optimizer step; default none.
-
-        Each entry maps a key (an optimizer rule field such as "learning_rate", a
-        Device field, a gradient rule field) to a factory of the horizon (called
-        once with `total = max_epochs * (len(train) // accum)`, returning `step ->
-        value`), a schedule, a bare number or a `Plateau`. It reads no field of the
-        experiment: a field named `schedules` is refused.
-
-        Returns:
-            dict[str, Any]: an empty dict.
-        """
-        return {}
 
     def learning_rate(self, group: str | None = None) -> float:
         """The base learning rate of the default optimizer.
@@ -726,106 +462,6 @@ class Experiment:
         """
         return acc
 
-    # --- export (`jaxnitro.export_model`) ----------------------------------------
-    def export_inputs(self) -> list[Any]:
-        """The tensors a client sends, in order: a list of `ExportSpec`. Required
-        for `export_model`; the default raises.
-
-        The order fixes the positional order the program is traced with and the
-        tensor names in the bundle. Each spec needs a dtype and a shape whose first
-        axis is the batch (its size a placeholder for each exported batch size).
-
-        Raises:
-            HookError: always, naming the fix: define the method.
-        """
-        raise HookError(
-            f"export_model needs {type(self).__name__}.export_inputs: the tensors a "
-            "client sends. Define it, e.g. `def export_inputs(self): return "
-            "[ExportSpec('x', 'float32', (1, 8))]` (batch axis first)."
-        )
-
-    def export_outputs(self) -> list[Any]:
-        """Which leaves of `forward`'s outputs ship, and under what names: a list of
-        `ExportSpec`. Required for `export_model`; the default raises.
-
-        Each spec's source (`from_`, else its name) is a key of the dict `forward`
-        returns, or a wire input (an echo, which must declare `from_`); a bare
-        array output takes exactly one spec. dtype and shape come from the trace;
-        when given they are checked against it, the batch axis excluded.
-
-        Raises:
-            HookError: always, naming the fix: define the method.
-        """
-        raise HookError(
-            f"export_model needs {type(self).__name__}.export_outputs: which outputs "
-            "of forward ship. Define it, e.g. `def export_outputs(self): return "
-            "[ExportSpec('logits')]`."
-        )
-
-    def export_preprocess(self, *wire: Any) -> Any:
-        """Convert the wire inputs into the batch `forward` takes; traced into the
-        exported program, and also called eagerly on host arrays by the probe.
-
-        Args:
-            *wire: one array per `export_inputs` spec, in order, batch axis first.
-
-        Returns:
-            dict[str, Any] | None: the batch forward routes its keywords from. The
-            default, None, makes each wire input the batch field of its own name.
-        """
-        del wire
-        return None
-
-    def export_postprocess(self) -> str | None:
-        """Python source that ships in the bundle as `postprocess.py`, for work
-        that does not belong in the compiled graph (a softmax, a decode). The
-        framework never runs it. The default, None, ships none."""
-        return None
-
-    def export_client_inputs(self) -> list[Any] | None:
-        """What a client sends before the postprocess's counterpart runs, when it
-        differs from the wire inputs: a list of `ExportSpec` with dtype and shape
-        (axis letters and -1 axes allowed). Refused without `export_postprocess`.
-        The default, None, means the wire inputs."""
-        return None
-
-    def export_client_outputs(self) -> list[Any] | None:
-        """What a client receives after `export_postprocess` has run, when it
-        differs from what the program emits: a list of `ExportSpec` with dtype and
-        shape. Refused without `export_postprocess`. The default is None."""
-        return None
-
-    def export_provenance_extra(
-        self, *, checkpoint: str | None = None
-    ) -> dict[str, Any]:
-        """The model's own provenance entries, merged over the framework's and the
-        site's (and under `export_model`'s `provenance` argument).
-
-        Args:
-            checkpoint: the file the weights came from (`nitro.checkpoint_source`),
-                or None for fresh weights.
-
-        Returns:
-            dict[str, Any]: JSON-serializable entries; the default is empty.
-        """
-        del checkpoint
-        return {}
-
-
-def summarize(value: Any) -> str:
-    """A short display of a field value: never a device buffer, never a big array."""
-    if isinstance(value, jax.Array):
-        shape = "x".join(map(str, value.shape))
-        if value.ndim == 0 and not isinstance(value, jax.core.Tracer):
-            return f"{value.dtype}[] on device"
-        return f"{value.dtype}[{shape}] on device"
-    if isinstance(value, np.ndarray):
-        if value.size <= 8 and value.ndim <= 1:
-            return repr(value.tolist())
-        return f"{value.dtype}[{'x'.join(map(str, value.shape))}]"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
 
 def _checked_init(cls: type, init: Any) -> Any:
     """The dataclass constructor, refusing an unknown keyword with the fields named
@@ -845,49 +481,6 @@ def _checked_init(cls: type, init: Any) -> Any:
         init(self, *args, **kwargs)
 
     return __init__
-
-
-_KIND_NAMES = {"graphconst": "GraphConst", "device": "Device", "host": "Host"}
-
-
-def _marker_table(cls: type) -> str:
-    """The fields as an aligned text table (field, kind, type, default, doc)."""
-    rows: list[tuple[str, ...]] = [("field", "kind", "type", "default", "doc")]
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        meta = cls._jaxnitro_meta[f.name]  # type: ignore[attr-defined]
-        if f.default_factory is not dataclasses.MISSING:
-            default = "<factory>"
-        elif meta.default is NO_DEFAULT:
-            default = "required"
-        else:
-            default = summarize(meta.default)
-        rows.append(
-            (
-                f.name,
-                _KIND_NAMES.get(meta.kind, meta.kind),
-                _type_name(meta.type),
-                default if len(default) <= 24 else default[:21] + "...",
-                " ".join((meta.doc or "").split()),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    rows.insert(1, tuple("-" * w for w in widths) + ("-" * 3,))
-    lines = [
-        "    "
-        + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
-        + "  "
-        + row[4]
-        for row in rows
-    ]
-    return f"Fields of {cls.__name__}:\n\n" + "\n".join(line.rstrip() for line in lines)
-
-
-def _type_name(annotation: Any) -> str:
-    if annotation is None or annotation is typing.Any:
-        return "Any"
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
 
 
 def _flatten_with_keys(e: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:

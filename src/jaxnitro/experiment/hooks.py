@@ -14,9 +14,9 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..compile.fingerprint import code_names, fingerprint
-from ..compile.library_code import is_user_code
 from ..errors import ConfigError, HookError
+from ..keys.fingerprint import code_names, fingerprint
+from ..keys.library_code import is_user_code
 from .base import Experiment
 from .traits import field_names
 

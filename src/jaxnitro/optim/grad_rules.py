@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..compile.fingerprint import fingerprint
 from ..errors import ConfigError, NotYetSupportedError
+from ..keys.fingerprint import fingerprint
 
 _TINY = 1e-12
 

@@ -11,7 +11,7 @@ hyperparameters, the inner transformations of a chain, a schedule), and values b
 content. `optax.adam(1e-3)` built twice gives one key; `optax.adam(2e-3)` another.
 
 A user's own function (a schedule defined in the experiment's module) is keyed by
-`compile.fingerprint`, which also follows the globals it reads. Anything the key
+`keys.fingerprint`, which also follows the globals it reads. Anything the key
 cannot describe by value (an object of an unknown class) keys by identity, so a
 doubt is a cache miss, never a wrong hit.
 """
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.cache import Identity
-from ..compile.fingerprint import fingerprint
-from ..compile.library_code import is_user_code
+from ..keys.fingerprint import fingerprint
+from ..keys.library_code import is_user_code
+from ..keys.program_key import Identity
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _MAX_DEPTH = 64

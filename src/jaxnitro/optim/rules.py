@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..compile.fingerprint import fingerprint
 from ..errors import ConfigError, HookError
+from ..keys.fingerprint import fingerprint
 from .decay import DECAY_NONSCHEDULABLE, Decay
 
 # The declared non-schedulable fields of each rule constructor, beyond what the

@@ -48,6 +48,7 @@ from .accessors import (
     Source,
     resolve,
 )
+from .defaults import run_default
 from .setup_checks import check_compile_options, check_monitor
 from .smoke import smoke_checkpointer, smoke_logger, smoke_requested, smoke_run_dir
 
@@ -438,7 +439,8 @@ class RunConfig:
                 values[name], sources[name] = made, "smoke"
                 continue
             found = resolve(experiment, name, keywords)
-            values[name], sources[name] = found.value, found.source
+            values[name] = run_default(name, found.value)
+            sources[name] = found.source
         for name in PLAIN_KEYWORDS:
             if name in NOT_FIELDS or name == "smoke":
                 continue

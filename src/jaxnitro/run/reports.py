@@ -17,7 +17,7 @@ import numpy as np
 from ..data.prefetch import prefetch_report
 from ..data.protocol import dropped_samples
 from ..errors import ConfigError
-from ..experiment.base import summarize
+from ..experiment.field_table import summarize
 from ..experiment.hooks import (
     current_class,
     hook_fingerprints,

@@ -19,8 +19,8 @@ from compile_counts import kinds_compiled
 from experiments import Tiny, make_batches, mlp
 
 import jaxnitro as nx
-from jaxnitro.compile import fingerprint as fingerprint_module
-from jaxnitro.compile.fingerprint import _Fingerprinter, fingerprint
+from jaxnitro.keys import fingerprint as fingerprint_module
+from jaxnitro.keys.fingerprint import _Fingerprinter, fingerprint
 
 
 def quiet(**kw):
@@ -515,7 +515,7 @@ def outer(self):
 
 
 def test_global_names_decodes_load_global_and_reads_nested_code():
-    from jaxnitro.compile.fingerprint import global_names
+    from jaxnitro.keys.fingerprint import global_names
 
     namespace: dict = {}
     exec(NESTED_SOURCE, namespace)
@@ -527,7 +527,7 @@ def test_global_names_decodes_load_global_and_reads_nested_code():
 
 
 HASH_SEED_SCRIPT = """
-from jaxnitro.compile.fingerprint import fingerprint
+from jaxnitro.keys.fingerprint import fingerprint
 KINDS = frozenset({"alpha", "beta", "gamma", "delta"})
 def literal(x):
     return x in {"alpha", "beta", "gamma", "delta", "eps"}

@@ -18,9 +18,9 @@ import pytest
 from process_jobs import child_env, child_path
 
 import jaxnitro as nx
-from jaxnitro.compile import fingerprint as fingerprint_module
-from jaxnitro.compile.fingerprint import fingerprint
-from jaxnitro.compile.library_code import (
+from jaxnitro.keys import fingerprint as fingerprint_module
+from jaxnitro.keys.fingerprint import fingerprint
+from jaxnitro.keys.library_code import (
     forget_installed,
     is_library_module,
     is_user_code,
@@ -216,7 +216,7 @@ import sys
 import jax
 
 import jaxnitro as nx
-from jaxnitro.compile.fingerprint import _Fingerprinter
+from jaxnitro.keys.fingerprint import _Fingerprinter
 
 walked = set()
 original = _Fingerprinter._user_function
