@@ -100,7 +100,7 @@ from .setup_manual import (
 )
 from .setup_routing import probe_routing
 from .smoke import smoke_batches
-from .status import HeldStop, RunStatus
+from .stops import HeldStop
 from .write_probe import probe_outputs
 
 log = logging.getLogger("jaxnitro")
@@ -114,8 +114,10 @@ class SetupOutcome:
         config: the run's settings, resolved and checked.
         prepared: what setup fixed for the verbs and the loop.
         state: the training state to start from (built, restored or resumed).
-        status: the run's bookkeeping to start from (a resume's cut epoch, the
-            record whose optimizer state `train()` restores).
+        held_stop: where a stop cut the resumed epoch, if it did.
+        pending_record: the record whose optimizer state `train()` restores.
+        eval_width: the eval batch width the probe fixed, if it could.
+        run_lock: the run directory's lock a resume took, if one.
         data: the splits, each with its prefetch settings.
         experiment: the experiment after derive and the Device conversion.
         device_values: its Device fields, as the dict every program receives.
@@ -127,7 +129,10 @@ class SetupOutcome:
     config: RunConfig
     prepared: Prepared
     state: TrainState
-    status: RunStatus
+    held_stop: HeldStop | None
+    pending_record: CheckpointRecord | None
+    eval_width: int | None
+    run_lock: RunDirLock | None
     data: dict[str, Any]
     experiment: Any
     device_values: dict[str, Any]
@@ -209,12 +214,10 @@ class SetupSequence:
             config=self._run_config,
             prepared=prepared,
             state=self._train_state.placed(self._placement),
-            status=RunStatus(
-                held_stop=self._epoch_loss,
-                pending_record=self._record,
-                eval_width=self._eval_width,
-                run_lock=self._run_lock,
-            ),
+            held_stop=self._epoch_loss,
+            pending_record=self._record,
+            eval_width=self._eval_width,
+            run_lock=self._run_lock,
             data=self.data,
             experiment=self._experiment,
             device_values=self._device_values,
