@@ -54,7 +54,8 @@ from . import costs, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
 from .parts import RunParts
-from .setup import SetupOutcome, SetupSequence
+from .setup import run_setup
+from .setup_parts import SetupOutcome
 from .smoke import remove_smoke_run_dir
 from .status import EpochEndHook, RunStatus
 from .summary import ModelSummary, model_summary
@@ -282,7 +283,7 @@ class Nitro:
         self._parts: RunParts | None = None  # what setup returns, once it finished
         with entry_point() as entry, Progress() as progress:
             progress.begin("setup")
-            self._adopt(SetupSequence(kwargs, progress).run(experiment))
+            self._adopt(run_setup(experiment, kwargs, progress))
             self._setup_lines_pending = self._defers_setup_lines()
             if self._setup_lines_pending:
                 logproto.require_verbs(self.config.logger, "log_params", "log_other")

@@ -20,7 +20,7 @@ from .evaluation import RunEvaluation
 from .phase import RunPhase
 from .release import SplitRelease
 from .run_lock import RunLockShare
-from .setup import SetupOutcome
+from .setup_parts import SetupOutcome
 from .status import EpochEndHook, RunStatus
 from .stops import StopControl
 from .values import RunValues
