@@ -79,6 +79,7 @@ from .setup_manual import (
     manual_opt_states,
 )
 from .setup_parts import (
+    Bound,
     Built,
     Converted,
     Optimization,
@@ -146,37 +147,15 @@ def _from_position(
     optimization = plan_optimization(
         resolved, position, splits, converted, routed, built
     )
-    config = splits.config
-    ctx = TraceContext(
-        cls=resolved.cls,
-        view=compile_view(converted.experiment),
-        device_names=device_fields(resolved.cls),
-        hooks=resolved.hooks,
-        model=built.model,
-        graphconst=graphconst_values(converted.experiment),
-        compile_options=dict(config.compile_options),
-        precision=config.precision,
-        placement=routed.placement,
-    )
-    located = position.located
-    binding = bind_run(
-        config, converted.experiment, routed.data, located.resume, located.record
-    )
-    # The output directories can be written: found now, not after an epoch.
-    unwritable = probe_outputs(
-        config.checkpointer,
-        config.logger,
-        trains="train" in routed.data,
-        loads=located.record is not None or located.weights is not None,
-    )
-    log_resume(config.logger, binding, located.resume, located.record)
+    config, located = splits.config, position.located
+    bound = bind_outputs(resolved, position, splits, converted, routed, built)
     prepared = Prepared(
         cls=resolved.cls,
         hooks=resolved.hooks,
         hook_prints=resolved.hook_prints,
         accessor_snapshot=resolved.accessor_snapshot,
         model=built.model,
-        ctx=ctx,
+        ctx=bound.ctx,
         routing=routed.routing,
         split_sizes=splits.sizes,
         derived_keys=converted.derived_keys,
@@ -187,13 +166,13 @@ def _from_position(
         device_schedules=optimization.device_schedules,
         anchor_sums=optimization.anchor_sums,
         restore_best=optimization.restore_best,
-        run_id=binding.run_id,
+        run_id=bound.binding.run_id,
         resumed_from_epoch=position.resumed_from_epoch,
         total_steps=total_steps(config, splits.sizes),
         manual=resolved.manual,
         uncut_sizes=splits.uncut_sizes,
         data_signature=routed.data_signature,
-        unwritable=unwritable,
+        unwritable=bound.unwritable,
     )
     return SetupOutcome(
         config=config,
@@ -210,6 +189,42 @@ def _from_position(
         weights_from=built.weights_from,
         averaged_from=located.averaged_from,
     )
+
+
+def bind_outputs(
+    resolved: Resolved,
+    position: Position,
+    splits: Splits,
+    converted: Converted,
+    routed: Routed,
+    built: Built,
+) -> Bound:
+    """The programs' trace context, the logger and checkpointer bound to the run,
+    the probe that the output directories can be written (found now, not after an
+    epoch), and then the resume's log lines."""
+    config, located = splits.config, position.located
+    ctx = TraceContext(
+        cls=resolved.cls,
+        view=compile_view(converted.experiment),
+        device_names=device_fields(resolved.cls),
+        hooks=resolved.hooks,
+        model=built.model,
+        graphconst=graphconst_values(converted.experiment),
+        compile_options=dict(config.compile_options),
+        precision=config.precision,
+        placement=routed.placement,
+    )
+    binding = bind_run(
+        config, converted.experiment, routed.data, located.resume, located.record
+    )
+    unwritable = probe_outputs(
+        config.checkpointer,
+        config.logger,
+        trains="train" in routed.data,
+        loads=located.record is not None or located.weights is not None,
+    )
+    log_resume(config.logger, binding, located.resume, located.record)
+    return Bound(ctx, binding, unwritable)
 
 
 def total_steps(config: RunConfig, sizes: Mapping[str, int]) -> int:

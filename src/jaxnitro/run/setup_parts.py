@@ -13,12 +13,14 @@ from typing import Any
 
 from ..checkpoint.lock import RunDirLock
 from ..checkpoint.record import CheckpointRecord
+from ..compile.programs import TraceContext
 from ..devices.placement import Placement
 from ..loop.prepared import Prepared, Routing
 from ..loop.state import TrainState
 from ..optim.plan import OptimizerPlan
 from .config import RunConfig
 from .restore import Located
+from .run_binding import RunBinding
 from .stops import HeldStop
 
 
@@ -167,6 +169,22 @@ class Optimization:
     restore_best: Any
     state: TrainState
     pending_record: CheckpointRecord | None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The programs' trace context and the outputs bound to the run
+    (`bind_outputs`).
+
+    Attributes:
+        ctx: what every program of the run traces with.
+        binding: the run's id, and a resume's branch parent.
+        unwritable: why an output directory cannot be written, or None.
+    """
+
+    ctx: TraceContext
+    binding: RunBinding
+    unwritable: str | None
 
 
 @dataclass(frozen=True)
