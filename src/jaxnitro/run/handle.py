@@ -31,14 +31,7 @@ from ..errors import (
     Preempted,
     RoutingError,
 )
-from ..experiment.markers import Kind
-from ..experiment.traits import (
-    device_fields,
-    field_kind_of,
-    field_names,
-    graphconst_fields,
-)
-from ..experiment.values import to_host_array, to_host_value
+from ..experiment.values import to_host_value
 from ..handle_type import RunHandle
 from ..logging import protocol as logproto
 from ..loop.evaluate import evaluate_split, predict_batch
@@ -53,6 +46,7 @@ from ..observe.transitions import PhaseRecorder
 from . import costs, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
+from .device_fields import check_device_field, device_updates
 from .parts import RunParts
 from .setup import run_setup
 from .setup_parts import SetupOutcome
@@ -1110,50 +1104,9 @@ class Nitro:
                 logits = nitro.set_device(temperature=t).predict(batch)
             nitro.set_device("temperature", 1.0)        # the positional form
         """
-        if field_value:
-            values = _positional_field(field_value, values)
-        cls = self.prepared.cls
-        updates = {}
-        for name, value in values.items():
-            if name not in field_names(cls):
-                raise ConfigError(
-                    f"set_device: {cls.__name__} has no field `{name}`. Its Device "
-                    f"fields are: {', '.join(device_fields(cls)) or 'none'}."
-                )
-            if name not in device_fields(cls):
-                if name in graphconst_fields(cls):
-                    raise ConfigError(
-                        f"set_device: `{name}` is GraphConst: it bakes into the "
-                        f"compiled graph, so a new value is a different program. Build "
-                        f"a new Nitro with the new value (only what it changes "
-                        f"recompiles)."
-                    )
-                raise ConfigError(
-                    f"set_device: `{name}` is a Host field: no compiled program reads "
-                    f"it, so writing it on a live handle would change nothing. Build a "
-                    f"new Nitro with the new value, or mark the field Device."
-                )
-            if any(target.name == name for target, _ in self.prepared.device_schedules):
-                raise ConfigError(
-                    f"set_device: `{name}` is scheduled: the schedule writes it every "
-                    f"step and would overwrite this value. Build a new Nitro without "
-                    f"`{name}` in its schedules to set it by hand."
-                )
-            current = getattr(self.experiment, name)
-            try:
-                host = to_host_array(name, np.dtype(current.dtype), value)
-            except ConfigError as error:
-                raise ConfigError(
-                    f"set_device: {error} The field's dtype is fixed by the compiled "
-                    f"programs: build a new Nitro for another dtype."
-                ) from None
-            if host.shape != current.shape:
-                raise ConfigError(
-                    f"set_device: `{name}` has shape {tuple(current.shape)}; the new "
-                    f"value has shape {host.shape}. Shapes are fixed by the compiled "
-                    f"programs: build a new Nitro for another shape."
-                )
-            updates[name] = jax.device_put(host, current.sharding)
+        updates = device_updates(
+            self.prepared, self.experiment, field_value, dict(values)
+        )
         self._run.values.set_devices(updates)
         return self
 
@@ -1175,18 +1128,7 @@ class Nitro:
             ConfigError: `name` is a GraphConst or a Host field, or no field; read
                 those as `nitro.experiment.<name>`.
         """
-        cls = self.prepared.cls
-        if name not in device_fields(cls):
-            kind = "no"
-            if name in field_names(cls):
-                marker = field_kind_of(cls, name)
-                kind = "a GraphConst" if marker is Kind.GRAPHCONST else "a Host"
-            raise ConfigError(
-                f"device_value: `{name}` is {kind} field of "
-                f"{cls.__name__}, not a Device field; read it as "
-                f"nitro.experiment.{name}. Device fields: "
-                f"{', '.join(device_fields(cls)) or 'none'}."
-            )
+        check_device_field(self.prepared.cls, name)
         return to_host_value(getattr(self.experiment, name))
 
     def release(self) -> None:
@@ -1239,64 +1181,3 @@ def _preempted(nitro: Nitro) -> Preempted:
     with contextlib.suppress(OSError):  # no stderr: the exit still happens
         os.write(2, (message + "\n").encode())
     return Preempted(message, stop_reason=nitro.stop_reason)
-
-
-def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro:
-    """`Nitro(experiment, **kwargs).train()`: build a handle and train it.
-
-    One entry point: Idle is announced once, when training returns, not between the
-    setup and the training. Every run keyword is a `Nitro` keyword; pass `run_ref=`
-    to reach the handle while it trains (it is filled before the loop starts).
-
-    Args:
-        experiment: an `Experiment` instance; with `preset`, an `Experiment`
-            subclass.
-        preset: a preset name of that class: `train(E, "name", **kw)` is
-            `Nitro(E, "name", **kw).train()`.
-        **kwargs: the run keywords (see `Nitro`); in the preset form, field names
-            too, which go to the recipe.
-
-    Returns:
-        Nitro: the trained handle: read `history`, `stop_reason` and `parameters`
-        off it, or keep it for `evaluate`, `predict` and `set_device`.
-
-    Raises:
-        ConfigError: a refused keyword or value, at setup or during training (see
-            `Nitro` and `Nitro.train` for each error and when it is raised).
-        HookError: a missing hook, or one that returned the wrong thing.
-        RoutingError: a batch lacks a field a hook declares.
-        CheckpointError: a resume or weights source cannot be found, read or
-            matched; a checkpoint metric that is missing or not finite.
-        DivergenceError: a non-finite training loss under check_divergence.
-        NotYetSupportedError: a setting whose feature has not landed (a
-            `train_step` hook, ...).
-
-    Example::
-
-        nitro = nx.train(MnistMLP(max_epochs=20), run_dir="runs/mnist")
-        nitro.history                                  # the per-epoch table
-        nx.train(MnistMLP, "baseline", smoothing=0.1)  # a preset, one field changed
-    """
-    with entry_point():
-        if preset is None:
-            return Nitro(experiment, **kwargs).train()
-        return Nitro(experiment, preset, **kwargs).train()
-
-
-def _positional_field(
-    field_value: tuple[Any, ...], values: dict[str, Any]
-) -> dict[str, Any]:
-    """`set_device(name, value)` as the keyword form's dict."""
-    if len(field_value) != 2 or not isinstance(field_value[0], str):
-        raise ConfigError(
-            f"set_device takes one field positionally as (name, value), such as "
-            f'set_device("temperature", 2.0), or keywords (temperature=2.0); got '
-            f"{len(field_value)} positional argument(s): {field_value!r}."
-        )
-    name, value = field_value
-    if name in values:
-        raise ConfigError(
-            f"set_device: `{name}` is given both positionally and as a keyword; "
-            f"give it once."
-        )
-    return {name: value, **values}
