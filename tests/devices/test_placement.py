@@ -8,6 +8,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 from mesh_experiments import MESHES, ManualRagged, Ragged, quiet, unpinned
 from safetensors.numpy import load_file
@@ -121,7 +122,10 @@ def test_the_train_step_splits_the_batch_and_reduces_the_gradient(runs):
 @pytest.mark.needs_devices(4)
 def test_padded_evaluation_and_predict_stay_exact_on_4_devices(runs):
     one, four = runs[1], runs[4]
-    assert (one.status.eval_width, four.status.eval_width) == (10, 12)
+    assert (
+        parts_of(one).evaluation.eval_width,
+        parts_of(four).evaluation.eval_width,
+    ) == (10, 12)
     for split in ("val", "test"):
         a, b = one.evaluate(split), four.evaluate(split)
         assert a["acc"] == b["acc"]  # counted over 25 and 13 real samples
@@ -174,5 +178,5 @@ def test_predict_on_a_handle_without_data_pads_to_a_multiple_of_n_devs():
     one = nx.Nitro(Ragged(), data={}, **quiet())
     x = {"x": np.random.default_rng(4).normal(size=(7, 8)).astype(np.float32)}
     out = nitro.predict(x)
-    assert (out.shape, nitro.status.eval_width) == ((7, 3), 8)
+    assert (out.shape, parts_of(nitro).evaluation.eval_width) == ((7, 3), 8)
     np.testing.assert_allclose(out, one.predict(x), rtol=1e-5, atol=1e-6)

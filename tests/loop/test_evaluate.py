@@ -569,7 +569,7 @@ def test_a_non_finite_monitored_metric_counts_as_no_improvement_for_stopping():
     )
     with pytest.warns(nx.NitroWarning, match="scored non-finite metrics"):
         nitro.train()
-    assert nitro.status.stop_reason == "early_stop" and nitro.current_epoch == 2
+    assert nitro.stop_reason == "early_stop" and nitro.current_epoch == 2
 
 
 def test_non_finite_outputs_count_as_no_improvement_for_stopping():
@@ -591,6 +591,6 @@ def test_non_finite_outputs_count_as_no_improvement_for_stopping():
     ).on_epoch_end(poison_epoch_2)
     with pytest.warns(nx.NitroWarning, match="non-finite output values at epoch 2"):
         nitro.train()
-    assert nitro.status.stop_reason == "early_stop" and nitro.current_epoch == 2
+    assert nitro.stop_reason == "early_stop" and nitro.current_epoch == 2
     scales = [m["schedule/plateau/learning_rate"] for _, m in logger.lines]
     assert scales == [1.0, pytest.approx(0.1)]

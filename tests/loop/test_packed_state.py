@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from experiments import Tiny
+from handle_parts import parts_of
 
 import jaxnitro as nx
 import jaxnitro.compile.packed as packed
@@ -129,7 +130,7 @@ def test_a_state_changed_between_epochs_is_packed_again(
         # What a restore does: the handle's state replaced by other trees.
         state = nitro.train_state
         halved = jax.tree.map(lambda p: p * 0.5, state.weights.params)
-        nitro.commit_state(
+        parts_of(nitro).values.commit(
             state._replace(weights=state.weights._replace(params=halved))
         )
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from experiments import QuietLogger, Tiny, TinyMetrics, make_batches, samples
+from handle_parts import parts_of
 from toy_sources import FannedOut, prefetch_threads, surviving_threads
 
 import jaxnitro as nx
@@ -358,9 +359,9 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
     data = _AsksToStopAtBatch1(make_batches(128, 16))
     nitro = nx.Nitro(Tiny(), data={"train": data}, logger=None, checkpointer=None)
     data.nitro = nitro
-    _ensure_optimizer_state(nitro)
+    _ensure_optimizer_state(parts_of(nitro))
     agreed_stop = agreement.StopAgreement(nitro.current_step) if agreed else None
-    log = run_epoch(epoch_context(nitro), 1, agreement=agreed_stop)
+    log = run_epoch(epoch_context(parts_of(nitro)), 1, agreement=agreed_stop)
     assert (nitro.current_step, log.trained) == (stopped_at, stopped_at)
     if agreed_stop is not None:
         assert (agreed_stop.stop_requested, agreed_stop.preempted) == (True, False)

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 from experiments import StopsAtStep, Tiny, make_batches, samples
+from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
@@ -134,7 +135,7 @@ def test_a_stop_lands_on_a_call_boundary_and_the_resume_is_exact(tmp_path):
     stopper.nitro = first
     first.train()
     assert (first.current_epoch, first.current_step) == (1, 6)
-    assert first.status.stop_reason == "requested"
+    assert first.stop_reason == "requested"
     for k in (3, 1):  # the rest of epoch 1 (one step), then epoch 2 in calls
         again = nx.Nitro(
             Tiny(n_train=16 * 7),
@@ -193,7 +194,7 @@ def test_early_stopping_and_plateau_decide_at_the_same_steps(tmp_path):
         Tiny(n_train=16 * 7), run_dir=str(tmp_path / "k4"), steps_per_call=4, **kw
     )
     got.train()
-    assert got.status.stop_reason == base.status.stop_reason == "early_stop"
+    assert got.stop_reason == base.stop_reason == "early_stop"
     # Validations at 3, 6 and 7 (the epoch end): two without a gain of 10 stop it.
     assert got.current_step == base.current_step == 7
     assert_same_state(base, got)
@@ -337,7 +338,7 @@ def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
     picked = {}
     for seconds in (None, 5e-3, 450e-6, 100e-6):
         nitro.status.step_seconds = seconds
-        picked[seconds] = epoch_context(nitro).steps_per_call
+        picked[seconds] = epoch_context(parts_of(nitro)).steps_per_call
     assert picked == {None: 1, 5e-3: 1, 450e-6: 4, 100e-6: 16}
 
 
@@ -360,7 +361,10 @@ def test_across_processes_auto_is_one_and_a_count_is_kept(monkeypatch):
     auto = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
     auto.status.step_seconds = 100e-6
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    picked = epoch_context(fixed).steps_per_call, epoch_context(auto).steps_per_call
+    picked = (
+        epoch_context(parts_of(fixed)).steps_per_call,
+        epoch_context(parts_of(auto)).steps_per_call,
+    )
     assert picked == (4, 1)
 
 

@@ -146,7 +146,7 @@ class Finished(QuietLogger):
 def test_a_failure_after_the_last_epoch_still_finishes_the_logger_and_fails(
     monkeypatch,
 ):
-    def broken(nitro):
+    def broken(nitro, values):
         raise RuntimeError("restore_best broke")
 
     monkeypatch.setattr("jaxnitro.run.training.finish_restore_best", broken)

@@ -15,6 +15,7 @@ from pathlib import Path
 import experiments
 import pytest
 from experiments import QuietLogger, Tiny
+from handle_parts import parts_of
 
 import jaxnitro as nx
 from jaxnitro.observe.interrupt import (
@@ -243,7 +244,8 @@ def test_a_sigterm_checkpoints_then_raises_preempted_with_status_143(tmp_path, c
     [entry] = nx.read_manifest(run_dir)
     assert (entry.step, entry.stop_reason) == (step, "preempted")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert not nitro.status.stop_requested and not nitro.status.preempted
+    stops = parts_of(nitro).stops
+    assert not stops.stop_requested and not stops.preempted
 
 
 # ------------------------------------------------------- a real training process ---

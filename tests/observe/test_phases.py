@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from experiments import Tiny
+from handle_parts import parts_of
 from monitor_fakes import Recorder
 
 import jaxnitro as nx
@@ -92,10 +93,10 @@ def test_a_predict_between_leaves_a_pending_stop_request_for_the_next_run():
     nitro = nx.Nitro(Tiny(max_epochs=3), **quiet())
     nitro.request_stop()  # made while idle
     assert nitro.predict({"x": np.ones((2, 8), np.float32)}).shape == (2, 3)
-    assert nitro.status.stop_requested  # predict does not stop: still pending
+    assert parts_of(nitro).stops.stop_requested  # predict does not stop: still pending
     nitro.train()
     assert nitro.stop_reason == "requested" and nitro.current_epoch == 1
-    assert not nitro.status.stop_requested
+    assert not parts_of(nitro).stops.stop_requested
 
 
 def test_the_phase_tree_and_compile_phases():

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from experiments import StopsAtStep, Tiny, make_batches
+from handle_parts import parts_of
 from toy_sources import FannedOut, surviving_threads
 
 import jaxnitro as nx
@@ -121,7 +122,7 @@ def test_a_source_is_released_only_after_the_workers_reading_it_finish():
     class Stopper(StopsAtStep):
         def log_metrics(self, metrics, *, step, **kw):
             super().log_metrics(metrics, step=step, **kw)
-            if self.nitro.status.stop_requested:
+            if parts_of(self.nitro).stops.stop_requested:
                 stopping.set()
 
     nitro = nx.Nitro(

@@ -79,8 +79,8 @@ def agree_interval(seconds_per_step: float) -> int:
 class StopAgreement:
     """The agreed stop of one `train()` across processes: what its loop reads
     instead of the process's own flags (`stop_requested`, `preempted`, the names
-    `RunStatus` gives them), changed only by `vote`, which every rank calls at the
-    same steps (`next_at`, and each epoch's end)."""
+    the run's `StopControl` gives them), changed only by `vote`, which every rank
+    calls at the same steps (`next_at`, and each epoch's end)."""
 
     def __init__(self, step: int) -> None:
         self.stop_requested = False

@@ -106,7 +106,7 @@ def export_model(
         np.zeros((sizes[0], *spec.shape[1:]), spec.dtype)  # type: ignore[index]
         for spec in contract.inputs
     )
-    params = jax.device_get(nitro.eval_params())
+    params = jax.device_get(nitro.train_state.eval_params(nitro.config.eval_weights))
     state = jax.device_get(nitro.states)
     check_host_resident(f"export_view({cls.__name__})", program.view)
     check_host_resident("the weights", (params, state))
@@ -140,8 +140,9 @@ def export_model(
     temporary = tempfile.mkdtemp(
         prefix=f".{name}.", suffix=".partial", dir=target.parent
     )
-    previous = nitro.phase
-    nitro.set_phase(phases.ExportCompiling(), name=name)
+    recorder = nitro.phase_recorder  # the phase the handle's monitors see
+    previous = recorder.phase
+    recorder.set(phases.ExportCompiling(), name=name)
     try:
         request = ExportRequest(
             dir=temporary,
@@ -157,9 +158,9 @@ def export_model(
         os.rename(temporary, target.path)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
-        nitro.restore_phase(previous)
+        recorder.restore(previous)
         raise
-    nitro.restore_phase(previous)
+    recorder.restore(previous)
     return target.path
 
 

@@ -10,9 +10,9 @@ one per epoch from the handle (`steps_per_call` is resolved per epoch: "auto"
 measures the first one).
 
 An evaluation pass (`evaluate.py`) runs inside a verb of the handle and changes a
-little of it (the phase, the eval width it fixes, a stop request a stop on the
-progress line makes): it takes the owner as an `EvalHost`, the narrow protocol of
-what it reads and writes, which the handle satisfies.
+little of the run (the phase, the eval width it fixes, a stop request a stop on the
+progress line makes): it takes an `EvalHost`, the narrow protocol of what it reads
+and writes, which `run/evaluation.py` builds from the handle's parts.
 """
 
 from __future__ import annotations
@@ -98,19 +98,22 @@ class EvalSettings(Protocol):
     def max_epochs(self) -> int: ...
 
 
-class EvalStatus(Protocol):
-    """The bookkeeping an evaluation pass reads and writes (`RunStatus` has it):
-    the eval programs' batch width, fixed by the first pass, and the stop request
-    a stop from the progress line makes."""
+class EvalStops(Protocol):
+    """The stop an evaluation pass reads between source batches and requests when
+    a stop comes from its progress line (`run.stops.StopControl` is one)."""
 
-    eval_width: int | None
-    stop_requested: bool
+    @property
+    def stop_requested(self) -> bool: ...
+
+    def request(self) -> None: ...
 
 
 class EvalHost(Protocol):
-    """What an evaluation pass (`evaluate.py`) reads and writes of its owner, the
-    handle: the settings, the prepared programs and the data, the weights it
-    evaluates, its phase and progress line."""
+    """What an evaluation pass (`evaluate.py`) reads and writes of the run it
+    serves: the settings, the prepared programs and the data, the weights it
+    evaluates, its phase and progress line, its stop and the eval programs' batch
+    width (fixed by setup's probe, else by the first pass; then it stays).
+    `run/evaluation.py` builds one per handle from the handle's parts."""
 
     @property
     def config(self) -> EvalSettings: ...
@@ -119,7 +122,7 @@ class EvalHost(Protocol):
     def prepared(self) -> Prepared: ...
 
     @property
-    def status(self) -> EvalStatus: ...
+    def stops(self) -> EvalStops: ...
 
     @property
     def experiment(self) -> Any: ...
@@ -135,6 +138,7 @@ class EvalHost(Protocol):
 
     data: dict[str, Any]
     executables: Executables
+    eval_width: int | None
 
     def device_values(self) -> dict[str, Any]: ...
 

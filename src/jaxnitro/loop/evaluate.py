@@ -76,48 +76,46 @@ def eval_width_for(size: int, n_devs: int) -> int:
 
 
 def forward_chunk(
-    nitro: EvalHost, chunk: Mapping[str, Any], names: tuple[str, ...]
+    host: EvalHost, chunk: Mapping[str, Any], names: tuple[str, ...]
 ) -> tuple[Any, int]:
     """Outputs of forward on one chunk (<= the eval width), sliced back: device
     arrays, or across processes host arrays (every process passes the same chunk
     and gets the whole outputs)."""
-    width = nitro.status.eval_width
+    width = host.eval_width
     assert width is not None
     count = batch_size(chunk, names)
     padded = pad_batch({k: chunk[k] for k in names}, width)
     if not across_processes():
-        return forward_padded(nitro, padded, count), count
-    spread = forward_padded(nitro, padded, None)
+        return forward_padded(host, padded, count), count
+    spread = forward_padded(host, padded, None)
     whole = gather_whole(spread)
     _delete(spread)
     return jax.tree.map(lambda leaf: leaf[:count], whole), count
 
 
-def forward_padded(
-    nitro: EvalHost, padded: Mapping[str, Any], count: int | None
-) -> Any:
+def forward_padded(host: EvalHost, padded: Mapping[str, Any], count: int | None) -> Any:
     """Device outputs of forward on fields padded to the eval width, cut to `count`
     (None: left padded, as across processes, where every process's part is)."""
-    width = nitro.status.eval_width
+    width = host.eval_width
     assert width is not None
-    ctx = nitro.prepared.ctx
+    ctx = host.prepared.ctx
     names = tuple(padded)
-    args = (nitro.device_values(), nitro.eval_params(), nitro.states, padded)
+    args = (host.device_values(), host.eval_params(), host.states, padded)
     try:
         executable = EVAL_FORWARD.executable(
-            nitro.executables,
+            host.executables,
             ctx,
             lambda: eval_forward_fn(ctx, names),
             args,
             _shapes(padded),
         )
     except Exception as error:  # a trace for a batch of another shape failed
-        note = _shape_note(nitro, padded)
+        note = _shape_note(host, padded)
         if note:
             error.add_note(note)
         raise
     outputs = executable(*args)
-    nitro.executables.check_once(
+    host.executables.check_once(
         ("batch first", width), lambda: check_batch_first(outputs, width)
     )
     if count is not None and count < width:
@@ -128,10 +126,10 @@ def forward_padded(
     return outputs
 
 
-def _shape_note(nitro: EvalHost, fields: Mapping[str, Any]) -> str | None:
+def _shape_note(host: EvalHost, fields: Mapping[str, Any]) -> str | None:
     """Which fields differ in per-sample shape from the batches the handle was set up
     with, when tracing forward for a new shape failed; None when none does."""
-    known = nitro.prepared.routing.sample_shapes
+    known = host.prepared.routing.sample_shapes
     shapes = {name: tuple(np.shape(value))[1:] for name, value in fields.items()}
     differ = [
         f"`{name}` has samples of shape {shape}, not {known[name]}"
@@ -163,7 +161,7 @@ _ON_OUTPUTS = {
 
 
 def run_on_outputs(
-    nitro: EvalHost,
+    host: EvalHost,
     kind: str,
     outputs: Any,
     chunk: Mapping[str, Any],
@@ -175,12 +173,12 @@ def run_on_outputs(
     last batch compiles them once per distinct size. Metrics come back as
     `MetricLeaf`s, their modes restored from the program's output structure.
     """
-    ctx = nitro.prepared.ctx
+    ctx = host.prepared.ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
-    args = (nitro.device_values(), outputs, fields)
+    args = (host.device_values(), outputs, fields)
     program, builder = _ON_OUTPUTS[kind]
     executable = program.executable(
-        nitro.executables,
+        host.executables,
         ctx,
         lambda: builder(ctx, names),
         args,
@@ -206,7 +204,7 @@ def _chunks(batch: Mapping[str, Any], names: tuple[str, ...], width: int) -> Any
 
 
 def evaluate_split(
-    nitro: EvalHost, split: str, *, stoppable: bool = True
+    host: EvalHost, split: str, *, stoppable: bool = True
 ) -> dict[str, Any]:
     """Run one split in eval mode and return its finalized metrics.
 
@@ -215,56 +213,56 @@ def evaluate_split(
     how its run stands (Done, Failed, Starting) and the metrics ride on the entry
     point's Idle. A failure restores the phase too.
     """
-    previous = nitro.phase
+    previous = host.phase
     try:
-        result = _evaluate_split(nitro, split, previous, stoppable)
+        result = _evaluate_split(host, split, previous, stoppable)
     except BaseException:
-        nitro.restore_phase(previous)
+        host.restore_phase(previous)
         raise
-    _leave_eval(nitro, previous, metrics=result)
+    _leave_eval(host, previous, metrics=result)
     return result
 
 
-def _leave_eval(nitro: EvalHost, previous: phases.Phase, **info: Any) -> None:
+def _leave_eval(host: EvalHost, previous: phases.Phase, **info: Any) -> None:
     if isinstance(previous, phases.TrainStepping):
-        nitro.set_phase(previous, **info)
+        host.set_phase(previous, **info)
     else:
-        nitro.restore_phase(previous, **info)
+        host.restore_phase(previous, **info)
 
 
 def _evaluate_split(
-    nitro: EvalHost, split: str, previous: phases.Phase, stoppable: bool
+    host: EvalHost, split: str, previous: phases.Phase, stoppable: bool
 ) -> dict[str, Any]:
-    source = nitro.data[split]
-    bar = nitro.progress()
+    source = host.data[split]
+    bar = host.progress()
     if bar is not None:  # the line first, so a monitor's view matches the screen
-        epoch = nitro.current_epoch if isinstance(previous, phases.TrainStepping) else 0
-        max_epochs = nitro.config.max_epochs if epoch else 0
+        epoch = host.current_epoch if isinstance(previous, phases.TrainStepping) else 0
+        max_epochs = host.config.max_epochs if epoch else 0
         bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
-    nitro.set_phase(phases.EvalStepping())
-    fields = nitro.prepared.routing.fields
-    has_metrics = "metrics" in nitro.prepared.hooks
-    eval_loss = nitro.config.eval_loss
+    host.set_phase(phases.EvalStepping())
+    fields = host.prepared.routing.fields
+    has_metrics = "metrics" in host.prepared.hooks
+    eval_loss = host.config.eval_loss
     want_loss = not has_metrics or eval_loss
     device_metrics = (
-        has_metrics and nitro.prepared.routing.residency.get("metrics") == "device"
+        has_metrics and host.prepared.routing.residency.get("metrics") == "device"
     )
     metrics = MetricAccumulator()
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
     tally = OutputTally()  # the outputs' NaN and inf values, read once at the end
-    if nitro.status.eval_width is None:
+    if host.eval_width is None:
         probe = first_batch(split, source)
-        nitro.status.eval_width = eval_width_for(
+        host.eval_width = eval_width_for(
             batch_size(probe, fields["forward"].select(tuple(probe))),
-            nitro.config.n_devs,
+            host.config.n_devs,
         )
     across = across_processes()
     feed = open_eval_feed(
         source,
         select=functools.lru_cache(maxsize=8)(fields["forward"].select),
-        width=process_width(nitro.status.eval_width),
+        width=process_width(host.eval_width),
         name=split,
-        placement=nitro.prepared.ctx.placement,
+        placement=host.prepared.ctx.placement,
     )
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished
@@ -273,7 +271,7 @@ def _evaluate_split(
         for item in feed:
             # A stop ends the pass between source batches, never inside one, so
             # the metrics and the loss both count whole batches.
-            stop = stoppable and not inside and nitro.status.stop_requested
+            stop = stoppable and not inside and host.stops.stop_requested
             if stop and not across:
                 break
             if item.n_real == 0 and not across:  # across: refused on every rank
@@ -288,15 +286,15 @@ def _evaluate_split(
                     item.ends_batch,
                     split=split,
                     index=index,
-                    width=process_width(nitro.status.eval_width),
+                    width=process_width(host.eval_width),
                     stop=stop,
                 )
                 if shared.stop:  # one rank's request stops every rank here
-                    nitro.status.stop_requested = True
+                    host.stops.request()
                     break
-                item, outputs = _gathered(nitro, item, shared.counts)
+                item, outputs = _gathered(host, item, shared.counts)
             else:
-                outputs = forward_padded(nitro, item.device, item.n_real)
+                outputs = forward_padded(host, item.device, item.n_real)
             chunk, keys = item.host, tuple(item.host)
             feed.release(item.device)  # dispatched: the runtime frees it after use
             tally.add(outputs)  # the real rows only: padding was sliced off
@@ -308,12 +306,12 @@ def _evaluate_split(
                     item.n_real,
                 )
             if want_loss:
-                want_loss = _add_loss(nitro, losses, outputs, item, has_metrics)
+                want_loss = _add_loss(host, losses, outputs, item, has_metrics)
             if not device_metrics:  # else: deleted once its batch's metrics ran
                 _delete(outputs)
             if item.ends_batch:
                 if has_metrics:
-                    leaves, n_real = batch.run(nitro, device_metrics)
+                    leaves, n_real = batch.run(host, device_metrics)
                     metrics.add_leaves(leaves, n_real=n_real)
                 advance_progress_counter()
                 if bar is not None:
@@ -330,9 +328,9 @@ def _evaluate_split(
         _refuse_collisions("metrics", combined, loss_part)
     else:
         combined, loss_part = losses.result(), {}
-    finalize = nitro.prepared.hooks.get("finalize_metrics")
+    finalize = host.prepared.hooks.get("finalize_metrics")
     if finalize is not None:
-        combined = finalize(nitro.experiment, combined, split)
+        combined = finalize(host.experiment, combined, split)
         if not isinstance(combined, Mapping):
             raise HookError(
                 f"finalize_metrics must return a dict; it returned "
@@ -344,7 +342,7 @@ def _evaluate_split(
     combined = {**dict(combined), **loss_part}
     result = {k: _plain_tree(v) for k, v in dict(combined).items()}
     training = isinstance(previous, phases.TrainStepping)
-    at_epoch = nitro.current_epoch if training else None
+    at_epoch = host.current_epoch if training else None
     _warn_nonfinite(split, result, at_epoch)
     report_nonfinite_outputs(split, result, nonfinite, at_epoch)
     return result
@@ -360,17 +358,17 @@ def _refuse_reserved(combined: Mapping[str, Any], source: str) -> None:
 
 
 def _gathered(
-    nitro: EvalHost, item: EvalStaged, counts: np.ndarray
+    host: EvalHost, item: EvalStaged, counts: np.ndarray
 ) -> tuple[EvalStaged, Any]:
     """Across processes: the chunk as one process would see it (every process's
     real rows, rank by rank, `counts` of them) and the forward outputs of those
     rows, on the host of every process alike."""
-    width = process_width(nitro.status.eval_width or 0)
-    spread = forward_padded(nitro, item.device, None)
+    width = process_width(host.eval_width or 0)
+    spread = forward_padded(host, item.device, None)
     outputs = gather_outputs(spread, counts)
     _delete(spread)
-    host = gather_fields(item.host, counts, width)
-    return EvalStaged(host, item.device, int(counts.sum()), item.ends_batch), outputs
+    fields = gather_fields(item.host, counts, width)
+    return EvalStaged(fields, item.device, int(counts.sum()), item.ends_batch), outputs
 
 
 def _warn_nonfinite(split: str, metrics: Mapping[str, Any], epoch: int | None) -> None:
@@ -414,7 +412,7 @@ class _BatchParts:
         self.fields.append(fields)
         self.n_real += n_real
 
-    def run(self, nitro: EvalHost, device: bool) -> tuple[list[Any], int]:
+    def run(self, host: EvalHost, device: bool) -> tuple[list[Any], int]:
         """`metrics` on the whole batch as `MetricLeaf`s, and its real count;
         the parts are cleared (and, on the device, deleted)."""
         pieces, n_real = self.pieces, self.n_real
@@ -422,14 +420,12 @@ class _BatchParts:
         self.pieces, self.fields, self.n_real = [], [], 0
         if not device:
             outputs = _joined(pieces, np.concatenate)
-            result = nitro.prepared.hooks["metrics"](
-                nitro.experiment, outputs, **fields
-            )
+            result = host.prepared.hooks["metrics"](host.experiment, outputs, **fields)
             return flatten_metrics(result), n_real
         outputs = _joined(pieces, jnp.concatenate)
         try:
             leaves = run_on_outputs(
-                nitro, "eval_metrics", outputs, fields, tuple(fields)
+                host, "eval_metrics", outputs, fields, tuple(fields)
             )
         finally:
             _delete(pieces)
@@ -491,7 +487,7 @@ class _LossMean:
 
 
 def _add_loss(
-    nitro: EvalHost,
+    host: EvalHost,
     losses: _LossMean,
     outputs: Any,
     item: EvalStaged,
@@ -504,12 +500,12 @@ def _add_loss(
     """
     chunk = item.host
     try:
-        names = nitro.prepared.routing.fields["loss"].select(tuple(chunk))
+        names = host.prepared.routing.fields["loss"].select(tuple(chunk))
     except RoutingError:
         if has_metrics:
             return False
         raise
-    loss, terms = run_on_outputs(nitro, "eval_loss", outputs, chunk, names)
+    loss, terms = run_on_outputs(host, "eval_loss", outputs, chunk, names)
     values = {"loss": loss, **{f"loss/{term}": v for term, v in terms.items()}}
     losses.add(values, item.n_real, item.ends_batch)
     return True
@@ -523,24 +519,24 @@ def _plain_tree(value: Any) -> Any:
     return plain(value)
 
 
-def predict_batch(nitro: EvalHost, batch: Any) -> Any:
+def predict_batch(host: EvalHost, batch: Any) -> Any:
     """Host outputs of forward on one batch, sliced to its real sample count."""
     batch = as_batch(batch, "predict takes a batch dict such as {'img': images}.")
-    names = nitro.prepared.routing.fields["forward"].select(tuple(batch))
-    if nitro.status.eval_width is None:
-        nitro.status.eval_width = padded_width(
-            batch_size(batch, names), nitro.config.n_devs * jax.process_count()
+    names = host.prepared.routing.fields["forward"].select(tuple(batch))
+    if host.eval_width is None:
+        host.eval_width = padded_width(
+            batch_size(batch, names), host.config.n_devs * jax.process_count()
         )
-    previous = nitro.phase
-    nitro.set_phase(phases.EvalStepping())
+    previous = host.phase
+    host.set_phase(phases.EvalStepping())
     pieces = []
     try:
-        for chunk in _chunks(batch, names, nitro.status.eval_width):
-            outputs, _ = forward_chunk(nitro, chunk, names)
+        for chunk in _chunks(batch, names, host.eval_width):
+            outputs, _ = forward_chunk(host, chunk, names)
             pieces.append(jax.device_get(outputs))
             _delete(outputs)
     except BaseException:
-        nitro.restore_phase(previous)
+        host.restore_phase(previous)
         raise
-    _leave_eval(nitro, previous)
+    _leave_eval(host, previous)
     return _joined(pieces, np.concatenate)

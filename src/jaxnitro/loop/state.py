@@ -72,6 +72,13 @@ class TrainState(NamedTuple):
             accumulator=placement.place(self.accumulator, "state"),
         )
 
+    def eval_params(self, eval_weights: str) -> Any:
+        """The weights evaluation, checkpoint selection, predict and export read:
+        the EMA under `eval_weights="ema"` once one exists, else the parameters."""
+        if eval_weights == "ema" and self.ema is not None:
+            return self.ema
+        return self.params
+
     def with_weights(self, **parts: Any) -> TrainState:
         """This state with some of `params`, `opt_state`, `ema` replaced."""
         return self._replace(weights=self.weights._replace(**parts))

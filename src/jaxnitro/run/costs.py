@@ -21,6 +21,8 @@ from ..compile.costs import program_costs
 from ..observe.speed import device_peak, epoch_speed
 
 if TYPE_CHECKING:
+    from ..loop.prepared import Prepared
+    from .config import RunConfig
     from .handle import Nitro
 
 # The train programs: one optimizer step a call (or a loop of them, costed once).
@@ -104,7 +106,9 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     )
     device = jax.devices()[0]
     peak = device_peak(device)
-    speed = epoch_speed(seconds, samples_per_step(nitro), flops, peak)
+    speed = epoch_speed(
+        seconds, samples_per_step(nitro.prepared, nitro.config), flops, peak
+    )
     if "mfu" in speed:
         utilisation = (
             f"MFU {speed['mfu']:.1%} of the {device.device_kind}'s "
@@ -129,8 +133,8 @@ def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]
     return rows
 
 
-def samples_per_step(nitro: Nitro) -> int:
+def samples_per_step(prepared: Prepared, config: RunConfig) -> int:
     """The samples one optimizer step trains on: the global batch, every
     micro-batch of it."""
-    batch = nitro.prepared.routing.train_batch or 0
-    return nitro.config.accumulation.samples(batch) * jax.process_count()
+    batch = prepared.routing.train_batch or 0
+    return config.accumulation.samples(batch) * jax.process_count()

@@ -22,30 +22,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..checkpoint.checkpointer import Checkpointer
-from ..checkpoint.lock import lock_checkpoint_dir
-from ..compile.executables import Executables
-from ..data.protocol import has_release, release_splits, unwrap_source
 from ..devices.memory import memory_report
 from ..errors import (
     ConfigError,
     Preempted,
     RoutingError,
 )
-from ..experiment.markers import Kind
-from ..experiment.traits import (
-    device_fields,
-    field_kind_of,
-    field_names,
-    graphconst_fields,
-)
-from ..experiment.values import to_host_array, to_host_value
-from ..experiment.view import (
-    replace_fields,
-)
+from ..experiment.values import to_host_value
 from ..handle_type import RunHandle
 from ..logging import protocol as logproto
 from ..loop.evaluate import evaluate_split, predict_batch
@@ -60,18 +46,14 @@ from ..observe.transitions import PhaseRecorder
 from . import costs, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .config import RunConfig
-from .setup import SetupOutcome, SetupSequence
+from .device_fields import check_device_field, device_updates
+from .parts import RunParts
+from .setup import run_setup
+from .setup_parts import SetupOutcome
 from .smoke import remove_smoke_run_dir
 from .status import EpochEndHook, RunStatus
 from .summary import ModelSummary, model_summary
 from .training import run_training
-
-RELEASED_REFUSAL = (
-    "{verb}: split `{name}` ({kind}) was released by {by}, which ran its source's "
-    "release() and closed what it holds open, so this handle cannot read it again. "
-    "Build a new Nitro with its own data and this handle's weights: "
-    "Nitro(e, weights=nitro) (build_data runs again unless data= is passed)."
-)
 
 
 class Nitro:
@@ -204,15 +186,6 @@ class Nitro:
         data (dict[str, Any]): the splits, each wrapped in its prefetch settings (a
             `PrefetchIterator` at the defaults unless it was already one or a
             `NoPrefetch`); `len()` and `iter()` pass through to the source.
-        averaged_from: what an averaged weights source averaged (`weights=(run,
-            Average(sel))`, or `restore_best=Average(...)` once training ends): the
-            spec, run, dir, files, epochs and weights; None otherwise. The records
-            this run writes carry it too.
-        checkpoint_source (str | None): the record file the weights came from: the
-            resumed or `weights=` record, or the one `restore_best` loaded; None for
-            fresh weights, a warm start or an average.
-        weights_from (dict[str, Any] | None): for a warm start from another handle,
-            its experiment, epoch, step and run_dir; None otherwise.
 
     Raises:
         ConfigError: an unknown keyword, or `checkpoint=` beside `weights=`; a
@@ -300,51 +273,43 @@ class Nitro:
         self, experiment: Any, preset: str | None = None, /, **kwargs: Any
     ) -> None:
         experiment, kwargs = constructor_arguments(experiment, preset, kwargs)
-        self.status = RunStatus()
-        self.executables = Executables(self)
-        self._train_state: TrainState | None = None  # setup builds the first
         self.phase_recorder = PhaseRecorder(self)
-        self._progress: Progress | None = None
+        self._parts: RunParts | None = None  # what setup returns, once it finished
         with entry_point() as entry, Progress() as progress:
-            self._progress = progress
             progress.begin("setup")
-            try:
-                self._adopt(SetupSequence(kwargs, progress).run(experiment))
-                self._setup_lines_pending = self._defers_setup_lines()
-                if self._setup_lines_pending:
-                    logproto.require_verbs(
-                        self.config.logger, "log_params", "log_other"
-                    )
-                    reports.show_setup(self)
-                else:
-                    self.log_setup()
-            finally:
-                self._progress = None
+            self._adopt(run_setup(experiment, kwargs, progress))
+            self._setup_lines_pending = self._defers_setup_lines()
+            if self._setup_lines_pending:
+                logproto.require_verbs(self.config.logger, "log_params", "log_other")
+                reports.show_setup(self, self._run.evaluation.eval_width)
+            else:
+                self.log_setup()
             entry.attach(self)
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
             fill_ref(run_ref, self)
 
     def _adopt(self, outcome: SetupOutcome) -> None:
-        """Hold what setup produced: the handle is config + prepared + state."""
-        self._run_config = outcome.config
-        self._prepared = outcome.prepared
-        self._train_state = outcome.state
-        self.status = outcome.status
+        """Hold what setup produced: the handle is a facade over its parts."""
+        parts = RunParts.build(outcome, self.phase_recorder)
+        self._parts = parts
         # A handle dropped (garbage collected) lets go of its run directory's lock,
         # and a smoke run's temporary directory goes with it.
         if outcome.config.smoke:
             weakref.finalize(
-                self, remove_smoke_run_dir, outcome.status, outcome.config.run_dir
+                self, remove_smoke_run_dir, parts.lock, outcome.config.run_dir
             )
         else:
-            weakref.finalize(self, outcome.status.release_run_lock)
-        self.data: dict[str, Any] = outcome.data
-        self._experiment = outcome.experiment
-        self._device_values = outcome.device_values
-        self.checkpoint_source: str | None = outcome.checkpoint_source
-        self.weights_from: dict[str, Any] | None = outcome.weights_from
-        self.averaged_from: dict[str, Any] | None = outcome.averaged_from
+            weakref.finalize(self, parts.lock.release)
+        self.data: dict[str, Any] = parts.data
+        self.executables = parts.executables
+        self.status: RunStatus = parts.status
+
+    @property
+    def _run(self) -> RunParts:
+        if self._parts is None:
+            raise ConfigError("The handle's setup did not finish: it holds no state.")
+        return self._parts
 
     # ------------------------------------------------------------------ setup -------
     @property
@@ -357,7 +322,7 @@ class Nitro:
         `set_device` replaces it with a copy holding the new values, so read the
         property again after one rather than keeping the old object.
         """
-        return self._experiment
+        return self._run.values.experiment
 
     @property
     def config(self) -> RunConfig:
@@ -368,7 +333,7 @@ class Nitro:
         `config.sources` saying which; a resume's seed reads "record". Rebuild the
         `Nitro` to change one.
         """
-        return self._run_config
+        return self._run.config
 
     @property
     def parameters(self) -> Any:
@@ -400,7 +365,7 @@ class Nitro:
     def prepared(self) -> Prepared:
         """What setup fixed (`Prepared`): the hooks, the routing, the split sizes,
         the optimizer plan, the stopping policy, the trace context, the run id."""
-        return self._prepared
+        return self._run.prepared
 
     @property
     def current_step(self) -> int:
@@ -410,7 +375,7 @@ class Nitro:
         smaller than the micro-batch count. Schedules are indexed by it. A resumed
         handle starts from the record's step.
         """
-        return self._train_state.step if self._train_state is not None else 0
+        return 0 if self._parts is None else self._parts.values.state.step
 
     @property
     def current_epoch(self) -> int:
@@ -419,7 +384,7 @@ class Nitro:
         During `train()`, the epoch running; afterwards, the last one trained. A
         resumed handle starts from the record's epoch.
         """
-        return self._train_state.epoch if self._train_state is not None else 0
+        return 0 if self._parts is None else self._parts.values.state.epoch
 
     @property
     def train_state(self) -> TrainState:
@@ -432,17 +397,28 @@ class Nitro:
         Raises:
             ConfigError: the handle's setup did not finish.
         """
-        if self._train_state is None:
-            raise ConfigError("The handle's setup did not finish: it holds no state.")
-        return self._train_state
+        return self._run.values.state
 
-    def commit_state(self, state: TrainState) -> None:
-        """Hold `state` as the run's latest (the loop and restore hand it back).
+    @property
+    def checkpoint_source(self) -> str | None:
+        """The record file the weights came from: the resumed or `weights=` record,
+        or the one `restore_best` loaded; None for fresh weights, a warm start or
+        an average."""
+        return self._run.values.checkpoint_source
 
-        The state it replaces may hold buffers a step donated: it is dropped. On
-        a mesh it is placed as the programs expect (a value already there is kept).
-        """
-        self._train_state = state.placed(self._prepared.ctx.placement)
+    @property
+    def weights_from(self) -> dict[str, Any] | None:
+        """For a warm start from another handle, its experiment, epoch, step and
+        run_dir; None otherwise."""
+        return self._run.values.weights_from
+
+    @property
+    def averaged_from(self) -> dict[str, Any] | None:
+        """What an averaged weights source averaged (`weights=(run,
+        Average(sel))`, or `restore_best=Average(...)` once training ends): the
+        spec, run, dir, files, epochs and weights; None otherwise. The records
+        this run writes carry it too."""
+        return self._run.values.averaged_from
 
     @property
     def run_dir(self) -> str:
@@ -453,7 +429,7 @@ class Nitro:
         default `JSONLogger`'s `metrics.jsonl` and `resume="auto"` resolve against
         it, and `render` writes to `<run_dir>/viz` by default.
         """
-        return self._run_config.run_dir
+        return self._run.config.run_dir
 
     @property
     def phase(self) -> phases.Phase:
@@ -481,11 +457,11 @@ class Nitro:
         if ckpt is not None and ckpt.metric is not None:
             selection: tuple[str, str] | None = (ckpt.metric, ckpt.mode or "min")
         else:
-            selection = self._prepared.monitor
+            selection = self.prepared.monitor
         return MetricHistory(
             self.status.history,
             selection_metric=selection,
-            resumed_from_epoch=self._prepared.resumed_from_epoch,
+            resumed_from_epoch=self.prepared.resumed_from_epoch,
         )
 
     @property
@@ -500,7 +476,7 @@ class Nitro:
     @property
     def logger(self) -> Any:
         """The run's logger object (None when logging is off)."""
-        return self._run_config.logger
+        return None if self._parts is None else self._parts.config.logger
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -510,7 +486,7 @@ class Nitro:
         to the monitor (unless it was given its own metric and mode) and to this
         run's id (`checkpoint_run`).
         """
-        return self._run_config.checkpointer
+        return self._run.config.checkpointer
 
     @property
     def early_stop(self) -> Any:
@@ -522,7 +498,7 @@ class Nitro:
         resume restores the counters the record stored. None also on a handle with
         no train split, which never trains.
         """
-        return self._prepared.stopper
+        return self._run.prepared.stopper
 
     @property
     def stop_reason(self) -> str | None:
@@ -533,7 +509,7 @@ class Nitro:
         SIGTERM) or "error" (it raised). A `train()` that had nothing to train
         leaves it unchanged.
         """
-        return self.status.stop_reason
+        return self._run.stops.reason
 
     @property
     def checkpoint_run(self) -> str | None:
@@ -545,7 +521,7 @@ class Nitro:
         checkpointing is off, and for a handle continuing the unnamed run of a
         manifest written before runs were recorded.
         """
-        return self._prepared.run_id if self.checkpointer is not None else None
+        return self._run.prepared.run_id if self.checkpointer is not None else None
 
     # ---------------------------------------------------------------- reports -------
     def frozen(self) -> dict[str, Any]:
@@ -565,7 +541,7 @@ class Nitro:
 
     def binding_report(self) -> str:
         """Where each configured value bound, the data, and the routed fields."""
-        return reports.binding_report(self)
+        return reports.binding_report(self, self._run.evaluation.eval_width)
 
     def cost_report(self, file: TextIO | None = None) -> list[dict[str, Any]]:
         """Print each compiled program's cost by XLA's analysis, and the step's rate.
@@ -636,7 +612,7 @@ class Nitro:
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
         self._setup_lines_pending = False
-        reports.log_setup(self)
+        reports.log_setup(self, self._run.evaluation.eval_width)
 
     def _defers_setup_lines(self) -> bool:
         """Whether the setup's logger lines (parameters, binding report) wait for
@@ -648,36 +624,35 @@ class Nitro:
         return (
             self.config.logger is not None
             and self.config.checkpointer is not None
-            and self.status.run_lock is None
+            and not self._run.lock.held
         )
 
     def _log_setup_lines(self) -> None:
         """The deferred setup lines, once (`_defers_setup_lines`)."""
         if self._setup_lines_pending:
             self._setup_lines_pending = False
-            reports.log_setup_lines(self)
+            reports.log_setup_lines(self, self._run.evaluation.eval_width)
 
     def _train_locked(self) -> None:
         """train()'s work: the run directory's lock first (a refusal writes
         nothing), then the deferred setup lines, then the training, which lets
         go of the lock when it returns or raises."""
-        if self._setup_lines_pending and self.status.run_lock is None:
-            self.status.run_lock = lock_checkpoint_dir(
-                self.config.checkpointer, self.config.run_dir, purpose="train"
-            )
+        lock = self._run.lock
+        if self._setup_lines_pending and not lock.held:
+            lock.take(self.config.checkpointer, self.config.run_dir, purpose="train")
             try:
                 self._log_setup_lines()
             except BaseException:
-                self.status.release_run_lock()
+                lock.release()
                 raise
-        run_training(self)
+        run_training(self, self._run)
 
     def __rich__(self) -> Any:
         """The frozen values as a rich table (a terminal); `repr` is the plain text."""
-        return reports.rich_view(self)
+        return reports.rich_view(self, restored_best=self._run.values.restored_best)
 
     def __repr__(self) -> str:
-        return reports.text_view(self)
+        return reports.text_view(self, restored_best=self._run.values.restored_best)
 
     def _check_stale(self, entry: str) -> None:
         reports.check_stale(self, entry)
@@ -773,9 +748,9 @@ class Nitro:
                 f'Nitro(e, resume="auto", max_epochs=N).'
             )
         self._check_stale("train")
-        if self._prepared.unwritable is not None:  # setup's probe could not write
-            raise ConfigError(self._prepared.unwritable)
-        restore.refuse_after_restore_best(self)
+        if self.prepared.unwritable is not None:  # setup's probe could not write
+            raise ConfigError(self.prepared.unwritable)
+        restore.refuse_after_restore_best(self._run.values)
         self._refuse_released("train()", ("train", "val"))
         self._run_entry(self._train_locked, setup_lines=False)
         return self
@@ -829,7 +804,7 @@ class Nitro:
                 f"{', '.join(self.data) or 'no splits'}."
             )
         self._refuse_released("validate()", ("val",))
-        return self._run_entry(lambda: evaluate_split(self, "val"))
+        return self._run_entry(lambda: evaluate_split(self._run.evaluation, "val"))
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
         """Run any named split in eval mode and return its finalized metrics.
@@ -872,7 +847,7 @@ class Nitro:
                 f"splits are: {', '.join(self.data) or 'none'}."
             )
         self._refuse_released(f"evaluate(split={split!r})", (split,))
-        return self._run_entry(lambda: evaluate_split(self, split))
+        return self._run_entry(lambda: evaluate_split(self._run.evaluation, split))
 
     def predict(self, batch: Any) -> Any:
         """Forward alone, in eval mode, on a batch dict or an iterable of them.
@@ -920,9 +895,10 @@ class Nitro:
                 ...
         """
         if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
-            return self._run_entry(lambda: predict_batch(self, batch), stoppable=False)
+            host = self._run.evaluation
+            return self._run_entry(lambda: predict_batch(host, batch), stoppable=False)
         if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
-            fields = self._prepared.routing.fields["forward"]
+            fields = self.prepared.routing.fields["forward"]
             names = fields.required + fields.optional
             shown = ", ".join(f"'{n}': ..." for n in names) or "..."
             raise RoutingError(
@@ -1003,9 +979,10 @@ class Nitro:
         )
 
     def _predict_many(self, batches: Iterable[Any]) -> Iterator[Any]:
+        host = self._run.evaluation
         for batch in batches:
             yield self._run_entry(
-                lambda b=batch: predict_batch(self, b), stoppable=False
+                lambda b=batch: predict_batch(host, b), stoppable=False
             )
 
     def _run_entry(
@@ -1021,24 +998,26 @@ class Nitro:
         if setup_lines:
             self._log_setup_lines()
         guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
-        pending = self.status.stop_requested
-        with entry_point(self), guard, Progress() as bar:
-            outer, self._progress = self._progress, bar
+        stops = self._run.stops
+        pending = stops.stop_requested
+        with (
+            entry_point(self),
+            guard,
+            Progress() as bar,
+            self._run.phase.showing(bar) as outer,
+        ):
             try:
                 result = work()
             finally:
-                self._progress = outer
                 if outer is None and (stoppable or not pending):
-                    self.status.stop_requested = False
-                    self.status.preempted = False
+                    stops.clear()
         if guard.terminated:  # the stop is done: now the process ends, as SIGTERM asks
             raise _preempted(self)
         return result
 
     def _preempt(self) -> None:
         """A SIGTERM's stop request: as `request_stop()`, with reason "preempted"."""
-        self.status.preempted = True
-        self.request_stop()
+        self._run.stops.request(preempted=True)
 
     def request_stop(self) -> None:
         """Ask the running entry point to stop, gracefully; it returns at once.
@@ -1055,7 +1034,7 @@ class Nitro:
         `evaluate` (a `predict` or `render` between them does not stop, and leaves
         it pending).
         """
-        self.status.stop_requested = True
+        self._run.stops.request()
 
     def on_epoch_end(self, hook: EpochEndHook) -> Nitro:
         """Call `hook(nitro, epoch, observations)` at the end of every epoch `train()`
@@ -1085,7 +1064,7 @@ class Nitro:
                 f"on_epoch_end takes a function (nitro, epoch, observations) -> "
                 f"metrics or None; got {type(hook).__name__}."
             )
-        self.status.epoch_end_hooks.append(hook)
+        self._run.epoch_end_hooks.append(hook)
         return self
 
     def set_device(self, *field_value: Any, **values: Any) -> Nitro:
@@ -1125,54 +1104,10 @@ class Nitro:
                 logits = nitro.set_device(temperature=t).predict(batch)
             nitro.set_device("temperature", 1.0)        # the positional form
         """
-        if field_value:
-            values = _positional_field(field_value, values)
-        cls = self._prepared.cls
-        updates = {}
-        for name, value in values.items():
-            if name not in field_names(cls):
-                raise ConfigError(
-                    f"set_device: {cls.__name__} has no field `{name}`. Its Device "
-                    f"fields are: {', '.join(device_fields(cls)) or 'none'}."
-                )
-            if name not in device_fields(cls):
-                if name in graphconst_fields(cls):
-                    raise ConfigError(
-                        f"set_device: `{name}` is GraphConst: it bakes into the "
-                        f"compiled graph, so a new value is a different program. Build "
-                        f"a new Nitro with the new value (only what it changes "
-                        f"recompiles)."
-                    )
-                raise ConfigError(
-                    f"set_device: `{name}` is a Host field: no compiled program reads "
-                    f"it, so writing it on a live handle would change nothing. Build a "
-                    f"new Nitro with the new value, or mark the field Device."
-                )
-            if any(
-                target.name == name for target, _ in self._prepared.device_schedules
-            ):
-                raise ConfigError(
-                    f"set_device: `{name}` is scheduled: the schedule writes it every "
-                    f"step and would overwrite this value. Build a new Nitro without "
-                    f"`{name}` in its schedules to set it by hand."
-                )
-            current = getattr(self._experiment, name)
-            try:
-                host = to_host_array(name, np.dtype(current.dtype), value)
-            except ConfigError as error:
-                raise ConfigError(
-                    f"set_device: {error} The field's dtype is fixed by the compiled "
-                    f"programs: build a new Nitro for another dtype."
-                ) from None
-            if host.shape != current.shape:
-                raise ConfigError(
-                    f"set_device: `{name}` has shape {tuple(current.shape)}; the new "
-                    f"value has shape {host.shape}. Shapes are fixed by the compiled "
-                    f"programs: build a new Nitro for another shape."
-                )
-            updates[name] = jax.device_put(host, current.sharding)
-        self._experiment = replace_fields(self._experiment, **updates)
-        self._device_values = {**self._device_values, **updates}
+        updates = device_updates(
+            self.prepared, self.experiment, field_value, dict(values)
+        )
+        self._run.values.set_devices(updates)
         return self
 
     def device_value(self, name: str) -> Any:
@@ -1193,62 +1128,8 @@ class Nitro:
             ConfigError: `name` is a GraphConst or a Host field, or no field; read
                 those as `nitro.experiment.<name>`.
         """
-        if name not in device_fields(self._prepared.cls):
-            kind = "no"
-            if name in field_names(self._prepared.cls):
-                marker = field_kind_of(self._prepared.cls, name)
-                kind = "a GraphConst" if marker is Kind.GRAPHCONST else "a Host"
-            raise ConfigError(
-                f"device_value: `{name}` is {kind} field of "
-                f"{self._prepared.cls.__name__}, not a Device field; read it as "
-                f"nitro.experiment.{name}. Device fields: "
-                f"{', '.join(device_fields(self._prepared.cls)) or 'none'}."
-            )
-        return to_host_value(getattr(self._experiment, name))
-
-    # -------------------------------------------------------- loop internals --------
-    def device_values(self) -> dict[str, Any]:
-        """The Device fields as the dict every program receives."""
-        return self._device_values
-
-    def eval_params(self) -> Any:
-        """The weights evaluation, checkpoint selection and predict read: the EMA
-        under eval_weights="ema" once one exists, the raw weights otherwise."""
-        state = self.train_state
-        if self._run_config.eval_weights == "ema" and state.ema is not None:
-            return state.ema
-        return state.params
-
-    def sync_scheduled_devices(self) -> None:
-        """Write the scheduled Device fields' current values into the experiment,
-        so evaluation between epochs sees what training last used."""
-        from ..optim.plan import scheduled_devices
-
-        if not self._prepared.device_schedules:
-            return
-        plan = self._prepared.plan
-        assert plan is not None
-        current = plan.schedule_values(max(self.current_step - 1, 0))
-        updates = scheduled_devices(
-            current, self._prepared.device_schedules, jnp.asarray
-        )
-        self._experiment = replace_fields(self._experiment, **updates)
-        self._device_values = {**self._device_values, **updates}
-
-    def set_phase(self, phase: phases.Phase, **info: Any) -> None:
-        """Record `phase` and publish it to the monitors (a repeat is a no-op).
-
-        The first Terminal phase releases the data sources, after the monitors ran.
-        """
-        if self.phase_recorder.set(phase, **info) and isinstance(
-            phase, phases.Terminal
-        ):
-            self._release(f"the end of train() (phase {type(phase).__name__})")
-
-    def restore_phase(self, phase: phases.Phase, **info: Any) -> None:
-        """Put the handle back in `phase`, the one it was in before a compile or an
-        evaluation that failed or ended (see `PhaseRecorder.restore`)."""
-        self.phase_recorder.restore(phase, **info)
+        check_device_field(self.prepared.cls, name)
+        return to_host_value(getattr(self.experiment, name))
 
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.
@@ -1270,33 +1151,13 @@ class Nitro:
         It also lets go of the run directory's lock, which a `resume=` handle holds
         from its construction until its `train()` returns (see `train`).
         """
-        self._release("nitro.release()")
-        self.status.release_run_lock()
-
-    def _release(self, by: str) -> None:
-        if self.status.released_by is None:
-            self.status.released_by = by
-            release_splits(self.data)
+        self._run.splits.release("nitro.release()")
+        self._run.lock.release()
 
     def _refuse_released(self, verb: str, splits: Iterable[str]) -> None:
-        """Refuse, before any stream opens, to read a split whose source was released.
-
-        A source without a `release()` method held nothing open, so it stays readable.
-        """
-        if self.status.released_by is None:
-            return
-        for name in splits:
-            if name in self.data and has_release(self.data[name]):
-                kind = type(unwrap_source(self.data[name])).__name__
-                raise ConfigError(
-                    RELEASED_REFUSAL.format(
-                        verb=verb, name=name, kind=kind, by=self.status.released_by
-                    )
-                )
-
-    def progress(self) -> Progress | None:
-        """The progress line of the entry point running now, if any."""
-        return self._progress
+        """Refuse, before any stream opens, to read a split whose source was released
+        (a source without a `release()` method held nothing open: it stays readable)."""
+        self._run.splits.refuse_released(verb, splits)
 
 
 RunHandle.register(Nitro)
@@ -1320,64 +1181,3 @@ def _preempted(nitro: Nitro) -> Preempted:
     with contextlib.suppress(OSError):  # no stderr: the exit still happens
         os.write(2, (message + "\n").encode())
     return Preempted(message, stop_reason=nitro.stop_reason)
-
-
-def train(experiment: Any, preset: str | None = None, /, **kwargs: Any) -> Nitro:
-    """`Nitro(experiment, **kwargs).train()`: build a handle and train it.
-
-    One entry point: Idle is announced once, when training returns, not between the
-    setup and the training. Every run keyword is a `Nitro` keyword; pass `run_ref=`
-    to reach the handle while it trains (it is filled before the loop starts).
-
-    Args:
-        experiment: an `Experiment` instance; with `preset`, an `Experiment`
-            subclass.
-        preset: a preset name of that class: `train(E, "name", **kw)` is
-            `Nitro(E, "name", **kw).train()`.
-        **kwargs: the run keywords (see `Nitro`); in the preset form, field names
-            too, which go to the recipe.
-
-    Returns:
-        Nitro: the trained handle: read `history`, `stop_reason` and `parameters`
-        off it, or keep it for `evaluate`, `predict` and `set_device`.
-
-    Raises:
-        ConfigError: a refused keyword or value, at setup or during training (see
-            `Nitro` and `Nitro.train` for each error and when it is raised).
-        HookError: a missing hook, or one that returned the wrong thing.
-        RoutingError: a batch lacks a field a hook declares.
-        CheckpointError: a resume or weights source cannot be found, read or
-            matched; a checkpoint metric that is missing or not finite.
-        DivergenceError: a non-finite training loss under check_divergence.
-        NotYetSupportedError: a setting whose feature has not landed (a
-            `train_step` hook, ...).
-
-    Example::
-
-        nitro = nx.train(MnistMLP(max_epochs=20), run_dir="runs/mnist")
-        nitro.history                                  # the per-epoch table
-        nx.train(MnistMLP, "baseline", smoothing=0.1)  # a preset, one field changed
-    """
-    with entry_point():
-        if preset is None:
-            return Nitro(experiment, **kwargs).train()
-        return Nitro(experiment, preset, **kwargs).train()
-
-
-def _positional_field(
-    field_value: tuple[Any, ...], values: dict[str, Any]
-) -> dict[str, Any]:
-    """`set_device(name, value)` as the keyword form's dict."""
-    if len(field_value) != 2 or not isinstance(field_value[0], str):
-        raise ConfigError(
-            f"set_device takes one field positionally as (name, value), such as "
-            f'set_device("temperature", 2.0), or keywords (temperature=2.0); got '
-            f"{len(field_value)} positional argument(s): {field_value!r}."
-        )
-    name, value = field_value
-    if name in values:
-        raise ConfigError(
-            f"set_device: `{name}` is given both positionally and as a keyword; "
-            f"give it once."
-        )
-    return {name: value, **values}

@@ -1,7 +1,7 @@
 """The checkpoint record a train() writes: its header, its trees, and the save.
 
 Written at each epoch end, at a stop, and at the steps `checkpoint_every_n_steps`
-places inside an epoch, in the Checkpointing phase; `nitro.status.held_stop` says
+places inside an epoch, in the Checkpointing phase; the run's `HeldStop` says
 where an unfinished epoch stands (the record's `epoch_loss`), so a resume continues
 it at its batch.
 """
@@ -26,12 +26,16 @@ from ..logging import protocol as logproto
 from ..observe import phases
 
 if TYPE_CHECKING:
+    from ..observe.progress import Progress
     from .handle import Nitro
-    from .status import HeldStop
+    from .parts import RunParts
+    from .phase import RunPhase
+    from .stops import HeldStop
 
 
 def write_checkpoint(
     nitro: Nitro,
+    run: RunParts,
     epoch: int,
     flat: dict[str, Any],
     reason: str | None,
@@ -39,32 +43,35 @@ def write_checkpoint(
 ) -> None:
     """Save the record of `epoch` as it stands (its end, or a step inside it);
     `flat`: the validation metrics, flattened ({} when none ran there);
-    `held_stop`: where the epoch stands when it is unfinished (None at its end)."""
-    ckpt = nitro.checkpointer
+    `held_stop`: where the epoch stands when it is unfinished (None at its end).
+    The header's parameters are the handle's `params_to_log`; the rest is the
+    run's parts."""
+    ckpt = run.config.checkpointer
     if ckpt is None:
         return
-    e = nitro.experiment
-    plan = nitro.prepared.plan
+    values, prepared = run.values, run.prepared
+    e = values.experiment
+    plan = prepared.plan
     assert plan is not None
-    stopper = nitro.prepared.stopper
-    host_arrays, host_values = derived_host_record(e, nitro.prepared.derived_keys)
+    stopper = prepared.stopper
+    host_arrays, host_values = derived_host_record(e, prepared.derived_keys)
     header = RecordHeader(
         framework_version=__version__,
         experiment=f"{type(e).__module__}.{type(e).__qualname__}",
         epoch=epoch,
-        step=nitro.current_step,
-        seed=nitro.config.seed,
-        preset=nitro.config.preset,
+        step=values.state.step,
+        seed=run.config.seed,
+        preset=run.config.preset,
         graphconst=graphconst_record(e),
         config=nitro.params_to_log(),
-        derived=tuple(nitro.prepared.derived_keys),
+        derived=tuple(prepared.derived_keys),
         derived_host=host_values,
-        derived_graphconst=derived_graphconst_record(e, nitro.prepared.derived_keys),
-        logger_type=_qualified(nitro.logger),
-        logger_state=logproto.logger_state(nitro.logger),
-        run_id=logproto.run_id(nitro.logger),
-        run_url=logproto.run_url(nitro.logger),
-        anchor_checksums=dict(nitro.prepared.anchor_sums),
+        derived_graphconst=derived_graphconst_record(e, prepared.derived_keys),
+        logger_type=_qualified(run.config.logger),
+        logger_state=logproto.logger_state(run.config.logger),
+        run_id=logproto.run_id(run.config.logger),
+        run_url=logproto.run_url(run.config.logger),
+        anchor_checksums=dict(prepared.anchor_sums),
         optimizer_layout=plan.state_layout(),
         early_stop=stopper.state()
         if callable(getattr(stopper, "state", None))
@@ -76,17 +83,17 @@ def write_checkpoint(
         # a resume that continues the epoch reports the whole epoch's mean.
         epoch_loss=None if held_stop is None else held_stop.to_json(),
         # The run started from these averaged weights (None: it did not).
-        averaged_from=nitro.averaged_from,
+        averaged_from=values.averaged_from,
         # What a resume compares: the hooks' code and the train data's shape.
-        hook_fingerprints=dict(nitro.prepared.hook_prints),
-        data_signature=_json_copy(nitro.prepared.data_signature),
+        hook_fingerprints=dict(prepared.hook_prints),
+        data_signature=_json_copy(prepared.data_signature),
     )
-    state = nitro.train_state
+    state = values.state
     trees = {
         "params": state.params,
         "state": state.model_state,
         "opt_state": state.opt_state,
-        "device": nitro.device_values(),
+        "device": values.device_values,
         HOST_PREFIX: host_arrays,
     }
     if state.ema is not None:
@@ -94,26 +101,34 @@ def write_checkpoint(
     scalars = {k: v for k, v in flat.items() if np.ndim(v) == 0}
     # A large record takes seconds to write: the progress line says so meanwhile,
     # and monitors see the Checkpointing phase.
-    progress = nitro.progress()
+    _save(
+        run.phase,
+        lambda: ckpt.save(
+            epoch=epoch,
+            step=state.step,
+            metrics=scalars,
+            trees=trees,
+            header=header,
+            stop_reason=reason,
+        ),
+    )
+
+
+def _save(phase: RunPhase, save: Any) -> None:
+    """Run `save` in the Checkpointing phase, the progress line saying so."""
+    progress: Progress | None = phase.progress()
     if progress is not None:
         progress.phase("writing checkpoint")
     try:
-        with checkpointing_phase(nitro):
-            ckpt.save(
-                epoch=epoch,
-                step=nitro.current_step,
-                metrics=scalars,
-                trees=trees,
-                header=header,
-                stop_reason=reason,
-            )
+        with checkpointing_phase(phase):
+            save()
     finally:
         if progress is not None:
             progress.phase("")
 
 
 @contextlib.contextmanager
-def checkpointing_phase(nitro: Nitro) -> Iterator[None]:
+def checkpointing_phase(phase: RunPhase) -> Iterator[None]:
     """Hold the handle in the Checkpointing phase while a record is written.
 
     Afterwards the handle goes back to the phase it came from: published again
@@ -121,17 +136,17 @@ def checkpointing_phase(nitro: Nitro) -> Iterator[None]:
     the rest of the epoch as a write), else restored without publishing. A write
     that raises restores it unpublished: the run's Failed comes next.
     """
-    previous = nitro.phase
-    nitro.set_phase(phases.Checkpointing())
+    previous = phase.phase
+    phase.set_phase(phases.Checkpointing())
     try:
         yield
     except BaseException:
-        nitro.restore_phase(previous)
+        phase.restore_phase(previous)
         raise
     if isinstance(previous, phases.TrainStepping):
-        nitro.set_phase(previous)
+        phase.set_phase(previous)
     else:
-        nitro.restore_phase(previous)
+        phase.restore_phase(previous)
 
 
 def _json_copy(signature: Any) -> dict[str, Any] | None:

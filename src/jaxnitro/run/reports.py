@@ -61,10 +61,10 @@ def frozen(nitro: Nitro) -> dict[str, Any]:
     return values
 
 
-def _holding(nitro: Nitro) -> str | None:
+def _holding(nitro: Nitro, restored_best: bool) -> str | None:
     """What weights the handle holds when not the ones it trained to: after
     restore_best, the best checkpoint's file (or what the average averaged)."""
-    if not nitro.status.restored_best:
+    if not restored_best:
         return None
     path = nitro.checkpoint_source
     if path is not None:
@@ -76,9 +76,9 @@ def _holding(nitro: Nitro) -> str | None:
     return f"holding the average of epochs {', '.join(map(str, epochs))} (restore_best)"
 
 
-def rich_view(nitro: Nitro) -> Any:
+def rich_view(nitro: Nitro, *, restored_best: bool) -> Any:
     """The frozen values as a rich table (a terminal); `repr` is the plain text."""
-    holding = _holding(nitro)
+    holding = _holding(nitro, restored_best)
     return frozen_table(
         f"Nitro({nitro.prepared.cls.__name__}) values fixed at construction",
         frozen(nitro),
@@ -88,9 +88,9 @@ def rich_view(nitro: Nitro) -> Any:
     )
 
 
-def text_view(nitro: Nitro) -> str:
+def text_view(nitro: Nitro, *, restored_best: bool) -> str:
     """The frozen values, the position and the phase as plain text (`repr`)."""
-    holding = _holding(nitro)
+    holding = _holding(nitro, restored_best)
     return (
         f"Nitro({nitro.prepared.cls.__name__}) values fixed at construction "
         f"(rebuild the `Nitro` to change them)\n  {frozen_values(frozen(nitro))}\n"
@@ -133,25 +133,28 @@ def params_to_log(nitro: Nitro) -> dict[str, Any]:
     return params
 
 
-def log_setup(nitro: Nitro) -> None:
+def log_setup(nitro: Nitro, eval_width: int | None) -> None:
     """Log the parameters (before any compile) and show the binding report."""
-    log_setup_lines(nitro)
-    show_setup(nitro)
+    log_setup_lines(nitro, eval_width)
+    show_setup(nitro, eval_width)
 
 
-def log_setup_lines(nitro: Nitro) -> None:
+def log_setup_lines(nitro: Nitro, eval_width: int | None) -> None:
     """Give the logger the parameters and the binding report."""
+    report = binding_report(nitro, eval_width)
     logproto.log_params(nitro.config.logger, params_to_log(nitro))
-    logproto.log_other(nitro.config.logger, "binding_report", binding_report(nitro))
+    logproto.log_other(nitro.config.logger, "binding_report", report)
 
 
-def show_setup(nitro: Nitro) -> None:
+def show_setup(nitro: Nitro, eval_width: int | None) -> None:
     """Show the binding report (rich on a terminal, a log record otherwise)."""
-    show_report(f"jaxnitro: {nitro.prepared.cls.__name__}", binding_report(nitro))
+    report = binding_report(nitro, eval_width)
+    show_report(f"jaxnitro: {nitro.prepared.cls.__name__}", report)
 
 
-def binding_report(nitro: Nitro) -> str:
-    """Where each configured value bound, the data, and the routed fields."""
+def binding_report(nitro: Nitro, eval_width: int | None) -> str:
+    """Where each configured value bound, the data, and the routed fields;
+    `eval_width`: the eval programs' batch width, once fixed."""
     routing: dict[str, tuple[str, ...]] = {}
     if "train" in nitro.data:
         g = nitro.prepared.routing.gradient_fields
@@ -180,8 +183,8 @@ def binding_report(nitro: Nitro) -> str:
         notes.append(f"grad_rule {plan.grad_rule!r}")
         if plan.ema is not None:
             notes.append(f"ema {plan.ema!r}, eval_weights {nitro.config.eval_weights}")
-    if nitro.status.eval_width is not None:
-        notes.append(f"eval batch width {nitro.status.eval_width}")
+    if eval_width is not None:
+        notes.append(f"eval batch width {eval_width}")
     per_call = nitro.config.steps_per_call
     notes.append(
         f"steps_per_call {per_call} ({nitro.config.sources['steps_per_call']})"

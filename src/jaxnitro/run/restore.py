@@ -38,6 +38,7 @@ from .config import RunConfig
 
 if TYPE_CHECKING:
     from .handle import Nitro
+    from .values import RunValues
 
 RESTORED_BEST_REFUSAL = """\
 This handle ended its last train() holding its best checkpoint (restore_best), beside
@@ -314,7 +315,7 @@ def check_restore_best(config: RunConfig, data: Mapping[str, Any]) -> Any:
     )
 
 
-def finish_restore_best(nitro: Nitro) -> None:
+def finish_restore_best(nitro: Nitro, values: RunValues) -> None:
     """At the end of a train() that did not fail: load the run's selected weights.
 
     A checkpoint that cannot be found or read warns and keeps the final weights:
@@ -335,23 +336,21 @@ def finish_restore_best(nitro: Nitro) -> None:
     if found is None:
         return
     record, path = found
-    state = nitro.train_state
+    state = values.state
     fresh = state.params
     params = record.restore("params", fresh, "parameter")
     model_state = record.restore("state", state.model_state, "state")
     ema = state.ema
     if ema is not None and record.has_tree("ema"):
         ema = record.restore("ema", fresh, "EMA")
-    nitro.commit_state(
+    values.restore_best(
         state._replace(
             weights=state.weights._replace(params=params, ema=ema),
             model_state=model_state,
-        )
+        ),
+        path,
+        record.header.averaged_from if isinstance(choice, Average) else None,
     )
-    nitro.checkpoint_source = path
-    if isinstance(choice, Average):
-        nitro.averaged_from = record.header.averaged_from
-    nitro.status.restored_best = True
 
 
 def _restore_best_record(
@@ -387,6 +386,6 @@ def _restore_best_record(
     return source.load(), None
 
 
-def refuse_after_restore_best(nitro: Nitro) -> None:
-    if nitro.status.restored_best:
+def refuse_after_restore_best(values: RunValues) -> None:
+    if values.restored_best:
         raise ConfigError(RESTORED_BEST_REFUSAL)

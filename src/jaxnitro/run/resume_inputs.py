@@ -1,4 +1,6 @@
-"""What a resume compares against its record: the hooks' code and the data's shape.
+"""What a resume compares against its record: the hooks' code and the data's shape,
+the GraphConst fields and the decay anchors; and what it continues of it (the seed,
+the early-stopping and Plateau counters).
 
 A record keeps the code fingerprint of each hook the run trained with (the ones the
 stale-handle check computes, `experiment.hooks.hook_fingerprints`) and the data
@@ -21,8 +23,11 @@ from typing import Any
 import jax
 
 from ..checkpoint.header import RecordHeader
+from ..checkpoint.record import CheckpointRecord
 from ..errors import CheckpointError, ConfigError, NitroWarning, user_stacklevel
+from ..experiment.view import graphconst_record
 from ..loop.prepared import Routing
+from ..optim.plan import OptimizerPlan
 from .config import RunConfig
 
 log = logging.getLogger("jaxnitro")
@@ -205,3 +210,84 @@ def _hooks_phrase(names: list[str]) -> str:
     if len(quoted) == 1:
         return f"hook {quoted[0]}"
     return f"hooks {', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def check_record_config(e: Any, record: CheckpointRecord, *, resuming: bool) -> None:
+    """Compare the record's GraphConst fields with `e`'s (after derive, so a derived
+    field compares too): a resume refuses a difference, a `weights=` load warns."""
+    stored = record.header.graphconst
+    current = graphconst_record(e)
+    diff = {
+        name: (stored.get(name), current.get(name))
+        for name in set(stored) | set(current)
+        if stored.get(name) != current.get(name)
+    }
+    if not diff:
+        return
+    shown = "; ".join(
+        f"{n}: {a!r} in the record, {b!r} now" for n, (a, b) in diff.items()
+    )
+    if resuming:
+        raise ConfigError(
+            f"Cannot resume from {record.path}: its GraphConst fields differ from "
+            f"this experiment's ({shown}), so it trained a different program. "
+            f"Resume with the recorded values, or start from its weights with "
+            f"weights=."
+        )
+    warnings.warn(
+        f"weights={record.path} was written with other GraphConst values "
+        f"({shown}); "
+        f"the parameters are loaded into this experiment's program.",
+        NitroWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def adopt_resumed_seed(config: RunConfig, record: CheckpointRecord) -> RunConfig:
+    """A resume continues the run it names: its recorded seed (warning when the
+    one given differs)."""
+    recorded = record.header.seed
+    passed = config.seed
+    if recorded != passed:
+        warnings.warn(
+            f"Resuming {record.path} with its recorded seed {recorded}; the "
+            f"seed given here ({passed}) is ignored, since a resume continues the "
+            f"run it names.",
+            NitroWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return config.with_value("seed", recorded, source="record")
+
+
+ANCHOR_CHANGED = (
+    "Cannot resume from {path}: group {group!r} decays toward an anchor that differs "
+    "from the one the record trained toward (checksum mismatch). An anchored run "
+    "resumes only when its anchor is rebuilt identically: the same decay_anchor, and "
+    'for an anchor of "w0" the same w0. The default w0 is what build_model returns '
+    'for the recorded seed; a run trained with w0="weights" (L2-SP) or w0=<tree> '
+    "resumes with that tree passed as w0=<tree>, e.g. w0=Nitro(e, weights=<its "
+    "source>, logger=None, checkpointer=None).parameters."
+)
+
+
+def restore_counters(
+    record: CheckpointRecord,
+    plan: OptimizerPlan,
+    stopper: Any,
+    anchor_sums: Mapping[str, str],
+) -> None:
+    """A resume continues the early-stopping and Plateau counters, and verifies
+    that every decay anchor is the one the record trained toward."""
+    header = record.header
+    stored = header.anchor_checksums or {}
+    for group, checksum in anchor_sums.items():
+        if group in stored and stored[group] != checksum:
+            raise ConfigError(ANCHOR_CHANGED.format(path=record.path, group=group))
+    if stopper is not None and header.early_stop:
+        restore = getattr(stopper, "restore", None)
+        if callable(restore):
+            restore(header.early_stop)
+    plateaus = header.plateau
+    for schedule in plan.schedules:
+        if schedule.plateau is not None and schedule.key in plateaus:
+            schedule.plateau.restore(plateaus[schedule.key])

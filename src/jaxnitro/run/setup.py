@@ -1,57 +1,36 @@
-"""The setup sequence a `Nitro` runs at construction, returning what it fixed.
+"""The setup sequence a `Nitro` runs at construction: staged functions, each
+returning a typed part (`run/setup_parts.py`).
 
-Resolve the run keywords and accessors, freeze the hooks, locate what to resume or
-load, seed, build the data (or take `data=`), derive, place the Device fields, probe
-one batch for routing and the split checks, build the model, restore weights, build
-the optimizer plan, and bind the logger and checkpointer to the run.
+`run_setup` runs them in order: resolve the run keywords and accessors and freeze
+the hooks (`resolve_settings`), locate what to resume or load (`locate_run`), seed
+and build the data (`build_splits`), derive and place the Device fields
+(`derive_and_convert`), probe one batch for routing, the mesh and the prefetch
+(`route_splits`), build the model and restore weights (`build_weights`), build the
+optimizer plan and the policies (`plan_optimization`), then bind the logger and
+checkpointer to the run (`run_binding.bind_run`) and probe that the outputs can be
+written. Nothing is compiled and no optimizer state is allocated.
 """
 
 from __future__ import annotations
 
-import logging
 import random
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
-from ..checkpoint.checkpointer import Checkpointer
-from ..checkpoint.filenames import new_run_id
-from ..checkpoint.header import RecordHeader
-from ..checkpoint.lock import RunDirLock, lock_checkpoint_dir
-from ..checkpoint.lookup import run_label
-from ..checkpoint.manifest import read_manifest
-from ..checkpoint.record import CheckpointRecord
-from ..checkpoint.retention_checks import check_keep, setup_warnings
-from ..checkpoint.sources import ResolvedSource
+from ..checkpoint.lock import lock_checkpoint_dir
 from ..compile.cache import configure_persistent_cache
 from ..compile.programs import TraceContext
 from ..data.first_batches import first_batches
 from ..data.prefetch import auto_prefetch, check_prefetch
-from ..data.sources import (
-    bind_run_seed,
-    check_split,
-)
-from ..devices.distributed import (
-    agree_across_processes,
-    distributed_from_environment,
-    is_rank0,
-    world_size,
-)
-from ..devices.placement import Placement, check_process_batch_divides, padded_width
-from ..errors import (
-    ConfigError,
-    HookError,
-    NitroWarning,
-    user_stacklevel,
-)
+from ..data.sources import bind_run_seed, check_split
+from ..devices.distributed import distributed_from_environment, is_rank0
+from ..errors import ConfigError, HookError
 from ..experiment.hooks import (
     RUNTIME_HOOKS,
     check_required_hooks,
-    filename_hook,
     freeze_hooks,
     has_hook,
     hook_fingerprints,
@@ -69,27 +48,28 @@ from ..experiment.view import (
     assert_graphconst_hashable,
     check_field_names,
     compile_view,
-    graphconst_record,
     graphconst_values,
     replace_fields,
 )
-from ..logging import protocol as logproto
 from ..loop.prepared import Prepared
 from ..loop.state import TrainState
 from ..observe.progress import Progress
 from ..optim.manual import hyperparameters_by_subtree
-from ..optim.plan import OptimizerPlan
 from ..optim.setup import PlanInputs, anchor_checksums, build_plan
 from ..optim.stopping import bind_stopper
 from . import restore
-from .accessors import (
-    SCALAR_ACCESSORS,
-    refuse_later_features,
-    safe_accessor,
-)
+from .accessors import SCALAR_ACCESSORS, refuse_later_features, safe_accessor
 from .config import RunConfig
 from .derived import convert_derived, derived_from_record
-from .resume_inputs import check_resume_flag, check_resumed_inputs, data_signature
+from .resume_inputs import (
+    adopt_resumed_seed,
+    check_record_config,
+    check_resume_flag,
+    check_resumed_inputs,
+    data_signature,
+    restore_counters,
+)
+from .run_binding import bind_run, log_resume
 from .setup_checks import w0_provider
 from .setup_manual import (
     check_manual_config,
@@ -98,49 +78,161 @@ from .setup_manual import (
     manual_hooks,
     manual_opt_states,
 )
-from .setup_routing import probe_routing
+from .setup_parts import (
+    Bound,
+    Built,
+    Converted,
+    Optimization,
+    Position,
+    Resolved,
+    Routed,
+    SetupOutcome,
+    Splits,
+)
+from .setup_routing import probe_routing, run_mesh
 from .smoke import smoke_batches
-from .status import HeldStop, RunStatus
+from .stops import HeldStop
 from .write_probe import probe_outputs
-
-log = logging.getLogger("jaxnitro")
-
-
-@dataclass(frozen=True)
-class SetupOutcome:
-    """What setup hands the handle: the frozen parts, the first state, the rest.
-
-    Attributes:
-        config: the run's settings, resolved and checked.
-        prepared: what setup fixed for the verbs and the loop.
-        state: the training state to start from (built, restored or resumed).
-        status: the run's bookkeeping to start from (a resume's cut epoch, the
-            record whose optimizer state `train()` restores).
-        data: the splits, each with its prefetch settings.
-        experiment: the experiment after derive and the Device conversion.
-        device_values: its Device fields, as the dict every program receives.
-        checkpoint_source: the record file the weights come from, if one.
-        weights_from: what a live handle given as weights= was, if one.
-        averaged_from: what an averaged weights source averaged, if one.
-    """
-
-    config: RunConfig
-    prepared: Prepared
-    state: TrainState
-    status: RunStatus
-    data: dict[str, Any]
-    experiment: Any
-    device_values: dict[str, Any]
-    checkpoint_source: str | None
-    weights_from: dict[str, Any] | None
-    averaged_from: dict[str, Any] | None
-
 
 VAL_EVERY_NEEDS_VAL = (
     "val_every_n_steps={value} needs a val split: it validates on it every {value} "
     "optimizer steps, and this run's data has none. Add a val split, or leave "
     "val_every_n_steps at None."
 )
+MARKED_GRAPHCONST = (
+    "Field `{name}` of {cls} is marked GraphConst, which would bake it into the "
+    "compiled graph and recompile for {fix}. It is read on the host only: mark it "
+    "Host (or leave it unmarked)."
+)
+
+
+def run_setup(
+    e: Any, keywords: Mapping[str, Any], progress: Progress | None
+) -> SetupOutcome:
+    """Run the setup sequence on the experiment instance `e` with the run
+    `keywords`; `progress` shows its phases. A refused setup writes nothing: the
+    lock a resume took is released."""
+    resolved = resolve_settings(e, keywords)
+    position = locate_run(resolved)
+    try:
+        return _from_position(e, keywords, progress, resolved, position)
+    except BaseException:
+        if position.run_lock is not None:
+            position.run_lock.release()
+        raise
+
+
+def _from_position(
+    e: Any,
+    keywords: Mapping[str, Any],
+    progress: Progress | None,
+    resolved: Resolved,
+    position: Position,
+) -> SetupOutcome:
+    """The stages after the run's position is known, and the outcome."""
+    # Before any hook runs: build_data and build_model's eager ops (a parameter
+    # initializer's random draws) hit the cache in a second process.
+    configure_persistent_cache()
+    seed = position.config.seed
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    if progress is not None:
+        progress.phase("building data")
+    splits = build_splits(e, keywords, resolved, position)
+    converted = derive_and_convert(e, resolved, position, splits)
+    routed = route_splits(resolved, position, splits, converted)
+    if progress is not None:
+        progress.phase("building model")
+    built = build_weights(resolved, position, converted)
+    optimization = plan_optimization(
+        resolved, position, splits, converted, routed, built
+    )
+    config, located = splits.config, position.located
+    bound = bind_outputs(resolved, position, splits, converted, routed, built)
+    prepared = Prepared(
+        cls=resolved.cls,
+        hooks=resolved.hooks,
+        hook_prints=resolved.hook_prints,
+        accessor_snapshot=resolved.accessor_snapshot,
+        model=built.model,
+        ctx=bound.ctx,
+        routing=routed.routing,
+        split_sizes=splits.sizes,
+        derived_keys=converted.derived_keys,
+        prefetch=routed.prefetch,
+        plan=optimization.plan,
+        stopper=optimization.stopper,
+        monitor=config.monitor,
+        device_schedules=optimization.device_schedules,
+        anchor_sums=optimization.anchor_sums,
+        restore_best=optimization.restore_best,
+        run_id=bound.binding.run_id,
+        resumed_from_epoch=position.resumed_from_epoch,
+        total_steps=total_steps(config, splits.sizes),
+        manual=resolved.manual,
+        uncut_sizes=splits.uncut_sizes,
+        data_signature=routed.data_signature,
+        unwritable=bound.unwritable,
+    )
+    return SetupOutcome(
+        config=config,
+        prepared=prepared,
+        state=optimization.state.placed(routed.placement),
+        held_stop=position.held_stop,
+        pending_record=optimization.pending_record,
+        eval_width=routed.eval_width,
+        run_lock=position.run_lock,
+        data=routed.data,
+        experiment=converted.experiment,
+        device_values=converted.device_values,
+        checkpoint_source=located.checkpoint_source,
+        weights_from=built.weights_from,
+        averaged_from=located.averaged_from,
+    )
+
+
+def bind_outputs(
+    resolved: Resolved,
+    position: Position,
+    splits: Splits,
+    converted: Converted,
+    routed: Routed,
+    built: Built,
+) -> Bound:
+    """The programs' trace context, the logger and checkpointer bound to the run,
+    the probe that the output directories can be written (found now, not after an
+    epoch), and then the resume's log lines."""
+    config, located = splits.config, position.located
+    ctx = TraceContext(
+        cls=resolved.cls,
+        view=compile_view(converted.experiment),
+        device_names=device_fields(resolved.cls),
+        hooks=resolved.hooks,
+        model=built.model,
+        graphconst=graphconst_values(converted.experiment),
+        compile_options=dict(config.compile_options),
+        precision=config.precision,
+        placement=routed.placement,
+    )
+    binding = bind_run(
+        config, converted.experiment, routed.data, located.resume, located.record
+    )
+    unwritable = probe_outputs(
+        config.checkpointer,
+        config.logger,
+        trains="train" in routed.data,
+        loads=located.record is not None or located.weights is not None,
+    )
+    log_resume(config.logger, binding, located.resume, located.record)
+    return Bound(ctx, binding, unwritable)
+
+
+def total_steps(config: RunConfig, sizes: Mapping[str, int]) -> int:
+    """The schedule horizon: max_epochs * (train batches // accum), or max_steps
+    when that comes first."""
+    per_epoch = config.accumulation.steps(sizes.get("train", 0))
+    total = config.max_epochs * per_epoch
+    return total if config.max_steps is None else min(total, config.max_steps)
 
 
 def follow_max_steps(
@@ -160,613 +252,338 @@ def follow_max_steps(
     return config.with_value("max_epochs", needed, source="max_steps")
 
 
-class SetupSequence:
-    """The construction steps of a `Nitro`: `SetupSequence(keywords, progress)
-    .run(experiment)` returns a `SetupOutcome`; the object is then dropped, so what
-    it worked with during setup lives on only in the outcome."""
+# ------------------------------------------------------------------- stages ------
+def resolve_settings(e: Any, keywords: Mapping[str, Any]) -> Resolved:
+    """Check the experiment, resolve every run value (before any long work), and
+    freeze the hooks: this handle keeps running today's code."""
+    cls = type(e)
+    check_required_hooks(cls, has_data="data" in keywords)
+    refuse_hook_fields(e)
+    refuse_later_features(e, keywords)
+    _check_markers(e)
+    assert_graphconst_hashable(e)
+    # Join the processes the environment names (nitro launch) before any backend
+    # starts; None in a run of one process.
+    dist = distributed_from_environment()
+    config = RunConfig.resolve(e, keywords)
+    check_resume_flag(config)
+    if not is_rank0() and config.logger is not None:
+        # Rank 0 logs for the run: the other processes train the same steps.
+        config = config.with_value("logger", None, source=config.sources["logger"])
+    snapshot = {name: safe_accessor(e, name) for name in SCALAR_ACCESSORS}
+    # Manual mode (the experiment's own train_step), read once and frozen.
+    manual = is_manual(e)
+    runtime = [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
+    if manual:
+        check_manual_config(cls, config)
+        runtime = manual_hooks(cls, runtime)
+    hooks = freeze_hooks(cls, runtime)
+    # The monitor defaults to ("loss", "min") when the loss is sure to exist.
+    if config.monitor is None and ("metrics" not in hooks or config.eval_loss):
+        config = config.with_value("monitor", ("loss", "min"), source="default")
+    return Resolved(cls, config, dist, snapshot, manual, hooks, hook_fingerprints(cls))
 
-    def __init__(self, keywords: Mapping[str, Any], progress: Progress | None) -> None:
-        self._keywords = dict(keywords)
-        self._progress = progress
-        self._train_state: TrainState | None = None
-        self._run_lock: RunDirLock | None = None
 
-    def run(self, e: Any) -> SetupOutcome:
-        """Run the setup sequence on the experiment instance `e`."""
-        try:
-            self._setup(e)
-        except BaseException:
-            if self._run_lock is not None:  # a refused setup writes nothing
-                self._run_lock.release()
-            raise
-        assert self._train_state is not None
-        prepared = Prepared(
-            cls=self._cls,
-            hooks=self._hooks,
-            hook_prints=self._hook_prints,
-            accessor_snapshot=self._accessor_snapshot,
-            model=self._model,
-            ctx=self._ctx,
-            routing=self._routing,
-            split_sizes=self._split_sizes,
-            derived_keys=self._derived_keys,
-            prefetch=self._prefetch,
-            plan=self._plan,
-            stopper=self._stopper,
-            monitor=self._monitor,
-            device_schedules=tuple(self._device_schedules),
-            anchor_sums=self._anchor_sums,
-            restore_best=self._restore_best,
-            run_id=self._run_id,
-            resumed_from_epoch=self._resumed_from_epoch,
-            total_steps=self.total_steps,
-            manual=self._manual,
-            uncut_sizes=self._uncut_sizes,
-            data_signature=self._data_signature,
-            unwritable=self._unwritable,
-        )
-        return SetupOutcome(
-            config=self._run_config,
-            prepared=prepared,
-            state=self._train_state.placed(self._placement),
-            status=RunStatus(
-                held_stop=self._epoch_loss,
-                pending_record=self._record,
-                eval_width=self._eval_width,
-                run_lock=self._run_lock,
-            ),
-            data=self.data,
-            experiment=self._experiment,
-            device_values=self._device_values,
-            checkpoint_source=self._checkpoint_source,
-            weights_from=self._weights_from,
-            averaged_from=self._averaged_from,
-        )
-
-    @property
-    def total_steps(self) -> int:
-        """The schedule horizon: max_epochs * (train batches // accum), or
-        max_steps when that comes first."""
-        c = self._run_config
-        per_epoch = c.accumulation.steps(self._split_sizes.get("train", 0))
-        total = c.max_epochs * per_epoch
-        return total if c.max_steps is None else min(total, c.max_steps)
-
-    def _setup(self, e: Any) -> None:
-        cls = type(e)
-        self._cls = cls
-        kw = self._keywords
-        data_given = "data" in kw
-        check_required_hooks(cls, has_data=data_given)
-        refuse_hook_fields(e)
-        refuse_later_features(e, kw)
-        self._check_markers(e)
-        assert_graphconst_hashable(e)
-        # Join the processes the environment names (nitro launch) before any
-        # backend starts; None in a run of one process.
-        self._dist = distributed_from_environment()
-
-        # Every run value resolved and checked before any long work.
-        self._run_config = RunConfig.resolve(e, kw)
-        check_resume_flag(self._run_config)
-        if not is_rank0() and self._run_config.logger is not None:
-            # Rank 0 logs for the run: the other processes train the same steps.
-            self._run_config = self._run_config.with_value(
-                "logger", None, source=self._run_config.sources["logger"]
+def _check_markers(e: Any) -> None:
+    graphconst = set(graphconst_fields(type(e)))
+    for name, fix in (("seed", "a seed sweep"), ("max_epochs", "a longer run")):
+        if name in graphconst and name in field_names(type(e)):
+            raise ConfigError(
+                MARKED_GRAPHCONST.format(name=name, cls=type(e).__name__, fix=fix)
             )
-        self._accessor_snapshot = {
-            name: safe_accessor(e, name) for name in SCALAR_ACCESSORS
+
+
+def locate_run(resolved: Resolved) -> Position:
+    """Locate what to resume or load before anything expensive runs; a resume
+    locks the run it will write first, so two resumes of one run never pick the
+    same record and file names, and continues its position and seed."""
+    config = resolved.config
+    lock = None
+    if config.resume not in (None, False):
+        # A read-only directory is not locked: the handle may only evaluate from
+        # it, and the write probe refuses train() there.
+        lock = lock_checkpoint_dir(
+            config.checkpointer, config.run_dir, purpose="resume", unwritable_ok=True
+        )
+    try:
+        located = restore.locate(config, config.run_dir, config.monitor)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    record = located.record
+    if located.resume is None or record is None:
+        return Position(config, located, 0, 0, None, lock)
+    config = adopt_resumed_seed(config, record)
+    if config.preset is None and record.header.preset is not None:
+        config = config.with_value("preset", record.header.preset, source="record")
+    header = record.header
+    held = HeldStop.from_json(header.epoch_loss)  # the running loss of a cut epoch
+    return Position(config, located, header.step, header.epoch, held, lock)
+
+
+def build_splits(
+    e: Any, keywords: Mapping[str, Any], resolved: Resolved, position: Position
+) -> Splits:
+    """The data (`build_data` on the pre-conversion experiment, or `data=`); a
+    smoke run's cut to its first batches; each split's size checked."""
+    config = position.config
+    data = (
+        keywords["data"]
+        if "data" in keywords
+        else hook_function(resolved.cls, "build_data")(e, resolved.dist)
+    )
+    if not isinstance(data, Mapping):
+        raise HookError(
+            f"build_data must return a dict of splits such as "
+            f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
+        )
+    splits: dict[str, Any] = dict(data)
+    uncut = None
+    if config.smoke:  # the first batches of each split, checked as cut
+        uncut = {name: check_split(name, s) for name, s in splits.items()}
+        splits = {
+            name: first_batches(s, smoke_batches(name, config.accum))
+            for name, s in splits.items()
         }
-        run_dir = self._run_config.run_dir
-        self._logger = self._run_config.logger
-        self._checkpointer: Checkpointer | None = self._run_config.checkpointer
+    bind_run_seed(splits, config.seed)  # e.g. an ArraySource shuffles by the seed
+    sizes = {name: check_split(name, s) for name, s in splits.items()}
+    return Splits(follow_max_steps(config, splits, sizes), splits, sizes, uncut)
 
-        # Manual mode (the experiment's own train_step), read once and frozen.
-        self._manual = is_manual(e)
-        runtime = [name for name in RUNTIME_HOOKS if has_hook(cls, name)]
-        if self._manual:
-            check_manual_config(cls, self._run_config)
-            runtime = manual_hooks(cls, runtime)
-        # Freeze the hooks: this handle keeps running today's code.
-        self._hooks = freeze_hooks(cls, runtime)
-        self._hook_prints = hook_fingerprints(cls)
 
-        # A resume will write the run it continues: lock its directory first, so
-        # two resumes of one run never pick the same record and file names.
-        if self._run_config.resume not in (None, False):
-            # A read-only directory is not locked: the handle may only evaluate
-            # from it, and the write probe refuses train() there.
-            self._run_lock = lock_checkpoint_dir(
-                self._checkpointer, run_dir, purpose="resume", unwritable_ok=True
-            )
-        # Locate what to resume or load before anything expensive runs.
-        located = restore.locate(self._run_config, run_dir, self._resolve_monitor())
-        self._resume: ResolvedSource | None = located.resume
-        self._weights: Any = located.weights
-        self._record: CheckpointRecord | None = located.record
-        self._checkpoint_source = located.checkpoint_source
-        self._averaged_from = located.averaged_from
-        step = epoch = 0  # where training starts: a resume continues its position
-        self._resumed_from_epoch: int | None = None
-        # The running train loss of an epoch a stop cut (run/training.py keeps it).
-        self._epoch_loss: HeldStop | None = None
-        if self._resume is not None and self._record is not None:
-            self._adopt_resumed_seed()
-            step = self._record.header.step
-            epoch = self._record.header.epoch
-            self._resumed_from_epoch = epoch
-            self._epoch_loss = HeldStop.from_json(self._record.header.epoch_loss)
-            recorded_preset = self._record.header.preset
-            if self._run_config.preset is None and recorded_preset is not None:
-                self._run_config = self._run_config.with_value(
-                    "preset", recorded_preset, source="record"
-                )
+def derive_and_convert(
+    e: Any, resolved: Resolved, position: Position, splits: Splits
+) -> Converted:
+    """derive's fields (or the record's), then the Device conversion: the
+    experiment every later hook sees."""
+    cls, located = resolved.cls, position.located
+    record = located.record
+    from_record = (
+        located.weights is not None
+        and record is not None
+        and record.header.derived is not None
+    )
+    if from_record:
+        assert record is not None
+        derived = derived_from_record(cls, record)
+    else:
+        derived = _derived_by_hook(e, resolved, position, splits)
+    derived = convert_derived(cls, derived, from_record=from_record)
+    e = replace_fields(e, **{name: derived[name] for name in derived})
+    assert_graphconst_hashable(e)
+    if record is not None:  # after derive: a derived field compares too
+        check_record_config(e, record, resuming=located.resume is not None)
+    meta = config_metadata(cls)
+    converted = {}
+    for name in device_fields(cls):
+        declared = meta[name].type if name in meta else None
+        converted[name] = to_device(name, declared, getattr(e, name))
+    return Converted(replace_fields(e, **converted), converted, tuple(derived))
 
-        # Before any hook runs: build_data and build_model's eager ops (a
-        # parameter initializer's random draws) hit the cache in a second process.
-        configure_persistent_cache()
-        seed = self._run_config.seed
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
 
-        # Data, then derive, on the pre-conversion experiment.
-        self._setup_phase("building data")
-        data = (
-            kw["data"]
-            if data_given
-            else hook_function(cls, "build_data")(e, self._dist)
+def _derived_by_hook(
+    e: Any, resolved: Resolved, position: Position, splits: Splits
+) -> dict[str, Any]:
+    derived = hook_function(resolved.cls, "derive")(e, splits.data) or {}
+    if not isinstance(derived, Mapping):
+        raise HookError(
+            f"derive must return a dict of field values; it returned "
+            f"{type(derived).__name__}."
         )
-        if not isinstance(data, Mapping):
-            raise HookError(
-                f"build_data must return a dict of splits such as "
-                f"{{'train': ..., 'val': ...}}; it returned {type(data).__name__}."
-            )
-        self.data: dict[str, Any] = dict(data)
-        self._uncut_sizes: dict[str, int] | None = None
-        if self._run_config.smoke:  # the first batches of each split, checked as cut
-            self._uncut_sizes = {
-                name: check_split(name, s) for name, s in self.data.items()
-            }
-            accum = self._run_config.accum
-            self.data = {
-                name: first_batches(s, smoke_batches(name, accum))
-                for name, s in self.data.items()
-            }
-        bind_run_seed(self.data, seed)  # e.g. an ArraySource shuffles by the run seed
-        self._split_sizes = {
-            name: check_split(name, s) for name, s in self.data.items()
-        }
-        self._run_config = follow_max_steps(
-            self._run_config, self.data, self._split_sizes
-        )
+    check_field_names(
+        resolved.cls, derived, "derive returned", "Every key must name a field."
+    )
+    record = position.located.record
+    if position.located.weights is None or record is None:
+        return dict(derived)
+    # An older record holds no list of derived keys: derive runs, and the
+    # record's Device values override what it returns.
+    stored = record.device_values()
+    devices = device_fields(resolved.cls)
+    return {
+        name: stored.get(name, value) if name in devices else value
+        for name, value in derived.items()
+    }
 
-        from_record = (
-            self._weights is not None
-            and self._record is not None
-            and self._record.header.derived is not None
+
+def route_splits(
+    resolved: Resolved, position: Position, splits: Splits, converted: Converted
+) -> Routed:
+    """Probe one batch for routing and the split checks, compare a resume's data
+    and code with its record, build the mesh, and give each split its prefetch
+    settings (after the probe and the checks saw the data as build_data gave it)."""
+    config = splits.config
+    routing, eval_width = probe_routing(
+        converted.experiment, resolved.hooks, splits.data, splits.sizes, config
+    )
+    signature = data_signature(splits.sizes, routing)
+    record = position.located.record
+    if position.located.resume is not None and record is not None:
+        # Before the model is built: a refused resume costs no build.
+        check_resumed_inputs(
+            record.header,
+            record.path,
+            hook_prints=resolved.hook_prints,
+            signature=signature,
+            allow_changed_data=config.resume_changed_data,
         )
-        if from_record:
-            assert self._record is not None
-            derived = derived_from_record(cls, self._record)
+    placement, eval_width = run_mesh(
+        config, resolved.dist, splits.sizes, routing, eval_width
+    )
+    data = auto_prefetch(splits.data)
+    return Routed(routing, eval_width, signature, placement, data, check_prefetch(data))
+
+
+def build_weights(
+    resolved: Resolved, position: Position, converted: Converted
+) -> Built:
+    """The model (`build_model` on the converted experiment), the weights a
+    source restores into it, at the position training starts from."""
+    built = hook_function(resolved.cls, "build_model")(
+        converted.experiment, jax.random.key(position.config.seed)
+    )
+    if not (isinstance(built, tuple) and len(built) == 3):
+        raise HookError(
+            "build_model must return (model, params, state); it returned "
+            f"{type(built).__name__}. Return an empty dict as the state of a "
+            "stateless model."
+        )
+    model, params, state = built
+    built_state = TrainState.initial(params, state)
+    located = position.located
+    restored, weights_from = restore.restore_weights(
+        built_state,
+        located.weights,
+        located.record,
+        resuming=located.resume is not None,
+        load_ema=position.config.load_ema,
+    )
+    state_now = restored._replace(step=position.step, epoch=position.epoch)
+    return Built(model, state_now, built_state.params, weights_from)
+
+
+def plan_optimization(
+    resolved: Resolved,
+    position: Position,
+    splits: Splits,
+    converted: Converted,
+    routed: Routed,
+    built: Built,
+) -> Optimization:
+    """The optimizer plan and the early-stopping policy (none without a train
+    split), a resume's counters, `restore_best`, and what of the record `train()`
+    still reads (its optimizer state, for a resume or `restore_optimizer`)."""
+    config, located, state = splits.config, position.located, built.state
+    data = routed.data
+    # Manual mode: the experiment's optimizer states, which its opt schedules bind
+    # into, so the plan resolves those against what the states expose.
+    manual_states = None
+    if resolved.manual and "train" in data:
+        manual_states = manual_opt_states(
+            converted.experiment,
+            built.model,
+            state.params,
+            state.model_state,
+            None if routed.placement is None else routed.placement.mesh,
+        )
+    plan, stopper, anchor_sums = None, None, {}
+    if "train" in data:
+        stopper = _stopper(resolved, config, data)
+        plan = _plan(resolved, position, splits, converted, built, manual_states)
+        anchor_sums = anchor_checksums(plan)
+        if position.resuming:
+            assert located.record is not None
+            restore_counters(located.record, plan, stopper, anchor_sums)
+    if manual_states is not None and plan is not None:
+        check_manual_plan(resolved.cls, plan)
+        state = state.with_weights(opt_state=manual_states)
+    restore_best = restore.check_restore_best(config, data)
+    restore.check_restore_optimizer(config, data)
+    record = located.record
+    if record is not None:
+        if located.resume is None and not config.restore_optimizer:
+            record = None  # weights only: nothing more to read from it
         else:
-            derived = hook_function(cls, "derive")(e, self.data) or {}
-            if not isinstance(derived, Mapping):
-                raise HookError(
-                    f"derive must return a dict of field values; it returned "
-                    f"{type(derived).__name__}."
-                )
-            check_field_names(
-                cls, derived, "derive returned", "Every key must name a field."
-            )
-            if self._weights is not None and self._record is not None:
-                # An older record holds no list of derived keys: derive runs, and
-                # the record's Device values override what it returns.
-                stored = self._record.device_values()
-                derived = {
-                    name: stored.get(name, value)
-                    if name in device_fields(cls)
-                    else value
-                    for name, value in derived.items()
-                }
-        derived = convert_derived(cls, derived, from_record=from_record)
-        self._derived_keys = tuple(derived)
-        e = replace_fields(e, **{name: derived[name] for name in derived})
-        assert_graphconst_hashable(e)
-        if self._record is not None:  # after derive: a derived field compares too
-            self._check_record_config(e, self._record)
-
-        # Device conversion: the experiment every later hook sees.
-        meta = config_metadata(cls)
-        converted = {}
-        for name in device_fields(cls):
-            declared = meta[name].type if name in meta else None
-            converted[name] = to_device(name, declared, getattr(e, name))
-        self._experiment = replace_fields(e, **converted)
-        self._device_values: dict[str, Any] = converted
-
-        self._routing, self._eval_width = probe_routing(
-            self._experiment,
-            self._hooks,
-            self.data,
-            self._split_sizes,
-            self._run_config,
-        )
-        self._data_signature = data_signature(self._split_sizes, self._routing)
-        if self._resume is not None and self._record is not None:
-            # Before the model is built: a refused resume costs no build.
-            check_resumed_inputs(
-                self._record.header,
-                self._record.path,
-                hook_prints=self._hook_prints,
-                signature=self._data_signature,
-                allow_changed_data=self._run_config.resume_changed_data,
-            )
-        self._placement = self._mesh()
-        # Every split gets its prefetch settings now, after the probe and the checks
-        # above saw the collection as build_data returned it.
-        self.data = auto_prefetch(self.data)
-        self._prefetch = check_prefetch(self.data)
-
-        # The model, on the post-conversion experiment.
-        self._setup_phase("building model")
-        built = hook_function(cls, "build_model")(
-            self._experiment, jax.random.key(seed)
-        )
-        if not (isinstance(built, tuple) and len(built) == 3):
-            raise HookError(
-                "build_model must return (model, params, state); it returned "
-                f"{type(built).__name__}. Return an empty dict as the state of a "
-                "stateless model."
-            )
-        self._model, params, state = built
-        built_state = TrainState.initial(params, state)
-        fresh = built_state.params
-        restored, self._weights_from = restore.restore_weights(
-            built_state,
-            self._weights,
-            self._record,
-            resuming=self._resume is not None,
-            load_ema=self._run_config.load_ema,
-        )
-        self._train_state = restored._replace(step=step, epoch=epoch)
-        # Manual mode: the experiment's optimizer states, which its opt schedules
-        # bind into, so the plan resolves those against what the states expose.
-        manual_states = None
-        if self._manual and "train" in self.data:
-            manual_states = manual_opt_states(
-                self._experiment,
-                self._model,
-                self._train_state.params,
-                self._train_state.model_state,
-                None if self._placement is None else self._placement.mesh,
-            )
-        self._setup_optimization(fresh, self._run_config.w0, manual_states)
-        if manual_states is not None and self._plan is not None:
-            check_manual_plan(cls, self._plan)
-            self._train_state = self._train_state.with_weights(opt_state=manual_states)
-        self._restore_best = restore.check_restore_best(self._run_config, self.data)
-        restore.check_restore_optimizer(self._run_config, self.data)
-        if self._record is not None:
-            if self._resume is None and not self._run_config.restore_optimizer:
-                self._record = None  # weights only: nothing more to read from it
-            else:
-                self._record.keep_only("opt_state")  # restored when train() starts
-
-        self._ctx = TraceContext(
-            cls=cls,
-            view=compile_view(self._experiment),
-            device_names=device_fields(cls),
-            hooks=self._hooks,
-            model=self._model,
-            graphconst=graphconst_values(self._experiment),
-            compile_options=dict(self._run_config.compile_options),
-            precision=self._run_config.precision,
-            placement=self._placement,
-        )
-        self._bind_run(run_dir)
-        # The output directories can be written: found now, not after an epoch.
-        self._unwritable = probe_outputs(
-            self._checkpointer,
-            self._logger,
-            trains="train" in self.data,
-            loads=self._record is not None or self._weights is not None,
-        )
-        self._log_resume()
-
-    def _mesh(self) -> Placement | None:
-        """The run's mesh (None for one device), once the probe knows the batch:
-        the global train batch must split evenly, and the eval width is rounded up
-        so a padded eval batch does too."""
-        n_devs = self._run_config.n_devs
-        world = world_size(self._dist)
-        if n_devs == 1 and world == 1:
-            return None
-        if self._routing.train_batch is not None:
-            check_process_batch_divides(self._routing.train_batch, n_devs, world)
-        if world > 1:  # a process feeding less than the others would hang them
-            agree_across_processes(
-                {
-                    "train batches": self._split_sizes.get("train", 0),
-                    "samples per train batch": self._routing.train_batch or 0,
-                    # Each process pads its eval chunks to its part of one width.
-                    "samples in the first eval batch": self._eval_width or 0,
-                    **{
-                        f"{name} batches": size
-                        for name, size in self._split_sizes.items()
-                        if name != "train"
-                    },
-                }
-            )
-        if self._eval_width is not None:  # each process pads its part of the width
-            self._eval_width = padded_width(self._eval_width, n_devs) * world
-        return Placement.build(n_devs=n_devs, mode=self._run_config.sharding)
-
-    def _setup_phase(self, label: str) -> None:
-        if self._progress is not None:
-            self._progress.phase(label)
-
-    def _check_markers(self, e: Any) -> None:
-        graphconst = set(graphconst_fields(type(e)))
-        for name, fix in (("seed", "a seed sweep"), ("max_epochs", "a longer run")):
-            if name in graphconst and name in field_names(type(e)):
-                raise ConfigError(
-                    f"Field `{name}` of {type(e).__name__} is marked GraphConst, which "
-                    f"would bake it into the compiled graph and recompile for "
-                    f"{fix}. It is read on the host only: mark it Host (or leave it "
-                    f"unmarked)."
-                )
-
-    def _check_record_config(self, e: Any, record: CheckpointRecord) -> None:
-        stored = record.header.graphconst
-        current = graphconst_record(e)
-        diff = {
-            name: (stored.get(name), current.get(name))
-            for name in set(stored) | set(current)
-            if stored.get(name) != current.get(name)
-        }
-        if not diff:
-            return
-        shown = "; ".join(
-            f"{n}: {a!r} in the record, {b!r} now" for n, (a, b) in diff.items()
-        )
-        if self._resume is not None:
-            raise ConfigError(
-                f"Cannot resume from {record.path}: its GraphConst fields differ from "
-                f"this experiment's ({shown}), so it trained a different program. "
-                f"Resume with the recorded values, or start from its weights with "
-                f"weights=."
-            )
-        warnings.warn(
-            f"weights={record.path} was written with other GraphConst values "
-            f"({shown}); "
-            f"the parameters are loaded into this experiment's program.",
-            NitroWarning,
-            stacklevel=user_stacklevel(),
-        )
-
-    def _adopt_resumed_seed(self) -> None:
-        assert self._record is not None
-        recorded = self._record.header.seed
-        passed = self._run_config.seed
-        if recorded != passed:
-            warnings.warn(
-                f"Resuming {self._record.path} with its recorded seed {recorded}; the "
-                f"seed given here ({passed}) is ignored, since a resume continues the "
-                f"run it names.",
-                NitroWarning,
-                stacklevel=user_stacklevel(),
-            )
-        self._run_config = self._run_config.with_value(
-            "seed", recorded, source="record"
-        )
-
-    def _resolve_monitor(self) -> tuple[str, str] | None:
-        """The monitor, defaulting to ("loss", "min") when the loss is sure to exist."""
-        monitor = self._run_config.monitor
-        if monitor is None and (
-            "metrics" not in self._hooks or self._run_config.eval_loss
-        ):
-            monitor = ("loss", "min")
-            self._run_config = self._run_config.with_value(
-                "monitor", monitor, source="default"
-            )
-        return monitor
-
-    def _setup_optimization(
-        self, fresh: Any, w0_option: Any, manual_states: Any = None
-    ) -> None:
-        """The optimizer plan and the early-stopping policy; `manual_states`: a
-        manual run's optimizer states, whose exposed hyperparameters its opt
-        schedules bind to."""
-        monitor = self._resolve_monitor()
-        c = self._run_config
-        self._plan: OptimizerPlan | None = None
-        self._stopper: Any = None
-        self._anchor_sums: dict[str, str] = {}
-        self._device_schedules: list[tuple[Any, Any]] = []
-        if "train" not in self.data:
-            return  # nothing to optimize: no plan, no optimizer state
-        has_val = "val" in self.data
-        policy = c.early_stop
-        if policy is not None and not has_val:
-            raise ConfigError(
-                "early_stop needs a val split: it is checked once per epoch after "
-                "validation, and this run has none."
-            )
-        self._stopper = bind_stopper(policy, monitor)
-        self._check_control_metric(
-            getattr(self._stopper, "metric", None), "EarlyStopping"
-        )
-        assert self._train_state is not None  # built with the model, just before
-        params = self._train_state.params
-        self._plan = build_plan(
-            self._experiment,
-            params,
-            w0_provider(
-                w0_option,
-                fresh,
-                params,
-                self._weights is not None,
-                resuming=self._resume is not None,
-            ),
-            PlanInputs(
-                schedules=c.schedules,
-                clip_norm=float(c.gradient_clip_norm),
-                ema=c.ema,
-                total=self.total_steps,
-                monitor=monitor,
-                device_fields=device_fields(self._cls),
-                manual_fields=None
-                if manual_states is None
-                else hyperparameters_by_subtree(manual_states),
-            ),
-        )
-        for schedule in self._plan.schedules:
-            if schedule.plateau is not None:
-                if not has_val:
-                    raise ConfigError(
-                        f"The Plateau on schedule `{schedule.key}` needs a val split: "
-                        f"it is updated once per epoch from validation."
-                    )
-                self._check_control_metric(schedule.plateau.metric, "Plateau")
-        self._anchor_sums = anchor_checksums(self._plan)
-        self._device_schedules = [
-            (s.target, self._device_values[s.target.name].dtype)
-            for s in self._plan.schedules
+            record.keep_only("opt_state")  # restored when train() starts
+    schedules = () if plan is None else plan.schedules
+    return Optimization(
+        plan=plan,
+        stopper=stopper,
+        anchor_sums=anchor_sums,
+        device_schedules=tuple(
+            (s.target, converted.device_values[s.target.name].dtype)
+            for s in schedules
             if s.target.namespace == "device"
-        ]
-        if self._resume is not None and self._record is not None:
-            self._restore_counters(self._record.header)
+        ),
+        restore_best=restore_best,
+        state=state,
+        pending_record=record,
+    )
 
-    def _check_control_metric(self, metric: str | None, what: str) -> None:
-        """Without custom metrics the only validation metric is the loss."""
-        if metric is not None and "metrics" not in self._hooks and metric != "loss":
-            raise ConfigError(
-                f"{what} watches `{metric}`, but {self._cls.__name__} defines no "
-                f'metrics, so validation reports only `loss`. Watch "loss", or '
-                f"define metrics()."
-            )
 
-    def _restore_counters(self, header: RecordHeader) -> None:
-        """A resume continues the early-stopping and Plateau counters, and verifies
-        that every decay anchor is the one the record trained toward."""
-        assert self._plan is not None
-        stored = header.anchor_checksums or {}
-        for group, checksum in self._anchor_sums.items():
-            if group in stored and stored[group] != checksum:
-                raise ConfigError(
-                    f"Cannot resume from {self._record.path if self._record else ''}: "
-                    f"group {group!r} decays toward an anchor that differs from the "
-                    f"one the record trained toward (checksum mismatch). An anchored "
-                    f"run resumes only when its anchor is rebuilt identically: the "
-                    f'same decay_anchor, and for an anchor of "w0" the same w0. The '
-                    f"default w0 is what build_model returns for the recorded seed; "
-                    f'a run trained with w0="weights" (L2-SP) or w0=<tree> resumes '
-                    f"with that tree passed as w0=<tree>, e.g. w0=Nitro(e, "
-                    f"weights=<its source>, logger=None, checkpointer=None)"
-                    f".parameters."
-                )
-        if self._stopper is not None and header.early_stop:
-            restore = getattr(self._stopper, "restore", None)
-            if callable(restore):
-                restore(header.early_stop)
-        plateaus = header.plateau
-        for schedule in self._plan.schedules:
-            if schedule.plateau is not None and schedule.key in plateaus:
-                schedule.plateau.restore(plateaus[schedule.key])
-
-    def _bind_run(self, run_dir: str) -> None:
-        """Point the logger and checkpointer at the run; log params and bindings."""
-        monitor = self._resolve_monitor()
-        self._monitor = monitor
-        ckpt = self._checkpointer
-        has_val = "val" in self.data
-        trains = "train" in self.data
-        parent = None  # the record a resume branches from into a new run
-        if ckpt is not None:
-            if ckpt.ranks and monitor is None and ckpt.metric is None and has_val:
-                raise ConfigError(
-                    f"The checkpointer keeps Best checkpoints but {self._cls.__name__} "
-                    f"defines its own metrics and no `monitor`, so there is nothing to "
-                    f"rank by. Define monitor() returning e.g. ('acc', 'max'), pass "
-                    f"monitor=, or keep only the latest: "
-                    f"checkpointer=Checkpointer(keep=Last(1))."
-                )
-            check_keep(ckpt, trains=trains, has_val=has_val)
-            resume = self._resume
-            if resume is not None and resume.entry is not None and resume.is_run_newest:
-                # The newest record of a run continues that run (a legacy run: None).
-                run_id = resume.entry.run
-            else:
-                run_id = new_run_id()
-                parent = resume.path if resume is not None else None
-            self._run_id: str | None = run_id
-            ckpt.bind(
-                directory=run_dir,
-                monitor=monitor,
-                run=run_id,
-                parent=parent,
-                filename=filename_hook(self._experiment),
-            )
-            if trains and ckpt.dir is not None:
-                # Quietly: a lost manifest, rebuilt, is written at the first save.
-                entries = read_manifest(ckpt.dir, warn=False)
-                for text in setup_warnings(ckpt, entries, trains=True):
-                    warnings.warn(text, NitroWarning, stacklevel=user_stacklevel())
-        else:
-            self._run_id = new_run_id()
-        bind = getattr(self._logger, "bind_run_dir", None)
-        if callable(bind):
-            bind(run_dir)
-        bind_id = getattr(self._logger, "bind_run_id", None)
-        if callable(bind_id):  # every line it writes carries the run's id
-            bind_id(self._run_id)
-        if self._resume is not None and self._record is not None:
-            state = self._record.header.logger_state
-            if state is not None and self._logger is not None:
-                recorded_type = self._record.header.logger_type
-                mine = type(self._logger)
-                if recorded_type not in (
-                    None,
-                    f"{mine.__module__}.{mine.__qualname__}",
-                ):
-                    raise ConfigError(
-                        f"Cannot resume into a {type(self._logger).__name__}: the "
-                        f"record was logged by a {recorded_type}. Pass a logger of "
-                        f"that type."
-                    )
-                logproto.reattach(self._logger, state)
-        self._branch_parent = parent
-
-    def _log_resume(self) -> None:
-        """Write what a resume continues, once the probe found the log writable."""
-        if self._resume is not None and self._branch_parent is not None:
-            self._log_branch(self._resume, str(self._run_id))
-        if self._resume is not None and self._record is not None:
-            # Lines a crash left past this step are trained again after this line.
-            logproto.log_resume(
-                self._logger,
-                step=self._record.header.step,
-                epoch=self._record.header.epoch,
-                run_id=self._run_id,
-                source=self._record.path,
-            )
-
-    def _log_branch(self, resume: ResolvedSource, run_id: str) -> None:
-        """Say that resuming `resume` starts a new run rather than continuing one."""
-        entry = resume.entry
-        if entry is None:
-            what = "is not listed in the run directory's manifest"
-        else:
-            run = run_label(entry.run)
-            what = f"is epoch {entry.epoch} of run {run}, not its newest record"
-        log.info(
-            "resume: %s %s, so this is a new run %s that branches from it; the "
-            "original run's later epochs are kept.",
-            resume.path,
-            what,
-            run_id,
+def _stopper(resolved: Resolved, config: RunConfig, data: Mapping[str, Any]) -> Any:
+    """The early-stopping policy bound to the monitor; it needs a val split."""
+    policy = config.early_stop
+    if policy is not None and "val" not in data:
+        raise ConfigError(
+            "early_stop needs a val split: it is checked once per epoch after "
+            "validation, and this run has none."
         )
-        logproto.log_other(self._logger, "branched_from", resume.path)
+    stopper = bind_stopper(policy, config.monitor)
+    _check_control_metric(resolved, getattr(stopper, "metric", None), "EarlyStopping")
+    return stopper
 
-    # ------------------------------------------------------------ public reads ------
+
+def _plan(
+    resolved: Resolved,
+    position: Position,
+    splits: Splits,
+    converted: Converted,
+    built: Built,
+    manual_states: Any,
+) -> Any:
+    """The optimizer plan; every Plateau needs a val split and a metric that
+    validation reports."""
+    config, located = splits.config, position.located
+    params = built.state.params
+    plan = build_plan(
+        converted.experiment,
+        params,
+        w0_provider(
+            config.w0,
+            built.fresh,
+            params,
+            located.weights is not None,
+            resuming=located.resume is not None,
+        ),
+        PlanInputs(
+            schedules=config.schedules,
+            clip_norm=float(config.gradient_clip_norm),
+            ema=config.ema,
+            total=total_steps(config, splits.sizes),
+            monitor=config.monitor,
+            device_fields=device_fields(resolved.cls),
+            manual_fields=None
+            if manual_states is None
+            else hyperparameters_by_subtree(manual_states),
+        ),
+    )
+    for schedule in plan.schedules:
+        if schedule.plateau is not None:
+            if "val" not in splits.data:
+                raise ConfigError(
+                    f"The Plateau on schedule `{schedule.key}` needs a val split: "
+                    f"it is updated once per epoch from validation."
+                )
+            _check_control_metric(resolved, schedule.plateau.metric, "Plateau")
+    return plan
+
+
+def _check_control_metric(resolved: Resolved, metric: str | None, what: str) -> None:
+    """Without custom metrics the only validation metric is the loss."""
+    if metric is not None and "metrics" not in resolved.hooks and metric != "loss":
+        raise ConfigError(
+            f"{what} watches `{metric}`, but {resolved.cls.__name__} defines no "
+            f'metrics, so validation reports only `loss`. Watch "loss", or '
+            f"define metrics()."
+        )

@@ -3,7 +3,8 @@ each split (and the train split's last).
 
 Which batch fields each hook receives (`routing.HookFields`), the fields the training
 programs take, the train split's batch size with its accum and partial-batch checks,
-the eval programs' batch width, and where each metric hook runs.
+the eval programs' batch width, and where each metric hook runs; then the run's mesh,
+which the probed batch sizes fix (`run_mesh`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 
 from ..compile.programs import GradientFields
 from ..data.sources import batch_size, first_batch, probe_split
+from ..devices.distributed import agree_across_processes, world_size
+from ..devices.placement import Placement, check_process_batch_divides, padded_width
 from ..errors import ConfigError
 from ..experiment.hooks import hook_function
 from ..experiment.routing import HookFields, hook_fields
@@ -172,3 +175,37 @@ def _route_training(
         train_metrics=fields["train_metrics"].select(keys) if device_tm else None,
         host_outputs="train_metrics" in fields and not device_tm,
     )
+
+
+def run_mesh(
+    config: RunConfig,
+    dist: Any,
+    sizes: Mapping[str, int],
+    routing: Routing,
+    eval_width: int | None,
+) -> tuple[Placement | None, int | None]:
+    """The run's mesh (None for one device), once the probe knows the batch: the
+    global train batch must split evenly, and the eval width is rounded up so a
+    padded eval batch does too."""
+    n_devs, world = config.n_devs, world_size(dist)
+    if n_devs == 1 and world == 1:
+        return None, eval_width
+    if routing.train_batch is not None:
+        check_process_batch_divides(routing.train_batch, n_devs, world)
+    if world > 1:  # a process feeding less than the others would hang them
+        agree_across_processes(
+            {
+                "train batches": sizes.get("train", 0),
+                "samples per train batch": routing.train_batch or 0,
+                # Each process pads its eval chunks to its part of one width.
+                "samples in the first eval batch": eval_width or 0,
+                **{
+                    f"{name} batches": size
+                    for name, size in sizes.items()
+                    if name != "train"
+                },
+            }
+        )
+    if eval_width is not None:  # each process pads its part of the width
+        eval_width = padded_width(eval_width, n_devs) * world
+    return Placement.build(n_devs=n_devs, mode=config.sharding), eval_width

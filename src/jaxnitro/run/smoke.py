@@ -87,10 +87,10 @@ def smoke_run_dir() -> str:
     return path
 
 
-def remove_smoke_run_dir(status: Any, path: str) -> None:
+def remove_smoke_run_dir(lock: Any, path: str) -> None:
     """Remove a smoke run's directory once its handle is gone: the handle's share
-    of the directory's lock is released first (`status.release_run_lock`)."""
-    status.release_run_lock()
+    of the directory's lock (`RunLockShare`) is released first."""
+    lock.release()
     with _made_lock:
         _made.discard(path)
     shutil.rmtree(path, ignore_errors=True)

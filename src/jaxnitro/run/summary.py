@@ -21,6 +21,7 @@ import numpy as np
 
 from ..compile.costs import program_costs
 from ..compile.programs import gradient_fn
+from ..experiment.traits import device_fields
 from .costs import cost_rows, si_text, step_costs
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ def _lowered_step(nitro: Nitro) -> tuple[float | None, float | None, str]:
     rng = jax.ShapeDtypeStruct((3,), np.uint32)
     compute = gradient_fn(prepared.ctx, fields, plan)
     args: tuple[Any, ...] = (
-        nitro.device_values(),
+        {n: getattr(nitro.experiment, n) for n in device_fields(prepared.cls)},
         nitro.parameters,
         nitro.states,
         shapes,

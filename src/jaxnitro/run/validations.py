@@ -1,0 +1,194 @@
+"""Validation inside `train()`: at an epoch's end and every N steps, and what the
+policies decide on it.
+
+Each validation runs the val split (`loop/evaluate.py`) on the run's
+`RunEvaluation`, refuses a monitor naming no metric it returned, updates every
+Plateau and the early-stopping policy (`after_validation`), and writes the validate
+line. `StepEvents` is what the hot loop calls mid-epoch (`steps.StepEvents`): a
+validation and a checkpoint every N steps, and max_steps; an epoch's last step
+leaves both to the epoch end, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..logging import protocol as logproto
+from ..logging.values import flatten
+from ..loop.cadence import StepCadence
+from ..loop.evaluate import evaluate_split
+from ..loop.steps import EpochLog
+from ..optim.schedules import check_plateau_metrics
+from ..watch import did_you_mean
+from .records import write_checkpoint
+from .stops import HeldStop
+
+if TYPE_CHECKING:
+    from .handle import Nitro
+    from .parts import RunParts
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A validation run at an optimizer step, and what the policies decided.
+
+    Attributes:
+        step: the optimizer step it ran at.
+        metrics: the metrics validation returned.
+        flat: those metrics, flattened.
+        scales: each Plateau's scale after it (for the validate line).
+        early: the early-stopping policy asked to stop.
+    """
+
+    step: int
+    metrics: dict[str, Any]
+    flat: dict[str, Any]
+    scales: dict[str, float]
+    early: bool
+
+
+def after_validation(
+    run: RunParts, epoch: int, metrics: dict[str, Any]
+) -> tuple[bool, dict[str, float]]:
+    """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
+    plan = run.prepared.plan
+    assert plan is not None
+    scales = (
+        check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
+        if metrics
+        else {}
+    )
+    stop = False
+    if run.prepared.stopper is not None:
+        stop = bool(run.prepared.stopper.should_stop(epoch, metrics))
+    return stop, scales
+
+
+def check_monitor(run: RunParts, flat: dict[str, Any]) -> None:
+    """Refuse a monitor that names no metric validation returned, whether or not
+    anything follows it: with custom metrics a misspelled monitor cannot be caught
+    before validation runs (the spec)."""
+    monitor = run.prepared.monitor
+    if flat and monitor is not None and monitor[0] not in flat:
+        raise ConfigError(
+            f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
+            f"{', '.join(flat)}.{did_you_mean(monitor[0], flat)} Return that key from "
+            f"metrics or finalize_metrics, or fix monitor()."
+        )
+
+
+def show_monitored(run: RunParts, flat: dict[str, Any]) -> None:
+    """The progress line shows the monitored validation metric from now on."""
+    progress = run.phase.progress()
+    monitor = run.prepared.monitor
+    if progress is not None and monitor is not None and monitor[0] in flat:
+        progress.show({f"val {monitor[0]}": float(flat[monitor[0]])})
+
+
+def log_validation(
+    run: RunParts, epoch: int, flat: dict[str, Any], scales: dict[str, float]
+) -> None:
+    """The validate line: the flattened metrics and the Plateau scales."""
+    logproto.log_metrics(
+        run.config.logger,
+        {**flat, **scales},
+        step=run.values.state.step,
+        epoch=epoch,
+        context="validate",
+    )
+
+
+def validate_midway(run: RunParts, epoch: int) -> Validation:
+    """Validate at the current step inside `epoch`; Plateau and early stopping
+    decide on it; the validate line goes out."""
+    run.values.sync_scheduled_devices()
+    metrics = evaluate_split(run.evaluation, "val", stoppable=False)
+    flat = flatten(metrics)
+    check_monitor(run, flat)
+    early, scales = after_validation(run, epoch, metrics)
+    show_monitored(run, flat)
+    if metrics:
+        log_validation(run, epoch, flat, scales)
+    return Validation(run.values.state.step, metrics, flat, scales, early)
+
+
+def held_stop(run: RunParts, log: EpochLog) -> HeldStop:
+    """Where a stop cut an epoch, for the rest of it (kept by the stop control and
+    in the record written at the stop): the batches trained and the running train
+    loss."""
+    total, count = log.carried()
+    state = run.values.state
+    return HeldStop(state.epoch, state.step, log.trained, total, count)
+
+
+class StepEvents:
+    """The mid-epoch events of one train() (`steps.StepEvents`): validation and
+    checkpoints every N steps, and max_steps.
+
+    Args:
+        nitro: the handle (the checkpoint record reads its public face).
+        run: its parts.
+        cadence: where the events fall.
+        stops: where the stop flag is read: the run's stop control, or across
+            processes the agreed stop (`StopAgreement`), the same on every rank.
+    """
+
+    def __init__(
+        self, nitro: Nitro, run: RunParts, cadence: StepCadence, stops: Any
+    ) -> None:
+        self.nitro = nitro
+        self.run = run
+        self.cadence = cadence
+        self.stops = stops
+        self.validated: Validation | None = None
+        """The last mid-epoch validation, which the epoch end reuses at its step."""
+        self.seconds = 0.0
+        """Wall time spent in the events, which the step time leaves out."""
+
+    def next_after(self, step: int) -> int:
+        return self.cadence.next_after(step)
+
+    def fire(self, step: int, log: EpochLog) -> bool:
+        started = time.perf_counter()
+        try:
+            return self._fire(step, log)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _fire(self, step: int, log: EpochLog) -> bool:
+        run, cadence = self.run, self.cadence
+        source = run.data["train"]
+        if log.trained >= len(source):
+            return False  # the epoch's last step: the epoch end runs what is due
+        if cadence.ends_at(step) or self.stops.stop_requested:
+            return True  # the epoch end validates and checkpoints, once
+        flat: dict[str, Any] = {}
+        leave = False
+        if cadence.validates_at(step):
+            self.validated = validate_midway(run, log.epoch)
+            flat, leave = self.validated.flat, self.validated.early
+            bar = run.phase.progress()
+            if bar is not None:  # the train stretch again, where it stood
+                bar.begin(
+                    "train",
+                    len(source),
+                    epoch=log.epoch,
+                    max_epochs=run.config.max_epochs,
+                )
+                for _ in range(log.trained):
+                    bar.step()
+        leave = leave or self.stops.stop_requested
+        if cadence.checkpoints_at(step) and not leave:
+            # Where the epoch stands: a resume from this record continues it.
+            write_checkpoint(
+                self.nitro, run, log.epoch, flat, None, held_stop(run, log)
+            )
+        return leave
+
+    def at(self, step: int) -> Validation | None:
+        """The mid-epoch validation run at `step`, if one was."""
+        validated = self.validated
+        return validated if validated is not None and validated.step == step else None
