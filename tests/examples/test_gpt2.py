@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from compile_counts import kinds_compiled
 from example_scripts import example_module
 
 import jaxnitro as nx
@@ -89,6 +90,68 @@ def test_the_three_fronts_start_from_the_same_weights(gpt2, bench):
         np.testing.assert_array_equal(python_api[name], value)
         np.testing.assert_array_equal(run_file[name], value)
     assert not np.array_equal(other["model.head.weight"], ref["model.head.weight"])
+
+
+def test_remat_is_a_checked_graphconst_of_the_experiment(gpt2):
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    assert gpt2.GPT2(**sizes).remat == "none"
+    assert gpt2.GPT2.config_metadata()["remat"].kind == "graphconst"
+    with pytest.raises(nx.ConfigError) as caught:
+        gpt2.GPT2(**sizes, remat="all")
+    assert str(caught.value) == (
+        "GPT2.remat must be one of 'none', 'blocks', 'dots', got 'all': it names "
+        'what the backward pass keeps of each block ("none": everything, "blocks": '
+        'only its input, "dots": the outputs of its linear layers). Pass one of '
+        'them, e.g. remat="dots".'
+    )
+    model, params, _ = gpt2.GPT2(**sizes, remat="dots").build_model(jax.random.key(0))
+    from flax import nnx
+
+    assert nnx.merge(model, params).remat == "dots"
+    # The run file's knob reaches its `gpt` the same way.
+    selection = Selection(variant="tiny", sets=(("remat", ":blocks"),))
+    assert evaluate_file(str(RUN_FILE), selection).value("model").remat == "blocks"
+    assert evaluate_file(str(RUN_FILE)).value("model").remat == "none"
+
+
+def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
+    gpt2, bench, folder, tmp_path
+):
+    work = bench.Workload("tiny", batch=4, steps=4, cadence=4, precision="f32")
+    _, tokens = bench.run_batches(folder, work)
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    trained = {}
+    for remat in ("none", "blocks", "dots"):
+        experiment = gpt2.GPT2(
+            **sizes, remat=remat, train=[{"tokens": t} for t in tokens]
+        )
+
+        def train(experiment=experiment, remat=remat):
+            nitro = nx.Nitro(
+                experiment,
+                seed=1,
+                max_epochs=1,
+                precision="f32",
+                run_dir=str(tmp_path / remat),
+                logger=None,
+                checkpointer=None,
+            ).train()
+            nitro.release()
+            trained[remat] = nitro
+
+        assert "train_step" in kinds_compiled(train)  # a key of its own
+    plain = trained["none"]
+    for remat in ("blocks", "dots"):
+        nitro = trained[remat]
+        np.testing.assert_allclose(
+            nitro.history[-1]["train_loss"], plain.history[-1]["train_loss"], rtol=1e-6
+        )
+        for a, b in zip(
+            jax.tree.leaves(nitro.train_state.params),
+            jax.tree.leaves(plain.train_state.params),
+            strict=True,
+        ):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
 # (precision, relative loss tolerance, absolute parameter tolerance). Measured on 2
