@@ -42,7 +42,9 @@ program is the plain one); "blocks" keeps only each block's input and recomputes
 the rest of the block in the backward pass; "dots" keeps the outputs of the
 matrix products without batch dimensions (the linear layers') and recomputes the
 rest (the norms, the attention scores and weights, the GELU), JAX's heuristic for
-transformers (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`)."""
+transformers (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`). The
+value of "none" is never passed to `nnx.remat` (whose own `policy=None` would save
+nothing)."""
 
 UNKNOWN_REMAT = (
     "{owner} must be one of {choices}, got {value!r}: it names what the backward "
@@ -195,8 +197,12 @@ class GPT(nnx.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, time] integer tokens -> [batch, time, vocab] logits."""
         x = self.embed(tokens)
-        policy = REMAT_POLICIES[self.remat]
-        call = _call_block if self.remat == "none" else _remat(policy)
+        call = _call_block
+        if self.remat != "none":
+            # prevent_cse stays on (nnx.remat's default): the blocks are unrolled,
+            # not scanned, and XLA would otherwise merge the recomputation back
+            # into the forward pass.
+            call = nnx.remat(_call_block, policy=REMAT_POLICIES[self.remat])
         for block in self.blocks:
             x = call(block, x)
         return self.head(self.norm(x))
@@ -204,12 +210,6 @@ class GPT(nnx.Module):
 
 def _call_block(block: Block, x: jax.Array) -> jax.Array:
     return block(x)
-
-
-def _remat(policy: Callable[..., bool] | None) -> Callable[[Block, jax.Array], Any]:
-    """`_call_block` under `nnx.remat` with `policy` (one per layer of the loop: the
-    blocks are unrolled, so common-subexpression elimination stays prevented)."""
-    return nnx.remat(_call_block, policy=policy)
 
 
 class Embedding(nnx.Module):
