@@ -29,6 +29,18 @@ bf16 dense peak (`jaxnitro.devices.peaks`; a CPU has none, so MFU is unknown the
 Device memory is XLA's analysis of each step program (arguments + outputs - aliased
 + temporaries) and, where the backend reports it, the process's peak so far.
 
+`--remat none|blocks|dots` trains every side under that rematerialisation policy of
+the module (`nn_modules.REMAT_POLICIES`: the reference builds `GPT(remat=...)`, the
+Python API sets the experiment's `remat` field, the run file `--set remat=:...`).
+
+`--max-batch` measures memory instead of speed: for each side (`--sides`, all three by
+default) the largest batch that fits, found by doubling from `--batch` up to
+`--max-batch-cap` (256), then bisecting between the largest batch that fitted and the
+smallest that ran out of memory (XLA's RESOURCE_EXHAUSTED, at the compile or a step);
+each probe compiles and trains 2 steps from fresh weights, at most `--max-probes` (10)
+a side. One line a side: the largest batch, the step program's memory there (XLA's
+analysis) and the tokens/s of its second step. On a CPU it reaches the cap.
+
 The exactness lines compare each jaxnitro side with the reference: the losses at the
 logged steps (every block end; every step for the Python API with `--log-every 1`),
 the block means, and the largest parameter difference at the end. `--resume-check`
@@ -37,6 +49,7 @@ with the uninterrupted run, bit for bit.
 
     python benchmarks/gpt2.py --config tiny                   # CPU: well under a minute
     python benchmarks/gpt2.py --config gpt2-small --resume-check     # an accelerator
+    python benchmarks/gpt2.py --config gpt2-small --max-batch --remat blocks
 
 GPT-2 small's data (2048 windows of 1025 tokens below 50304) is written on first
 use with `examples/runfiles/make_data.py --gpt2` (a few seconds); the tiny windows
@@ -46,6 +59,7 @@ ship with the repository.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -93,6 +107,7 @@ class Workload:
     precision: str = "bf16"
     seed: int = 1
     lr: float = 6e-4
+    remat: str = "none"
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -114,6 +129,7 @@ class Workload:
             "steps": self.steps,
             "cadence": self.cadence,
             "precision": f":{self.precision}",
+            "remat": f":{self.remat}",
             "seed": self.seed,
             "lr": self.lr,
         }
@@ -203,7 +219,9 @@ def reference(work: Workload, tokens: list[Any]) -> Side:
 
     ex = example()
     model = GPT(
-        **_positional(work.sizes), rngs=nnx.Rngs(params=jax.random.key(work.seed))
+        **_positional(work.sizes),
+        remat=work.remat,
+        rngs=nnx.Rngs(params=jax.random.key(work.seed)),
     )
     tx = optax.adamw(
         work.lr,
@@ -388,7 +406,9 @@ def python_api(
     import jaxnitro as nx
 
     ex = example()
-    experiment = ex.GPT2(**work.sizes, batch=work.batch, lr=work.lr, train=source)
+    experiment = ex.GPT2(
+        **work.sizes, batch=work.batch, lr=work.lr, remat=work.remat, train=source
+    )
     blocks = len(source.blocks)
 
     def run() -> Any:
@@ -489,7 +509,7 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
     print(
         f"workload: {work.config}, {n / 1e6:.1f}M parameters, batch {work.batch} x "
         f"{work.sizes['seq']} tokens, {work.steps} steps in blocks of {work.cadence}, "
-        f"{work.precision}"
+        f"{work.precision}, remat {work.remat}"
     )
     for name in SIDES:
         rates = [work.tokens_per_step / run[name].step_seconds for run in runs]
@@ -586,6 +606,80 @@ def resume_check(path: str, work: Workload, folder: str, whole: Side) -> float:
     )
 
 
+def probe_side(name: str, path: str, work: Workload, folder: str) -> Side:
+    """Train one side `work.steps` steps at `work.batch` from fresh weights (each
+    probe of the largest-batch search)."""
+    run_dir = os.path.join(folder, f"{name.replace(' ', '-')}-{work.batch}")
+    try:
+        source, tokens = run_batches(path, work)
+        if name == "reference":
+            return reference(work, tokens)
+        if name == "python api":
+            return python_api(work, source, run_dir)
+        return run_file_side(path, work, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def max_batch(
+    path: str, work: Workload, sides: list[str], folder: str, *, cap: int, probes: int
+) -> None:
+    """Print, for each of `sides`, the largest batch that fits (see the module
+    doc), the step program's memory there and the tokens/s of its second step."""
+    import jax
+    from _largest_batch import largest_batch
+
+    print(
+        f"largest batch: {work.config}, {work.sizes['seq']} tokens a window, "
+        f"{work.precision}, remat {work.remat}; from {work.batch}, doubling to "
+        f"{cap} then bisecting, at most {probes} probes a side, 2 steps each",
+        flush=True,
+    )
+    found: dict[str, int | None] = {}
+    for name in sides:
+
+        def probe(batch: int, name: str = name) -> Side:
+            side = probe_side(
+                name,
+                path,
+                dataclasses.replace(work, batch=batch, steps=2, cadence=1),
+                folder,
+            )
+            print(f"  {name} batch {batch}: fits", flush=True)
+            return side
+
+        search = largest_batch(probe, start=work.batch, cap=cap, max_probes=probes)
+        found[name] = search.batch
+        line = f"{name:>10}: "
+        if search.batch is None:
+            line += "no batch fits"
+        else:
+            side: Side = search.result
+            tokens = search.batch * work.sizes["seq"]
+            memory = "n/a" if side.memory is None else f"{side.memory / 2**30:.2f} GiB"
+            line += (
+                f"largest batch {search.batch}, step program {memory} (XLA's "
+                f"analysis), {tokens / side.step_seconds:.1f} tokens/s"
+            )
+        print(f"{line} ({search.describe()})", flush=True)
+        gc.collect()
+    reference_batch = found.get("reference")
+    for name in sides:
+        if name != "reference" and reference_batch and found[name] is not None:
+            print(
+                f"{name} / reference largest batch: "
+                f"{found[name] / reference_batch:.3f} (target >= 0.95)"
+            )
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "peak_bytes_in_use" in stats:
+        print(
+            f"device memory: peak {stats['peak_bytes_in_use'] / 2**30:.2f} GiB in "
+            f"this process (every probe), limit "
+            f"{stats.get('bytes_limit', 0) / 2**30:.2f} GiB"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=("tiny", "gpt2-small"), default="tiny")
@@ -596,6 +690,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs")
     parser.add_argument("--log-every", type=int, default=None, metavar="N")
     parser.add_argument("--resume-check", action="store_true")
+    parser.add_argument(
+        "--remat",
+        choices=("none", "blocks", "dots"),
+        default="none",
+        help="the module's rematerialisation policy, on every side",
+    )
+    parser.add_argument(
+        "--max-batch",
+        action="store_true",
+        help="find each side's largest batch instead of timing --steps",
+    )
+    parser.add_argument("--max-batch-cap", type=int, default=256, metavar="B")
+    parser.add_argument("--max-probes", type=int, default=10, metavar="N")
+    parser.add_argument(
+        "--sides",
+        default="reference,python-api,run-file",
+        help="with --max-batch: the sides to search, comma-separated",
+    )
     args = parser.parse_args()
     small = args.config == "tiny"
     work = Workload(
@@ -604,7 +716,12 @@ def main() -> None:
         steps=args.steps or (60 if small else 200),
         cadence=args.cadence or (20 if small else 50),
         precision=args.precision,
+        remat=args.remat,
     )
+    sides = [s.strip().replace("-", " ") for s in args.sides.split(",")]
+    if args.max_batch and set(sides) - set(SIDES):
+        names = ", ".join(s.replace(" ", "-") for s in SIDES)
+        raise SystemExit(f"--sides takes names among {names}, got {args.sides!r}")
     if work.steps % work.cadence or work.steps < 2 * work.cadence:
         raise SystemExit("--steps must be a multiple of --cadence, two blocks or more")
     from _common import banner
@@ -613,6 +730,16 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="gpt2-bench-")
     try:
         path = prepare_folder(folder, args.config)
+        if args.max_batch:
+            max_batch(
+                path,
+                work,
+                sides,
+                folder,
+                cap=args.max_batch_cap,
+                probes=args.max_probes,
+            )
+            return
         source, tokens = run_batches(path, work)
         runs = []
         for repeat in range(args.repeats):

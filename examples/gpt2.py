@@ -2,6 +2,7 @@
 in bf16 on token windows from a JSONL file.
 
     python examples/gpt2.py [--config tiny|gpt2-small] [--steps N] [--batch B]
+                            [--remat none|blocks|dots]
 
 The model is `jaxnitro.runfile.nn_modules.GPT`, the module behind the run file's
 `gpt` (examples/runfiles/gpt2.sx trains the same one): learned token and position
@@ -18,6 +19,11 @@ read from examples/runfiles/data/ (`make_data.py --gpt2` writes GPT-2 small's; t
 tiny windows ship), shuffled each epoch from the run seed. benchmarks/gpt2.py trains
 this experiment on the run file's own batches beside the run file and a hand-written
 Flax NNX + Optax loop. NITRO_RUN_DIR (default runs/gpt2) says where it writes.
+
+`remat` trades compute for memory: "blocks" recomputes each block's forward pass in
+the backward pass (keeping only its input), "dots" keeps the outputs of the linear
+layers and recomputes the rest, "none" (the default) recomputes nothing. The loss
+and the gradient are the same; a larger batch fits.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import optax
 from flax import nnx
 
 import jaxnitro as nx
-from jaxnitro.runfile.nn_modules import GPT
+from jaxnitro.runfile.nn_modules import GPT, check_remat
 
 RUNFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runfiles")
 
@@ -87,6 +93,10 @@ class GPT2(nx.Experiment):
     """Attention heads (each of width // heads)."""
     seq: nx.GraphConst[int] = 1024
     """The context: positions a window trains on."""
+    remat: nx.GraphConst[str] = "none"
+    """What the backward pass keeps of each block: "none" (everything), "blocks"
+    (only its input: the rest is recomputed) or "dots" (its linear layers' outputs
+    too); see `nn_modules.REMAT_POLICIES`."""
     batch: int = 16
     """Windows a step (read only when `train` is None)."""
     lr: float = 6e-4
@@ -96,6 +106,13 @@ class GPT2(nx.Experiment):
     train: Any = None
     """The train split, or None for the windows of `data` in batches of `batch`
     (an `ArraySource`, shuffled each epoch from the run seed)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            check_remat(self.remat, f"{type(self).__name__}.remat", 'remat="dots"')
+        except ValueError as error:
+            raise nx.ConfigError(str(error)) from None
 
     def build_data(self, dist: Any) -> dict[str, Any]:
         del dist
@@ -111,6 +128,7 @@ class GPT2(nx.Experiment):
             self.width,
             self.heads,
             self.seq,
+            remat=self.remat,
             rngs=nnx.Rngs(params=rng),
         )
         graphdef, params = nnx.split(module)
@@ -150,13 +168,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
+    parser.add_argument("--remat", choices=("none", "blocks", "dots"), default="none")
     args = parser.parse_args()
     if not os.path.exists(DATA[args.config]):
         raise SystemExit(
             f"{DATA[args.config]} is missing: write it with "
             f"`python examples/runfiles/make_data.py --gpt2`"
         )
-    fields = {} if args.batch is None else {"batch": args.batch}
+    fields: dict[str, Any] = {"remat": args.remat}
+    if args.batch is not None:
+        fields["batch"] = args.batch
     nitro = nx.Nitro(
         experiment(args.config, **fields),
         max_steps=args.steps,

@@ -5,11 +5,13 @@ losses on the same batches, and a resumed Python-API run continues bit for bit."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from compile_counts import kinds_compiled
 from example_scripts import example_module
 
 import jaxnitro as nx
@@ -89,6 +91,68 @@ def test_the_three_fronts_start_from_the_same_weights(gpt2, bench):
         np.testing.assert_array_equal(python_api[name], value)
         np.testing.assert_array_equal(run_file[name], value)
     assert not np.array_equal(other["model.head.weight"], ref["model.head.weight"])
+
+
+def test_remat_is_a_checked_graphconst_of_the_experiment(gpt2):
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    assert gpt2.GPT2(**sizes).remat == "none"
+    assert gpt2.GPT2.config_metadata()["remat"].kind == "graphconst"
+    with pytest.raises(nx.ConfigError) as caught:
+        gpt2.GPT2(**sizes, remat="all")
+    assert str(caught.value) == (
+        "GPT2.remat must be one of 'none', 'blocks', 'dots', got 'all': it names "
+        'what the backward pass keeps of each block ("none": everything, "blocks": '
+        'only its input, "dots": the outputs of its linear layers). Pass one of '
+        'them, e.g. remat="dots".'
+    )
+    model, params, _ = gpt2.GPT2(**sizes, remat="dots").build_model(jax.random.key(0))
+    from flax import nnx
+
+    assert nnx.merge(model, params).remat == "dots"
+    # The run file's knob reaches its `gpt` the same way.
+    selection = Selection(variant="tiny", sets=(("remat", ":blocks"),))
+    assert evaluate_file(str(RUN_FILE), selection).value("model").remat == "blocks"
+    assert evaluate_file(str(RUN_FILE)).value("model").remat == "none"
+
+
+def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
+    gpt2, bench, folder, tmp_path
+):
+    work = bench.Workload("tiny", batch=4, steps=4, cadence=4, precision="f32")
+    _, tokens = bench.run_batches(folder, work)
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    trained = {}
+    for remat in ("none", "blocks", "dots"):
+        experiment = gpt2.GPT2(
+            **sizes, remat=remat, train=[{"tokens": t} for t in tokens]
+        )
+
+        def train(experiment=experiment, remat=remat):
+            nitro = nx.Nitro(
+                experiment,
+                seed=1,
+                max_epochs=1,
+                precision="f32",
+                run_dir=str(tmp_path / remat),
+                logger=None,
+                checkpointer=None,
+            ).train()
+            nitro.release()
+            trained[remat] = nitro
+
+        assert "train_step" in kinds_compiled(train)  # a key of its own
+    plain = trained["none"]
+    for remat in ("blocks", "dots"):
+        nitro = trained[remat]
+        np.testing.assert_allclose(
+            nitro.history[-1]["train_loss"], plain.history[-1]["train_loss"], rtol=1e-6
+        )
+        for a, b in zip(
+            jax.tree.leaves(nitro.train_state.params),
+            jax.tree.leaves(plain.train_state.params),
+            strict=True,
+        ):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
 # (precision, relative loss tolerance, absolute parameter tolerance). Measured on 2
@@ -187,3 +251,108 @@ def test_the_benchmark_runs_the_tiny_configuration(bench, monkeypatch, capsys):
     assert "run file / reference tokens/s: " in out
     assert "MFU unknown: no peak on record for 'cpu'" in out
     assert "run file resumed at step 4: final parameters bitwise equal" in out
+
+
+@pytest.fixture(scope="module")
+def search():
+    """benchmarks/_largest_batch.py as a module."""
+    with example_module("../benchmarks/_largest_batch.py", "largest_batch") as module:
+        yield module
+
+
+def fits_up_to(limit, tried):
+    """A probe that runs out of memory above `limit` the way XLA says it, wrapped
+    as a framework would wrap it; it records each batch tried."""
+
+    def probe(batch):
+        tried.append(batch)
+        if batch > limit:
+            try:
+                raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in hbm")
+            except RuntimeError as error:
+                raise ValueError("the step failed") from error
+        return f"measured at {batch}"
+
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "cap", "largest", "tried", "stopped"),
+    [
+        (40, 16, 256, 40, [16, 32, 64, 48, 40, 44, 42, 41], "41 runs out of memory"),
+        (1000, 4, 256, 256, [4, 8, 16, 32, 64, 128, 256], "reached the cap, 256"),
+        (1000, 48, 100, 100, [48, 96, 100], "reached the cap, 100"),
+        (5, 16, 256, 5, [16, 8, 4, 6, 5], "6 runs out of memory"),
+        (0, 4, 256, None, [4, 2, 1], "even batch 1 runs out of memory"),
+        (1000, 1, 2**20, 512, [2**i for i in range(10)], "stopped after 10 probes"),
+    ],
+)
+def test_the_largest_batch_doubles_then_bisects(
+    search, limit, start, cap, largest, tried, stopped
+):
+    seen: list[int] = []
+    found = search.largest_batch(fits_up_to(limit, seen), start=start, cap=cap)
+    assert found.batch == largest and seen == tried
+    assert [p.batch for p in found.probes] == tried and found.stopped == stopped
+    assert found.result == (None if largest is None else f"measured at {largest}")
+    assert all(p.fits == (p.batch <= limit) for p in found.probes)
+    failed = [p for p in found.probes if not p.fits]
+    assert all(p.error == "the step failed" for p in failed)
+    assert found.describe().endswith(f"; {stopped}")
+
+
+def test_the_largest_batch_search_lets_other_errors_through(search):
+    def probe(batch):
+        raise TypeError("a bug, not memory")
+
+    with pytest.raises(TypeError, match="a bug, not memory"):
+        search.largest_batch(probe, start=4, cap=8)
+    with pytest.raises(ValueError, match="got start=0, cap=8, max_probes=10"):
+        search.largest_batch(probe, start=0, cap=8)
+    assert not search.is_out_of_memory(ValueError("RESOURCE_EXHAUSTE"))
+    assert search.is_out_of_memory(RuntimeError("XLA: Out of memory allocating"))
+
+
+@pytest.mark.slow
+def test_the_benchmark_finds_each_sides_largest_batch(bench, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    real = bench.probe_side
+
+    def probe_side(name, path, work, folder):
+        if name == "python api" and work.batch > 6:  # a device of that size
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying")
+        return real(name, path, work, folder)
+
+    monkeypatch.setattr(bench, "probe_side", probe_side)
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "gpt2.py",
+            "--config",
+            "tiny",
+            "--max-batch",
+            "--max-batch-cap",
+            "8",
+            "--sides",
+            "reference,python-api",
+            "--remat",
+            "blocks",
+            "--precision",
+            "f32",
+        ],
+    )
+    bench.main()
+    out = capsys.readouterr().out
+    assert "largest batch: tiny, 64 tokens a window, f32, remat blocks" in out
+    assert re.search(
+        r" reference: largest batch 8, step program [0-9.]+ GiB \(XLA's analysis\), "
+        r"[0-9.]+ tokens/s \(4 ok, 8 ok; reached the cap, 8\)",
+        out,
+    )
+    assert re.search(
+        r"python api: largest batch 6, .* \(4 ok, 8 out of memory, 6 ok, 7 out of "
+        r"memory; 7 runs out of memory\)",
+        out,
+    )
+    assert "python api / reference largest batch: 0.750 (target >= 0.95)" in out
+    assert "run file" not in out.split("largest batch: tiny")[1]

@@ -31,6 +31,47 @@ ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
 GPT_STD = 0.02
 """The standard deviation of `gpt`'s weights and embeddings (GPT-2's)."""
 
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "none": None,
+    "blocks": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+"""`GPT`'s rematerialisation policies: what the backward pass keeps of each block's
+forward pass. "none" keeps everything (the block is not rematerialised: the
+program is the plain one); "blocks" keeps only each block's input and recomputes
+the rest of the block in the backward pass; "dots" keeps the outputs of the
+matrix products without batch dimensions (the linear layers') and recomputes the
+rest (the norms, the attention scores and weights, the GELU), JAX's heuristic for
+transformers (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`). The
+value of "none" is never passed to `nnx.remat` (whose own `policy=None` would save
+nothing)."""
+
+UNKNOWN_REMAT = (
+    "{owner} must be one of {choices}, got {value!r}: it names what the backward "
+    "pass keeps of each block ({meaning}). Pass one of them, e.g. {example}."
+)
+"""The message of an unknown remat policy; `owner` names the field or argument."""
+
+
+def check_remat(value: object, owner: str, example: str) -> str:
+    """`value` if it names a policy in REMAT_POLICIES.
+
+    Raises:
+        ValueError: any other value, naming `owner`, the value and the choices.
+    """
+    if isinstance(value, str) and value in REMAT_POLICIES:
+        return value
+    raise ValueError(
+        UNKNOWN_REMAT.format(
+            owner=owner,
+            choices=", ".join(repr(name) for name in REMAT_POLICIES),
+            value=value,
+            meaning='"none": everything, "blocks": only its input, "dots": the '
+            "outputs of its linear layers",
+            example=example,
+        )
+    )
+
 
 class Embeddings(nnx.Module):
     """`gpt`'s learned token and position embeddings: `token` [vocab, dim] and
@@ -114,7 +155,18 @@ class GPT(nnx.Module):
     """A decoder-only transformer: `embed`, `blocks`, a final RMS `norm` and an
     untied `head` [dim, vocab] without a bias. Weights and embeddings start
     normal(0.02), the residual projections (`attn.out`, `mlp.down`) normal(0.02 /
-    sqrt(2 layers)); biases start at 0 and norm scales at 1."""
+    sqrt(2 layers)); biases start at 0 and norm scales at 1.
+
+    `remat` (a name in REMAT_POLICIES) rematerialises each block under that
+    policy (`nnx.remat`): the gradient is the same, the backward pass keeps less
+    and recomputes the rest. It changes no parameter, only the traced program.
+
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> model = GPT(32, 2, 16, 2, 8, remat="blocks", rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((1, 8), jnp.int32)).shape
+        (1, 8, 32)
+    """
 
     def __init__(
         self,
@@ -124,8 +176,10 @@ class GPT(nnx.Module):
         heads: int,
         context: int,
         *,
+        remat: str = "none",
         rngs: nnx.Rngs,
     ):
+        self.remat = check_remat(remat, "GPT(remat=...)", 'remat="dots"')
         residual_std = GPT_STD / (2 * layers) ** 0.5
         self.embed = Embeddings(vocab, context, dim, rngs=rngs)
         self.blocks = nnx.List(
@@ -143,9 +197,19 @@ class GPT(nnx.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, time] integer tokens -> [batch, time, vocab] logits."""
         x = self.embed(tokens)
+        call = _call_block
+        if self.remat != "none":
+            # prevent_cse stays on (nnx.remat's default): the blocks are unrolled,
+            # not scanned, and XLA would otherwise merge the recomputation back
+            # into the forward pass.
+            call = nnx.remat(_call_block, policy=REMAT_POLICIES[self.remat])
         for block in self.blocks:
-            x = block(x)
+            x = call(block, x)
         return self.head(self.norm(x))
+
+
+def _call_block(block: Block, x: jax.Array) -> jax.Array:
+    return block(x)
 
 
 class Embedding(nnx.Module):

@@ -39,19 +39,24 @@ from .values import Builtin, Keyword, kind_of, show
 ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 """What `mlp :activation` takes (`nn_modules.ACTIVATIONS` holds the functions)."""
 
+REMAT = ("none", "blocks", "dots")
+"""What `gpt :remat` takes (`nn_modules.REMAT_POLICIES` holds the policies)."""
+
 
 @dataclass(frozen=True)
 class GPTSpec(ModelSpec):
     """A decoder-only transformer (`nn_modules.GPT`): learned token and position
     embeddings, pre-norm blocks (RMS norm with a scale, causal attention and an
     MLP whose linear layers carry biases) and an untied head. `4 + 14 * layers`
-    parameter arrays."""
+    parameter arrays. `remat` (one of REMAT) rematerialises each block in the
+    backward pass; it changes the program, never the parameters."""
 
     vocab: int
     layers: int
     dim: int
     heads: int
     context: int
+    remat: str = "none"
     name = "gpt"
 
     def probe(self) -> ModelSpec:
@@ -76,7 +81,13 @@ class GPTSpec(ModelSpec):
         from .nn_modules import GPT
 
         return GPT(
-            self.vocab, self.layers, self.dim, self.heads, self.context, rngs=rngs
+            self.vocab,
+            self.layers,
+            self.dim,
+            self.heads,
+            self.context,
+            remat=self.remat,
+            rngs=rngs,
         )
 
     def takes(self) -> int | None:
@@ -135,12 +146,22 @@ def _flag(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> bool:
 def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
     require_flax("gpt", span)
     kwargs = {"context": 1024, **kwargs}
-    spec = GPTSpec(
-        *(
-            _positive(kwargs, k, "gpt", span)
-            for k in ("vocab", "layers", "dim", "heads", "context")
-        )
+    vocab, layers, dim, heads, context = (
+        _positive(kwargs, k, "gpt", span)
+        for k in ("vocab", "layers", "dim", "heads", "context")
     )
+    remat = kwargs.get("remat", Keyword("none"))
+    if not isinstance(remat, Keyword) or remat.name not in REMAT:
+        raise fail(
+            "E-EVAL-007",
+            "`:remat` of `gpt` is "
+            + ", ".join(f":{r}" for r in REMAT)
+            + f" (what the backward pass keeps of each block), got {show(remat)}",
+            span.at("remat"),
+            "write :remat :blocks to keep only each block's input, :dots to keep "
+            "its linear layers' outputs too, or leave it out (:none)",
+        )
+    spec = GPTSpec(vocab, layers, dim, heads, context, remat=remat.name)
     if spec.dim % spec.heads:
         raise fail(
             "E-SHAPE-001",
@@ -316,7 +337,7 @@ def exports() -> dict[str, Builtin]:
             "gpt",
             _gpt,
             (0, 0),
-            ("vocab", "layers", "dim", "heads", "context"),
+            ("vocab", "layers", "dim", "heads", "context", "remat"),
             ("vocab", "layers", "dim", "heads"),
             "(gpt :vocab 32 :layers 2 :dim 32 :heads 2)",
         ),
