@@ -58,7 +58,6 @@ after it. With pandas:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -326,8 +325,12 @@ class JSONLogger:
                 self._file = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit JAX may be gone
+        # No module globals here (contextlib would do): at interpreter exit they
+        # may be gone already, and so may JAX.
+        try:  # noqa: SIM105 (contextlib.suppress is a module global)
             self.close()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------ identity -------
     def logger_info(self) -> dict[str, Any]:
