@@ -50,7 +50,7 @@ def stages_ahead() -> bool:
     calls run (`ahead.py`): on an accelerator, where a block's stack and transfer
     cost the loop thread as much as the rest of a step. Not on a CPU: there XLA's
     own threads compute the step, and a worker would take cores from them."""
-    return False
+    return jax.default_backend() != "cpu"
 
 
 class InlineFeed:
