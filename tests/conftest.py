@@ -94,13 +94,11 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.fixture(autouse=True)
 def _staged(request, monkeypatch):
-    """With --staged, the accelerator's data path runs on the CPU (CI runs both),
-    the block worker of the calls loop included (`loop/ahead.py`)."""
+    """With --staged, the accelerator's data path runs on the CPU (CI runs both)."""
     if request.config.getoption("--staged"):
         import jaxnitro.loop.feed as feed
 
         monkeypatch.setattr(feed, "stages_on_device", lambda: True)
-        monkeypatch.setattr(feed, "stages_ahead", lambda: True)
     yield
 
 

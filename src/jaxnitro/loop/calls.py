@@ -75,7 +75,6 @@ from ..devices.placement import Placement
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
 from .accumulation import Accumulation
-from .ahead import Ahead
 from .blocks import (
     DIRECT_BATCH_BYTES,
     block_steps,
@@ -318,8 +317,6 @@ def call_steps(
     autolog = context.autolog_schedules and log.logging
     every = log.every
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
-    # The next block built while the calls run: batches in memory, on a device.
-    ahead = on_device and feed.in_memory and feeds.stages_ahead()
     fields = prepared.routing.gradient_fields  # None in manual mode
     host_outputs = fields is not None and fields.host_outputs
     # Without varying schedules every block takes the same step inputs.
@@ -346,8 +343,7 @@ def call_steps(
     settle_at = SETTLE_EVERY  # unread micro-batches that force a read
     due = False  # the last call's ring is being copied: read after the next call
     last_read = time.perf_counter()
-    delivered: int | None = 0  # None: a stop or an event ended the epoch
-    read = 0  # the batches the feed delivered (counted where the blocks are built)
+    delivered: int | None = 0
     profiler = context.profiler
     event = NEVER if events is None else events.next_after(step)
     stops: Any = status if agreement is None else agreement  # what the check reads
@@ -371,7 +367,7 @@ def call_steps(
     def blocks() -> Any:
         """`(pending, steps, stacked batches)` for each block of the epoch; a
         source that ends mid-block yields the whole steps it delivered."""
-        nonlocal count, signature, size, positions, settle_at, ring, read, made
+        nonlocal count, signature, size, positions, settle_at, ring, delivered, made
         reading: list[tuple[dict[str, Any], dict[str, Any], int]] = []
         block = 0
         for index, (full, routed) in enumerate(feed):
@@ -380,7 +376,7 @@ def call_steps(
                 feed.release(routed)
                 if bar is not None:
                     bar.step()
-                read = index + 1
+                delivered = index + 1
                 continue
             if count is None:  # the epoch's first trained batch: its plan is drawn
                 if accum > 1:
@@ -415,7 +411,7 @@ def call_steps(
             if not reading:
                 block = min(size, max((count - index) // accum, 1))
             reading.append((full, routed, index))
-            read = index + 1
+            delivered = index + 1
             if len(reading) == block * accum:
                 yield reading, block, _staged(reading, block)
                 reading = []
@@ -440,9 +436,8 @@ def call_steps(
             return batches
         return transfer(batches, block_sharding, wait=False)
 
-    staged: Any = Ahead(blocks()) if ahead else blocks()
     try:
-        for pending, block, batches in staged:
+        for pending, block, batches in blocks():
             done_in_block = 0
             while done_in_block < block:
                 until = min(event, agree_at) - step  # a call ends at each
@@ -554,8 +549,6 @@ def call_steps(
                 break
         read_all()
     finally:
-        if ahead:  # its worker reads the feed: stopped before the feed closes
-            staged.close()
         context.commit(_carry_out(start, carry, step, packing))
         if packing is not None:  # the next epoch starts from these flat buffers
             held = _state_trees(context.current())
@@ -563,5 +556,4 @@ def call_steps(
         if ring is not None:
             losses = ring.shape[0] - RING_HEAD
             _CARRIED["ring"] = ((seed % 2**32, step, losses), ring)
-    # Read once the blocks ran out: a worker building them has finished with it.
-    return None if delivered is None else read
+    return delivered

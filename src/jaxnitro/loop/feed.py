@@ -45,22 +45,10 @@ def stages_on_device() -> bool:
     return jax.default_backend() != "cpu" or jax.process_count() > 1
 
 
-def stages_ahead() -> bool:
-    """Whether the calls loop builds its next block on a worker thread while its
-    calls run (`ahead.py`): on an accelerator, where a block's stack and transfer
-    cost the loop thread as much as the rest of a step. Not on a CPU: there XLA's
-    own threads compute the step, and a worker would take cores from them."""
-    return jax.default_backend() != "cpu"
-
-
 class InlineFeed:
     """One pass over a split prepared on the consuming thread, with its waiting time."""
 
-    def __init__(
-        self, split: Any, epoch: int, prepare: Prepare, *, in_memory: bool = False
-    ) -> None:
-        self.in_memory = in_memory
-        """Whether its batches are built already (a list): reading one never waits."""
+    def __init__(self, split: Any, epoch: int, prepare: Prepare) -> None:
         seek = getattr(unwrap_source(split), "set_epoch", None)
         if callable(seek):  # as the stream does, so a resumed run reads the same order
             seek(epoch)
@@ -93,8 +81,6 @@ class InlineFeed:
 class StreamFeed:
     """One pass over a split through its prefetch stream."""
 
-    in_memory = False
-
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
@@ -118,9 +104,8 @@ class StreamFeed:
 def _open(
     split: Any, epoch: int, name: str, prepare: Prepare, on_device: bool
 ) -> InlineFeed | StreamFeed:
-    path = prefetch_config(split).path
-    if path in INLINE_PATHS and not on_device:
-        return InlineFeed(split, epoch, prepare, in_memory=path == "materialized")
+    if prefetch_config(split).path in INLINE_PATHS and not on_device:
+        return InlineFeed(split, epoch, prepare)
     stream = prepared_stream(split, prepare, epoch=epoch, name=name, stage=on_device)
     return StreamFeed(stream)
 
