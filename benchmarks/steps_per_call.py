@@ -16,8 +16,6 @@ tiny MLP 32-16-10 at batch 16, whose CPU step is all dispatch.
     python benchmarks/steps_per_call.py                      # K=8, every workload
     python benchmarks/steps_per_call.py --steps-per-call 4 --reps 9
     python benchmarks/steps_per_call.py --cores 1         # pinned to one core
-    python benchmarks/steps_per_call.py --worker-off      # also without the block
-                                                          # worker (accelerators)
 """
 
 from __future__ import annotations
@@ -100,22 +98,16 @@ def reference_scan(widths, batches, per_call: int):
     return run_epoch
 
 
-def measure(
-    name: str, per_call: int, reps: int, worker_off: bool = False
-) -> dict[str, float]:
+def measure(name: str, per_call: int, reps: int) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
-    the paired ratios reference / jaxnitro; with `worker_off`, jaxnitro at both
-    again with its blocks built on the loop thread (no block worker)."""
+    the paired ratios reference / jaxnitro."""
     import jaxnitro as nx
-    from jaxnitro.loop import feed as nitro_feed
-
-    with_worker = nitro_feed.stages_ahead
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
     scratch = tempfile.mkdtemp(prefix="nitro-spc-")
 
-    def ours(k: int, worker: bool = True) -> float:
+    def ours(k: int) -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
@@ -123,11 +115,7 @@ def measure(
             checkpointer=None,
             steps_per_call=k,
         )
-        nitro_feed.stages_ahead = with_worker if worker else lambda: False
-        try:
-            nitro.train()
-        finally:
-            nitro_feed.stages_ahead = with_worker
+        nitro.train()
         # Epochs 2 on: the first carries the once-per-train() work.
         return statistics.median(row["seconds"] for row in nitro.history[1:])
 
@@ -152,21 +140,14 @@ def measure(
         "k=1": [],
         f"k={per_call}": [],
     }
-    if worker_off:
-        sides["k=1 no worker"], sides[f"k={per_call} no worker"] = [], []
     ours(1), ours(per_call)  # compile once: every later handle hits the cache
     for _ in range(reps):
         sides["reference"].append(timed(lambda: ref_epochs(1)))
         sides["reference scan"].append(timed(scan_epoch))
         sides["k=1"].append(ours(1))
         sides[f"k={per_call}"].append(ours(per_call))
-        if worker_off:
-            sides["k=1 no worker"].append(ours(1, worker=False))
-            sides[f"k={per_call} no worker"].append(ours(per_call, worker=False))
     result = {side: statistics.median(times) for side, times in sides.items()}
-    for side in sides:
-        if side == "reference":
-            continue
+    for side in ("reference scan", "k=1", f"k={per_call}"):
         result[f"{side} paired"] = paired_ratio(sides["reference"], sides[side])
     result[f"k={per_call} / k=1 paired"] = paired_ratio(
         sides["k=1"], sides[f"k={per_call}"]
@@ -180,11 +161,6 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--cores", type=int, help="pin the process to this many cores")
     parser.add_argument(
-        "--worker-off",
-        action="store_true",
-        help="also time jaxnitro with its blocks built on the loop thread",
-    )
-    parser.add_argument(
         "--workload", choices=[*sorted(WORKLOADS), "tiny_mlp"], action="append"
     )
     args = parser.parse_args()
@@ -195,7 +171,7 @@ def main() -> None:
     print(banner())
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
-        r = measure(name, k, args.reps, args.worker_off)
+        r = measure(name, k, args.reps)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
@@ -204,12 +180,6 @@ def main() -> None:
             f"{r['reference']:.4f}, scan {r['reference scan']:.4f}, k=1 "
             f"{r['k=1']:.4f}, k={k} {r[f'k={k}']:.4f})"
         )
-        if args.worker_off:
-            print(
-                f"{name}: with the block worker off (blocks built on the loop "
-                f"thread): k=1 {r['k=1 no worker paired']:.3f}x, "
-                f"k={k} {r[f'k={k} no worker paired']:.3f}x"
-            )
 
 
 if __name__ == "__main__":
