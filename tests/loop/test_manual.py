@@ -11,6 +11,7 @@ from compile_counts import kinds_compiled
 from experiments import N_CLASSES, N_FEATURES, QuietLogger, Tiny
 
 import jaxnitro as nx
+from jaxnitro.loop import calls
 
 
 def quiet(**kw):
@@ -128,10 +129,16 @@ def test_the_manual_step_is_cached_and_keyed_by_its_optimizers():
     assert "manual_step" in kinds_compiled(fast.train)
 
 
-def test_rules_built_anew_by_each_handle_compile_the_manual_step_once():
+@pytest.mark.parametrize("packed", [False, True])
+def test_rules_built_anew_by_each_handle_compile_the_manual_step_once(
+    monkeypatch, packed
+):
     """TwoNets calls optax.sgd(0.1) and optax.adam(0.02) in setup_optimizers, for
     each handle: the rules compare by what they compute, so a second handle reuses
-    the first one's manual step."""
+    the first one's manual step; with the state packed too (an accelerator's path,
+    where the program is keyed by the packed tree's repr: on the TPU a second handle
+    compiled again until the rules' repr followed their key)."""
+    monkeypatch.setattr(calls, "packs_state", lambda: packed)
     first = nx.Nitro(TwoNets(max_epochs=1), **quiet())
     first.train()
     again = nx.Nitro(TwoNets(max_epochs=1), **quiet())

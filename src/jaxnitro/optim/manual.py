@@ -20,6 +20,8 @@ bare key (`opt.learning_rate`) sets the field on every rule that has it, a path
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,7 @@ import optax
 
 from ..compile.boundary import owned_copy
 from ..errors import HookError
+from ..keys.program_key import Identity
 from .rule_key import rule_key
 
 
@@ -56,12 +59,23 @@ class _Rule:
     structure (`rule_key`), so a tree structure holding it keys compiled programs
     by what the rule computes rather than by the identity of its closures."""
 
-    __slots__ = ("_hash", "key", "tx")
+    __slots__ = ("_hash", "_repr", "key", "tx")
 
     def __init__(self, tx: Any) -> None:
         self.tx = tx
         self.key = rule_key(tx)
         self._hash = hash(self.key)
+        # By the key too: a packed state's program is keyed by its tree's repr
+        # (`compile/packed.py`), where the transformation's own repr (closures at
+        # their addresses) would make every handle's rules new.
+        # A key holding an `Identity` (an object it cannot key by value) gets a
+        # name never reused in this process: its repr would show an address,
+        # which a later object could take.
+        if _holds_identity(self.key):
+            self._repr = f"_Rule(#{next(_UNIQUE)})"
+        else:
+            digest = hashlib.sha256(repr(self.key).encode()).hexdigest()[:16]
+            self._repr = f"_Rule({digest})"
 
     def __hash__(self) -> int:
         return self._hash
@@ -72,7 +86,21 @@ class _Rule:
         )
 
     def __repr__(self) -> str:
-        return f"_Rule({self.tx!r})"
+        return self._repr
+
+
+_UNIQUE = itertools.count()
+
+
+def _holds_identity(key: Any) -> bool:
+    """Whether a `rule_key` holds an `Identity` anywhere."""
+    if isinstance(key, Identity):
+        return True
+    if isinstance(key, tuple | list | frozenset | set):
+        return any(_holds_identity(part) for part in key)
+    if isinstance(key, dict):
+        return any(_holds_identity(part) for part in key.items())
+    return False
 
 
 @functools.lru_cache(maxsize=512)
