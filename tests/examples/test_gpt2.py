@@ -152,7 +152,9 @@ def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
             jax.tree.leaves(plain.train_state.params),
             strict=True,
         ):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+            # 1e-5: the attention key biases, whose gradient is zero in exact
+            # arithmetic, drift by rounding alone (1.4e-6 apart on a TPU).
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
 # (precision, relative loss tolerance, absolute parameter tolerance). Measured on 2

@@ -173,8 +173,10 @@ METRIC_KEYS = ("type", "run_id", "context", "epoch", "step")
         (3, 1, 1, 2),  # folded into the device sum mid-epoch
         (3, 2, 1, 64),  # each step's last micro-batch, as its train line
         (1, 2, 1, 2),
-        (1, 1, 2, 2),  # on a mesh, the calls folded every 2
-        (1, 2, 2, 64),
+        pytest.param(  # on a mesh, the calls folded every 2
+            1, 1, 2, 2, marks=pytest.mark.needs_devices(2)
+        ),
+        pytest.param(1, 2, 2, 64, marks=pytest.mark.needs_devices(2)),
     ],
 )
 def test_the_summary_averages_each_train_metric_over_the_epochs_steps(

@@ -454,7 +454,9 @@ def poison_epoch_2(nitro, epoch, observations):
     nitro.set_device(poison=float("nan") if epoch == 1 else 0.0)
 
 
-@pytest.mark.parametrize("n_devs", [1, 4])
+@pytest.mark.parametrize(
+    "n_devs", [1, pytest.param(4, marks=pytest.mark.needs_devices(4))]
+)
 def test_non_finite_outputs_under_a_finite_metric_warn_and_rank_no_checkpoint(
     tmp_path, n_devs
 ):

@@ -10,6 +10,7 @@ from experiments import StopsAtStep, Tiny
 
 import jaxnitro as nx
 from jaxnitro.compile.boundary import StepOutputs, Weights
+from jaxnitro.loop import calls
 from jaxnitro.loop.state import TrainState
 
 
@@ -65,17 +66,26 @@ def test_a_warm_start_copies_and_leaves_the_source_state_whole():
     assert source.train_state is held
 
 
-def test_the_programs_return_typed_outputs():
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_programs_return_typed_outputs(monkeypatch, packed):
     """The train program returns (Weights, model state, accumulator, StepOutputs,
-    ring), not a flat tuple of arrays: read off the compiled program the loop ran
-    (unpacked on a CPU: the Weights come back as a tree)."""
+    ring), not a flat tuple of arrays: read off the compiled program the loop ran.
+    Unpacked (a CPU's path), the Weights come back as a tree; packed (an
+    accelerator's), as one flat buffer per dtype in the Weights' place."""
+    monkeypatch.setattr(calls, "packs_state", lambda: packed)
     nitro = nx.Nitro(Tiny(max_epochs=1), **quiet())
     nitro.train()
     state = nitro.train_state
     (kind, program), *_ = nitro.executables.compiled()
     weights, model_state, accumulator, reported, ring = program.out_info
     assert kind == "train_step"
-    assert isinstance(weights, Weights) and isinstance(reported, StepOutputs)
+    assert isinstance(reported, StepOutputs)
+    if packed:
+        flat = jax.tree.leaves(state.weights)
+        assert isinstance(weights, tuple) and model_state == accumulator == ()
+        assert sum(w.size for w in weights) == sum(leaf.size for leaf in flat)
+        return
+    assert isinstance(weights, Weights)
     assert jax.tree.structure(weights.params) == jax.tree.structure(state.params)
     assert reported.loss is None  # each loss travels in the ring, not twice
     assert ring.dtype == np.uint32 and accumulator is None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import pytest
 
 from jaxnitro.runfile.evaluator import evaluate_file
@@ -133,7 +136,18 @@ def test_evaluated_once_in_order(write):
 
 
 def test_a_recursion_that_exhausts_the_stack_before_the_call_limit_is_coded(write):
-    # Each call nests lets and an argument: Python's stack runs out before 200.
+    # Each call nests lets and an argument: Python's stack runs out before 200
+    # calls. The stack left is set here: how many frames a call takes, and the
+    # limit itself, differ between Python versions and machines.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 400)
+    try:
+        _recursion_is_coded(write)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _recursion_is_coded(write):
     text = "(defun f (n) (let ((a (+ 1 (let ((b (f n))) b)))) a))\n(defvar x (f 1))"
     found, message = codes(write, text)
     assert found == ["E-EVAL-013"]

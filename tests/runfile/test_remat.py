@@ -130,9 +130,15 @@ def test_blocks_need_fewer_temporaries_in_the_compiled_step():
         analysis = step.lower(params, batch).compile().memory_analysis()
         if analysis is None:
             pytest.skip(f"no memory analysis on {jax.default_backend()}")
-        return int(analysis.temp_size_in_bytes)
+        # The peak where the backend reports one, else the temporaries (the TPU
+        # v5e machine reported 0 temporaries for both programs on 2026-12-06).
+        peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+        return peak or int(analysis.temp_size_in_bytes)
 
-    assert temp_bytes("blocks") < temp_bytes("none")
+    blocks, none = temp_bytes("blocks"), temp_bytes("none")
+    if blocks == none == 0:
+        pytest.skip(f"{jax.default_backend()} reports no peak and no temporaries")
+    assert blocks < none
 
 
 def test_the_module_refuses_an_unknown_policy():
