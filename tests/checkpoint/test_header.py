@@ -5,11 +5,10 @@ import dataclasses
 import json
 import os
 import re
-import struct
 
 import numpy as np
 import pytest
-from checkpoint_fixtures import record_header
+from checkpoint_fixtures import edit_header, record_header
 from experiments import Tiny
 
 import jaxnitro as nx
@@ -194,20 +193,6 @@ def test_a_field_of_a_type_the_check_does_not_know_is_a_programming_error():
 
 
 # ------------------------------------------------------------- on disk -----
-def _edit_header(path, edit):
-    """Rewrite the record header of the file at `path` as `edit(header_json)`."""
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-        tensors = f.read()
-    meta = json.loads(header["__metadata__"]["jaxnitro"])
-    header["__metadata__"]["jaxnitro"] = json.dumps(edit(meta))
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + tensors)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("trained")
@@ -241,7 +226,7 @@ def test_a_tampered_header_is_refused_at_resume_naming_the_key_and_file(
         meta["sead"] = meta.pop("seed")
         return meta
 
-    _edit_header(path, misspell)
+    edit_header(path, misspell)
     for open_it in (
         lambda: nx.Nitro(Tiny(), run_dir=str(tmp_path), resume=str(path), logger=None),
         lambda: nx.checkpoint_info(path),
@@ -253,7 +238,7 @@ def test_a_tampered_header_is_refused_at_resume_naming_the_key_and_file(
         ):
             open_it()
     path = _copy(trained, tmp_path)
-    _edit_header(path, lambda meta: {**meta, "seed": "42"})
+    edit_header(path, lambda meta: {**meta, "seed": "42"})
     with pytest.raises(nx.CheckpointError, match=r"`seed` is '42', a str"):
         nx.Nitro(Tiny(), run_dir=str(tmp_path), resume=str(path), logger=None)
 
@@ -261,7 +246,7 @@ def test_a_tampered_header_is_refused_at_resume_naming_the_key_and_file(
 def test_an_older_record_without_the_optional_keys_still_resumes(trained, tmp_path):
     path = _copy(trained, tmp_path)
     before = nx.checkpoint_info(path)
-    _edit_header(
+    edit_header(
         path, lambda meta: {k: v for k, v in meta.items() if k not in OPTIONAL_KEYS}
     )
     assert nx.checkpoint_info(path) == {**before, "anchor_checksum": None}

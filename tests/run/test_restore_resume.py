@@ -9,10 +9,13 @@ import struct
 import jax
 import numpy as np
 import pytest
+from checkpoint_fixtures import edit_header
 from experiments import QuietLogger, StopsAtStep, Tiny, make_batches
 
 import jaxnitro as nx
-from jaxnitro.checkpoint.record import CheckpointRecord
+from jaxnitro.checkpoint.manifest import repair_manifest
+from jaxnitro.checkpoint.record import CheckpointRecord, read_header
+from jaxnitro.loop.state import HeldStop
 
 
 class Scored(Tiny):
@@ -357,6 +360,73 @@ def test_a_stop_partway_through_an_epoch_continues_that_epoch_bitwise(tmp_path, 
     if not resume:  # one row an epoch, the stopped epoch's replaced when it ended
         assert [r["epoch"] for r in again.history] == [1, 2, 3]
         assert again.history[-1]["loss"] == straight.history[-1]["loss"]
+
+
+def _stopped_in_epoch_two(run_dir):
+    """A run of 4 steps an epoch (accum 2, 8 batches) stopped after step 6,
+    halfway through epoch 2; its recipe and handle."""
+    recipe = {"max_epochs": 2, "n_train": 128}
+    stopper = StopsAtStep(5)  # read back after step 6: the stop ends step 6
+    first = nx.Nitro(
+        Tiny(**recipe),
+        run_dir=str(run_dir),
+        accum=2,
+        logger=stopper,
+        log_every_n_steps=1,
+        steps_per_call=1,  # on an accelerator too ("auto" stops at a call's end)
+    )
+    stopper.nitro = first
+    assert first.train_state.held is None
+    first.train()
+    assert (first.stop_reason, first.current_step) == ("requested", 6)
+    return recipe, first
+
+
+def _newest_header(run_dir):
+    return read_header(str(run_dir / nx.read_manifest(str(run_dir))[-1].file))
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["same-handle", "resume"])
+def test_the_train_state_holds_where_a_stop_cut_the_epoch_until_the_epoch_ends(
+    tmp_path, resume
+):
+    recipe, first = _stopped_in_epoch_two(tmp_path)
+    held = first.train_state.held
+    assert isinstance(held, HeldStop)
+    # Epoch 2's first 4 batches (steps 5 and 6), their 4 losses summed.
+    assert (held.epoch, held.step, held.batches, held.loss_count) == (2, 6, 4, 4)
+    assert np.isfinite(held.loss_sum) and held.loss_sum > 0
+    # The record written at the stop keeps it, from the state.
+    assert _newest_header(tmp_path).epoch_loss == held.to_json()
+    again = first
+    if resume:
+        again = nx.Nitro(
+            Tiny(**recipe),
+            run_dir=str(tmp_path),
+            accum=2,
+            logger=None,
+            resume="auto",
+        )
+        assert again.train_state.held == held  # restored into the state
+    again.train()
+    assert (again.stop_reason, again.current_step) == ("completed", 8)
+    assert again.train_state.held is None  # the continued epoch ended whole
+    assert _newest_header(tmp_path).epoch_loss is None
+
+
+def test_a_damaged_held_stop_in_the_record_resumes_with_none(tmp_path):
+    recipe, _ = _stopped_in_epoch_two(tmp_path)
+    path = tmp_path / nx.read_manifest(str(tmp_path))[-1].file
+    edit_header(path, lambda meta: {**meta, "epoch_loss": {"epoch": 2}})
+    repair_manifest(str(tmp_path))  # the edited record listed as it is now
+    again = nx.Nitro(
+        Tiny(**recipe), run_dir=str(tmp_path), accum=2, logger=None, resume="auto"
+    )
+    assert again.train_state.held is None
+    again.train()
+    # The step count places the rest of the epoch: its other 4 batches, 2 steps.
+    assert (again.current_epoch, again.current_step) == (2, 8)
+    assert [r["epoch"] for r in again.history] == [2]
 
 
 def test_a_stop_asked_for_during_validation_ends_the_run_after_that_epoch():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 
 import numpy as np
 
@@ -84,6 +85,20 @@ def write(
         header=record_header(epoch=epoch, step=epoch * 4),
         stop_reason=stop_reason,
     )
+
+
+def edit_header(path, edit) -> None:
+    """Rewrite the record header of the file at `path` as `edit(header_json)`."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        tensors = f.read()
+    meta = json.loads(header["__metadata__"]["jaxnitro"])
+    header["__metadata__"]["jaxnitro"] = json.dumps(edit(meta))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + tensors)
 
 
 def record_files(directory) -> list[str]:

@@ -77,7 +77,7 @@ class RunParts:
             weights_from=outcome.weights_from,
             averaged_from=outcome.averaged_from,
         )
-        stops = StopControl(outcome.held_stop)
+        stops = StopControl()
         return cls(
             config=outcome.config,
             prepared=outcome.prepared,

@@ -1,9 +1,9 @@
 """The checkpoint record a train() writes: its header, its trees, and the save.
 
 Written at each epoch end, at a stop, and at the steps `checkpoint_every_n_steps`
-places inside an epoch, in the Checkpointing phase; the run's `HeldStop` says
-where an unfinished epoch stands (the record's `epoch_loss`), so a resume continues
-it at its batch.
+places inside an epoch, in the Checkpointing phase, from the run's `TrainState`:
+its `held` says where an unfinished epoch stands (the record's `epoch_loss`), so a
+resume continues it at its batch.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from .handle import Nitro
     from .parts import RunParts
     from .phase import RunPhase
-    from .stops import HeldStop
 
 
 def write_checkpoint(
@@ -39,11 +38,10 @@ def write_checkpoint(
     epoch: int,
     flat: dict[str, Any],
     reason: str | None,
-    held_stop: HeldStop | None,
 ) -> None:
-    """Save the record of `epoch` as it stands (its end, or a step inside it);
-    `flat`: the validation metrics, flattened ({} when none ran there);
-    `held_stop`: where the epoch stands when it is unfinished (None at its end).
+    """Save the record of `epoch` as the run's state stands (its end, or a step
+    inside it, where the state's `held` says how far the epoch got);
+    `flat`: the validation metrics, flattened ({} when none ran there).
     The header's parameters are the handle's `params_to_log`; the rest is the
     run's parts."""
     ckpt = run.config.checkpointer
@@ -55,11 +53,15 @@ def write_checkpoint(
     assert plan is not None
     stopper = prepared.stopper
     host_arrays, host_values = derived_host_record(e, prepared.derived_keys)
+    state = values.state
+    held = state.held
+    if held is not None and not held.is_at(state.epoch, state.step):
+        held = None  # it spoke for an earlier step of the state, not this one
     header = RecordHeader(
         framework_version=__version__,
         experiment=f"{type(e).__module__}.{type(e).__qualname__}",
         epoch=epoch,
-        step=values.state.step,
+        step=state.step,
         seed=run.config.seed,
         preset=run.config.preset,
         graphconst=graphconst_record(e),
@@ -81,14 +83,13 @@ def write_checkpoint(
         },
         # The running train loss of an epoch a stop cut (None when it ended), so
         # a resume that continues the epoch reports the whole epoch's mean.
-        epoch_loss=None if held_stop is None else held_stop.to_json(),
+        epoch_loss=None if held is None else held.to_json(),
         # The run started from these averaged weights (None: it did not).
         averaged_from=values.averaged_from,
         # What a resume compares: the hooks' code and the train data's shape.
         hook_fingerprints=dict(prepared.hook_prints),
         data_signature=_json_copy(prepared.data_signature),
     )
-    state = values.state
     trees = {
         "params": state.params,
         "state": state.model_state,

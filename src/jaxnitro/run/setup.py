@@ -52,7 +52,7 @@ from ..experiment.view import (
     replace_fields,
 )
 from ..loop.prepared import Prepared
-from ..loop.state import TrainState
+from ..loop.state import HeldStop, TrainState
 from ..observe.progress import Progress
 from ..optim.manual import hyperparameters_by_subtree
 from ..optim.setup import PlanInputs, anchor_checksums, build_plan
@@ -91,7 +91,6 @@ from .setup_parts import (
 )
 from .setup_routing import probe_routing, run_mesh
 from .smoke import smoke_batches
-from .stops import HeldStop
 from .write_probe import probe_outputs
 
 VAL_EVERY_NEEDS_VAL = (
@@ -178,7 +177,6 @@ def _from_position(
         config=config,
         prepared=prepared,
         state=optimization.state.placed(routed.placement),
-        held_stop=position.held_stop,
         pending_record=optimization.pending_record,
         eval_width=routed.eval_width,
         run_lock=position.run_lock,
@@ -458,7 +456,9 @@ def build_weights(
         resuming=located.resume is not None,
         load_ema=position.config.load_ema,
     )
-    state_now = restored._replace(step=position.step, epoch=position.epoch)
+    state_now = restored._replace(
+        step=position.step, epoch=position.epoch, held=position.held_stop
+    )
     return Built(model, state_now, built_state.params, weights_from)
 
 

@@ -16,12 +16,11 @@ from ..checkpoint.record import CheckpointRecord
 from ..compile.programs import TraceContext
 from ..devices.placement import Placement
 from ..loop.prepared import Prepared, Routing
-from ..loop.state import TrainState
+from ..loop.state import HeldStop, TrainState
 from ..optim.plan import OptimizerPlan
 from .config import RunConfig
 from .restore import Located
 from .run_binding import RunBinding
-from .stops import HeldStop
 
 
 @dataclass(frozen=True)
@@ -195,7 +194,6 @@ class SetupOutcome:
         config: the run's settings, resolved and checked.
         prepared: what setup fixed for the verbs and the loop.
         state: the training state to start from (built, restored or resumed).
-        held_stop: where a stop cut the resumed epoch, if it did.
         pending_record: the record whose optimizer state `train()` restores.
         eval_width: the eval batch width the probe fixed, if it could.
         run_lock: the run directory's lock a resume took, if one.
@@ -210,7 +208,6 @@ class SetupOutcome:
     config: RunConfig
     prepared: Prepared
     state: TrainState
-    held_stop: HeldStop | None
     pending_record: CheckpointRecord | None
     eval_width: int | None
     run_lock: RunDirLock | None

@@ -50,6 +50,7 @@ from ..loop.cadence import StepCadence
 from ..loop.calls import steps_per_call
 from ..loop.context import EpochContext
 from ..loop.evaluate import evaluate_split
+from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
 from ..observe import phases
 from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
@@ -58,13 +59,13 @@ from .costs import samples_per_step
 from .records import write_checkpoint
 from .restore import finish_restore_best, optimizer_state
 from .smoke import print_smoke_report
-from .stops import HeldStop
 from .validations import (
     StepEvents,
     Validation,
     after_validation,
     check_monitor,
     held_stop,
+    hold,
     log_validation,
     show_monitored,
 )
@@ -349,7 +350,7 @@ class _Training:
             self.agreement.vote(step, run.stops.stop_requested, run.stops.preempted)
         # A stop asked for during validation ends the run after this epoch too.
         requested = requested or stops.stop_requested
-        run.stops.hold(held_stop(run, log) if partial else None)
+        hold(run, held_stop(run, log) if partial else None)
         reached = self.cadence.ends_at(step)
         self._record(epoch, flat)
         if (validation.metrics or added) and here:
@@ -370,7 +371,6 @@ class _Training:
             epoch.number,
             flat,
             reason if reason != "error" else None,
-            run.stops.held,
         )
         return reason, requested or validation.early or reached
 
@@ -470,7 +470,7 @@ def _stop_profile(run: RunParts) -> None:
 def _trained_this_epoch(run: RunParts) -> int:
     """How many batches of the current epoch a stop left trained (0 when it ended).
 
-    The stop recorded it (`HeldStop.batches`, on the stop control and in the record
+    The stop recorded it (`HeldStop.batches`, in the train state and in the record
     written at the stop); without that record, as of a record written before it was
     kept, it follows from the step count, the batch count and accum, which holds
     while neither changes."""
@@ -489,9 +489,10 @@ def _trained_this_epoch(run: RunParts) -> int:
 
 def _held_stop(run: RunParts) -> HeldStop | None:
     """What the stop that cut the current epoch recorded (`validations.held_stop`),
-    held by the stop control or read from the resumed record; None when no stop
-    left the run here."""
-    held, state = run.stops.held, run.values.state
+    held by the train state (set at the stop, or read from the resumed record);
+    None when no stop left the run here."""
+    state = run.values.state
+    held = state.held
     return held if held is not None and held.is_at(state.epoch, state.step) else None
 
 

@@ -20,11 +20,11 @@ from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..loop.cadence import StepCadence
 from ..loop.evaluate import evaluate_split
+from ..loop.state import HeldStop
 from ..loop.steps import EpochLog
 from ..optim.schedules import check_plateau_metrics
 from ..watch import did_you_mean
 from .records import write_checkpoint
-from .stops import HeldStop
 
 if TYPE_CHECKING:
     from .handle import Nitro
@@ -116,12 +116,19 @@ def validate_midway(run: RunParts, epoch: int) -> Validation:
 
 
 def held_stop(run: RunParts, log: EpochLog) -> HeldStop:
-    """Where a stop cut an epoch, for the rest of it (kept by the stop control and
-    in the record written at the stop): the batches trained and the running train
-    loss."""
+    """Where the run's state stands in the epoch `log` is stepping, for the rest
+    of it: the batches trained and the running train loss."""
     total, count = log.carried()
     state = run.values.state
     return HeldStop(state.epoch, state.step, log.trained, total, count)
+
+
+def hold(run: RunParts, held: HeldStop | None) -> None:
+    """Commit the run's state with `held`: where a stop (or max_steps, or a
+    checkpoint) left its epoch unfinished, or None when the epoch ended whole. The
+    record written next keeps it (`records.write_checkpoint`)."""
+    values = run.values
+    values.commit(values.state._replace(held=held))
 
 
 class StepEvents:
@@ -183,9 +190,8 @@ class StepEvents:
         leave = leave or self.stops.stop_requested
         if cadence.checkpoints_at(step) and not leave:
             # Where the epoch stands: a resume from this record continues it.
-            write_checkpoint(
-                self.nitro, run, log.epoch, flat, None, held_stop(run, log)
-            )
+            hold(run, held_stop(run, log))
+            write_checkpoint(self.nitro, run, log.epoch, flat, None)
         return leave
 
     def at(self, step: int) -> Validation | None:
