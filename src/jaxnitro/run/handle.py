@@ -70,117 +70,22 @@ class Nitro:
     recipe, a name that is both is the run keyword, and the preset name is logged and
     stored in the checkpoints.
 
+    The run keywords (`seed`, `run_dir`, `accum`, `max_epochs`, `logger`,
+    `checkpointer`, `weights`, `resume`, ...) are documented once, each with its
+    default and the accessor it falls back to, as the fields of
+    [`RunConfig`][jaxnitro.run.RunConfig], the value the handle resolves them into
+    (`nitro.config`); `data`, `run_ref` and the deprecated `checkpoint` are described
+    there too.
+
     Args:
         experiment: an `Experiment` instance; in the preset form, an `Experiment`
             subclass.
         preset: the preset name (positional), in the class form only.
-        **kwargs: the run keywords below; any other name raises `ConfigError`.
-            Those marked "accessor" default to the experiment's accessor of the
-            same name (its method or field, else the `Experiment` default); passing
-            one replaces that value for this run.
-
-    Keyword Args:
-        seed (int): the global seed (accessor `seed`, default 42). Python's `random`
-            and NumPy's global RNG are seeded with it before `build_data`, and
-            `build_model` receives `jax.random.key(seed)`. A resume takes the
-            record's seed instead, and warns when this one differs.
-        run_dir (str): where checkpoints, the manifest and the default log file go
-            (accessor, default `runs/<experiment class name>`).
-        n_devs (int): devices to shard the batch over: the keyword, else the pin of
-            `setup_devices(n_devs=...)`, else the accessor, else 1. Above 1 the run
-            builds a data-parallel mesh over the first n_devs visible devices: the
-            batch (global; it must divide by n_devs) is split along its first axis,
-            the training state laid out as `sharding` says.
-        accum (int): micro-batches per optimizer step, >= 1 (accessor, default 1).
-            The train split's batch count must divide by it.
-        max_epochs (int): the epoch training ends at, >= 0 (accessor, default 1). A
-            resumed handle continues from its recorded epoch up to it.
-        max_steps (int | None): optimizer steps to train for in all, >= 1,
-            counted over the whole run (accessor, default None). Training ends
-            after that step, mid-epoch too, or at max_epochs, whichever comes
-            first; max_epochs left at its default then follows max_steps.
-        schedules (dict[str, Any]): step-varying values, `{key: factory}`; replaces
-            the accessor's table whole (accessor, default none).
-        gradient_clip_norm (float): the global-norm clip of the accumulated
-            gradient; 0 is off (accessor, default 0.0).
-        check_divergence (bool): whether a non-finite training loss raises
-            `DivergenceError` (accessor, default True).
-        autolog_schedules (bool): whether varying schedule values go on the train
-            line (accessor, default True).
-        log_every_n_steps (int): write the train line only on optimizer steps that
-            are a multiple of this, >= 1 (accessor, default 50; the spec's is 1).
-        val_every_n_steps (int | None): also validate after each optimizer step
-            that is a multiple of this, mid-epoch (accessor, default None: at
-            epoch ends only). Needs a val split.
-        checkpoint_every_n_steps (int | None): also write a checkpoint record
-            after each optimizer step that is a multiple of this, mid-epoch; a
-            resume from one continues the epoch exactly (accessor, default None).
-        logger: a logger object, or None to log nothing (accessor, default a
-            `JSONLogger` writing `metrics.jsonl` in run_dir).
-        checkpointer (Checkpointer | None): the checkpointer, or None to write no
-            checkpoints (accessor, default `Checkpointer()`: the best 3 and the
-            latest).
-        early_stop: an `EarlyStopping`, an object with `should_stop(epoch,
-            metrics)`, or None (accessor, default None). Needs a val split.
-        monitor (tuple[str, str] | None): the validation metric the run is judged
-            by, `(name, "min" | "max")` (accessor, default None, which becomes
-            `("loss", "min")` when the experiment defines no `metrics` or
-            `eval_loss` is on). The checkpointer, early stopping and every Plateau
-            follow it unless given their own.
-        eval_loss (bool): with custom `metrics`, also report the loss and its terms
-            (accessor, default False).
-        ema (EMA | None): an exponential moving average of the weights (accessor,
-            default None).
-        data (Mapping[str, Any]): the split collection, `{name: source}`, used in
-            place of `build_data`, which then does not run.
-        weights: where the starting parameters and model state come from: a record
-            path; a `(run, which)` pair resolved through the manifest (`run` a run
-            id, "latest", "all" with "best", or a `Nitro`; `which` "best",
-            "latest", `Average(selector)`, or "current" with a `Nitro`); or another
-            `Nitro` (a warm start through host memory, leaf for leaf). No step,
-            epoch or optimizer state is taken.
-        resume: continue a run exactly (weights, state, optimizer state, EMA, step,
-            epoch, counters): False (the default), "auto" (the newest record of the
-            newest run; a directory with none starts fresh, with a warning), a
-            record path, or a `(run, which)` pair.
-        run_ref (list | Callable[[Nitro], Any]): receives the handle when
-            construction finishes: a list has it appended, a callable is called
-            with it.
-        w0: what `decay_anchor="w0"` anchors to: "build_model" (the default, the
-            parameters `build_model` returned), "weights" (those a `weights=` source
-            loaded), or a parameter tree shaped like the parameters.
-        restore_optimizer (bool): with `weights=` a checkpoint record, also restore
-            its optimizer state; step, epoch and schedules still start fresh.
-        resume_changed_data (bool): let a resume go on, with a warning, when the
-            train data changed shape against its record (the train or val split
-            size, the batch size, a train field's per-sample shape or dtype),
-            which is refused by default naming each change.
-        restore_best (bool | Average): True loads the run's own best checkpoint,
-            `Average(selector)` the average of its checkpoints that the selector
-            picks, when a `train()` that did not fail ends. Needs a train split and
-            a checkpointer.
-        eval_weights (str): "ema" (the default with an EMA) or "raw": the weights
-            validation, checkpoint selection and `predict` read.
-        load_ema (bool): load the weights source's EMA in place of its weights.
-        compile_options (dict[str, bool | int | float | str]): XLA compiler options
-            for every program the handle compiles, checked now by compiling a
-            trivial program with them.
-        sharding (str): how a mesh run (n_devs > 1) lays out the parameters,
-            optimizer state, EMA and accumulator: "replicated" (the default; every
-            device holds them whole) or "fsdp" (each leaf of at least 1024 elements
-            split along its largest dimension that divides by n_devs, so a device
-            holds about 1/n_devs of the model; `memory_report()` shows it).
-        preset (str): in the instance form, the recipe name to record; it must be a
-            preset of the experiment's class.
-        precision (str): "f32" (the default) or "bf16": forward and backward in
-            bfloat16, with float32 master weights, optimizer state and loss
-            reduction (`jaxnitro.compile.precision`); part of every program's
-            compile-cache key. Manual mode refuses "bf16" (cast in `train_step`).
-        profile (tuple[int, int]): `(first_step, n_steps)`: write a
-            `jax.profiler` trace of those optimizer steps (1-based, over the whole
-            run) into `<run_dir>/profile/`, for TensorBoard's profile plugin or
-            Perfetto. None (the default) profiles nothing.
-        checkpoint: the deprecated spelling of `weights=`; it warns.
+        **kwargs: the run keywords, each a field of `RunConfig` (or `data`,
+            `run_ref`, `checkpoint`); any other name raises `ConfigError`. Those
+            marked "accessor" there default to the experiment's accessor of the same
+            name (its method or field, else the `Experiment` default); passing one
+            replaces that value for this run.
 
     Attributes:
         data (dict[str, Any]): the splits, each wrapped in its prefetch settings (a
