@@ -15,8 +15,6 @@ optimizer state is allocated until a verb needs it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -26,7 +24,6 @@ import numpy as np
 
 from ..errors import (
     ConfigError,
-    Preempted,
     RoutingError,
 )
 from ..experiment.values import to_host_value
@@ -34,12 +31,12 @@ from ..handle_type import RunHandle
 from ..logging import protocol as logproto
 from ..loop.evaluate import evaluate_split, predict_batch
 from ..observe.entry import entry_point
-from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
 from . import rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .device_fields import check_device_field, device_updates
+from .entry_call import run_entry
 from .parts import RunParts
 from .setup import run_setup
 from .setup_parts import SetupOutcome
@@ -575,36 +572,13 @@ class Nitro(RunView):
     def _run_entry(
         self, work: Any, *, stoppable: bool = True, setup_lines: bool = True
     ) -> Any:
-        """Run a public entry point: monitors adopted, Starting and Idle announced
-        around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
-        into a preemption stop, one progress line. A stop request ends with the
-        call that honoured it; a preemption then raises `Preempted`. An entry point
-        that does not stop (`stoppable=False`: predict, render) leaves a request
-        made before it pending for the next one that does. `setup_lines`: log the
+        """Run a public entry point (`entry_call.run_entry`); `setup_lines`: log the
         deferred setup lines first (train logs them once it holds the lock)."""
         if setup_lines:
             self._log_setup_lines()
-        guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
-        stops = self._run.stops
-        pending = stops.stop_requested
-        with (
-            entry_point(self),
-            guard,
-            Progress() as bar,
-            self._run.phase.showing(bar) as outer,
-        ):
-            try:
-                result = work()
-            finally:
-                if outer is None and (stoppable or not pending):
-                    stops.clear()
-        if guard.terminated:  # the stop is done: now the process ends, as SIGTERM asks
-            raise _preempted(self)
-        return result
-
-    def _preempt(self) -> None:
-        """A SIGTERM's stop request: as `request_stop()`, with reason "preempted"."""
-        self._run.stops.request(preempted=True)
+        return run_entry(
+            self, self._run, work, request_stop=self.request_stop, stoppable=stoppable
+        )
 
     def request_stop(self) -> None:
         """Ask the running entry point to stop, gracefully; it returns at once.
@@ -748,23 +722,3 @@ class Nitro(RunView):
 
 
 RunHandle.register(Nitro)
-
-
-def _preempted(nitro: Nitro) -> Preempted:
-    """The `Preempted` an entry point raises once the stop a SIGTERM asked for is
-    done; its message is also written to stderr, since the interpreter exits on a
-    `SystemExit` silently."""
-    ckpt = nitro.checkpointer
-    where = f" in {ckpt.dir}" if ckpt is not None and ckpt.dir else ""
-    saved = (
-        f'its checkpoint is written{where}; continue it with Nitro(e, resume="auto")'
-        if nitro.stop_reason == "preempted" and ckpt is not None
-        else "nothing was checkpointed"
-    )
-    message = (
-        f"jaxnitro: preempted (SIGTERM): stopped at epoch {nitro.current_epoch}, step "
-        f"{nitro.current_step}; {saved}. Exiting with status {Preempted.EXIT_STATUS}."
-    )
-    with contextlib.suppress(OSError):  # no stderr: the exit still happens
-        os.write(2, (message + "\n").encode())
-    return Preempted(message, stop_reason=nitro.stop_reason)
