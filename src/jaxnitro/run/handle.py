@@ -1,43 +1,34 @@
-"""`Nitro`: the handle of one run. Constructing it runs setup and nothing else.
-
-    nitro = Nitro(MnistMLP(max_epochs=20), run_dir="runs/mnist")  # setup only
-    nitro.train()                       # the automatic loop
-    nitro.evaluate(split="test")        # {"acc": ..., ...}
-    nitro.predict({"img": images})      # host outputs, padding invisible
-
-Setup, in order: resolve the run keywords and accessors (the logger and checkpointer
-accessors are called exactly once), freeze the hooks, locate a checkpoint to resume
-from, seed, build the data (or take `data=`), derive, place the Device fields on the
-device, probe one batch for routing and the split checks, build the model, restore
-weights, and log the parameters and the binding report. Nothing is compiled and no
-optimizer state is allocated until a verb needs it.
+"""`Nitro`: the handle of one run. Constructing it runs setup and nothing else; the
+verbs (`train`, `validate`, `evaluate`, `predict`, `render`, `set_device`, ...) act on
+it, and its read side (the properties and reports) is `run.view.RunView`.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
-
-import jax
-import numpy as np
 
 from ..errors import (
     ConfigError,
-    RoutingError,
 )
-from ..experiment.values import to_host_value
 from ..handle_type import RunHandle
-from ..logging import protocol as logproto
 from ..loop.evaluate import evaluate_split, predict_batch
 from ..observe.entry import entry_point
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
 from . import rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
-from .device_fields import check_device_field, device_updates
+from .device_fields import device_updates
 from .entry_call import run_entry
 from .parts import RunParts
+from .refusals import (
+    is_one_batch,
+    refuse_epoch_end_hook,
+    refuse_missing_split,
+    refuse_predict_input,
+    refuse_train_keywords,
+)
 from .setup import run_setup
 from .setup_parts import SetupOutcome
 from .smoke import remove_smoke_run_dir
@@ -50,12 +41,14 @@ class Nitro(RunView):
     """The state of one run: model, weights, optimizer, data and counters.
 
     `Nitro(e, **kw)` runs the setup sequence and nothing else: it resolves the run
-    keywords and accessors, locates a checkpoint to resume or load, seeds, builds the
-    data (or takes `data=`), derives, places the Device fields on the device, probes
-    one batch for routing and the split checks, builds the model and restores
-    weights. Nothing is compiled and no optimizer state is allocated until a verb needs
-    it, so `train`, `validate`, `evaluate`, `predict` and `render` all work on the
-    handle, trained or not. `Nitro(E, "preset", **kw)` builds the experiment from a
+    keywords and accessors (the logger and checkpointer accessors are called exactly
+    once), freezes the hooks, locates a checkpoint to resume or load, seeds, builds
+    the data (or takes `data=`), derives, places the Device fields on the device,
+    probes one batch for routing and the split checks, builds the model, restores
+    weights, and logs the parameters and the binding report. Nothing is compiled
+    and no optimizer state is allocated until a verb needs it, so `train`,
+    `validate`, `evaluate`, `predict` and `render` all work on the handle, trained or
+    not. `Nitro(E, "preset", **kw)` builds the experiment from a
     named preset of class `E`: run keywords go to the handle, field names to the
     recipe, a name that is both is the run keyword, and the preset name is logged and
     stored in the checkpoints.
@@ -119,28 +112,22 @@ class Nitro(RunView):
         DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
 
     Examples:
-        A tiny regression, trained for two epochs and queried:
+        A tiny regression (the getting-started guide shows a fuller run):
 
         >>> import tempfile
         >>> import jax.numpy as jnp
         >>> import numpy as np
         >>> import jaxnitro as nx
         >>> class DocFit(nx.Experiment):
-        ...     scale: nx.Device[float] = 1.0  # a traced input: set_device writes it
-        ...     max_epochs: int = 2
-        ...
         ...     def build_data(self, dist):
         ...         x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8, 1)
-        ...         return {
-        ...             "train": [{"x": b, "y": 3 * b} for b in x],
-        ...             "val": [{"x": x[0], "y": 3 * x[0]}],
-        ...         }
+        ...         return {"train": [{"x": b, "y": 3 * b} for b in x]}
         ...
         ...     def build_model(self, rng):
         ...         return None, {"w": jnp.zeros((1, 1))}, {}
         ...
         ...     def forward(self, model, params, state, *, x):
-        ...         return self.scale * (x @ params["w"]), state
+        ...         return x @ params["w"], state
         ...
         ...     def loss(self, pred, *, y):
         ...         return jnp.mean((pred - y) ** 2)
@@ -148,19 +135,10 @@ class Nitro(RunView):
         >>> nitro = nx.Nitro(DocFit(), run_dir=tmp.name, logger=None, checkpointer=None)
         >>> nitro.current_epoch, nitro.phase  # setup only: nothing compiled yet
         (0, Starting())
-        >>> nitro.train() is nitro
-        True
-        >>> nitro.stop_reason, nitro.current_epoch, nitro.current_step
-        ('completed', 2, 8)
-        >>> nitro.history.columns
-        ('epoch', 'step', 'train_loss', 'loss', 'seconds')
-        >>> sorted(nitro.validate())
-        ['loss']
-        >>> out = nitro.predict({"x": np.ones((3, 1), np.float32)})  # padded to 8
-        >>> out.shape, out.dtype
-        ((3, 1), dtype('float32'))
-        >>> nitro.set_device(scale=2.0).device_value("scale")
-        2.0
+        >>> nitro.train().stop_reason, nitro.current_epoch, nitro.current_step
+        ('completed', 1, 4)
+        >>> nitro.predict({"x": np.ones((3, 1), np.float32)}).shape  # padded to 8
+        (3, 1)
         >>> tmp.cleanup()
     """
 
@@ -173,12 +151,9 @@ class Nitro(RunView):
         with entry_point() as entry, Progress() as progress:
             progress.begin("setup")
             self._adopt(run_setup(experiment, kwargs, progress))
-            self._setup_lines_pending = self._defers_setup_lines()
-            if self._setup_lines_pending:
-                logproto.require_verbs(self.config.logger, "log_params", "log_other")
-                reports.show_setup(self, self._run.evaluation.eval_width)
-            else:
-                self.log_setup()
+            self._setup_lines_pending = reports.begin_setup_lines(
+                self, self._run.evaluation.eval_width, lock_held=self._run.lock.held
+            )
             entry.attach(self)
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
@@ -205,21 +180,8 @@ class Nitro(RunView):
         self._setup_lines_pending = False
         reports.log_setup(self, self._run.evaluation.eval_width)
 
-    def _defers_setup_lines(self) -> bool:
-        """Whether the setup's logger lines (parameters, binding report) wait for
-        the first verb: a handle that logs and will take the run directory's lock
-        only when it trains (it checkpoints and did not take it at setup for a
-        resume). Its train() may be refused by another process's lock, and a
-        refused process writes nothing into the run directory, its log included:
-        train() writes them once it holds the lock, another verb before it runs."""
-        return (
-            self.config.logger is not None
-            and self.config.checkpointer is not None
-            and not self._run.lock.held
-        )
-
     def _log_setup_lines(self) -> None:
-        """The deferred setup lines, once (`_defers_setup_lines`)."""
+        """The deferred setup lines, once (`reports.begin_setup_lines`)."""
         if self._setup_lines_pending:
             self._setup_lines_pending = False
             reports.log_setup_lines(self, self._run.evaluation.eval_width)
@@ -259,7 +221,10 @@ class Nitro(RunView):
         stop reason if a selector kept that epoch (on an error too), a
         `restore_best` handle loads its selected checkpoint (unless training
         raised), the logger is finished, and the handle goes to `Done` (`Failed`
-        when it raised), which releases the data sources.
+        when it raised), which releases the data sources. While it runs it holds the
+        lock of the directory its checkpointer writes; the guide "Checkpoints and
+        resume" says when the lock is taken and let go, and what another process
+        meets.
 
         Args:
             **kwargs: none is accepted: every run setting belongs to the
@@ -299,18 +264,6 @@ class Nitro(RunView):
                 `SystemExit` with status 143, so an uncaught one ends the process
                 without a traceback.
 
-        The run directory lock: a `train()` holds the lock of the directory its
-        checkpointer writes while it runs (a `resume=` handle from its
-        construction), and lets go when it returns or raises, at `release()`, or
-        when the handle is garbage collected; the kernel drops it when the process
-        ends. Handles of one process share it, so a second handle on the same
-        directory in a notebook works; another process writing the directory is
-        refused, and writes nothing there: a handle that takes the lock only when
-        it trains logs its parameters and binding report (`log_params`,
-        `log_other`) once `train()` holds the lock, or at its first other verb,
-        instead of at construction. Reading a directory (`weights=`, `evaluate`,
-        `nitro runs`) never takes the lock.
-
         Warns:
             NitroWarning: nothing to train (the handle is already at max_epochs);
                 `restore_best` found nothing to load and keeps the final weights.
@@ -324,13 +277,7 @@ class Nitro(RunView):
             nitro.stop_reason                             # "completed", ...
             Nitro(MyExp(), run_dir="runs/demo", resume="auto", max_epochs=40).train()
         """
-        if kwargs:
-            raise ConfigError(
-                f"train() takes no keywords (got {', '.join(sorted(kwargs))}): every "
-                f"run setting belongs to the Nitro constructor and is fixed there. "
-                f"To train further, build a new handle that continues this run: "
-                f'Nitro(e, resume="auto", max_epochs=N).'
-            )
+        refuse_train_keywords(kwargs)
         self._check_stale("train")
         if self.prepared.unwritable is not None:  # setup's probe could not write
             raise ConfigError(self.prepared.unwritable)
@@ -382,11 +329,7 @@ class Nitro(RunView):
                 froze.
         """
         self._check_stale("validate")
-        if "val" not in self.data:
-            raise ConfigError(
-                f"validate() needs a val split; the data holds: "
-                f"{', '.join(self.data) or 'no splits'}."
-            )
+        refuse_missing_split(self.data, "val")
         self._refuse_released("validate()", ("val",))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, "val"))
 
@@ -425,11 +368,7 @@ class Nitro(RunView):
             nitro.evaluate(split="val")      # the same as nitro.validate()
         """
         self._check_stale("evaluate")
-        if split not in self.data:
-            raise ConfigError(
-                f"evaluate(split={split!r}): the data has no split {split!r}. The "
-                f"splits are: {', '.join(self.data) or 'none'}."
-            )
+        refuse_missing_split(self.data, split)
         self._refuse_released(f"evaluate(split={split!r})", (split,))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, split))
 
@@ -478,18 +417,10 @@ class Nitro(RunView):
             for out in nitro.predict(nitro.data["test"]):   # lazy, one per batch
                 ...
         """
-        if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
+        if is_one_batch(batch):
             host = self._run.evaluation
             return self._run_entry(lambda: predict_batch(host, batch), stoppable=False)
-        if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
-            fields = self.prepared.routing.fields["forward"]
-            names = fields.required + fields.optional
-            shown = ", ".join(f"'{n}': ..." for n in names) or "..."
-            raise RoutingError(
-                f"predict takes a batch dict or an iterable of them, not a "
-                f"{type(batch).__name__}: forward is routed by field name and declares "
-                f"{', '.join(names) or 'no fields'}. Pass {{{shown}}}."
-            )
+        refuse_predict_input(batch, self.prepared.routing.fields["forward"])
         return self._predict_many(batch)
 
     def render(
@@ -620,11 +551,7 @@ class Nitro(RunView):
 
             nitro.on_epoch_end(test_too).train()
         """
-        if not callable(hook):
-            raise ConfigError(
-                f"on_epoch_end takes a function (nitro, epoch, observations) -> "
-                f"metrics or None; got {type(hook).__name__}."
-            )
+        refuse_epoch_end_hook(hook)
         self._run.epoch_end_hooks.append(hook)
         return self
 
@@ -670,27 +597,6 @@ class Nitro(RunView):
         )
         self._run.values.set_devices(updates)
         return self
-
-    def device_value(self, name: str) -> Any:
-        """The host value of a Device field: the counterpart of `set_device`.
-
-        A scheduled field reads as the value training last used (it is synced
-        after each epoch).
-
-        Args:
-            name: the name of a Device field of the experiment.
-
-        Returns:
-            A Python scalar for a 0-d field (a float32 reads back as the shortest
-            decimal that round-trips: 0.05, not 0.05000000074505806), else a NumPy
-            array with the field's shape and dtype.
-
-        Raises:
-            ConfigError: `name` is a GraphConst or a Host field, or no field; read
-                those as `nitro.experiment.<name>`.
-        """
-        check_device_field(self.prepared.cls, name)
-        return to_host_value(getattr(self.experiment, name))
 
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.

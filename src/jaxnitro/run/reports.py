@@ -133,6 +133,26 @@ def params_to_log(nitro: RunView) -> dict[str, Any]:
     return params
 
 
+def begin_setup_lines(
+    nitro: RunView, eval_width: int | None, *, lock_held: bool
+) -> bool:
+    """At construction: log the parameters and show the binding report (False), or
+    show the report and defer the logger lines to the first verb (True).
+
+    They wait for a handle that logs and will take the run directory's lock only
+    when it trains (it checkpoints and did not take it at setup for a resume): its
+    train() may be refused by another process's lock, and a refused process writes
+    nothing into the run directory, its log included. train() writes them once it
+    holds the lock, another verb before it runs."""
+    config = nitro.config
+    if config.logger is None or config.checkpointer is None or lock_held:
+        log_setup(nitro, eval_width)
+        return False
+    logproto.require_verbs(config.logger, "log_params", "log_other")
+    show_setup(nitro, eval_width)
+    return True
+
+
 def log_setup(nitro: RunView, eval_width: int | None) -> None:
     """Log the parameters (before any compile) and show the binding report."""
     log_setup_lines(nitro, eval_width)

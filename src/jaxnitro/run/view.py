@@ -13,6 +13,7 @@ from ..checkpoint.checkpointer import Checkpointer
 from ..compile.executables import Executables
 from ..devices.memory import memory_report
 from ..errors import ConfigError
+from ..experiment.values import to_host_value
 from ..logging import protocol as logproto
 from ..loop.prepared import Prepared
 from ..loop.state import TrainState
@@ -21,6 +22,7 @@ from ..observe.history import MetricHistory
 from ..observe.transitions import PhaseRecorder
 from . import costs, reports
 from .config import RunConfig
+from .device_fields import check_device_field
 from .parts import RunParts
 from .status import RunStatus
 from .summary import ModelSummary, model_summary
@@ -342,6 +344,27 @@ class RunView:
         return memory_report(
             {"params": state.params, "opt_state": state.opt_state, "ema": state.ema}
         )
+
+    def device_value(self, name: str) -> Any:
+        """The host value of a Device field: the counterpart of `set_device`.
+
+        A scheduled field reads as the value training last used (it is synced
+        after each epoch).
+
+        Args:
+            name: the name of a Device field of the experiment.
+
+        Returns:
+            A Python scalar for a 0-d field (a float32 reads back as the shortest
+            decimal that round-trips: 0.05, not 0.05000000074505806), else a NumPy
+            array with the field's shape and dtype.
+
+        Raises:
+            ConfigError: `name` is a GraphConst or a Host field, or no field; read
+                those as `nitro.experiment.<name>`.
+        """
+        check_device_field(self.prepared.cls, name)
+        return to_host_value(getattr(self.experiment, name))
 
     def __rich__(self) -> Any:
         """The frozen values as a rich table (a terminal); `repr` is the plain text."""
