@@ -9,26 +9,18 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import (
-    ConfigError,
-)
+from ..errors import ConfigError
 from ..handle_type import RunHandle
 from ..loop.evaluate import evaluate_split, predict_batch
 from ..observe.entry import entry_point
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import rendering, reports, restore
+from . import refusals, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
 from .device_fields import device_updates
 from .entry_call import run_entry
 from .parts import RunParts
-from .refusals import (
-    is_one_batch,
-    refuse_epoch_end_hook,
-    refuse_missing_split,
-    refuse_predict_input,
-    refuse_train_keywords,
-)
+from .refusals import is_one_batch, refuse_missing_split, refuse_predict_input
 from .setup import run_setup
 from .setup_parts import SetupOutcome
 from .smoke import remove_smoke_run_dir
@@ -47,28 +39,24 @@ class Nitro(RunView):
     probes one batch for routing and the split checks, builds the model, restores
     weights, and logs the parameters and the binding report. Nothing is compiled
     and no optimizer state is allocated until a verb needs it, so `train`,
-    `validate`, `evaluate`, `predict` and `render` all work on the handle, trained or
-    not. `Nitro(E, "preset", **kw)` builds the experiment from a
-    named preset of class `E`: run keywords go to the handle, field names to the
-    recipe, a name that is both is the run keyword, and the preset name is logged and
-    stored in the checkpoints.
+    `validate`, `evaluate`, `predict` and `render` all work on the handle, trained
+    or not. `Nitro(E, "preset", **kw)` builds the experiment from a named preset of
+    class `E`: run keywords go to the handle, field names to the recipe, a name that
+    is both is the run keyword, and the preset name is logged and stored in the
+    checkpoints.
 
-    The run keywords (`seed`, `run_dir`, `accum`, `max_epochs`, `logger`,
-    `checkpointer`, `weights`, `resume`, ...) are documented once, each with its
-    default and the accessor it falls back to, as the fields of
-    [`RunConfig`][jaxnitro.run.RunConfig], the value the handle resolves them into
-    (`nitro.config`); `data`, `run_ref` and the deprecated `checkpoint` are described
-    there too.
+    Every run keyword (`seed`, `run_dir`, `accum`, `max_epochs`, `logger`,
+    `checkpointer`, `weights`, `resume`, ...) is documented once, with its default
+    and the accessor it falls back to, as a field of
+    [`RunConfig`][jaxnitro.run.RunConfig] (the handle's `config`), beside `data`,
+    `run_ref` and the deprecated `checkpoint`.
 
     Args:
         experiment: an `Experiment` instance; in the preset form, an `Experiment`
             subclass.
         preset: the preset name (positional), in the class form only.
         **kwargs: the run keywords, each a field of `RunConfig` (or `data`,
-            `run_ref`, `checkpoint`); any other name raises `ConfigError`. Those
-            marked "accessor" there default to the experiment's accessor of the same
-            name (its method or field, else the `Experiment` default); passing one
-            replaces that value for this run.
+            `run_ref`, `checkpoint`); any other name raises `ConfigError`.
 
     Attributes:
         data (dict[str, Any]): the splits, each wrapped in its prefetch settings (a
@@ -114,7 +102,6 @@ class Nitro(RunView):
     Examples:
         A tiny regression (the getting-started guide shows a fuller run):
 
-        >>> import tempfile
         >>> import jax.numpy as jnp
         >>> import numpy as np
         >>> import jaxnitro as nx
@@ -131,15 +118,13 @@ class Nitro(RunView):
         ...
         ...     def loss(self, pred, *, y):
         ...         return jnp.mean((pred - y) ** 2)
-        >>> tmp = tempfile.TemporaryDirectory()
-        >>> nitro = nx.Nitro(DocFit(), run_dir=tmp.name, logger=None, checkpointer=None)
+        >>> nitro = nx.Nitro(DocFit(), logger=None, checkpointer=None)  # writes nothing
         >>> nitro.current_epoch, nitro.phase  # setup only: nothing compiled yet
         (0, Starting())
         >>> nitro.train().stop_reason, nitro.current_epoch, nitro.current_step
         ('completed', 1, 4)
         >>> nitro.predict({"x": np.ones((3, 1), np.float32)}).shape  # padded to 8
         (3, 1)
-        >>> tmp.cleanup()
     """
 
     def __init__(
@@ -200,10 +185,6 @@ class Nitro(RunView):
                 raise
         run_training(self, self._run)
 
-    def _check_stale(self, entry: str) -> None:
-        reports.check_stale(self, entry)
-
-    # ------------------------------------------------------------------ verbs -------
     def train(self, **kwargs: Any) -> Nitro:
         """Train from the current epoch up to max_epochs, or until a stop.
 
@@ -277,12 +258,12 @@ class Nitro(RunView):
             nitro.stop_reason                             # "completed", ...
             Nitro(MyExp(), run_dir="runs/demo", resume="auto", max_epochs=40).train()
         """
-        refuse_train_keywords(kwargs)
-        self._check_stale("train")
+        refusals.refuse_train_keywords(kwargs)
+        reports.check_stale(self, "train")
         if self.prepared.unwritable is not None:  # setup's probe could not write
             raise ConfigError(self.prepared.unwritable)
         restore.refuse_after_restore_best(self._run.values)
-        self._refuse_released("train()", ("train", "val"))
+        self._run.splits.refuse_released("train()", ("train", "val"))
         self._run_entry(self._train_locked, setup_lines=False)
         return self
 
@@ -328,9 +309,9 @@ class Nitro(RunView):
                 redefined after the handle was built; the handle keeps what it
                 froze.
         """
-        self._check_stale("validate")
+        reports.check_stale(self, "validate")
         refuse_missing_split(self.data, "val")
-        self._refuse_released("validate()", ("val",))
+        self._run.splits.refuse_released("validate()", ("val",))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, "val"))
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
@@ -349,27 +330,20 @@ class Nitro(RunView):
 
         Raises:
             ConfigError: the data has no split of that name (the message lists the
-                splits), or its source was released; a batch whose fields
-                disagree on the batch size.
-            RoutingError: a batch lacks a field `forward` or `metrics` declares
-                (or `loss`, when the loss is the metric).
-            HookError: as for `validate`: a forward output of the wrong form, or a
-                `finalize_metrics` result it refuses.
-            StrippedHostError: traced code read a Host field.
+                splits); else as for `validate`.
+            RoutingError, HookError, StrippedHostError: as for `validate`.
 
         Warns:
-            NitroWarning: as for `validate`: a non-finite metric, or non-finite
-                forward outputs (the result then holds `nonfinite_outputs`).
-            StaleHandleWarning: as for `validate`.
+            NitroWarning, StaleHandleWarning: as for `validate`.
 
         Example::
 
             nitro.evaluate()                 # the "test" split: {"acc": 0.97, ...}
             nitro.evaluate(split="val")      # the same as nitro.validate()
         """
-        self._check_stale("evaluate")
+        reports.check_stale(self, "evaluate")
         refuse_missing_split(self.data, split)
-        self._refuse_released(f"evaluate(split={split!r})", (split,))
+        self._run.splits.refuse_released(f"evaluate(split={split!r})", (split,))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, split))
 
     def predict(self, batch: Any) -> Any:
@@ -479,7 +453,7 @@ class Nitro(RunView):
             paths = nitro.render({"img": images}, predictions=True, tag="new")
         """
         if batch is None:
-            self._refuse_released(f"render(split={split!r})", (split,))
+            self._run.splits.refuse_released(f"render(split={split!r})", (split,))
         return self._run_entry(
             lambda: rendering.render(
                 self,
@@ -551,7 +525,7 @@ class Nitro(RunView):
 
             nitro.on_epoch_end(test_too).train()
         """
-        refuse_epoch_end_hook(hook)
+        refusals.refuse_epoch_end_hook(hook)
         self._run.epoch_end_hooks.append(hook)
         return self
 
@@ -620,11 +594,6 @@ class Nitro(RunView):
         """
         self._run.splits.release("nitro.release()")
         self._run.lock.release()
-
-    def _refuse_released(self, verb: str, splits: Iterable[str]) -> None:
-        """Refuse, before any stream opens, to read a split whose source was released
-        (a source without a `release()` method held nothing open: it stays readable)."""
-        self._run.splits.refuse_released(verb, splits)
 
 
 RunHandle.register(Nitro)
