@@ -369,3 +369,18 @@ def test_the_binding_report_lists_the_config_and_its_sources():
         (r"checkpointer +None +from keyword", "keyword"),
     ):
         assert re.search(rf"^  {line}$", report, re.M), (source, report)
+
+
+def test_every_run_keyword_is_documented_once_in_runconfig():
+    """RunConfig's docstring is the one reference of the Nitro keywords (the Nitro
+    docstring points to it): each keyword has an entry there, and none a second one
+    in Nitro's."""
+    from jaxnitro.run.accessors import RUN_KEYWORDS
+
+    def entries(doc):
+        return set(re.findall(r"^\s+(?:- `)?(\w+)`?(?: \([^)]*\))?:", doc, re.M))
+
+    documented = entries(RunConfig.__doc__)
+    assert set(RUN_KEYWORDS) | {"checkpoint"} <= documented
+    # Nitro documents its positional `preset` argument and its `data` attribute.
+    assert not (set(RUN_KEYWORDS) - {"data", "preset"}) & entries(nx.Nitro.__doc__)

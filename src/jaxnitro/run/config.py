@@ -279,70 +279,139 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
-    """The settings of one run, fixed when its `Nitro` is built (`nitro.config`).
+    """The settings of one run, fixed when its `Nitro` is built (`nitro.config`): the
+    reference of every `Nitro(...)` keyword.
 
-    One field per run keyword; the accessor ones resolve through the experiment
-    (keyword, else method or field, else default), the plain ones are the keyword or
-    its default. Built by `RunConfig.resolve`, which checks every value; frozen, so a
-    changed value is a new config from `with_value`.
+    One field per run keyword. Those marked "accessor" resolve through the
+    experiment: the keyword, else the experiment's method or field of the same name,
+    else the `Experiment` default given here; passing the keyword replaces that value
+    for this run, and `sources` says which one bound. The others are the keyword or
+    their default. Built by `RunConfig.resolve`, which checks every value (a bad one
+    raises `ConfigError` naming it and where it came from) before setup does any long
+    work; frozen, so a changed value is a new config from `with_value`.
+
+    Three construction keywords are no setting, so no field:
+
+    - `data` (`Mapping[str, Any]`): the split collection, `{name: source}`, used in
+      place of `build_data`, which then does not run. The handle holds it as
+      `nitro.data`.
+    - `run_ref` (`list | Callable[[Nitro], Any]`): receives the handle when
+      construction finishes: a list has it appended, a callable is called with it.
+    - `checkpoint`: the deprecated spelling of `weights=`; it warns.
 
     Attributes:
-        seed: the global RNG seed (a resume adopts the record's).
-        run_dir: the directory checkpoints, the manifest and the default log use.
-        n_devs: local devices to shard a batch over (1: one device, no mesh); the
-            keyword, else the `setup_devices` pin, else the accessor, else 1.
-        accum: micro-batches per optimizer step (>= 1).
-        max_epochs: epochs to train for (>= 0). Left at its default beside
-            `max_steps`, setup replaces it with the epochs max_steps needs,
-            ceil(max_steps / optimizer steps per epoch), source "max_steps".
-        max_steps: optimizer steps to train for in all, counted over the whole run
-            (a resume included), or None (no step bound). Training ends after that
-            step, mid-epoch if it falls there, or at max_epochs, whichever comes
-            first; the schedules' horizon is the smaller of the two.
-        schedules: the schedules table as given; binding it to its targets needs
-            the parameters, so the optimizer plan checks it.
-        gradient_clip_norm: the global-norm clip threshold; 0 is off.
-        check_divergence: whether a non-finite training loss stops the run.
-        autolog_schedules: whether varying schedule values are logged each step.
-        log_every_n_steps: write the train line every this many steps (>= 1).
-        val_every_n_steps: validate also after every optimizer step that is a
-            multiple of this (>= 1), mid-epoch; None: at epoch ends only. Needs a
-            val split.
-        checkpoint_every_n_steps: write a checkpoint record also after every
-            optimizer step that is a multiple of this (>= 1), mid-epoch; None: at
-            epoch ends only. A resume from one continues the epoch at its batch.
-        logger: the run's logger, None when logging is off.
-        checkpointer: the run's checkpointer, None when checkpointing is off.
-        early_stop: the early-stopping policy, None for none.
-        monitor: the validation metric the run is judged by, (name, "min" | "max"),
-            or None; setup fills ("loss", "min") when the loss is sure to exist.
-        eval_loss: whether evaluation also reports the loss beside custom metrics.
-        ema: the EMA of the weights, or None.
-        weights: the `weights=` source (a record, a `(run, which)` pair, a handle).
-        resume: the `resume=` source; False when not resuming.
-        w0: what decay_anchor="w0" anchors to; None is the build_model parameters.
-        restore_optimizer: whether `weights=` also restores the optimizer state.
-        resume_changed_data: whether a resume whose train data changed shape
-            (the train or val split size, the batch size, a train field's shape
-            or dtype) against its record goes on with a warning; by default it
-            is refused, naming each change.
-        restore_best: whether train() ends holding the best checkpoint (or an
-            `Average`).
-        eval_weights: the weights evaluation reads, "ema" or "raw" (the default
-            follows the EMA).
-        load_ema: whether `weights=` loads the record's EMA as the weights.
-        compile_options: XLA compiler options, accepted by XLA when built.
-        sharding: how the training state is laid out on a mesh (n_devs > 1):
-            "replicated" (every device holds it whole) or "fsdp" (large leaves
-            split along the data axis).
-        preset: the named preset this run was built from, if any.
-        profile: `(first_step, n_steps)`, the optimizer steps traced with
-            `jax.profiler` into `<run_dir>/profile/`, or None.
-        precision: "f32" (default) or "bf16": the dtype forward and backward
-            compute in; master weights, optimizer state and the loss stay float32
-            (`compile.precision`).
-        smoke: whether this is a smoke run (`jaxnitro.run.smoke`): one epoch on
-            two batches of every split, in a temporary directory.
+        seed: the global seed (accessor, default 42). Python's `random` and NumPy's
+            global RNG are seeded with it before `build_data`, and `build_model`
+            receives `jax.random.key(seed)`. A resume adopts the record's seed
+            instead (source "record"), and warns when the one given differs.
+        run_dir: where checkpoints, the manifest and the default log file go
+            (accessor, default `runs/<experiment class name>`).
+        n_devs: devices to shard the batch over: the keyword, else the pin of
+            `setup_devices(n_devs=...)`, else the accessor, else 1 (one device, no
+            mesh). Above 1 the run builds a data-parallel mesh over the first n_devs
+            visible devices: the batch (global; it must divide by n_devs) is split
+            along its first axis, the training state laid out as `sharding` says.
+        accum: micro-batches per optimizer step, >= 1 (accessor, default 1). The
+            train split's batch count must divide by it.
+        max_epochs: the epoch training ends at, >= 0 (accessor, default 1); a
+            resumed handle continues from its recorded epoch up to it. Left at its
+            default beside `max_steps`, setup replaces it with the epochs max_steps
+            needs, ceil(max_steps / optimizer steps per epoch), source "max_steps".
+        max_steps: optimizer steps to train for in all, >= 1, counted over the
+            whole run, a resume included (accessor, default None: no step bound).
+            Training ends after that step, mid-epoch too, or at max_epochs,
+            whichever comes first; the schedules' horizon is the smaller of the two.
+        schedules: step-varying values, `{key: factory}` (accessor, default none);
+            the keyword replaces the accessor's table whole. Held as given: binding
+            it to its targets needs the parameters, so the optimizer plan checks it.
+        gradient_clip_norm: the global-norm clip of the accumulated gradient; 0 is
+            off (accessor, default 0.0).
+        check_divergence: whether a non-finite training loss raises
+            `DivergenceError` (accessor, default True).
+        autolog_schedules: whether varying schedule values go on the train line
+            (accessor, default True).
+        log_every_n_steps: write the train line only on optimizer steps that are a
+            multiple of this, >= 1 (accessor, default 50; the spec's is 1).
+        val_every_n_steps: also validate after each optimizer step that is a
+            multiple of this (>= 1), mid-epoch (accessor, default None: at epoch
+            ends only). Needs a val split.
+        checkpoint_every_n_steps: also write a checkpoint record after each
+            optimizer step that is a multiple of this (>= 1), mid-epoch (accessor,
+            default None: at epoch ends only); a resume from one continues the
+            epoch exactly, at its batch.
+        logger: the run's logger object, or None to log nothing (accessor, default
+            a `JSONLogger` writing `metrics.jsonl` in run_dir).
+        checkpointer: the run's `Checkpointer`, or None to write no checkpoints
+            (accessor, default `Checkpointer()`: the best 3 and the latest).
+        early_stop: an `EarlyStopping`, an object with `should_stop(epoch,
+            metrics)`, or None for none (accessor, default None). Needs a val split.
+        monitor: the validation metric the run is judged by, `(name, "min" |
+            "max")` (accessor, default None). Left at None, setup fills `("loss",
+            "min")` when the loss is sure to exist: the experiment defines no
+            `metrics`, or `eval_loss` is on. The checkpointer, early stopping and
+            every Plateau follow it unless given their own.
+        eval_loss: with custom `metrics`, whether validation and evaluation also
+            report the loss and its terms (accessor, default False).
+        ema: an exponential moving average of the weights (`EMA`), or None
+            (accessor, default None).
+        weights: where the starting parameters and model state come from (default
+            None: `build_model`'s): a record path; a `(run, which)` pair resolved
+            through the manifest (`run` a run id, "latest", "all" with "best", or a
+            `Nitro`; `which` "best", "latest", `Average(selector)`, or "current"
+            with a `Nitro`); or another `Nitro` (a warm start through host memory,
+            leaf for leaf). No step, epoch or optimizer state is taken.
+        resume: continue a run exactly (weights, state, optimizer state, EMA, step,
+            epoch, counters): False (the default), "auto" (the newest record of the
+            newest run; a directory with none starts fresh, with a warning), a
+            record path, or a `(run, which)` pair.
+        w0: what `decay_anchor="w0"` anchors to: "build_model" (the parameters
+            `build_model` returned; None, the default, means it), "weights" (those a
+            `weights=` source loaded), or a parameter tree shaped like the
+            parameters.
+        restore_optimizer: with `weights=` a checkpoint record, also restore its
+            optimizer state; step, epoch and schedules still start fresh (default
+            False).
+        resume_changed_data: let a resume go on, with a warning, when the train
+            data changed shape against its record (the train or val split size, the
+            batch size, a train field's per-sample shape or dtype), which is refused
+            by default, naming each change (default False).
+        restore_best: True loads the run's own best checkpoint, `Average(selector)`
+            the average of its checkpoints that the selector picks, when a `train()`
+            that did not fail ends (default False). Needs a train split and a
+            checkpointer.
+        eval_weights: the weights validation, checkpoint selection and `predict`
+            read: "ema" (the default with an EMA) or "raw" (the default without).
+        load_ema: load the `weights=` source's EMA in place of its weights (default
+            False).
+        compile_options: XLA compiler options, `{name: bool | int | float | str}`,
+            for every program the handle compiles, checked at construction by
+            compiling a trivial program with them (default none).
+        sharding: how a mesh run (n_devs > 1) lays out the parameters, optimizer
+            state, EMA and accumulator: "replicated" (the default; every device
+            holds them whole) or "fsdp" (each leaf of at least 1024 elements split
+            along its largest dimension that divides by n_devs, so a device holds
+            about 1/n_devs of the model; `memory_report()` shows it).
+        preset: the named preset this run was built from, recorded in the logs and
+            checkpoints: the preset form `Nitro(E, "name")` sets it; in the
+            instance form the keyword names the recipe to record, which must be a
+            preset of the experiment's class (default None).
+        profile: `(first_step, n_steps)`: write a `jax.profiler` trace of those
+            optimizer steps (1-based, over the whole run) into
+            `<run_dir>/profile/`, for TensorBoard's profile plugin or Perfetto.
+            None (the default) profiles nothing.
+        precision: "f32" (the default) or "bf16": forward and backward in bfloat16,
+            with float32 master weights, optimizer state and loss reduction
+            (`jaxnitro.compile.precision`); part of every program's compile-cache
+            key. Manual mode refuses "bf16" (cast in `train_step`).
+        smoke: whether this is a smoke run (`jaxnitro.run.smoke`): one epoch on the
+            first two batches of every split, with validation and one checkpoint,
+            in a temporary directory. The keyword, else the `NITRO_SMOKE`
+            environment variable (default off).
+        steps_per_call: optimizer steps the automatic loop runs per dispatched
+            call, an int >= 1, or "auto" (the first epoch one step per call, then
+            the count its measured step time picks); on a CPU any count trains the
+            same parameters bit for bit as 1. Default 1 on a CPU, "auto" on an
+            accelerator; the guide "Performance on accelerators" tells the rest.
         sources: where each field's value came from: "keyword", "pin"
             (`setup_devices(n_devs=...)`), "method", "field",
             "default", "record" (what a resume adopted from the record), "smoke"

@@ -23,7 +23,7 @@ from ..observe.speed import device_peak, epoch_speed
 if TYPE_CHECKING:
     from ..loop.prepared import Prepared
     from .config import RunConfig
-    from .handle import Nitro
+    from .view import RunView
 
 # The train programs: one optimizer step a call (or a loop of them, costed once).
 STEP_PROGRAMS = ("train_step", "manual_step")
@@ -34,7 +34,7 @@ ACCUM_NO_RATES = (
 )
 
 
-def cost_rows(nitro: Nitro) -> list[dict[str, Any]]:
+def cost_rows(nitro: RunView) -> list[dict[str, Any]]:
     """One row per compiled program of the handle: kind, flops, bytes."""
     rows = []
     for kind, executable in nitro.executables.compiled():
@@ -67,7 +67,7 @@ def si_text(value: float | None, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def cost_report(nitro: Nitro, file: TextIO | None = None) -> list[dict[str, Any]]:
+def cost_report(nitro: RunView, file: TextIO | None = None) -> list[dict[str, Any]]:
     """Print each compiled program's cost and the step's achieved rates; return rows.
 
     See `Nitro.cost_report`.

@@ -1,186 +1,62 @@
-"""`Nitro`: the handle of one run. Constructing it runs setup and nothing else.
-
-    nitro = Nitro(MnistMLP(max_epochs=20), run_dir="runs/mnist")  # setup only
-    nitro.train()                       # the automatic loop
-    nitro.evaluate(split="test")        # {"acc": ..., ...}
-    nitro.predict({"img": images})      # host outputs, padding invisible
-
-Setup, in order: resolve the run keywords and accessors (the logger and checkpointer
-accessors are called exactly once), freeze the hooks, locate a checkpoint to resume
-from, seed, build the data (or take `data=`), derive, place the Device fields on the
-device, probe one batch for routing and the split checks, build the model, restore
-weights, and log the parameters and the binding report. Nothing is compiled and no
-optimizer state is allocated until a verb needs it.
+"""`Nitro`: the handle of one run. Constructing it runs setup and nothing else; the
+verbs (`train`, `validate`, `evaluate`, `predict`, `render`, `set_device`, ...) act on
+it, and its read side (the properties and reports) is `run.view.RunView`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TextIO
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-import jax
-import numpy as np
-
-from ..checkpoint.checkpointer import Checkpointer
-from ..devices.memory import memory_report
-from ..errors import (
-    ConfigError,
-    Preempted,
-    RoutingError,
-)
-from ..experiment.values import to_host_value
+from ..errors import ConfigError
 from ..handle_type import RunHandle
-from ..logging import protocol as logproto
 from ..loop.evaluate import evaluate_split, predict_batch
-from ..loop.prepared import Prepared
-from ..loop.state import TrainState
-from ..observe import phases
 from ..observe.entry import entry_point
-from ..observe.history import MetricHistory
-from ..observe.interrupt import StopOnInterrupt
 from ..observe.progress import Progress
 from ..observe.transitions import PhaseRecorder
-from . import costs, rendering, reports, restore
+from . import refusals, rendering, reports, restore
 from .arguments import constructor_arguments, fill_ref
-from .config import RunConfig
-from .device_fields import check_device_field, device_updates
+from .device_fields import device_updates
+from .entry_call import run_entry
 from .parts import RunParts
+from .refusals import is_one_batch, refuse_missing_split, refuse_predict_input
 from .setup import run_setup
 from .setup_parts import SetupOutcome
 from .smoke import remove_smoke_run_dir
 from .status import EpochEndHook, RunStatus
-from .summary import ModelSummary, model_summary
 from .training import run_training
+from .view import RunView
 
 
-class Nitro:
+class Nitro(RunView):
     """The state of one run: model, weights, optimizer, data and counters.
 
     `Nitro(e, **kw)` runs the setup sequence and nothing else: it resolves the run
-    keywords and accessors, locates a checkpoint to resume or load, seeds, builds the
-    data (or takes `data=`), derives, places the Device fields on the device, probes
-    one batch for routing and the split checks, builds the model and restores
-    weights. Nothing is compiled and no optimizer state is allocated until a verb needs
-    it, so `train`, `validate`, `evaluate`, `predict` and `render` all work on the
-    handle, trained or not. `Nitro(E, "preset", **kw)` builds the experiment from a
-    named preset of class `E`: run keywords go to the handle, field names to the
-    recipe, a name that is both is the run keyword, and the preset name is logged and
-    stored in the checkpoints.
+    keywords and accessors (the logger and checkpointer accessors are called exactly
+    once), freezes the hooks, locates a checkpoint to resume or load, seeds, builds
+    the data (or takes `data=`), derives, places the Device fields on the device,
+    probes one batch for routing and the split checks, builds the model, restores
+    weights, and logs the parameters and the binding report. Nothing is compiled
+    and no optimizer state is allocated until a verb needs it, so `train`,
+    `validate`, `evaluate`, `predict` and `render` all work on the handle, trained
+    or not. `Nitro(E, "preset", **kw)` builds the experiment from a named preset of
+    class `E`: run keywords go to the handle, field names to the recipe, a name that
+    is both is the run keyword, and the preset name is logged and stored in the
+    checkpoints.
+
+    Every run keyword (`seed`, `run_dir`, `accum`, `max_epochs`, `logger`,
+    `checkpointer`, `weights`, `resume`, ...) is documented once, with its default
+    and the accessor it falls back to, as a field of
+    [`RunConfig`][jaxnitro.run.RunConfig] (the handle's `config`), beside `data`,
+    `run_ref` and the deprecated `checkpoint`.
 
     Args:
         experiment: an `Experiment` instance; in the preset form, an `Experiment`
             subclass.
         preset: the preset name (positional), in the class form only.
-        **kwargs: the run keywords below; any other name raises `ConfigError`.
-            Those marked "accessor" default to the experiment's accessor of the
-            same name (its method or field, else the `Experiment` default); passing
-            one replaces that value for this run.
-
-    Keyword Args:
-        seed (int): the global seed (accessor `seed`, default 42). Python's `random`
-            and NumPy's global RNG are seeded with it before `build_data`, and
-            `build_model` receives `jax.random.key(seed)`. A resume takes the
-            record's seed instead, and warns when this one differs.
-        run_dir (str): where checkpoints, the manifest and the default log file go
-            (accessor, default `runs/<experiment class name>`).
-        n_devs (int): devices to shard the batch over: the keyword, else the pin of
-            `setup_devices(n_devs=...)`, else the accessor, else 1. Above 1 the run
-            builds a data-parallel mesh over the first n_devs visible devices: the
-            batch (global; it must divide by n_devs) is split along its first axis,
-            the training state laid out as `sharding` says.
-        accum (int): micro-batches per optimizer step, >= 1 (accessor, default 1).
-            The train split's batch count must divide by it.
-        max_epochs (int): the epoch training ends at, >= 0 (accessor, default 1). A
-            resumed handle continues from its recorded epoch up to it.
-        max_steps (int | None): optimizer steps to train for in all, >= 1,
-            counted over the whole run (accessor, default None). Training ends
-            after that step, mid-epoch too, or at max_epochs, whichever comes
-            first; max_epochs left at its default then follows max_steps.
-        schedules (dict[str, Any]): step-varying values, `{key: factory}`; replaces
-            the accessor's table whole (accessor, default none).
-        gradient_clip_norm (float): the global-norm clip of the accumulated
-            gradient; 0 is off (accessor, default 0.0).
-        check_divergence (bool): whether a non-finite training loss raises
-            `DivergenceError` (accessor, default True).
-        autolog_schedules (bool): whether varying schedule values go on the train
-            line (accessor, default True).
-        log_every_n_steps (int): write the train line only on optimizer steps that
-            are a multiple of this, >= 1 (accessor, default 50; the spec's is 1).
-        val_every_n_steps (int | None): also validate after each optimizer step
-            that is a multiple of this, mid-epoch (accessor, default None: at
-            epoch ends only). Needs a val split.
-        checkpoint_every_n_steps (int | None): also write a checkpoint record
-            after each optimizer step that is a multiple of this, mid-epoch; a
-            resume from one continues the epoch exactly (accessor, default None).
-        logger: a logger object, or None to log nothing (accessor, default a
-            `JSONLogger` writing `metrics.jsonl` in run_dir).
-        checkpointer (Checkpointer | None): the checkpointer, or None to write no
-            checkpoints (accessor, default `Checkpointer()`: the best 3 and the
-            latest).
-        early_stop: an `EarlyStopping`, an object with `should_stop(epoch,
-            metrics)`, or None (accessor, default None). Needs a val split.
-        monitor (tuple[str, str] | None): the validation metric the run is judged
-            by, `(name, "min" | "max")` (accessor, default None, which becomes
-            `("loss", "min")` when the experiment defines no `metrics` or
-            `eval_loss` is on). The checkpointer, early stopping and every Plateau
-            follow it unless given their own.
-        eval_loss (bool): with custom `metrics`, also report the loss and its terms
-            (accessor, default False).
-        ema (EMA | None): an exponential moving average of the weights (accessor,
-            default None).
-        data (Mapping[str, Any]): the split collection, `{name: source}`, used in
-            place of `build_data`, which then does not run.
-        weights: where the starting parameters and model state come from: a record
-            path; a `(run, which)` pair resolved through the manifest (`run` a run
-            id, "latest", "all" with "best", or a `Nitro`; `which` "best",
-            "latest", `Average(selector)`, or "current" with a `Nitro`); or another
-            `Nitro` (a warm start through host memory, leaf for leaf). No step,
-            epoch or optimizer state is taken.
-        resume: continue a run exactly (weights, state, optimizer state, EMA, step,
-            epoch, counters): False (the default), "auto" (the newest record of the
-            newest run; a directory with none starts fresh, with a warning), a
-            record path, or a `(run, which)` pair.
-        run_ref (list | Callable[[Nitro], Any]): receives the handle when
-            construction finishes: a list has it appended, a callable is called
-            with it.
-        w0: what `decay_anchor="w0"` anchors to: "build_model" (the default, the
-            parameters `build_model` returned), "weights" (those a `weights=` source
-            loaded), or a parameter tree shaped like the parameters.
-        restore_optimizer (bool): with `weights=` a checkpoint record, also restore
-            its optimizer state; step, epoch and schedules still start fresh.
-        resume_changed_data (bool): let a resume go on, with a warning, when the
-            train data changed shape against its record (the train or val split
-            size, the batch size, a train field's per-sample shape or dtype),
-            which is refused by default naming each change.
-        restore_best (bool | Average): True loads the run's own best checkpoint,
-            `Average(selector)` the average of its checkpoints that the selector
-            picks, when a `train()` that did not fail ends. Needs a train split and
-            a checkpointer.
-        eval_weights (str): "ema" (the default with an EMA) or "raw": the weights
-            validation, checkpoint selection and `predict` read.
-        load_ema (bool): load the weights source's EMA in place of its weights.
-        compile_options (dict[str, bool | int | float | str]): XLA compiler options
-            for every program the handle compiles, checked now by compiling a
-            trivial program with them.
-        sharding (str): how a mesh run (n_devs > 1) lays out the parameters,
-            optimizer state, EMA and accumulator: "replicated" (the default; every
-            device holds them whole) or "fsdp" (each leaf of at least 1024 elements
-            split along its largest dimension that divides by n_devs, so a device
-            holds about 1/n_devs of the model; `memory_report()` shows it).
-        preset (str): in the instance form, the recipe name to record; it must be a
-            preset of the experiment's class.
-        precision (str): "f32" (the default) or "bf16": forward and backward in
-            bfloat16, with float32 master weights, optimizer state and loss
-            reduction (`jaxnitro.compile.precision`); part of every program's
-            compile-cache key. Manual mode refuses "bf16" (cast in `train_step`).
-        profile (tuple[int, int]): `(first_step, n_steps)`: write a
-            `jax.profiler` trace of those optimizer steps (1-based, over the whole
-            run) into `<run_dir>/profile/`, for TensorBoard's profile plugin or
-            Perfetto. None (the default) profiles nothing.
-        checkpoint: the deprecated spelling of `weights=`; it warns.
+        **kwargs: the run keywords, each a field of `RunConfig` (or `data`,
+            `run_ref`, `checkpoint`); any other name raises `ConfigError`.
 
     Attributes:
         data (dict[str, Any]): the splits, each wrapped in its prefetch settings (a
@@ -224,49 +100,31 @@ class Nitro:
         DeprecationWarning: `checkpoint=`; the monitor name "val_loss".
 
     Examples:
-        A tiny regression, trained for two epochs and queried:
+        A tiny regression (the getting-started guide shows a fuller run):
 
-        >>> import tempfile
         >>> import jax.numpy as jnp
         >>> import numpy as np
         >>> import jaxnitro as nx
         >>> class DocFit(nx.Experiment):
-        ...     scale: nx.Device[float] = 1.0  # a traced input: set_device writes it
-        ...     max_epochs: int = 2
-        ...
         ...     def build_data(self, dist):
         ...         x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8, 1)
-        ...         return {
-        ...             "train": [{"x": b, "y": 3 * b} for b in x],
-        ...             "val": [{"x": x[0], "y": 3 * x[0]}],
-        ...         }
+        ...         return {"train": [{"x": b, "y": 3 * b} for b in x]}
         ...
         ...     def build_model(self, rng):
         ...         return None, {"w": jnp.zeros((1, 1))}, {}
         ...
         ...     def forward(self, model, params, state, *, x):
-        ...         return self.scale * (x @ params["w"]), state
+        ...         return x @ params["w"], state
         ...
         ...     def loss(self, pred, *, y):
         ...         return jnp.mean((pred - y) ** 2)
-        >>> tmp = tempfile.TemporaryDirectory()
-        >>> nitro = nx.Nitro(DocFit(), run_dir=tmp.name, logger=None, checkpointer=None)
+        >>> nitro = nx.Nitro(DocFit(), logger=None, checkpointer=None)  # writes nothing
         >>> nitro.current_epoch, nitro.phase  # setup only: nothing compiled yet
         (0, Starting())
-        >>> nitro.train() is nitro
-        True
-        >>> nitro.stop_reason, nitro.current_epoch, nitro.current_step
-        ('completed', 2, 8)
-        >>> nitro.history.columns
-        ('epoch', 'step', 'train_loss', 'loss', 'seconds')
-        >>> sorted(nitro.validate())
-        ['loss']
-        >>> out = nitro.predict({"x": np.ones((3, 1), np.float32)})  # padded to 8
-        >>> out.shape, out.dtype
-        ((3, 1), dtype('float32'))
-        >>> nitro.set_device(scale=2.0).device_value("scale")
-        2.0
-        >>> tmp.cleanup()
+        >>> nitro.train().stop_reason, nitro.current_epoch, nitro.current_step
+        ('completed', 1, 4)
+        >>> nitro.predict({"x": np.ones((3, 1), np.float32)}).shape  # padded to 8
+        (3, 1)
     """
 
     def __init__(
@@ -278,12 +136,9 @@ class Nitro:
         with entry_point() as entry, Progress() as progress:
             progress.begin("setup")
             self._adopt(run_setup(experiment, kwargs, progress))
-            self._setup_lines_pending = self._defers_setup_lines()
-            if self._setup_lines_pending:
-                logproto.require_verbs(self.config.logger, "log_params", "log_other")
-                reports.show_setup(self, self._run.evaluation.eval_width)
-            else:
-                self.log_setup()
+            self._setup_lines_pending = reports.begin_setup_lines(
+                self, self._run.evaluation.eval_width, lock_held=self._run.lock.held
+            )
             entry.attach(self)
         run_ref = kwargs.get("run_ref")
         if run_ref is not None:
@@ -305,330 +160,13 @@ class Nitro:
         self.executables = parts.executables
         self.status: RunStatus = parts.status
 
-    @property
-    def _run(self) -> RunParts:
-        if self._parts is None:
-            raise ConfigError("The handle's setup did not finish: it holds no state.")
-        return self._parts
-
-    # ------------------------------------------------------------------ setup -------
-    @property
-    def experiment(self) -> Any:
-        """The experiment after device conversion, which every hook except
-        `build_data` and `derive` sees.
-
-        Its Device fields hold device values (`jax.Array`s in the field's dtype, 0-d
-        for a scalar field); its GraphConst and Host fields hold host values.
-        `set_device` replaces it with a copy holding the new values, so read the
-        property again after one rather than keeping the old object.
-        """
-        return self._run.values.experiment
-
-    @property
-    def config(self) -> RunConfig:
-        """The run's settings, fixed at construction: a frozen, typed `RunConfig`.
-
-        One field per run keyword (`config.accum`, `config.monitor`, ...), each the
-        keyword, else the experiment's method or field, else the default, with
-        `config.sources` saying which; a resume's seed reads "record". Rebuild the
-        `Nitro` to change one.
-        """
-        return self._run.config
-
-    @property
-    def parameters(self) -> Any:
-        """The parameters: a pytree of `jax.Array`s with the structure, shapes and
-        dtypes `build_model` returned.
-
-        They are the fresh `build_model` values, or those a `weights=` / `resume=`
-        source restored; after `train`, the trained values (or, with
-        `restore_best`, the selected checkpoint's). Under `eval_weights="ema"`,
-        evaluation and `predict` read the EMA instead of these.
-
-        They are device arrays owned by the handle: the next optimizer step donates
-        them, so copy them (e.g. `jax.device_get`) to keep a snapshot.
-        """
-        return self.train_state.params
-
-    @property
-    def states(self) -> Any:
-        """The model state (running statistics and the like): a pytree of
-        `jax.Array`s as `build_model` returned it (`{}` for a stateless model), or
-        as a checkpoint restored it.
-
-        Training carries forward's new state from step to step; evaluation and
-        `predict` run in eval mode and discard it.
-        """
-        return self.train_state.model_state
-
-    @property
-    def prepared(self) -> Prepared:
-        """What setup fixed (`Prepared`): the hooks, the routing, the split sizes,
-        the optimizer plan, the stopping policy, the trace context, the run id."""
-        return self._run.prepared
-
-    @property
-    def current_step(self) -> int:
-        """The number of optimizer steps taken, as an `int`.
-
-        With accum = N each optimizer step takes N micro-batches, so this is N times
-        smaller than the micro-batch count. Schedules are indexed by it. A resumed
-        handle starts from the record's step.
-        """
-        return 0 if self._parts is None else self._parts.values.state.step
-
-    @property
-    def current_epoch(self) -> int:
-        """The current epoch, as an `int`: 0 before the first one begins.
-
-        During `train()`, the epoch running; afterwards, the last one trained. A
-        resumed handle starts from the record's epoch.
-        """
-        return 0 if self._parts is None else self._parts.values.state.epoch
-
-    @property
-    def train_state(self) -> TrainState:
-        """The run's latest `TrainState`: weights, optimizer state, EMA, model state,
-        accumulator, step and epoch.
-
-        Its arrays are owned by the handle: the next optimizer step donates them, so
-        copy what you keep (e.g. `jax.device_get`).
-
-        Raises:
-            ConfigError: the handle's setup did not finish.
-        """
-        return self._run.values.state
-
-    @property
-    def checkpoint_source(self) -> str | None:
-        """The record file the weights came from: the resumed or `weights=` record,
-        or the one `restore_best` loaded; None for fresh weights, a warm start or
-        an average."""
-        return self._run.values.checkpoint_source
-
-    @property
-    def weights_from(self) -> dict[str, Any] | None:
-        """For a warm start from another handle, its experiment, epoch, step and
-        run_dir; None otherwise."""
-        return self._run.values.weights_from
-
-    @property
-    def averaged_from(self) -> dict[str, Any] | None:
-        """What an averaged weights source averaged (`weights=(run,
-        Average(sel))`, or `restore_best=Average(...)` once training ends): the
-        spec, run, dir, files, epochs and weights; None otherwise. The records
-        this run writes carry it too."""
-        return self._run.values.averaged_from
-
-    @property
-    def run_dir(self) -> str:
-        """The run directory this handle resolved: the `run_dir` keyword, else the
-        accessor (default `runs/<experiment class name>`), as a `str`.
-
-        Checkpoints and the manifest (unless the checkpointer has its own `dir`), the
-        default `JSONLogger`'s `metrics.jsonl` and `resume="auto"` resolve against
-        it, and `render` writes to `<run_dir>/viz` by default.
-        """
-        return self._run.config.run_dir
-
-    @property
-    def phase(self) -> phases.Phase:
-        """The run's current `Phase`: the latest recorded transition (`Starting()`
-        until the first). Idle, announced when control returns, is never recorded,
-        so after `train()` this reads `Done()` or `Failed()`, and after a
-        standalone `validate` or `predict` the phase the run was in before."""
-        return self.phase_recorder.phase
-
-    @property
-    def history(self) -> MetricHistory:
-        """The epochs this handle trained, as a `MetricHistory` table.
-
-        Each row: epoch, step (the optimizer step the epoch ended on), train_loss
-        (the epoch's mean train loss), the epoch's validation metrics under the
-        names validation reported (the validation loss is `loss`), seconds. An
-        epoch a stop cut short has a row, replaced when the next `train()` finishes
-        that epoch. The table's selection metric (which picks its best row, and
-        whose column follows train_loss) is the checkpointer's metric and mode
-        when it has them, else the monitor. A resumed handle's history begins at
-        the first epoch it trained itself, and the table notes the earlier ones.
-        Nothing is read from disk: the table is built from the handle on each read.
-        """
-        ckpt = self.checkpointer
-        if ckpt is not None and ckpt.metric is not None:
-            selection: tuple[str, str] | None = (ckpt.metric, ckpt.mode or "min")
-        else:
-            selection = self.prepared.monitor
-        return MetricHistory(
-            self.status.history,
-            selection_metric=selection,
-            resumed_from_epoch=self.prepared.resumed_from_epoch,
-        )
-
-    @property
-    def logger_info(self) -> dict[str, Any]:
-        """Plain data identifying where the run's logger writes, as a `dict`.
-
-        The logger's own `logger_info()` (`{"path": ...}` for a `JSONLogger`); `{}`
-        for a logger without that method, or with logging off.
-        """
-        return logproto.logger_info(self.logger)
-
-    @property
-    def logger(self) -> Any:
-        """The run's logger object (None when logging is off)."""
-        return None if self._parts is None else self._parts.config.logger
-
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        """The run's `Checkpointer`, or None when checkpointing is off.
-
-        Setup binds it to this run: to run_dir (unless it was given its own `dir`),
-        to the monitor (unless it was given its own metric and mode) and to this
-        run's id (`checkpoint_run`).
-        """
-        return self._run.config.checkpointer
-
-    @property
-    def early_stop(self) -> Any:
-        """This handle's early-stopping policy (None: it never stops early).
-
-        An EarlyStopping passed in is copied at setup with the monitor filled in and
-        fresh counters (`best`, `wait`), so this is that copy, never the instance
-        passed; a custom policy (an object with `should_stop`) is held as given. A
-        resume restores the counters the record stored. None also on a handle with
-        no train split, which never trains.
-        """
-        return self._run.prepared.stopper
-
-    @property
-    def stop_reason(self) -> str | None:
-        """How the last `train()` ended, as a `str`, or None before one ran.
-
-        "completed" (max_epochs reached), "early_stop" (the early-stopping policy
-        stopped it), "requested" (`request_stop()` or Ctrl+C), "preempted" (a
-        SIGTERM) or "error" (it raised). A `train()` that had nothing to train
-        leaves it unchanged.
-        """
-        return self._run.stops.reason
-
-    @property
-    def checkpoint_run(self) -> str | None:
-        """The id this handle's checkpoints are written under, as a `str`.
-
-        It is the `run` of their manifest entries, and names the run in a source
-        such as `weights=(run_id, "best")`. Resuming a run's newest record adopts
-        that run's id; any other construction gets a new one. None when
-        checkpointing is off, and for a handle continuing the unnamed run of a
-        manifest written before runs were recorded.
-        """
-        return self._run.prepared.run_id if self.checkpointer is not None else None
-
-    # ---------------------------------------------------------------- reports -------
-    def frozen(self) -> dict[str, Any]:
-        """The values this handle fixed at construction: seed, preset, accum,
-        max_epochs, the schedule horizon, the clip threshold and run_dir."""
-        return reports.frozen(self)
-
-    def params_to_log(self) -> dict[str, Any]:
-        """The flat hyperparameters log_params receives.
-
-        A scalar field logs its value. A non-scalar GraphConst or Device field logs
-        as its type name (an array as its type and size), and a non-scalar Host
-        field (dataset-sized state, say) is not logged: the spec's per-field rule,
-        which is why a config of knobs is better flattened into fields.
-        """
-        return reports.params_to_log(self)
-
-    def binding_report(self) -> str:
-        """Where each configured value bound, the data, and the routed fields."""
-        return reports.binding_report(self, self._run.evaluation.eval_width)
-
-    def cost_report(self, file: TextIO | None = None) -> list[dict[str, Any]]:
-        """Print each compiled program's cost by XLA's analysis, and the step's rate.
-
-        One line per program this handle compiled (its FLOPs and bytes moved per
-        call, from `Compiled.cost_analysis()`), then the optimizer step: its mean
-        measured time over the last epoch trained (stepping only), its FLOPs and
-        bytes, and the FLOP/s and bytes/s it achieved.
-
-        Args:
-            file: where to print; standard output by default.
-
-        Returns:
-            list[dict]: a row per program (`program`, `flops`, `bytes`), then one
-            for the optimizer step once an epoch was trained (also `seconds`,
-            `flops_per_second`, `bytes_per_second`). A figure XLA does not give is
-            None.
-
-        Example::
-
-            nitro.train()
-            nitro.cost_report()
-            # train_step       1.2 MFLOP      412 kB
-            # optimizer step: 0.61 ms measured (last epoch), ... 1.97 GFLOP/s ...
-        """
-        return costs.cost_report(self, file)
-
-    def summary(self) -> ModelSummary:
-        """The model's parameters per optimizer group, their bytes, the step's cost
-        and the programs compiled, as a `ModelSummary` (print it for the table).
-
-        The step's FLOPs and bytes are XLA's cost analysis of the compiled train
-        program once this handle trained; before that, of one train batch's
-        gradient lowered from shapes (nothing is compiled or run; the optimizer
-        update is left out), and `step_source` says which. Each compiled program
-        is listed with the seconds its compile took, or as cached.
-
-        Returns:
-            ModelSummary: the figures; `str()` of it is the table.
-
-        Example::
-
-            print(Nitro(MyExp()).summary())
-            # MyExp: 4,227 parameters (16.9 kB) in 1 group
-            # ...
-        """
-        return model_summary(self)
-
-    def memory_report(self) -> dict[str, dict[str, int]]:
-        """Bytes of the parameters, optimizer state and EMA each device holds.
-
-        Returns:
-            dict[str, dict[str, int]]: per device (`str(device)`), `params`,
-            `opt_state`, `ema` and their `total`, summed over the shards the
-            device holds. Under `sharding="fsdp"` on n devices each figure is
-            about 1/n of the replicated one.
-
-        Example::
-
-            Nitro(e, n_devs=4, sharding="fsdp").memory_report()
-            # {'TFRT_CPU_0': {'params': 264192, 'opt_state': 0, 'ema': 0, ...}, ...}
-        """
-        state = self.train_state
-        return memory_report(
-            {"params": state.params, "opt_state": state.opt_state, "ema": state.ema}
-        )
-
     def log_setup(self) -> None:
         """Log the parameters (before any compile) and show the binding report."""
         self._setup_lines_pending = False
         reports.log_setup(self, self._run.evaluation.eval_width)
 
-    def _defers_setup_lines(self) -> bool:
-        """Whether the setup's logger lines (parameters, binding report) wait for
-        the first verb: a handle that logs and will take the run directory's lock
-        only when it trains (it checkpoints and did not take it at setup for a
-        resume). Its train() may be refused by another process's lock, and a
-        refused process writes nothing into the run directory, its log included:
-        train() writes them once it holds the lock, another verb before it runs."""
-        return (
-            self.config.logger is not None
-            and self.config.checkpointer is not None
-            and not self._run.lock.held
-        )
-
     def _log_setup_lines(self) -> None:
-        """The deferred setup lines, once (`_defers_setup_lines`)."""
+        """The deferred setup lines, once (`reports.begin_setup_lines`)."""
         if self._setup_lines_pending:
             self._setup_lines_pending = False
             reports.log_setup_lines(self, self._run.evaluation.eval_width)
@@ -647,17 +185,6 @@ class Nitro:
                 raise
         run_training(self, self._run)
 
-    def __rich__(self) -> Any:
-        """The frozen values as a rich table (a terminal); `repr` is the plain text."""
-        return reports.rich_view(self, restored_best=self._run.values.restored_best)
-
-    def __repr__(self) -> str:
-        return reports.text_view(self, restored_best=self._run.values.restored_best)
-
-    def _check_stale(self, entry: str) -> None:
-        reports.check_stale(self, entry)
-
-    # ------------------------------------------------------------------ verbs -------
     def train(self, **kwargs: Any) -> Nitro:
         """Train from the current epoch up to max_epochs, or until a stop.
 
@@ -675,7 +202,10 @@ class Nitro:
         stop reason if a selector kept that epoch (on an error too), a
         `restore_best` handle loads its selected checkpoint (unless training
         raised), the logger is finished, and the handle goes to `Done` (`Failed`
-        when it raised), which releases the data sources.
+        when it raised), which releases the data sources. While it runs it holds the
+        lock of the directory its checkpointer writes; the guide "Checkpoints and
+        resume" says when the lock is taken and let go, and what another process
+        meets.
 
         Args:
             **kwargs: none is accepted: every run setting belongs to the
@@ -715,18 +245,6 @@ class Nitro:
                 `SystemExit` with status 143, so an uncaught one ends the process
                 without a traceback.
 
-        The run directory lock: a `train()` holds the lock of the directory its
-        checkpointer writes while it runs (a `resume=` handle from its
-        construction), and lets go when it returns or raises, at `release()`, or
-        when the handle is garbage collected; the kernel drops it when the process
-        ends. Handles of one process share it, so a second handle on the same
-        directory in a notebook works; another process writing the directory is
-        refused, and writes nothing there: a handle that takes the lock only when
-        it trains logs its parameters and binding report (`log_params`,
-        `log_other`) once `train()` holds the lock, or at its first other verb,
-        instead of at construction. Reading a directory (`weights=`, `evaluate`,
-        `nitro runs`) never takes the lock.
-
         Warns:
             NitroWarning: nothing to train (the handle is already at max_epochs);
                 `restore_best` found nothing to load and keeps the final weights.
@@ -740,18 +258,12 @@ class Nitro:
             nitro.stop_reason                             # "completed", ...
             Nitro(MyExp(), run_dir="runs/demo", resume="auto", max_epochs=40).train()
         """
-        if kwargs:
-            raise ConfigError(
-                f"train() takes no keywords (got {', '.join(sorted(kwargs))}): every "
-                f"run setting belongs to the Nitro constructor and is fixed there. "
-                f"To train further, build a new handle that continues this run: "
-                f'Nitro(e, resume="auto", max_epochs=N).'
-            )
-        self._check_stale("train")
+        refusals.refuse_train_keywords(kwargs)
+        reports.check_stale(self, "train")
         if self.prepared.unwritable is not None:  # setup's probe could not write
             raise ConfigError(self.prepared.unwritable)
         restore.refuse_after_restore_best(self._run.values)
-        self._refuse_released("train()", ("train", "val"))
+        self._run.splits.refuse_released("train()", ("train", "val"))
         self._run_entry(self._train_locked, setup_lines=False)
         return self
 
@@ -797,13 +309,9 @@ class Nitro:
                 redefined after the handle was built; the handle keeps what it
                 froze.
         """
-        self._check_stale("validate")
-        if "val" not in self.data:
-            raise ConfigError(
-                f"validate() needs a val split; the data holds: "
-                f"{', '.join(self.data) or 'no splits'}."
-            )
-        self._refuse_released("validate()", ("val",))
+        reports.check_stale(self, "validate")
+        refuse_missing_split(self.data, "val")
+        self._run.splits.refuse_released("validate()", ("val",))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, "val"))
 
     def evaluate(self, split: str = "test") -> dict[str, Any]:
@@ -822,31 +330,20 @@ class Nitro:
 
         Raises:
             ConfigError: the data has no split of that name (the message lists the
-                splits), or its source was released; a batch whose fields
-                disagree on the batch size.
-            RoutingError: a batch lacks a field `forward` or `metrics` declares
-                (or `loss`, when the loss is the metric).
-            HookError: as for `validate`: a forward output of the wrong form, or a
-                `finalize_metrics` result it refuses.
-            StrippedHostError: traced code read a Host field.
+                splits); else as for `validate`.
+            RoutingError, HookError, StrippedHostError: as for `validate`.
 
         Warns:
-            NitroWarning: as for `validate`: a non-finite metric, or non-finite
-                forward outputs (the result then holds `nonfinite_outputs`).
-            StaleHandleWarning: as for `validate`.
+            NitroWarning, StaleHandleWarning: as for `validate`.
 
         Example::
 
             nitro.evaluate()                 # the "test" split: {"acc": 0.97, ...}
             nitro.evaluate(split="val")      # the same as nitro.validate()
         """
-        self._check_stale("evaluate")
-        if split not in self.data:
-            raise ConfigError(
-                f"evaluate(split={split!r}): the data has no split {split!r}. The "
-                f"splits are: {', '.join(self.data) or 'none'}."
-            )
-        self._refuse_released(f"evaluate(split={split!r})", (split,))
+        reports.check_stale(self, "evaluate")
+        refuse_missing_split(self.data, split)
+        self._run.splits.refuse_released(f"evaluate(split={split!r})", (split,))
         return self._run_entry(lambda: evaluate_split(self._run.evaluation, split))
 
     def predict(self, batch: Any) -> Any:
@@ -894,18 +391,10 @@ class Nitro:
             for out in nitro.predict(nitro.data["test"]):   # lazy, one per batch
                 ...
         """
-        if isinstance(batch, Mapping) or hasattr(batch, "_asdict"):
+        if is_one_batch(batch):
             host = self._run.evaluation
             return self._run_entry(lambda: predict_batch(host, batch), stoppable=False)
-        if isinstance(batch, np.ndarray | jax.Array) or not isinstance(batch, Iterable):
-            fields = self.prepared.routing.fields["forward"]
-            names = fields.required + fields.optional
-            shown = ", ".join(f"'{n}': ..." for n in names) or "..."
-            raise RoutingError(
-                f"predict takes a batch dict or an iterable of them, not a "
-                f"{type(batch).__name__}: forward is routed by field name and declares "
-                f"{', '.join(names) or 'no fields'}. Pass {{{shown}}}."
-            )
+        refuse_predict_input(batch, self.prepared.routing.fields["forward"])
         return self._predict_many(batch)
 
     def render(
@@ -964,7 +453,7 @@ class Nitro:
             paths = nitro.render({"img": images}, predictions=True, tag="new")
         """
         if batch is None:
-            self._refuse_released(f"render(split={split!r})", (split,))
+            self._run.splits.refuse_released(f"render(split={split!r})", (split,))
         return self._run_entry(
             lambda: rendering.render(
                 self,
@@ -988,36 +477,13 @@ class Nitro:
     def _run_entry(
         self, work: Any, *, stoppable: bool = True, setup_lines: bool = True
     ) -> Any:
-        """Run a public entry point: monitors adopted, Starting and Idle announced
-        around the outermost call, Ctrl+C turned into request_stop() and SIGTERM
-        into a preemption stop, one progress line. A stop request ends with the
-        call that honoured it; a preemption then raises `Preempted`. An entry point
-        that does not stop (`stoppable=False`: predict, render) leaves a request
-        made before it pending for the next one that does. `setup_lines`: log the
+        """Run a public entry point (`entry_call.run_entry`); `setup_lines`: log the
         deferred setup lines first (train logs them once it holds the lock)."""
         if setup_lines:
             self._log_setup_lines()
-        guard = StopOnInterrupt(self.request_stop, on_terminate=self._preempt)
-        stops = self._run.stops
-        pending = stops.stop_requested
-        with (
-            entry_point(self),
-            guard,
-            Progress() as bar,
-            self._run.phase.showing(bar) as outer,
-        ):
-            try:
-                result = work()
-            finally:
-                if outer is None and (stoppable or not pending):
-                    stops.clear()
-        if guard.terminated:  # the stop is done: now the process ends, as SIGTERM asks
-            raise _preempted(self)
-        return result
-
-    def _preempt(self) -> None:
-        """A SIGTERM's stop request: as `request_stop()`, with reason "preempted"."""
-        self._run.stops.request(preempted=True)
+        return run_entry(
+            self, self._run, work, request_stop=self.request_stop, stoppable=stoppable
+        )
 
     def request_stop(self) -> None:
         """Ask the running entry point to stop, gracefully; it returns at once.
@@ -1059,11 +525,7 @@ class Nitro:
 
             nitro.on_epoch_end(test_too).train()
         """
-        if not callable(hook):
-            raise ConfigError(
-                f"on_epoch_end takes a function (nitro, epoch, observations) -> "
-                f"metrics or None; got {type(hook).__name__}."
-            )
+        refusals.refuse_epoch_end_hook(hook)
         self._run.epoch_end_hooks.append(hook)
         return self
 
@@ -1110,27 +572,6 @@ class Nitro:
         self._run.values.set_devices(updates)
         return self
 
-    def device_value(self, name: str) -> Any:
-        """The host value of a Device field: the counterpart of `set_device`.
-
-        A scheduled field reads as the value training last used (it is synced
-        after each epoch).
-
-        Args:
-            name: the name of a Device field of the experiment.
-
-        Returns:
-            A Python scalar for a 0-d field (a float32 reads back as the shortest
-            decimal that round-trips: 0.05, not 0.05000000074505806), else a NumPy
-            array with the field's shape and dtype.
-
-        Raises:
-            ConfigError: `name` is a GraphConst or a Host field, or no field; read
-                those as `nitro.experiment.<name>`.
-        """
-        check_device_field(self.prepared.cls, name)
-        return to_host_value(getattr(self.experiment, name))
-
     def release(self) -> None:
         """Release every split's source (its `release()` method), once per handle.
 
@@ -1154,30 +595,5 @@ class Nitro:
         self._run.splits.release("nitro.release()")
         self._run.lock.release()
 
-    def _refuse_released(self, verb: str, splits: Iterable[str]) -> None:
-        """Refuse, before any stream opens, to read a split whose source was released
-        (a source without a `release()` method held nothing open: it stays readable)."""
-        self._run.splits.refuse_released(verb, splits)
-
 
 RunHandle.register(Nitro)
-
-
-def _preempted(nitro: Nitro) -> Preempted:
-    """The `Preempted` an entry point raises once the stop a SIGTERM asked for is
-    done; its message is also written to stderr, since the interpreter exits on a
-    `SystemExit` silently."""
-    ckpt = nitro.checkpointer
-    where = f" in {ckpt.dir}" if ckpt is not None and ckpt.dir else ""
-    saved = (
-        f'its checkpoint is written{where}; continue it with Nitro(e, resume="auto")'
-        if nitro.stop_reason == "preempted" and ckpt is not None
-        else "nothing was checkpointed"
-    )
-    message = (
-        f"jaxnitro: preempted (SIGTERM): stopped at epoch {nitro.current_epoch}, step "
-        f"{nitro.current_step}; {saved}. Exiting with status {Preempted.EXIT_STATUS}."
-    )
-    with contextlib.suppress(OSError):  # no stderr: the exit still happens
-        os.write(2, (message + "\n").encode())
-    return Preempted(message, stop_reason=nitro.stop_reason)

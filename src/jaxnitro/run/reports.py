@@ -43,10 +43,10 @@ from .accessors import (
 from .setup_checks import check_monitor
 
 if TYPE_CHECKING:
-    from .handle import Nitro
+    from .view import RunView
 
 
-def frozen(nitro: Nitro) -> dict[str, Any]:
+def frozen(nitro: RunView) -> dict[str, Any]:
     """The values this handle fixed at construction."""
     c = nitro.config
     values: dict[str, Any] = {"seed": c.seed}
@@ -61,7 +61,7 @@ def frozen(nitro: Nitro) -> dict[str, Any]:
     return values
 
 
-def _holding(nitro: Nitro, restored_best: bool) -> str | None:
+def _holding(nitro: RunView, restored_best: bool) -> str | None:
     """What weights the handle holds when not the ones it trained to: after
     restore_best, the best checkpoint's file (or what the average averaged)."""
     if not restored_best:
@@ -76,7 +76,7 @@ def _holding(nitro: Nitro, restored_best: bool) -> str | None:
     return f"holding the average of epochs {', '.join(map(str, epochs))} (restore_best)"
 
 
-def rich_view(nitro: Nitro, *, restored_best: bool) -> Any:
+def rich_view(nitro: RunView, *, restored_best: bool) -> Any:
     """The frozen values as a rich table (a terminal); `repr` is the plain text."""
     holding = _holding(nitro, restored_best)
     return frozen_table(
@@ -88,7 +88,7 @@ def rich_view(nitro: Nitro, *, restored_best: bool) -> Any:
     )
 
 
-def text_view(nitro: Nitro, *, restored_best: bool) -> str:
+def text_view(nitro: RunView, *, restored_best: bool) -> str:
     """The frozen values, the position and the phase as plain text (`repr`)."""
     holding = _holding(nitro, restored_best)
     return (
@@ -99,7 +99,7 @@ def text_view(nitro: Nitro, *, restored_best: bool) -> str:
     )
 
 
-def params_to_log(nitro: Nitro) -> dict[str, Any]:
+def params_to_log(nitro: RunView) -> dict[str, Any]:
     """The flat hyperparameters log_params receives.
 
     A scalar field logs its value. A non-scalar GraphConst or Device field logs
@@ -133,26 +133,46 @@ def params_to_log(nitro: Nitro) -> dict[str, Any]:
     return params
 
 
-def log_setup(nitro: Nitro, eval_width: int | None) -> None:
+def begin_setup_lines(
+    nitro: RunView, eval_width: int | None, *, lock_held: bool
+) -> bool:
+    """At construction: log the parameters and show the binding report (False), or
+    show the report and defer the logger lines to the first verb (True).
+
+    They wait for a handle that logs and will take the run directory's lock only
+    when it trains (it checkpoints and did not take it at setup for a resume): its
+    train() may be refused by another process's lock, and a refused process writes
+    nothing into the run directory, its log included. train() writes them once it
+    holds the lock, another verb before it runs."""
+    config = nitro.config
+    if config.logger is None or config.checkpointer is None or lock_held:
+        log_setup(nitro, eval_width)
+        return False
+    logproto.require_verbs(config.logger, "log_params", "log_other")
+    show_setup(nitro, eval_width)
+    return True
+
+
+def log_setup(nitro: RunView, eval_width: int | None) -> None:
     """Log the parameters (before any compile) and show the binding report."""
     log_setup_lines(nitro, eval_width)
     show_setup(nitro, eval_width)
 
 
-def log_setup_lines(nitro: Nitro, eval_width: int | None) -> None:
+def log_setup_lines(nitro: RunView, eval_width: int | None) -> None:
     """Give the logger the parameters and the binding report."""
     report = binding_report(nitro, eval_width)
     logproto.log_params(nitro.config.logger, params_to_log(nitro))
     logproto.log_other(nitro.config.logger, "binding_report", report)
 
 
-def show_setup(nitro: Nitro, eval_width: int | None) -> None:
+def show_setup(nitro: RunView, eval_width: int | None) -> None:
     """Show the binding report (rich on a terminal, a log record otherwise)."""
     report = binding_report(nitro, eval_width)
     show_report(f"jaxnitro: {nitro.prepared.cls.__name__}", report)
 
 
-def binding_report(nitro: Nitro, eval_width: int | None) -> str:
+def binding_report(nitro: RunView, eval_width: int | None) -> str:
     """Where each configured value bound, the data, and the routed fields;
     `eval_width`: the eval programs' batch width, once fixed."""
     routing: dict[str, tuple[str, ...]] = {}
@@ -214,7 +234,7 @@ def binding_report(nitro: Nitro, eval_width: int | None) -> str:
 
 
 # ------------------------------------------------------------- stale check ------
-def check_stale(nitro: Nitro, entry: str) -> None:
+def check_stale(nitro: RunView, entry: str) -> None:
     """Warn when the class's accessors or hooks changed since the handle froze
     them (an autoreload), naming what changed."""
     now_cls = current_class(nitro.prepared.cls)

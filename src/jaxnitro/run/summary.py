@@ -25,7 +25,7 @@ from ..experiment.traits import device_fields
 from .costs import cost_rows, si_text, step_costs
 
 if TYPE_CHECKING:
-    from .handle import Nitro
+    from .view import RunView
 
 FROM_PROGRAM = "XLA's cost analysis of the compiled train program (one step)"
 FROM_LOWERED = (
@@ -140,7 +140,7 @@ class ModelSummary:
         return "\n".join(lines)
 
 
-def model_summary(nitro: Nitro) -> ModelSummary:
+def model_summary(nitro: RunView) -> ModelSummary:
     """The summary of `nitro`'s model and programs; see `Nitro.summary`."""
     groups = _groups(nitro)
     timings = nitro.executables.timings()
@@ -169,7 +169,7 @@ def model_summary(nitro: Nitro) -> ModelSummary:
     )
 
 
-def _groups(nitro: Nitro) -> tuple[GroupSummary, ...]:
+def _groups(nitro: RunView) -> tuple[GroupSummary, ...]:
     leaves = jax.tree.leaves(nitro.parameters)
     plan = nitro.prepared.plan
     if plan is not None and len(plan.layout.labels) == len(leaves):
@@ -201,7 +201,7 @@ def _groups(nitro: Nitro) -> tuple[GroupSummary, ...]:
     )
 
 
-def _lowered_step(nitro: Nitro) -> tuple[float | None, float | None, str]:
+def _lowered_step(nitro: RunView) -> tuple[float | None, float | None, str]:
     """The gradient of one train batch by XLA's analysis of its lowering."""
     prepared = nitro.prepared
     routing = prepared.routing
