@@ -125,7 +125,8 @@ class RunView:
     @property
     def train_state(self) -> TrainState:
         """The run's latest `TrainState`: weights, optimizer state, EMA, model state,
-        accumulator, step and epoch.
+        accumulator, step, epoch, and `held`: where a stop cut the epoch (None when
+        the last epoch ended whole).
 
         Its arrays are owned by the handle: the next optimizer step donates them, so
         copy what you keep (e.g. `jax.device_get`).
