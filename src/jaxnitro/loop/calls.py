@@ -249,17 +249,17 @@ def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
     for call in calls:
         reported = call.reported
         terms, stats = reported.terms, reported.stats
-        micro = len(call.batches)
+        count = len(call.batches)
         if (
             not terms
             and not stats
             and reported.outputs is None
             and not (
                 log.logging
-                and (call.first + micro // accum) // log.every > call.first // log.every
+                and (call.first + count // accum) // log.every > call.first // log.every
             )
         ):  # losses only, no train line: settled together
-            at = (call.first * accum + np.arange(micro)) % size
+            at = (call.first * accum + np.arange(count)) % size
             if log.settle_losses(ring[at].tolist()):
                 continue
         outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
