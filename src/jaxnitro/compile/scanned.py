@@ -162,7 +162,7 @@ def automatic_step(
     def one_step(device_values, weights, state, accumulator, batch, hp, rng):
         if accum == 1:
             grads, state, reported = compute(
-                device_values, weights.params, state, batch, hp["grad"], rng
+                device_values, weights.params, state, batch, hp.grad, rng
             )
             view = ctx.make_view(device_values)
             return plan.apply(view, weights, grads, hp), state, accumulator, reported
@@ -171,7 +171,7 @@ def automatic_step(
             accumulator, state = carry
             micro_batch, micro_rng = xs
             grads, state, reported = compute(
-                device_values, weights.params, state, micro_batch, hp["grad"], micro_rng
+                device_values, weights.params, state, micro_batch, hp.grad, micro_rng
             )
             accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
             return (accumulator, state), reported
