@@ -88,7 +88,7 @@ def lowered_step(plan, params, by_hand=False):
     def step(p, state, grads, hp):
         if not by_hand:
             return plan.apply(None, Weights(p, state, None), grads, hp)[:2]
-        group = hp["groups"]["default"]
+        group = hp.groups["default"]
 
         def decay_update(updates, state, p):
             def pull(u, w, m):

@@ -33,7 +33,7 @@ def test_clip_zero_emits_no_clipping_ops():
     def lowered(plan, by_hand=False):
         def step(p, state, grads, hp):
             if by_hand:  # the rule alone on the step's inputs, written by hand
-                group = hp["groups"]["default"]
+                group = hp.groups["default"]
                 fields = {name: group[name] for name in plan.groups[0].scheduled}
                 rule = optax.radam(group["learning_rate"], **fields)
                 updates, state = rule.update(grads, state, p)
@@ -53,3 +53,23 @@ def test_clip_zero_emits_no_clipping_ops():
     assert len(clipped) > len(by_hand)
     sqrt = sum("stablehlo.sqrt" in line for line in clipped)
     assert sqrt == sum("stablehlo.sqrt" in line for line in by_hand) + 1
+
+
+def test_step_inputs_flatten_as_the_dict_they_replaced():
+    """The typed step inputs keep the leaf order of a dict of the same entries (keys
+    sorted), so the packed float columns and the programs stay what they were."""
+    from jaxnitro.compile.optimizer_step import StepInputs
+
+    f = np.float32
+    every = StepInputs(
+        ema={"decay": f(0.9), "update": np.bool_(True)},
+        grad={"values": {"rho": f(0.05)}, "masks": {"w": np.ones(2, bool)}},
+        gradient_clip_norm=f(1.0),
+        groups={"b": {"learning_rate": f(0.1)}, "a": {"learning_rate": f(0.2)}},
+        manual=((f(0.3), np.bool_(False)),),
+    )
+    plan = single_group_plan({"w": np.ones(3, np.float32)}, learning_rate=0.1)
+    for inputs in (every, plan.step_inputs(0)):
+        as_dict = {k: v for k, v in inputs._asdict().items() if v is not None}
+        new, old = jax.tree.leaves(inputs), jax.tree.leaves(as_dict)
+        assert all(a is b for a, b in zip(new, old, strict=True))

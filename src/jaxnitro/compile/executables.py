@@ -39,8 +39,8 @@ class Executables:
         step = nitro.executables.get("train_step", memo, lambda: ctx.compile(...))
 
     A program reaches it through its declaration, `Program.executable`
-    (`declaration.py`), which derives the memo from the program's kind, baked
-    constants and per-call shapes.
+    (`declaration.py`), which derives the memo from the declaration's key (the
+    one the compile cache's key holds too) and the per-call shapes.
     """
 
     def __init__(self, owner: PhaseOwner) -> None:

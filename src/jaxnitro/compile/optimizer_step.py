@@ -10,9 +10,35 @@ above this one) and handed to the programs by the run's setup.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .boundary import Weights
+
+
+class StepInputs(NamedTuple):
+    """One optimizer step's inputs, made on the host each step (`hp`).
+
+    The fields are in the order of their names, the order a dict of them flattens
+    in: the leaves, so the compiled programs, are those of the dict this replaced.
+
+    Attributes:
+        ema: the EMA's update inputs (`{"decay": float32, "update": bool_}`), or
+            None without an EMA.
+        grad: the gradient rule's inputs (`{"values": {field: float32}, "masks":
+            tree}`), `{}` for a rule that takes none.
+        gradient_clip_norm: float32, the global-norm threshold; None without
+            clipping.
+        groups: each group's hyperparameters by group name, as the group's
+            `optimizer(self, group, hp)` reads them (`hp["learning_rate"]`, ...).
+        manual: manual mode's `(value, scheduled)` of each exposed optimizer
+            field, in `OptimizerPlan.manual_targets` order; None otherwise.
+    """
+
+    ema: Any
+    grad: Any
+    gradient_clip_norm: Any
+    groups: dict[str, dict[str, Any]]
+    manual: tuple[Any, ...] | None
 
 
 class OptimizerStep(Protocol):
@@ -29,9 +55,7 @@ class OptimizerStep(Protocol):
         masks, values) -> eps`, a tree like the params."""
         ...
 
-    def apply(
-        self, view: Any, weights: Weights, grads: Any, hp: dict[str, Any]
-    ) -> Weights:
+    def apply(self, view: Any, weights: Weights, grads: Any, hp: StepInputs) -> Weights:
         """One optimizer step (traced): `weights` moved by `grads` under this
         step's hyperparameters `hp`, as new `Weights`."""
         ...

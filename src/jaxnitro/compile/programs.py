@@ -15,8 +15,11 @@ Every program receives the experiment's Device fields as a plain dict and rebuil
 stripped view inside the trace, so a compiled program never depends on the identity of
 the experiment class object (a reloaded class with unchanged code still hits).
 
+Each kind is declared once (`kinds.py`), its arguments a typed tuple beside its
+builder (`EvalForwardArgs`, ..., `scanned.TrainCallArgs`).
+
 On a mesh (n_devs > 1) each program compiles with explicit shardings, from the role of
-each argument and result (`LAYOUTS`, `calls_layout`): the batch split along the data
+each argument and result (its declaration's `Layout`): the batch split along the data
 axis (a block of batches along its batch axis, behind the block's), the
 training state as the run's `Placement` lays it out, the rest replicated. The
 executable places what it is given before each call, so a value from anywhere (a
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +48,9 @@ from .cache import CompileCache
 from .optimizer_step import OptimizerStep
 from .precision import cast_floating, compute_dtype, like_dtypes
 
+if TYPE_CHECKING:
+    from .declaration import Program
+
 
 def model_key(model: Any) -> Any:
     """The model's static part as a key: its code and state, plus its value or
@@ -59,33 +65,11 @@ def model_key(model: Any) -> Any:
     return (fingerprint(model), typed_key(value))
 
 
-# Where each program's arguments and results go on a mesh. A result is a role, or the
-# index of the argument whose layout it keeps (the donated state comes back as it
-# went in); None leaves a result's layout to XLA (eval outputs, sliced on the host).
-Layout = tuple[tuple[Role, ...], tuple["Role | int", ...] | None]
-_ON_OUTPUTS: Layout = (("replicated", "replicated", "replicated"), ("replicated",))
-LAYOUTS: dict[str, Layout] = {
-    "manual_step": (  # (values, Weights, model_state, batch, hp, rng)
-        ("replicated", "state", "replicated", "batch", "replicated", "replicated"),
-        (1, "replicated", "replicated"),
-    ),
-    "eval_forward": (("replicated", "state", "replicated", "batch"), None),
-    "eval_metrics": _ON_OUTPUTS,
-    "eval_loss": _ON_OUTPUTS,
-}
-
-
-def calls_layout(accum: int) -> Layout:
-    """The layout of the calls loop's train program (`compile/scanned.py`):
-    `(values_shared, values_steps, Weights, model_state, accumulator, block,
-    hp_shared, hp_steps, start, count, ring)`, its block split along the batch axis
-    behind the block's leading axes."""
-    block: Role = "block" if accum == 1 else "accum_block"
-    return (
-        ("replicated", "replicated", "state", "replicated", "state", block)
-        + ("replicated",) * 5,
-        (2, "replicated", 4, "replicated", "replicated"),
-    )
+# Where a program's arguments and results go on a mesh, by position: each argument's
+# role, and each result's role or the position of the argument whose layout it keeps
+# (the donated state comes back as it went in); None leaves the results' layout to
+# XLA. A declaration names them by field (`declaration.Layout`), resolved once.
+Placed = tuple[tuple[Role, ...], tuple["Role | int", ...] | None]
 
 
 class PlacedExecutable:
@@ -104,7 +88,7 @@ class PlacedExecutable:
         return getattr(self.compiled, name)
 
 
-def _shardings(placement: Placement, layout: Layout, args: tuple[Any, ...]) -> Any:
+def _shardings(placement: Placement, layout: Placed, args: tuple[Any, ...]) -> Any:
     """`(in_shardings, out_shardings or None)` of a program laid out as `layout`
     for `args`."""
     inputs, outputs = layout
@@ -158,17 +142,18 @@ class TraceContext:
         """
         return fingerprint(*(self.hooks[hook] for hook in traced), owner=self.cls)
 
-    def key(
-        self, kind: str, traced: tuple[str, ...], args: Any, baked: dict[str, Any]
-    ) -> ProgramKey:
+    def key(self, program: Program, args: tuple[Any, ...]) -> ProgramKey:
+        """The cache key of `program` (its declaration's constants, the code of the
+        hooks it traces) for `args`, with what this context adds."""
+        baked = {**program.constants(), "precision": self.precision}
         return ProgramKey(
-            kind=kind,
+            kind=program.kind,
             experiment=(self.cls.__module__, self.cls.__qualname__),
             graphconst=self.graphconst,
-            code=self.code_fingerprint(traced),
+            code=self.code_fingerprint(program.traced),
             model=model_key(self.model),
             signature=abstract_signature(args),
-            baked=tuple(sorted({**baked, "precision": self.precision}.items()))
+            baked=tuple(sorted(baked.items()))
             + (("placement", self.placement and self.placement.key()),),
             compile_options=tuple(sorted(self.compile_options.items())),
         )
@@ -176,41 +161,40 @@ class TraceContext:
     def compile(
         self,
         cache: CompileCache,
-        kind: str,
+        program: Program,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         *,
-        traced: tuple[str, ...],
-        baked: dict[str, Any],
-        donate: tuple[int, ...] = (),
         on_compile: Callable[[str], Any] | None = None,
-        layout: Layout | None = None,
     ) -> Any:
         """The compiled executable of `fn` for `args`, from the cache or compiled now.
 
-        `traced` names the hooks `fn` traces; `baked` holds every host constant `fn`
-        captures that the key does not otherwise see. On a mesh the arguments are
-        placed first, so the key sees the shardings the program runs with; `layout`
-        says where each goes (default: `LAYOUTS[kind]`).
+        `program` declares what `fn` is: its kind, the hooks it traces, every host
+        constant it captures that the key does not otherwise see, what it donates
+        and its layout. On a mesh the arguments are placed first, so the key sees
+        the shardings the program runs with.
         """
+        kind = program.kind
+        args = tuple(args)  # a typed argument tuple travels as the plain one
         placement = self.placement
         shardings: Any = None
         if placement is not None:
-            shardings = _shardings(placement, layout or LAYOUTS[kind], args)
+            shardings = _shardings(placement, program.placed, args)
             args = put(args, shardings[0])
-        key = self.key(kind, traced, args, baked)
+        key = self.key(program, args)
+        donate = program.argnums
 
         def build() -> Any:
             if on_compile is not None:
                 on_compile(kind)
-            program = _named(fn, kind)
+            named = _named(fn, kind)
             options = self.compile_options or None
             if shardings is None:
-                lowered = jax.jit(program, donate_argnums=donate).lower(*args)
+                lowered = jax.jit(named, donate_argnums=donate).lower(*args)
                 return lowered.compile(compiler_options=options)
             given, out = shardings
             jitted = jax.jit(
-                program,
+                named,
                 in_shardings=given,
                 donate_argnums=donate,
                 **({} if out is None else {"out_shardings": out}),
@@ -338,6 +322,31 @@ def gradient_fn(
         return grads, new_state, StepOutputs(loss, terms, stats, extra)
 
     return compute
+
+
+class EvalForwardArgs(NamedTuple):
+    """The eval forward program's arguments."""
+
+    values: Any  # the Device fields, by name
+    params: Any  # the parameters evaluated (the EMA's where it evaluates)
+    model_state: Any
+    batch: Any  # the routed fields, padded to the eval width: (width, ...)
+
+
+class EvalMetricsArgs(NamedTuple):
+    """The eval metrics program's arguments."""
+
+    values: Any  # the Device fields, by name
+    outputs: Any  # forward's outputs, sliced to the chunk's samples: (n, ...)
+    batch: Any  # the fields `metrics` reads: (n, ...)
+
+
+class EvalLossArgs(NamedTuple):
+    """The eval loss program's arguments."""
+
+    values: Any  # the Device fields, by name
+    outputs: Any  # forward's outputs, sliced to the chunk's samples: (n, ...)
+    batch: Any  # the fields `loss` reads: (n, ...)
 
 
 def eval_forward_fn(ctx: TraceContext, names: tuple[str, ...]) -> Callable:

@@ -12,8 +12,8 @@ line, the progress bar or the divergence check needs it. Both travel in one buff
 (`ring`): on a TPU host each argument and each result of a call costs several
 microseconds of dispatch, so a call takes and returns as few as it can.
 
-    train_step(values_shared, values_steps, Weights, model_state, accumulator, block,
-               hp_shared, hp_steps, start, count, ring)
+    train_step(values_shared, values_steps, weights, model_state, accumulator, block,
+               hp_shared, hp_steps, start, count, ring)             (TrainCallArgs)
         -> (Weights, model_state, accumulator, StepOutputs stacked, ring)
         donates: Weights and the accumulator
 
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -162,7 +162,7 @@ def automatic_step(
     def one_step(device_values, weights, state, accumulator, batch, hp, rng):
         if accum == 1:
             grads, state, reported = compute(
-                device_values, weights.params, state, batch, hp["grad"], rng
+                device_values, weights.params, state, batch, hp.grad, rng
             )
             view = ctx.make_view(device_values)
             return plan.apply(view, weights, grads, hp), state, accumulator, reported
@@ -171,7 +171,7 @@ def automatic_step(
             accumulator, state = carry
             micro_batch, micro_rng = xs
             grads, state, reported = compute(
-                device_values, weights.params, state, micro_batch, hp["grad"], micro_rng
+                device_values, weights.params, state, micro_batch, hp.grad, micro_rng
             )
             accumulator = jax.tree.map(lambda a, g: a + g * scale, accumulator, grads)
             return (accumulator, state), reported
@@ -184,6 +184,23 @@ def automatic_step(
         return weights, state, jax.tree.map(jnp.zeros_like, accumulator), reported
 
     return one_step
+
+
+class TrainCallArgs(NamedTuple):
+    """The train program's arguments (module docstring), in the order it takes
+    them: `executable(*TrainCallArgs(...))`."""
+
+    values_shared: Any  # the Device fields every step shares (device arrays)
+    values_steps: Any  # every Device field stacked (K, ...)
+    weights: Any  # Weights, or packed the state's flat buffers; donated
+    model_state: Any  # the model's state, or () packed
+    accumulator: Any  # the gradient accumulator, or () packed; donated
+    block: Any  # the block's batches: (K, B, ...), or (K, accum, B, ...)
+    hp_shared: Any  # the optimizer inputs every step shares (masks, anchors)
+    hp_steps: Any  # the host-made optimizer inputs stacked (K, ...)
+    start: Any  # int32[]: the call's first block position
+    count: Any  # int32[]: the call's steps
+    ring: Any  # uint32[3 + T]: the step counter and the loss ring
 
 
 def scanned_fn(

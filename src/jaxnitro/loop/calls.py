@@ -67,7 +67,13 @@ from ..compile.packed import (
     packs_state,
     unpack_program,
 )
-from ..compile.scanned import RING_HEAD, call_positions, new_ring, ring_losses
+from ..compile.scanned import (
+    RING_HEAD,
+    TrainCallArgs,
+    call_positions,
+    new_ring,
+    ring_losses,
+)
 from ..data.signature import batch_signature
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
@@ -460,30 +466,28 @@ def call_steps(
                     if constant:
                         _CARRIED["inputs"] = (plan, device, size, inputs)
                 inputs = made[2]
+                args = TrainCallArgs(
+                    inputs.values_shared,
+                    inputs.values_steps,
+                    *carry,
+                    batches,
+                    inputs.hp_shared,
+                    inputs.hp_steps,
+                    positions[done_in_block],
+                    positions[length],
+                    ring,
+                )
                 if program is None:  # the epoch's first call
                     refuse_changed(pending, signature, epoch)
                     program = log.program = call_program(
                         context,
-                        carry,
-                        batches,
+                        args,
                         inputs,
-                        positions,
-                        ring,
                         single=per_call == 1,
                         packing=packing,
                     )
                 try:
-                    first_arg, second, third, reported, ring = program(
-                        inputs.values_shared,
-                        inputs.values_steps,
-                        *carry,
-                        batches,
-                        inputs.hp_shared,
-                        inputs.hp_steps,
-                        positions[done_in_block],
-                        positions[length],
-                        ring,
-                    )
+                    first_arg, second, third, reported, ring = program(*args)
                     carry = (first_arg, second, third)
                 except TypeError:  # an executable refusing its arguments: no step ran
                     refuse_changed(pending, signature, epoch)

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compile.declaration import Program
-from ..compile.programs import eval_forward_fn, eval_loss_fn, eval_metrics_fn
+from ..compile.kinds import EVAL_FORWARD, EVAL_LOSS, EVAL_METRICS
+from ..compile.programs import EvalForwardArgs
 from ..data.padding import check_batch_first, pad_batch, slice_outputs
 from ..data.sources import batch_size, first_batch
 from ..data.stream import EvalStaged
@@ -100,14 +101,12 @@ def forward_padded(host: EvalHost, padded: Mapping[str, Any], count: int | None)
     assert width is not None
     ctx = host.prepared.ctx
     names = tuple(padded)
-    args = (host.device_values(), host.eval_params(), host.states, padded)
+    args = EvalForwardArgs(
+        host.device_values(), host.eval_params(), host.states, padded
+    )
     try:
         executable = EVAL_FORWARD.executable(
-            host.executables,
-            ctx,
-            lambda: eval_forward_fn(ctx, names),
-            args,
-            _shapes(padded),
+            host.executables, ctx, args, _shapes(padded), ctx, names
         )
     except Exception as error:  # a trace for a batch of another shape failed
         note = _shape_note(host, padded)
@@ -145,19 +144,8 @@ def _shape_note(host: EvalHost, fields: Mapping[str, Any]) -> str | None:
     )
 
 
-EVAL_FORWARD = Program("eval_forward", traced=("forward",), baked={"mode": "eval"})
-"""forward in eval mode on a batch padded to the eval width."""
-_ON_OUTPUTS = {
-    "eval_metrics": (
-        Program("eval_metrics", traced=("metrics",), baked={"mode": "eval"}),
-        eval_metrics_fn,
-    ),
-    "eval_loss": (
-        Program("eval_loss", traced=("loss",), baked={"mode": "eval"}),
-        eval_loss_fn,
-    ),
-}
-"""The programs that run a hook on (sliced) eval outputs, and their builders."""
+_ON_OUTPUTS: dict[str, Program] = {"eval_metrics": EVAL_METRICS, "eval_loss": EVAL_LOSS}
+"""The programs that run a hook on (sliced) eval outputs."""
 
 
 def run_on_outputs(
@@ -175,14 +163,15 @@ def run_on_outputs(
     """
     ctx = host.prepared.ctx
     fields = {k: np.asarray(chunk[k]) for k in names}
-    args = (host.device_values(), outputs, fields)
-    program, builder = _ON_OUTPUTS[kind]
+    program = _ON_OUTPUTS[kind]
+    args = program.args(host.device_values(), outputs, fields)
     executable = program.executable(
         host.executables,
         ctx,
-        lambda: builder(ctx, names),
         args,
         (_shapes(fields), _tree_shapes(outputs)),
+        ctx,
+        names,
     )
     return jax.device_get(executable(*args))
 

@@ -119,13 +119,13 @@ def manual_step_fn(
     """The manual step program's traced function: `train_step` on one batch, in
     train mode, its return checked. `exposed`: every `(subtree, field)` the
     optimizer states expose (`OptimizerPlan.manual_targets`), scheduled or not;
-    this step's `(value, scheduled)` of each (`hp["manual"]`, in that order) is
+    this step's `(value, scheduled)` of each (`hp.manual`, in that order) is
     bound into the optimizer states first (`bind_hyperparams`)."""
 
     def step(device_values, weights, state, batch, hp, rng):
         opt_state = weights.opt_state
         if exposed:
-            values = dict(zip(exposed, hp["manual"], strict=True))
+            values = dict(zip(exposed, hp.manual, strict=True))
             opt_state = bind_hyperparams(opt_state, values)
         view = ctx.make_view(device_values)
         with training_mode(True), step_rng_scope(rng):
@@ -172,7 +172,7 @@ def manual_call_step(
     """Manual mode's step as the train program runs it (`compile/scanned.py`):
     `manual_step_fn`, with the accumulator (None: manual mode refuses accum > 1)
     passed through. Which of the `exposed` hyperparameters a run schedules is an
-    input (`hp["manual"]`), never part of the program."""
+    input (`hp.manual`), never part of the program."""
     step = manual_step_fn(ctx, names, exposed)
 
     def one_step(device_values, weights, state, accumulator, batch, hp, rng):

@@ -19,16 +19,16 @@ import jax
 import numpy as np
 
 from ..compile.declaration import Program
+from ..compile.kinds import MANUAL_STEP, TRAIN_STEP, train_layout
 from ..compile.packed import Packing
-from ..compile.programs import calls_layout
 from ..compile.scanned import (
     PACKED,
     SHARED,
     STACKED,
     StepBody,
+    TrainCallArgs,
     automatic_step,
     packs,
-    scanned_fn,
     split_inputs,
 )
 from ..data.sources import batch_size
@@ -204,30 +204,22 @@ def call_inputs(
     )
 
 
-def _step_body(
-    prepared: Prepared, accum: int
-) -> tuple[str, tuple[str, ...], StepBody, dict[str, Any]]:
-    """`(kind, traced hooks, step body, baked constants)` of the run's mode: the
-    automatic step over its plan, or manual mode's own `train_step`."""
+def _step_program(prepared: Prepared, accum: int) -> tuple[Program, StepBody]:
+    """The train program of the run's mode as this run compiles it, and its step
+    body: the automatic step over its plan, or manual mode's own `train_step`."""
     ctx = prepared.ctx
     plan = prepared.plan
     assert plan is not None
+    layout = train_layout(accum)
     if prepared.manual:
         names = prepared.routing.train_fields
         exposed = plan.manual_targets
         body = manual_call_step(ctx, names, exposed)
-        return (
-            "manual_step",
-            ("train_step",),
-            body,
-            {
-                "fields": names,
-                "exposed": exposed,
-            },
-        )
+        manual = {"fields": names, "exposed": exposed}
+        return MANUAL_STEP.running(manual, layout=layout), body
     fields = prepared.routing.gradient_fields
     assert fields is not None  # routed at setup for a run with a train split
-    traced = ("forward", "loss") + (
+    traced = TRAIN_STEP.traced + (
         ("train_metrics",) if fields.train_metrics is not None else ()
     )
     baked = {
@@ -236,63 +228,42 @@ def _step_body(
         **plan.constants(),
         **plan.gradient_constants(),
     }
-    return "train_step", traced, automatic_step(ctx, fields, accum, plan), baked
+    program = TRAIN_STEP.running(baked, traced=traced, layout=layout)
+    return program, automatic_step(ctx, fields, accum, plan)
 
 
 def call_program(
     context: EpochContext,
-    carry: tuple[Any, Any, Any],
-    batches: dict[str, Any],
+    args: TrainCallArgs,
     inputs: CallInputs,
-    positions: tuple[Any, ...],
-    ring: Any,
     *,
     single: bool,
     packing: Packing | None,
 ) -> Any:
-    """The train program for a block shaped as `batches` (its leading axis is the
-    block's step count), from the handle or the cache (`compile/scanned.py`):
+    """The train program for calls taking `args` (`args.block`'s leading axis is
+    the block's step count), from the handle or the cache (`compile/scanned.py`):
     the automatic step, or in manual mode the experiment's own `train_step`;
-    `carry`: the state arguments `(Weights, model_state, accumulator)`, or with a
-    `packing` `(flat buffers, (), ())`; `single`: every call runs one step
-    (steps_per_call=1)."""
+    `inputs`: the block's inputs `args` holds (their layout keys the program);
+    `single`: every call runs one step (steps_per_call=1); `packing`: the state
+    travels packed (`compile/packed.py`)."""
     ctx = context.prepared.ctx
     accum = context.accum
-    kind, traced, body, baked = _step_body(context.prepared, accum)
-    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in batches.items())
-    args = (
-        inputs.values_shared,
-        inputs.values_steps,
-        *carry,
-        batches,
-        inputs.hp_shared,
-        inputs.hp_steps,
-        positions[0],
-        positions[1],
-        ring,
+    program, body = _step_program(context.prepared, accum)
+    program = program.running(
+        {"layout": inputs.layout, "single": single, "packing": packing}
     )
-    baked = {
-        "mode": "train_calls",
-        "layout": repr(inputs.layout),
-        "single": single,
-        "packing": repr(packing),
-        **baked,
-    }
-    program = Program(
-        kind,
-        traced,
-        baked,
-        donate=(2, 4),  # the Weights and the accumulator
-        layout=calls_layout(accum),
-        announce_as="train_step",
-    )
+    shapes = tuple((k, v.shape, str(v.dtype)) for k, v in args.block.items())
     # The manual optimizer states' transformations live in the Weights' tree
     # structure: the memo sees them there, as the compile key does.
-    structure = jax.tree.structure(carry[0])
+    structure = jax.tree.structure(args.weights)
     return program.executable(
         context.executables,
         ctx,
-        lambda: scanned_fn(body, accum, inputs.layout, single=single, packing=packing),
         args,
-        (shapes, accum, inputs.layout, ring.shape, structure),
+        (shapes, accum, inputs.layout, args.ring.shape, structure),
+        body,
+        accum,
+        inputs.layout,
+        single=single,
+        packing=packing,
     )

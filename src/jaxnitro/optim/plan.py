@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from ..compile.boundary import Weights
+from ..compile.optimizer_step import StepInputs
 from ..errors import ConfigError
 from ..experiment.values import to_host_array
 from .decay import Decay
@@ -76,7 +77,7 @@ class OptimizerPlan:
         >>> import jax.numpy as jnp
         >>> from jaxnitro.optim.plan import single_group_plan
         >>> plan = single_group_plan({"w": jnp.ones(2)}, learning_rate=1e-3)
-        >>> sorted(plan.step_inputs(0)["groups"]["default"])
+        >>> sorted(plan.step_inputs(0).groups["default"])
         ['anchor', 'b1', 'b2', 'eps', 'eps_root', 'learning_rate', 'no_decay_mask',
          'weight_decay']
     """
@@ -110,7 +111,7 @@ class OptimizerPlan:
             )
         self._constant = {s.target: s.value(0) for s in self.schedules if s.constant}
         self._varying = tuple(s for s in self.schedules if not s.constant)
-        self._cached: dict[str, Any] | None = None
+        self._cached: StepInputs | None = None
         self._sources = {g.name: self._field_sources(g) for g in self.groups}
         # The train line's keys, resolved once: it is built on every logged step.
         self._logged = _log_keys(self._varying, self.groups, manual=self.manual)
@@ -133,7 +134,7 @@ class OptimizerPlan:
     def manual_targets(self) -> tuple[tuple[str, str], ...]:
         """Manual mode's hyperparameters as `(subtree, field)`: every one the
         optimizer states expose, scheduled or not, so which keys a run schedules
-        never changes the step's program; in the order `step_inputs()["manual"]`
+        never changes the step's program; in the order `step_inputs().manual`
         holds their `(value, scheduled)` pairs."""
         return tuple(
             (subtree, name)
@@ -186,7 +187,7 @@ class OptimizerPlan:
 
     def step_inputs(
         self, step: int, values: dict[Target, float] | None = None
-    ) -> dict[str, Any]:
+    ) -> StepInputs:
         """This optimizer step's inputs: NumPy scalars and constant device trees.
 
         `values`: `schedule_values(step)`, when the caller already has them.
@@ -207,17 +208,19 @@ class OptimizerPlan:
             for name in g.scheduled:
                 hp[name] = np.float32(own[name])
             groups[g.name] = hp
-        inputs: dict[str, Any] = {"groups": groups}
-        if self.clips:
-            inputs["gradient_clip_norm"] = np.float32(self.clip_norm)
-        if self.ema is not None:
-            inputs["ema"] = self.ema.step_inputs(step)
-        inputs["grad"] = self.grad_inputs(step, values)
+        manual = None
         if self.manual_targets:  # absolute values, bound into the optimizer states
-            inputs["manual"] = tuple(
+            manual = tuple(
                 _manual_input(values, subtree, name)
                 for subtree, name in self.manual_targets
             )
+        inputs = StepInputs(
+            ema=None if self.ema is None else self.ema.step_inputs(step),
+            grad=self.grad_inputs(step, values),
+            gradient_clip_norm=np.float32(self.clip_norm) if self.clips else None,
+            groups=groups,
+            manual=manual,
+        )
         if self.is_constant:
             self._cached = inputs
         return inputs
@@ -317,9 +320,7 @@ class OptimizerPlan:
         return line
 
     # --- traced ---------------------------------------------------------------------
-    def transformation(
-        self, view: Any, hp: dict[str, Any]
-    ) -> optax.GradientTransformation:
+    def transformation(self, view: Any, hp: StepInputs) -> optax.GradientTransformation:
         """The Optax transformation for this step, from the traced inputs."""
         chains = {}
         for g in self.groups:
@@ -327,7 +328,7 @@ class OptimizerPlan:
                 g.rule,
                 view,
                 g.name,
-                hp["groups"][g.name],
+                hp.groups[g.name],
                 g.scheduled,
                 _decoupled if g.decays else None,
             )
@@ -339,19 +340,17 @@ class OptimizerPlan:
         """A fresh optimizer state for `params`."""
         return self.transformation(self.experiment, self.step_inputs(0)).init(params)
 
-    def apply(
-        self, view: Any, weights: Weights, grads: Any, hp: dict[str, Any]
-    ) -> Weights:
+    def apply(self, view: Any, weights: Weights, grads: Any, hp: StepInputs) -> Weights:
         """One optimizer step (traced): clip, each group's chain, the EMA update."""
         params, opt_state, ema = weights
         if self.clips:
-            grads = clip_by_global_norm(grads, hp["gradient_clip_norm"])
+            grads = clip_by_global_norm(grads, hp.gradient_clip_norm)
         updates, opt_state = self.transformation(view, hp).update(
             grads, opt_state, params
         )
         params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), params, updates)
         if self.ema is not None:
-            ema = ema_update(ema, params, hp["ema"])
+            ema = ema_update(ema, params, hp.ema)
         return Weights(params, opt_state, ema)
 
 

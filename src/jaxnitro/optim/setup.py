@@ -305,7 +305,7 @@ def build_plan(
                 resolved.rule,
                 e,
                 resolved.name,
-                hp["groups"][resolved.name],
+                hp.groups[resolved.name],
                 _masked(params, labels, resolved.name, single),
                 _level2_probed(resolved, bound),
                 resolved.decays,
