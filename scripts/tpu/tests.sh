@@ -5,12 +5,14 @@
 #   bash scripts/tpu/tests.sh                            # the whole default tier
 #   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
 #
-# The tier in two calls (each within the device tool's 10 minutes):
+# The tier in three calls (each within the device tool's 10 minutes; on 2026-12-06
+# the first took 230 s, and the last two as one call ran past 330 s in tests/docs):
 #
 #   bash scripts/tpu/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
-#       tests/devices tests/examples tests/experiment tests/export
+#       tests/devices tests/examples tests/experiment tests/export tests/keys
 #   bash scripts/tpu/tests.sh tests/logging tests/loop tests/observe tests/optim \
-#       tests/run tests/runfile tests/test_*.py src/jaxnitro
+#       tests/run
+#   bash scripts/tpu/tests.sh tests/runfile tests/docs tests/test_*.py src/jaxnitro
 #
 # It sources scripts/tpu/env.sh test first (the test dependencies into
 # .tpu-scratch/site-test, from the machine's index and the carried wheels), unless
