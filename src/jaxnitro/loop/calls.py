@@ -27,11 +27,12 @@ the latest every `SETTLE_EVERY` micro-batches, so the divergence check runs whil
 the device keeps its queue. A read is planned a call ahead: the call holding what is
 needed starts its ring's copy to the host as it is dispatched, and the host reads it
 after dispatching the next call (a blocking read of a fresh result cost a TPU step
-about 400 us). Settling goes through `EpochLog` micro-batch by micro-batch, as
-if each step were read alone: the same running loss sum in the same order, the same
-train lines at the same steps with the same values whatever the steps per call, a
-divergence named at its own step (found at the next read, up to `SETTLE_EVERY`
-micro-batches later, with no rollback).
+about 400 us). Settling goes through `EpochLog` as if each step were read alone (a
+call that carries only losses in one pass, others micro-batch by micro-batch): the
+same running loss sum in the same order, the same train lines at the same steps with
+the same values whatever the steps per call, a divergence named at its own step
+(found at the next read, up to `SETTLE_EVERY` micro-batches later, with no
+rollback).
 A settled call's stacked train_metrics stay on the device for the epoch's summary
 line (`TrainMeans`): summed by one small program every `FOLD_EVERY` calls, read back
 once at the epoch's end.

@@ -1,13 +1,13 @@
 """The host side of one training epoch: read-backs, the divergence check, train lines.
 
-The hot loop (`steps.py`, or `calls.py` at steps_per_call > 1) dispatches each
-micro-batch (or each call of several steps) and hands what it reported to `EpochLog`
-a dispatch later, as an `InFlight`; `EpochLog.settle` reads the loss back, checks it,
-keeps the epoch's running mean and writes the train line of every
-`log_every_n_steps`-th step; at the epoch's end the loop writes its train summary
-line (`EpochLog.log_summary`, context "train_epoch"), whatever the cadence: the
-epoch's mean loss and the mean of each train_metrics value over its steps
-(`TrainMeans`). A scanned call reports its steps' loss terms and device
+The hot loop (`calls.py`) dispatches calls of one to K steps and settles what they
+reported a call or more later: a call that carries only losses in one pass
+(`EpochLog.settle_losses`), any other micro-batch by micro-batch as an `InFlight`
+(`EpochLog.settle`), which checks the loss, keeps the epoch's running mean and
+writes the train line of every `log_every_n_steps`-th step; at the epoch's end the
+loop writes its train summary line (`EpochLog.log_summary`, context "train_epoch"),
+whatever the cadence: the epoch's mean loss and the mean of each train_metrics value
+over its steps (`TrainMeans`). A scanned call reports its steps' loss terms and device
 train_metrics stacked: each micro-batch's share is a `Stacked` reference into them,
 sliced only once the logger has read the line's values back.
 """
