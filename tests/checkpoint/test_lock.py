@@ -301,7 +301,10 @@ def test_four_processes_training_into_one_directory_leave_one_writer(tmp_path):
     assert len(trained) == 1 and len(refused) == 3, results
     winner = trained[0][1]
     assert trained[0][2] == "3"
-    assert all(r == ["refused", winner, socket.gethostname()] for r in refused)
+    # A refusal names the winner, or "not yet written" when it read the lock file
+    # between the winner's flock and its write of its name (seen in CI, rarely).
+    named = ["refused", winner, socket.gethostname()]
+    assert all(r in (named, ["refused", "None", "None"]) for r in refused), refused
     entries = nx.read_manifest(str(tmp_path / "run"))  # intact, one run's
     assert sorted(e.epoch for e in entries) == [1, 2, 3][-len(entries) :]
     assert len({e.run for e in entries}) == 1
