@@ -12,8 +12,11 @@ On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
 - jaxnitro's own train call replayed alone (the executable the loop calls, with the
   arguments of its last call, outputs fed back in): the loop's floor, all Python
   of the loop taken away;
-- a cProfile of one jaxnitro epoch at steps_per_call 1: the functions with the most
-  own time, in microseconds a step.
+- where an epoch's wall time goes at steps_per_call 1 and K: from the hot loop's
+  entry to its first dispatch, the calls, from the last call to the loop's exit,
+  and around the loop;
+- a cProfile of jaxnitro epochs at steps_per_call 1 (`--profile-steps-per-call`):
+  the functions with the most own time, in microseconds a step.
 
     python benchmarks/loop_profile.py
     python benchmarks/loop_profile.py --steps-per-call 8 --top 30
@@ -104,7 +107,7 @@ def nitro_steps(exp, per_call: int) -> float:
         steps_per_call=per_call,
     )
     nitro.train()
-    return statistics.median(row["seconds"] for row in nitro.history[1:])
+    return statistics.median(row["seconds"] for row in nitro.history[2:])
 
 
 def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
@@ -155,6 +158,67 @@ def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
     return (time.perf_counter() - start) / calls * 1e6, steps, n_in, n_out
 
 
+def timeline(exp, per_call: int) -> dict[str, float]:
+    """Where an epoch's wall time goes, in microseconds (medians over `EPOCHS`
+    epochs after a first): `lead-in` from the hot loop's entry to its first
+    dispatch, `calls` from there to the last dispatch's return, `tail` from there
+    to the loop's exit (the last losses read back, the state handed back),
+    `around` the rest of the history's epoch seconds (the feed opened and closed,
+    the epoch's summary)."""
+    import jaxnitro as nx
+    import jaxnitro.loop.calls as calls_module
+    import jaxnitro.loop.steps as steps_module
+
+    marks: list[dict[str, float]] = []
+    real_loop, real_program = steps_module.call_steps, calls_module.call_program
+
+    def loop(*args, **kwargs):
+        mark = {"enter": time.perf_counter()}
+        marks.append(mark)
+        try:
+            return real_loop(*args, **kwargs)
+        finally:
+            mark["exit"] = time.perf_counter()
+
+    def program_of(*args, **kwargs):
+        program = real_program(*args, **kwargs)
+
+        def timed(*call_args):
+            mark = marks[-1]
+            mark.setdefault("first", time.perf_counter())
+            try:
+                return program(*call_args)
+            finally:
+                mark["last"] = time.perf_counter()
+
+        return timed
+
+    steps_module.call_steps, calls_module.call_program = loop, program_of
+    try:
+        nitro = nx.Nitro(
+            exp(max_epochs=1 + EPOCHS),
+            run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+            checkpointer=None,
+            steps_per_call=per_call,
+        )
+        nitro.train()
+    finally:
+        steps_module.call_steps, calls_module.call_program = real_loop, real_program
+    # The history slices by epoch number: epochs 2 on.
+    rows = list(zip(nitro.history[2:], marks[1:], strict=True))
+
+    def median(values) -> float:
+        return statistics.median(values) * 1e6
+
+    return {
+        "epoch": median(r["seconds"] for r, _ in rows),
+        "lead-in": median(m["first"] - m["enter"] for _, m in rows),
+        "calls": median(m["last"] - m["first"] for _, m in rows),
+        "tail": median(m["exit"] - m["last"] for _, m in rows),
+        "around": median(r["seconds"] - (m["exit"] - m["enter"]) for r, m in rows),
+    }
+
+
 def profile(exp, per_call: int, top: int, count: int) -> None:
     """A cProfile of `EPOCHS` epochs after a first one: own time in us a step."""
     import jaxnitro as nx
@@ -194,6 +258,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tutorial_mlp")
+    parser.add_argument(
+        "--profile-steps-per-call",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the steps_per_call of the cProfiled epochs",
+    )
     args = parser.parse_args()
     print(banner())
 
@@ -213,7 +284,14 @@ def main() -> None:
             f"jaxnitro's train call alone, {steps} steps a call ({n_in} buffers in, "
             f"{n_out} out): {us:.1f} us a call, {us / steps:.1f} us a step"
         )
-    profile(exp, 1, args.top, count)
+    for k in sorted({1, args.steps_per_call}):
+        parts = timeline(exp, k)
+        print(
+            f"jaxnitro steps_per_call={k}, an epoch of {count} steps: "
+            + ", ".join(f"{name} {us:.1f}" for name, us in parts.items())
+            + " us"
+        )
+    profile(exp, args.profile_steps_per_call, args.top, count)
 
 
 if __name__ == "__main__":

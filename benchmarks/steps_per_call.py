@@ -98,16 +98,22 @@ def reference_scan(widths, batches, per_call: int):
     return run_epoch
 
 
-def measure(name: str, per_call: int, reps: int) -> dict[str, float]:
+def measure(
+    name: str, per_call: int, reps: int, unpacked: bool = False
+) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
-    the paired ratios reference / jaxnitro."""
+    the paired ratios reference / jaxnitro; with `unpacked`, jaxnitro at both again
+    with its state passed leaf by leaf (what packing it gains or costs here)."""
     import jaxnitro as nx
+    import jaxnitro.loop.calls as calls_module
+
+    packs = calls_module.packs_state
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
     scratch = tempfile.mkdtemp(prefix="nitro-spc-")
 
-    def ours(k: int) -> float:
+    def ours(k: int, packed: bool = True) -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
@@ -115,9 +121,14 @@ def measure(name: str, per_call: int, reps: int) -> dict[str, float]:
             checkpointer=None,
             steps_per_call=k,
         )
-        nitro.train()
-        # Epochs 2 on: the first carries the once-per-train() work.
-        return statistics.median(row["seconds"] for row in nitro.history[1:])
+        calls_module.packs_state = packs if packed else lambda: False
+        try:
+            nitro.train()
+        finally:
+            calls_module.packs_state = packs
+        # Epochs 2 on (the history slices by epoch number): the first carries the
+        # once-per-train() work.
+        return statistics.median(row["seconds"] for row in nitro.history[2:])
 
     ref_epochs, ref_first = reference_loop(widths, batches)
     ref_first()
@@ -141,13 +152,21 @@ def measure(name: str, per_call: int, reps: int) -> dict[str, float]:
         f"k={per_call}": [],
     }
     ours(1), ours(per_call)  # compile once: every later handle hits the cache
+    if unpacked:
+        sides["k=1 unpacked"], sides[f"k={per_call} unpacked"] = [], []
+        ours(1, packed=False), ours(per_call, packed=False)
     for _ in range(reps):
         sides["reference"].append(timed(lambda: ref_epochs(1)))
         sides["reference scan"].append(timed(scan_epoch))
         sides["k=1"].append(ours(1))
         sides[f"k={per_call}"].append(ours(per_call))
+        if unpacked:
+            sides["k=1 unpacked"].append(ours(1, packed=False))
+            sides[f"k={per_call} unpacked"].append(ours(per_call, packed=False))
     result = {side: statistics.median(times) for side, times in sides.items()}
-    for side in ("reference scan", "k=1", f"k={per_call}"):
+    for side in sides:
+        if side == "reference":
+            continue
         result[f"{side} paired"] = paired_ratio(sides["reference"], sides[side])
     result[f"k={per_call} / k=1 paired"] = paired_ratio(
         sides["k=1"], sides[f"k={per_call}"]
@@ -163,6 +182,12 @@ def main() -> None:
     parser.add_argument(
         "--workload", choices=[*sorted(WORKLOADS), "tiny_mlp"], action="append"
     )
+    parser.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="also time jaxnitro with its state passed leaf by leaf (off a CPU the "
+        "calls loop packs a small state into one buffer per dtype)",
+    )
     args = parser.parse_args()
     if args.cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
@@ -171,7 +196,7 @@ def main() -> None:
     print(banner())
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
-        r = measure(name, k, args.reps)
+        r = measure(name, k, args.reps, args.unpacked)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
@@ -180,6 +205,12 @@ def main() -> None:
             f"{r['reference']:.4f}, scan {r['reference scan']:.4f}, k=1 "
             f"{r['k=1']:.4f}, k={k} {r[f'k={k}']:.4f})"
         )
+        if args.unpacked:
+            print(
+                f"{name}: unpacked state: k=1 {r['k=1 unpacked paired']:.3f}x, "
+                f"k={k} {r[f'k={k} unpacked paired']:.3f}x (s/epoch medians "
+                f"{r['k=1 unpacked']:.4f}, {r[f'k={k} unpacked']:.4f})"
+            )
 
 
 if __name__ == "__main__":

@@ -525,7 +525,11 @@ def test_the_train_program_is_declared_once_for_every_epoch_of_a_setup(monkeypat
         return original(prepared, accum)
 
     monkeypatch.setattr(step_programs, "_step_program", counting)
-    nitro = nx.Nitro(Tiny(max_epochs=3), logger=None, checkpointer=None).train()
+    # steps_per_call fixed: "auto" (the default off a CPU) declares a second
+    # program once it has chosen its K.
+    nitro = nx.Nitro(
+        Tiny(max_epochs=3), logger=None, checkpointer=None, steps_per_call=1
+    ).train()
     assert len(declared) == 1 and len(nitro.history) == 3
     assert declared[0] in step_programs._DECLARED
     del nitro

@@ -66,6 +66,14 @@ class Packing:
     dtypes: tuple[np.dtype, ...]
     slots: tuple[tuple[int, int, tuple[int, ...]], ...]
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        # Computed once: the programs' memos hash a packing at every epoch's edge.
+        return hash((self.treedef, self.dtypes, self.slots))
+
     def pack(self, tree: Any) -> tuple[Any, ...]:
         """The flat buffers of `tree` (traced or concrete)."""
         parts: list[list[Any]] = [[] for _ in self.dtypes]
