@@ -224,10 +224,11 @@ class GPT(nnx.Module):
     `attention` (a name in ATTENTIONS) says how each block computes its causal
     attention: "xla" (the default) writes it out in JAX; "flash" calls the Pallas
     TPU flash attention kernel (`nn_flash`). The parameters are the same, the loss
-    and the gradient equal up to rounding. The kernel compiles for a TPU only, and constructing the module does
-    not ask for the backend (a run file builds it before its processes join): call
-    `nn_flash.check_attention_backend` before compiling, as the fronts do when they
-    build the parameters, or the compile fails in Pallas's lowering.
+    and the gradient equal up to rounding. The kernel compiles for a TPU only, and
+    constructing the module does not ask for the backend (a run file builds it
+    before its processes join): call `nn_flash.check_attention_backend` before
+    compiling, as the fronts do when they build the parameters, or the compile
+    fails in Pallas's lowering.
 
         >>> import jax.numpy as jnp
         >>> from flax import nnx
