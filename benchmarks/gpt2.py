@@ -33,6 +33,14 @@ Device memory is XLA's analysis of each step program (arguments + outputs - alia
 the module (`nn_modules.REMAT_POLICIES`: the reference builds `GPT(remat=...)`, the
 Python API sets the experiment's `remat` field, the run file `--set remat=:...`).
 
+`--attention xla|flash` picks how the jaxnitro sides' blocks compute their causal
+attention (`nn_modules.ATTENTIONS`: the experiment's `attention` field, the run file's
+`--set attention=:...`); the reference stays the plain hand-written loop with the
+attention written out ("xla"), so under "flash" each ratio to it is the kernel's gain
+as well as the framework's cost, and the exactness lines show the two attentions'
+rounding apart. "flash" is the Pallas TPU flash attention kernel: off a TPU the
+script stops before any side runs, naming the backend.
+
 `--max-batch` measures memory instead of speed: for each side (`--sides`, all three by
 default) the largest batch that fits, found by doubling from `--batch` up to
 `--max-batch-cap` (256), then bisecting between the largest batch that fitted and the
@@ -50,6 +58,7 @@ with the uninterrupted run, bit for bit.
     python benchmarks/gpt2.py --config tiny                   # CPU: well under a minute
     python benchmarks/gpt2.py --config gpt2-small --resume-check     # an accelerator
     python benchmarks/gpt2.py --config gpt2-small --max-batch --remat blocks
+    python benchmarks/gpt2.py --config gpt2-small --attention flash   # a TPU
 
 GPT-2 small's data (2048 windows of 1025 tokens below 50304) is written on first
 use with `examples/runfiles/make_data.py --gpt2` (a few seconds); the tiny windows
@@ -108,6 +117,8 @@ class Workload:
     seed: int = 1
     lr: float = 6e-4
     remat: str = "none"
+    attention: str = "xla"
+    """The jaxnitro sides' attention; the reference's is always "xla"."""
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -115,6 +126,12 @@ class Workload:
         sizes = dict(example().CONFIGS[self.config])
         sizes.pop("batch")
         return sizes
+
+    def attention_line(self) -> str:
+        """The attention as the report's workload line names it."""
+        if self.attention == "xla":
+            return "attention xla"
+        return f"attention {self.attention} (the reference's: xla)"
 
     @property
     def tokens_per_step(self) -> int:
@@ -130,6 +147,7 @@ class Workload:
             "cadence": self.cadence,
             "precision": f":{self.precision}",
             "remat": f":{self.remat}",
+            "attention": f":{self.attention}",
             "seed": self.seed,
             "lr": self.lr,
         }
@@ -407,7 +425,12 @@ def python_api(
 
     ex = example()
     experiment = ex.GPT2(
-        **work.sizes, batch=work.batch, lr=work.lr, remat=work.remat, train=source
+        **work.sizes,
+        batch=work.batch,
+        lr=work.lr,
+        remat=work.remat,
+        attention=work.attention,
+        train=source,
     )
     blocks = len(source.blocks)
 
@@ -509,7 +532,7 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
     print(
         f"workload: {work.config}, {n / 1e6:.1f}M parameters, batch {work.batch} x "
         f"{work.sizes['seq']} tokens, {work.steps} steps in blocks of {work.cadence}, "
-        f"{work.precision}, remat {work.remat}"
+        f"{work.precision}, remat {work.remat}, {work.attention_line()}"
     )
     for name in SIDES:
         rates = [work.tokens_per_step / run[name].step_seconds for run in runs]
@@ -527,6 +550,11 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
             by_formula = formula / side.step_seconds / peak
             line += f"; MFU {xla:.1%} by XLA's analysis, {by_formula:.1%} by formula"
         print(line)
+    target = (
+        "target >= 0.98"
+        if work.attention == "xla"
+        else f"no target: {work.attention} attention against the reference's xla"
+    )
     for name in SIDES[1:]:
         ratios = [
             run["reference"].step_seconds / run[name].step_seconds for run in runs
@@ -535,7 +563,7 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
         print(
             f"{name} / reference tokens/s: {statistics.median(ratios):.3f} stepping "
             f"({', '.join(f'{r:.3f}' for r in ratios)}), "
-            f"{statistics.median(walls):.3f} by the wall clock (target >= 0.98)"
+            f"{statistics.median(walls):.3f} by the wall clock ({target})"
         )
     print(
         "step FLOPs: "
@@ -631,7 +659,8 @@ def max_batch(
 
     print(
         f"largest batch: {work.config}, {work.sizes['seq']} tokens a window, "
-        f"{work.precision}, remat {work.remat}; from {work.batch}, doubling to "
+        f"{work.precision}, remat {work.remat}, {work.attention_line()}; from "
+        f"{work.batch}, doubling to "
         f"{cap} then bisecting, at most {probes} probes a side, 2 steps each",
         flush=True,
     )
@@ -680,6 +709,17 @@ def max_batch(
         )
 
 
+def refuse_attention(work: Workload) -> None:
+    """Stop before any side runs when the jaxnitro sides' attention does not
+    compile on this backend (flash off a TPU), with the module's message."""
+    from jaxnitro.runfile.nn_flash import check_attention_backend
+
+    try:
+        check_attention_backend(work.attention, "--attention", "--attention xla")
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=("tiny", "gpt2-small"), default="tiny")
@@ -695,6 +735,13 @@ def main() -> None:
         choices=("none", "blocks", "dots"),
         default="none",
         help="the module's rematerialisation policy, on every side",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("xla", "flash"),
+        default="xla",
+        help="the jaxnitro sides' attention (flash: the Pallas TPU kernel, a TPU "
+        "only); the reference's stays xla",
     )
     parser.add_argument(
         "--max-batch",
@@ -717,6 +764,7 @@ def main() -> None:
         cadence=args.cadence or (20 if small else 50),
         precision=args.precision,
         remat=args.remat,
+        attention=args.attention,
     )
     sides = [s.strip().replace("-", " ") for s in args.sides.split(",")]
     if args.max_batch and set(sides) - set(SIDES):
@@ -727,6 +775,7 @@ def main() -> None:
     from _common import banner
 
     print(banner())
+    refuse_attention(work)
     folder = tempfile.mkdtemp(prefix="gpt2-bench-")
     try:
         path = prepare_folder(folder, args.config)

@@ -2,7 +2,7 @@
 in bf16 on token windows from a JSONL file.
 
     python examples/gpt2.py [--config tiny|gpt2-small] [--steps N] [--batch B]
-                            [--remat none|blocks|dots]
+                            [--remat none|blocks|dots] [--attention xla|flash]
 
 The model is `jaxnitro.runfile.nn_modules.GPT`, the module behind the run file's
 `gpt` (examples/runfiles/gpt2.sx trains the same one): learned token and position
@@ -24,6 +24,11 @@ Flax NNX + Optax loop. NITRO_RUN_DIR (default runs/gpt2) says where it writes.
 the backward pass (keeping only its input), "dots" keeps the outputs of the linear
 layers and recomputes the rest, "none" (the default) recomputes nothing. The loss
 and the gradient are the same; a larger batch fits.
+
+`attention` picks how the blocks compute their causal attention: "xla" (the default)
+writes it out in JAX, which XLA compiles on any backend; "flash" calls the Pallas TPU
+flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles for a TPU only:
+off a TPU, `build_model` refuses it (ConfigError) before anything compiles.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ import optax
 from flax import nnx
 
 import jaxnitro as nx
-from jaxnitro.runfile.nn_modules import GPT, check_remat
+from jaxnitro.runfile.nn_flash import check_attention_backend
+from jaxnitro.runfile.nn_modules import GPT, check_attention, check_remat
 
 RUNFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runfiles")
 
@@ -97,6 +103,10 @@ class GPT2(nx.Experiment):
     """What the backward pass keeps of each block: "none" (everything), "blocks"
     (only its input: the rest is recomputed) or "dots" (its linear layers' outputs
     too); see `nn_modules.REMAT_POLICIES`."""
+    attention: nx.GraphConst[str] = "xla"
+    """How the blocks compute their causal attention: "xla" (written out in JAX, on
+    any backend) or "flash" (the Pallas TPU flash attention kernel, on a TPU only);
+    see `nn_modules.ATTENTIONS`."""
     batch: int = 16
     """Windows a step (read only when `train` is None)."""
     lr: float = 6e-4
@@ -109,8 +119,10 @@ class GPT2(nx.Experiment):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        name = type(self).__name__
         try:
-            check_remat(self.remat, f"{type(self).__name__}.remat", 'remat="dots"')
+            check_remat(self.remat, f"{name}.remat", 'remat="dots"')
+            check_attention(self.attention, f"{name}.attention", 'attention="xla"')
         except ValueError as error:
             raise nx.ConfigError(str(error)) from None
 
@@ -122,6 +134,16 @@ class GPT2(nx.Experiment):
         return {"train": nx.ArraySource({"tokens": windows}, self.batch)}
 
     def build_model(self, rng: Any) -> tuple[Any, Any, Any]:
+        # The backend is asked here, not in __post_init__: the run's processes
+        # have joined by now, and asking starts the backend.
+        try:
+            check_attention_backend(
+                self.attention,
+                f"{type(self).__name__}.attention",
+                'attention="xla"',
+            )
+        except ValueError as error:
+            raise nx.ConfigError(str(error)) from None
         module = GPT(
             self.vocab,
             self.layers,
@@ -129,6 +151,7 @@ class GPT2(nx.Experiment):
             self.heads,
             self.seq,
             remat=self.remat,
+            attention=self.attention,
             rngs=nnx.Rngs(params=rng),
         )
         graphdef, params = nnx.split(module)
@@ -169,13 +192,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
     parser.add_argument("--remat", choices=("none", "blocks", "dots"), default="none")
+    parser.add_argument("--attention", choices=("xla", "flash"), default="xla")
     args = parser.parse_args()
     if not os.path.exists(DATA[args.config]):
         raise SystemExit(
             f"{DATA[args.config]} is missing: write it with "
             f"`python examples/runfiles/make_data.py --gpt2`"
         )
-    fields: dict[str, Any] = {"remat": args.remat}
+    fields: dict[str, Any] = {"remat": args.remat, "attention": args.attention}
     if args.batch is not None:
         fields["batch"] = args.batch
     nitro = nx.Nitro(

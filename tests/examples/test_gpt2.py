@@ -115,6 +115,55 @@ def test_remat_is_a_checked_graphconst_of_the_experiment(gpt2):
     assert evaluate_file(str(RUN_FILE)).value("model").remat == "none"
 
 
+def test_attention_is_a_checked_graphconst_of_the_experiment(gpt2):
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    assert gpt2.GPT2(**sizes).attention == "xla"
+    assert gpt2.GPT2.config_metadata()["attention"].kind == "graphconst"
+    with pytest.raises(nx.ConfigError) as caught:
+        gpt2.GPT2(**sizes, attention="splash")
+    assert str(caught.value) == (
+        "GPT2.attention must be one of 'xla', 'flash', got 'splash': it names how "
+        'each block computes its causal attention ("xla": written out in JAX, on '
+        'any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
+        'only). Pass one of them, e.g. attention="xla".'
+    )
+    assert gpt2.GPT2(**sizes, attention="flash").attention == "flash"  # any backend
+    # The run file's knob reaches its `gpt` the same way.
+    selection = Selection(variant="tiny", sets=(("attention", ":flash"),))
+    assert evaluate_file(str(RUN_FILE), selection).value("model").attention == "flash"
+    assert evaluate_file(str(RUN_FILE)).value("model").attention == "xla"
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+)
+def test_flash_is_refused_off_a_tpu_when_the_model_is_built(gpt2, bench, capsys):
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    with pytest.raises(nx.ConfigError) as caught:
+        gpt2.GPT2(**sizes, attention="flash").build_model(jax.random.key(0))
+    backend = jax.default_backend()
+    assert str(caught.value) == (
+        'GPT2.attention is "flash": the Pallas TPU flash attention kernel, which '
+        f"compiles for a TPU only, and this run's JAX backend is {backend!r}. Pass "
+        'attention="xla" (the same attention written out in JAX, which XLA compiles '
+        "on any backend), or run on a TPU."
+    )
+    # The benchmark stops before any side runs, with the module's message.
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention="flash")
+    with pytest.raises(SystemExit, match='^--attention is "flash": .* Pass '):
+        bench.refuse_attention(work)
+    bench.refuse_attention(bench.Workload("tiny", batch=4, steps=8, cadence=4))
+
+
+def test_the_benchmark_sets_the_attention_on_the_jaxnitro_sides_only(bench):
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention="flash")
+    assert ("attention", ":flash") in work.selection().sets
+    assert work.attention_line() == "attention flash (the reference's: xla)"
+    plain = bench.Workload("tiny", batch=4, steps=8, cadence=4)
+    assert ("attention", ":xla") in plain.selection().sets
+    assert plain.attention_line() == "attention xla"
+
+
 def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
     gpt2, bench, folder, tmp_path
 ):
@@ -252,6 +301,8 @@ def test_the_benchmark_runs_the_tiny_configuration(bench, monkeypatch, capsys):
     assert "python api / reference tokens/s: " in out
     assert "run file / reference tokens/s: " in out
     assert "MFU unknown: no peak on record for 'cpu'" in out
+    assert ", bf16, remat none, attention xla\n" in out
+    assert "by the wall clock (target >= 0.98)" in out
     assert "run file resumed at step 4: final parameters bitwise equal" in out
 
 

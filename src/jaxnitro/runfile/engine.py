@@ -194,7 +194,9 @@ class RunfileExperiment(nx.Experiment):
         return self.compiled.splits()  # type: ignore[no-any-return]
 
     def build_model(self, rng: Any) -> tuple[Any, Any, Any]:
-        return None, nest(self.compiled.model.init(rng)), {}
+        model = self.compiled.model
+        model.check_backend(self.compiled.result.defined["model"])
+        return None, nest(model.init(rng)), {}
 
     def forward(self, model: Any, params: Any, state: Any, **batch: Any) -> Any:
         run = _TRACED[self.graph]

@@ -140,6 +140,13 @@ class ModelSpec:
         wrong kind (E-SHAPE-002). `where` places a layer in a `sequential`."""
         raise NotImplementedError
 
+    def check_backend(self, span: Span | None) -> None:
+        """Refuse an option the run's backend does not compile (a coded
+        RunfileError pointing at `span`); nothing by default. The engine calls it
+        when it builds the parameters, never `check`: asking for the backend starts
+        it, which must wait until the run's processes have joined."""
+        del span
+
     def takes(self) -> int | None:
         """The feature count of the float inputs it takes; None for integer tokens."""
         raise NotImplementedError

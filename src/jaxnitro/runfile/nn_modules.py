@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .nn_flash import flash_causal_attention
+
 ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
     "gelu": jax.nn.gelu,
     "relu": jax.nn.relu,
@@ -73,6 +75,43 @@ def check_remat(value: object, owner: str, example: str) -> str:
     )
 
 
+ATTENTIONS: dict[str, str] = {
+    "xla": "the attention written out in JAX (two einsums, a causal mask and a "
+    "softmax), which XLA compiles on any backend",
+    "flash": "the Pallas TPU flash attention kernel (`nn_flash`), which never "
+    "holds the [time, time] scores in memory; it compiles for a TPU only",
+}
+"""How `GPT`'s blocks compute their causal attention. The parameters, the function
+and (up to rounding) the values are the same; only the program differs."""
+
+UNKNOWN_ATTENTION = (
+    "{owner} must be one of {choices}, got {value!r}: it names how each block "
+    "computes its causal attention ({meaning}). Pass one of them, e.g. {example}."
+)
+"""The message of an unknown attention; `owner` names the field or argument."""
+
+
+def check_attention(value: object, owner: str, example: str) -> str:
+    """`value` if it names an attention in ATTENTIONS (whatever the backend:
+    `nn_flash.check_attention_backend` asks that when the parameters are built).
+
+    Raises:
+        ValueError: any other value, naming `owner`, the value and the choices.
+    """
+    if isinstance(value, str) and value in ATTENTIONS:
+        return value
+    raise ValueError(
+        UNKNOWN_ATTENTION.format(
+            owner=owner,
+            choices=", ".join(repr(name) for name in ATTENTIONS),
+            value=value,
+            meaning='"xla": written out in JAX, on any backend; "flash": the '
+            "Pallas TPU flash attention kernel, on a TPU only",
+            example=example,
+        )
+    )
+
+
 class Embeddings(nnx.Module):
     """`gpt`'s learned token and position embeddings: `token` [vocab, dim] and
     `position` [context, dim]."""
@@ -92,11 +131,21 @@ class Embeddings(nnx.Module):
 
 class Attention(nnx.Module):
     """Causal multi-head self-attention: `query`, `key`, `value` and `out`, each an
-    `nnx.Linear` [dim, dim] with a bias."""
+    `nnx.Linear` [dim, dim] with a bias; `attention` (a name in ATTENTIONS) says
+    how the heads are mixed."""
 
-    def __init__(self, dim: int, heads: int, residual_std: float, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        residual_std: float,
+        *,
+        attention: str = "xla",
+        rngs: nnx.Rngs,
+    ):
         init = nnx.initializers.normal(GPT_STD)
         self.heads = heads
+        self.attention = attention
         self.query = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
         self.key = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
         self.value = nnx.Linear(dim, dim, kernel_init=init, rngs=rngs)
@@ -113,6 +162,9 @@ class Attention(nnx.Module):
         head_dim = dim // self.heads
         split = (batch, time, self.heads, head_dim)
         q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
+        if self.attention == "flash":  # in tiles, never the [time, time] scores
+            mixed = flash_causal_attention(q, k, v)
+            return self.out(mixed.reshape(batch, time, dim))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
         causal = jnp.tril(jnp.ones((time, time), bool))[None, None]
         weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
@@ -139,9 +191,17 @@ class Block(nnx.Module):
     """A pre-norm transformer block: `x + attn(attn_norm(x))`, then
     `x + mlp(mlp_norm(x))`; the norms are RMS norms with a scale."""
 
-    def __init__(self, dim: int, heads: int, residual_std: float, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        residual_std: float,
+        *,
+        attention: str = "xla",
+        rngs: nnx.Rngs,
+    ):
         self.attn_norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
-        self.attn = Attention(dim, heads, residual_std, rngs=rngs)
+        self.attn = Attention(dim, heads, residual_std, attention=attention, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
         self.mlp = FeedForward(dim, residual_std, rngs=rngs)
 
@@ -161,6 +221,15 @@ class GPT(nnx.Module):
     policy (`nnx.remat`): the gradient is the same, the backward pass keeps less
     and recomputes the rest. It changes no parameter, only the traced program.
 
+    `attention` (a name in ATTENTIONS) says how each block computes its causal
+    attention: "xla" (the default) writes it out in JAX; "flash" calls the Pallas
+    TPU flash attention kernel (`nn_flash`). The parameters are the same, the loss
+    and the gradient equal up to rounding. The kernel compiles for a TPU only, and
+    constructing the module does not ask for the backend (a run file builds it
+    before its processes join): call `nn_flash.check_attention_backend` before
+    compiling, as the fronts do when they build the parameters, or the compile
+    fails in Pallas's lowering.
+
         >>> import jax.numpy as jnp
         >>> from flax import nnx
         >>> model = GPT(32, 2, 16, 2, 8, remat="blocks", rngs=nnx.Rngs(0))
@@ -177,13 +246,20 @@ class GPT(nnx.Module):
         context: int,
         *,
         remat: str = "none",
+        attention: str = "xla",
         rngs: nnx.Rngs,
     ):
         self.remat = check_remat(remat, "GPT(remat=...)", 'remat="dots"')
+        self.attention = check_attention(
+            attention, "GPT(attention=...)", 'attention="xla"'
+        )
         residual_std = GPT_STD / (2 * layers) ** 0.5
         self.embed = Embeddings(vocab, context, dim, rngs=rngs)
         self.blocks = nnx.List(
-            [Block(dim, heads, residual_std, rngs=rngs) for _ in range(layers)]
+            [
+                Block(dim, heads, residual_std, attention=attention, rngs=rngs)
+                for _ in range(layers)
+            ]
         )
         self.norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
         self.head = nnx.Linear(

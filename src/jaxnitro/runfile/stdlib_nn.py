@@ -42,6 +42,15 @@ ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 REMAT = ("none", "blocks", "dots")
 """What `gpt :remat` takes (`nn_modules.REMAT_POLICIES` holds the policies)."""
 
+ATTENTION = ("xla", "flash")
+"""What `gpt :attention` takes (`nn_modules.ATTENTIONS` describes them)."""
+
+FLASH_OFF_TPU = (
+    "`:attention :flash` of `gpt` is the Pallas TPU flash attention kernel, which "
+    "compiles for a TPU only, and this run's JAX backend is {backend}"
+)
+"""E-RUN-012's message: the run file's form of `nn_flash.FLASH_OFF_TPU`."""
+
 
 @dataclass(frozen=True)
 class GPTSpec(ModelSpec):
@@ -49,7 +58,8 @@ class GPTSpec(ModelSpec):
     embeddings, pre-norm blocks (RMS norm with a scale, causal attention and an
     MLP whose linear layers carry biases) and an untied head. `4 + 14 * layers`
     parameter arrays. `remat` (one of REMAT) rematerialises each block in the
-    backward pass; it changes the program, never the parameters."""
+    backward pass; `attention` (one of ATTENTION) picks how the blocks compute
+    their attention; each changes the program, never the parameters."""
 
     vocab: int
     layers: int
@@ -57,6 +67,7 @@ class GPTSpec(ModelSpec):
     heads: int
     context: int
     remat: str = "none"
+    attention: str = "xla"
     name = "gpt"
 
     def probe(self) -> ModelSpec:
@@ -87,8 +98,27 @@ class GPTSpec(ModelSpec):
             self.heads,
             self.context,
             remat=self.remat,
+            attention=self.attention,
             rngs=rngs,
         )
+
+    def check_backend(self, span: Span | None) -> None:
+        """Refuse `:attention :flash` off a TPU (E-RUN-012), pointing at `span`.
+
+        Raises:
+            RunfileError: E-RUN-012.
+        """
+        from .nn_flash import flash_unavailable
+
+        backend = flash_unavailable() if self.attention == "flash" else None
+        if backend is not None:
+            raise fail(
+                "E-RUN-012",
+                FLASH_OFF_TPU.format(backend=backend),
+                span,
+                "write :attention :xla (the same attention written out in JAX, "
+                "which XLA compiles on any backend), or run on a TPU",
+            )
 
     def takes(self) -> int | None:
         return None
@@ -161,7 +191,27 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
             "write :remat :blocks to keep only each block's input, :dots to keep "
             "its linear layers' outputs too, or leave it out (:none)",
         )
-    spec = GPTSpec(vocab, layers, dim, heads, context, remat=remat.name)
+    attention = kwargs.get("attention", Keyword("xla"))
+    if not isinstance(attention, Keyword) or attention.name not in ATTENTION:
+        raise fail(
+            "E-EVAL-007",
+            "`:attention` of `gpt` is "
+            + ", ".join(f":{a}" for a in ATTENTION)
+            + " (how each block computes its causal attention), got "
+            + show(attention),
+            span.at("attention"),
+            "write :attention :flash for the Pallas TPU flash attention kernel (a "
+            "TPU only), or leave it out (:xla, written out in JAX, any backend)",
+        )
+    spec = GPTSpec(
+        vocab,
+        layers,
+        dim,
+        heads,
+        context,
+        remat=remat.name,
+        attention=attention.name,
+    )
     if spec.dim % spec.heads:
         raise fail(
             "E-SHAPE-001",
@@ -337,7 +387,7 @@ def exports() -> dict[str, Builtin]:
             "gpt",
             _gpt,
             (0, 0),
-            ("vocab", "layers", "dim", "heads", "context", "remat"),
+            ("vocab", "layers", "dim", "heads", "context", "remat", "attention"),
             ("vocab", "layers", "dim", "heads"),
             "(gpt :vocab 32 :layers 2 :dim 32 :heads 2)",
         ),

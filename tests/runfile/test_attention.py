@@ -1,0 +1,323 @@
+"""`gpt`'s attention (`nn_modules.ATTENTIONS`, `:attention`): "xla" traces the
+written-out program as before; "flash", the Pallas TPU flash attention kernel run
+here through Pallas's TPU interpret mode, gives the written-out values and
+gradients; unknown names are refused, and "flash" off a TPU when the parameters are
+built, never while a run file is checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.experimental.pallas import tpu as pltpu
+from jax.extend import core as jcore
+
+from jaxnitro.cli import main
+from jaxnitro.runfile import nn_flash
+from jaxnitro.runfile.check import check_file
+from jaxnitro.runfile.engine import compile_run, graph_key
+from jaxnitro.runfile.evaluator import evaluate_file
+from jaxnitro.runfile.nn_flash import check_attention_backend, flash_causal_attention
+from jaxnitro.runfile.nn_modules import ATTENTIONS, GPT, check_attention
+from jaxnitro.runfile.source import RunfileError
+from jaxnitro.runfile.stdlib_nn import ATTENTION, GPTSpec
+
+from .conftest import MINIMAL
+
+TINY = GPTSpec(vocab=256, layers=2, dim=64, heads=2, context=64)
+"""examples/gpt2.py's tiny configuration."""
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "runfiles"
+
+
+def random_params(spec: GPTSpec, seed: int) -> dict[str, jax.Array]:
+    """Every parameter random (norm scales and biases too), so that the attention
+    weights are far from uniform and no term hides."""
+    shapes = spec.parameter_shapes()
+    keys = jax.random.split(jax.random.key(seed), len(shapes))
+    return {
+        name: 0.3 * jax.random.normal(key, shape)
+        for key, (name, shape) in zip(keys, shapes.items(), strict=True)
+    }
+
+
+def tokens(batch: int = 2, time: int = 65) -> jax.Array:
+    """int32[batch, time] below the tiny vocabulary: inputs then shifted targets."""
+    return jax.random.randint(jax.random.key(7), (batch, time), 0, TINY.vocab)
+
+
+def loss_fn(spec: GPTSpec):
+    """The mean next-token cross-entropy of `spec` as a function of (params,
+    tokens), the run file's objective."""
+
+    def loss(params, tokens):
+        logits = spec.apply(params, tokens[:, :-1], None)
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits, tokens[:, 1:]
+        ).mean()
+
+    return loss
+
+
+interpreted = pytest.mark.skipif(
+    jax.default_backend() == "tpu",
+    reason="a TPU multiplies float32 in bfloat16 passes, so the written-out side "
+    "is less exact there: the compiled kernel is compared instead (below)",
+)
+"""A comparison of the interpreted kernel with float32 references."""
+
+
+def written_out(q, k, v):
+    """Causal softmax attention of [batch, time, heads, head_dim] in NumPy (float64)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    time, head_dim = q.shape[1], q.shape[3]
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(head_dim)
+    scores = np.where(np.tril(np.ones((time, time), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def test_the_attentions_are_the_run_files():
+    assert tuple(ATTENTIONS) == ATTENTION == ("xla", "flash")
+    assert TINY.attention == "xla"
+    assert GPT(32, 1, 8, 2, 4, rngs=nnx.Rngs(0)).attention == "xla"
+
+
+def pallas_calls(attention: str, remat: str = "none") -> int:
+    """The Pallas kernels the tiny model's forward and backward pass trace, counted
+    through every nested program (the text of a jaxpr shows a repeated one once)."""
+    spec = dataclasses.replace(TINY, attention=attention, remat=remat)
+    jaxpr = jax.make_jaxpr(jax.grad(loss_fn(spec)))(random_params(TINY, 0), tokens())
+
+    def count(jaxpr: jcore.Jaxpr) -> int:
+        found = 0
+        for eqn in jaxpr.eqns:
+            found += eqn.primitive.name == "pallas_call"
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, tuple | list) else (value,):
+                    if isinstance(sub, jcore.ClosedJaxpr):
+                        found += count(sub.jaxpr)
+                    elif isinstance(sub, jcore.Jaxpr):
+                        found += count(sub)
+        return found
+
+    return count(jaxpr.jaxpr)
+
+
+def test_xla_traces_the_written_out_program_and_flash_three_kernels_a_block():
+    # Leaving `attention` out is "xla" exactly, with no kernel in it; under "flash"
+    # each block's attention is the kernel's forward pass and its two backward
+    # ones (dk and dv, then dq).
+    grad = jax.grad(loss_fn(TINY))
+    explicit = jax.grad(loss_fn(dataclasses.replace(TINY, attention="xla")))
+    params, batch = random_params(TINY, 0), tokens()
+    assert str(jax.make_jaxpr(explicit)(params, batch)) == str(
+        jax.make_jaxpr(grad)(params, batch)
+    )
+    assert pallas_calls("xla") == 0
+    assert pallas_calls("flash") == 3 * TINY.layers
+    # Rematerialised, a block's forward pass runs again in the backward pass, the
+    # kernel with it (the interpret mode cannot run under `checkpoint`, so the
+    # values of this combination are compared on a TPU only, below).
+    assert pallas_calls("flash", "blocks") == pallas_calls("flash", "dots") == 8
+
+
+@interpreted
+@pytest.mark.parametrize("time", [64, 128, 200])
+def test_the_kernel_matches_a_direct_computation(time):
+    # 64 and 200 are padded to the kernel's tile (128, 256 positions); 200 spans
+    # two tiles, so the blocks above the diagonal are skipped.
+    q, k, v = (
+        jax.random.normal(key, (2, time, 2, 16))
+        for key in jax.random.split(jax.random.key(time), 3)
+    )
+    cotangent = jax.random.normal(jax.random.key(1), q.shape)
+
+    def xla(q, k, v):
+        scale = q.shape[3] ** 0.5
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / scale
+        causal = jnp.tril(jnp.ones((time, time), bool))
+        weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+    with pltpu.force_tpu_interpret_mode():
+        out, backward = jax.vjp(flash_causal_attention, q, k, v)
+        grads = backward(cotangent)
+    # Measured (f32): the outputs within 4.8e-7 of float64, the gradients within
+    # 9.6e-7 of the written-out attention's (entries up to 6).
+    np.testing.assert_allclose(out, written_out(q, k, v), rtol=1e-5, atol=2e-6)
+    expected = jax.vjp(xla, q, k, v)[1](cotangent)
+    for name, grad, want in zip("qkv", grads, expected, strict=True):
+        np.testing.assert_allclose(grad, want, rtol=1e-5, atol=5e-6, err_msg=name)
+
+
+def test_the_kernel_keeps_the_compute_dtype():
+    q = jax.ShapeDtypeStruct((2, 64, 2, 16), jnp.bfloat16)
+    assert jax.eval_shape(flash_causal_attention, q, q, q) == q
+    spec = dataclasses.replace(TINY, attention="flash")
+    params = {
+        n: jax.ShapeDtypeStruct(s, jnp.bfloat16)
+        for n, s in TINY.parameter_shapes().items()
+    }
+    inputs = jax.ShapeDtypeStruct((2, 64), jnp.int32)
+    logits = jax.eval_shape(lambda p, x: spec.apply(p, x, None), params, inputs)
+    assert logits == jax.ShapeDtypeStruct((2, 64, 256), jnp.bfloat16)
+
+
+@interpreted
+def test_flash_gives_the_written_out_loss_and_gradient():
+    params, batch = random_params(TINY, 3), tokens()
+    xla = jax.jit(jax.value_and_grad(loss_fn(TINY)))
+    flash = jax.value_and_grad(loss_fn(dataclasses.replace(TINY, attention="flash")))
+    with pltpu.force_tpu_interpret_mode():
+        loss, grads = flash(params, batch)
+    expected, expected_grads = xla(params, batch)
+    # Measured (f32): the same loss to the last bit, every gradient within 1.2e-6
+    # of its largest entry; the key biases, whose gradient is zero in exact
+    # arithmetic, differ by rounding alone (1.7e-9).
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        want = expected_grads[name]
+        scale = float(jnp.abs(want).max())
+        np.testing.assert_allclose(
+            grad, want, rtol=1e-5, atol=max(1e-5 * scale, 1e-8), err_msg=name
+        )
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "tpu",
+    reason="the compiled kernel runs on a TPU only (scripts/tpu/tests.sh)",
+)
+@pytest.mark.parametrize("remat", ["none", "blocks"])
+def test_on_a_tpu_the_compiled_kernel_gives_the_written_out_loss_and_gradient(remat):
+    params, batch = random_params(TINY, 3), tokens()
+    found = {}
+    for attention in ATTENTION:
+        spec = dataclasses.replace(TINY, attention=attention, remat=remat)
+        found[attention] = jax.jit(jax.value_and_grad(loss_fn(spec)))(params, batch)
+    (loss, grads), (expected, expected_grads) = found["flash"], found["xla"]
+    # Loose on purpose: a TPU multiplies float32 in bfloat16 passes by default, and
+    # each attention rounds its own way; a wrong layout or scale is off by far more.
+    np.testing.assert_allclose(loss, expected, rtol=1e-2)
+    flat = jnp.concatenate([grads[n].ravel() for n in sorted(grads)])
+    want = jnp.concatenate([expected_grads[n].ravel() for n in sorted(grads)])
+    assert float(jnp.linalg.norm(flat - want) / jnp.linalg.norm(want)) < 2e-2
+
+
+def test_the_module_refuses_an_unknown_attention():
+    with pytest.raises(ValueError) as caught:
+        GPT(32, 1, 8, 2, 4, attention="splash", rngs=nnx.Rngs(0))
+    assert str(caught.value) == (
+        "GPT(attention=...) must be one of 'xla', 'flash', got 'splash': it names "
+        'how each block computes its causal attention ("xla": written out in JAX, '
+        'on any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
+        'only). Pass one of them, e.g. attention="xla".'
+    )
+    assert check_attention("flash", "x", "y") == "flash"
+    with pytest.raises(ValueError, match="E.attention must be one of .* got None"):
+        check_attention(None, "E.attention", 'attention="xla"')
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+)
+def test_flash_is_refused_off_a_tpu_when_asked_and_only_then(monkeypatch):
+    # Building the module asks nothing (a run file builds it before its processes
+    # join); the fronts ask when they build the parameters.
+    assert GPT(32, 1, 8, 2, 4, attention="flash", rngs=nnx.Rngs(0)).attention
+    check_attention_backend("xla", "GPT(attention=...)", 'attention="xla"')
+    with pytest.raises(ValueError) as caught:
+        check_attention_backend("flash", "GPT(attention=...)", 'attention="xla"')
+    backend = jax.default_backend()
+    assert str(caught.value) == (
+        'GPT(attention=...) is "flash": the Pallas TPU flash attention kernel, '
+        f"which compiles for a TPU only, and this run's JAX backend is {backend!r}. "
+        'Pass attention="xla" (the same attention written out in JAX, which XLA '
+        "compiles on any backend), or run on a TPU."
+    )
+    monkeypatch.setattr(nn_flash, "FLASH_BACKENDS", ("tpu", backend))
+    check_attention_backend("flash", "GPT(attention=...)", 'attention="xla"')
+
+
+def with_model(text: str) -> str:
+    return MINIMAL.replace("(gpt :vocab 32 :layers 2 :dim 32 :heads 2)", text)
+
+
+def test_the_run_file_passes_attention_to_the_module(write):
+    model = evaluate_file(
+        write(
+            with_model("(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :flash)")
+        )
+    ).value("model")
+    assert model.attention == "flash"
+    module = model.build(nnx.Rngs(0))
+    assert module.attention == module.blocks[1].attn.attention == "flash"
+    assert (
+        model.parameter_shapes()
+        == dataclasses.replace(model, attention="xla").parameter_shapes()
+    )
+    default = evaluate_file(write(MINIMAL, "plain.sx")).value("model")
+    assert default.attention == "xla"
+
+
+@pytest.mark.parametrize(
+    "value, shown", [(":splash", ":splash"), ('"flash"', '"flash"'), ("1", "1")]
+)
+def test_the_run_file_refuses_an_unknown_attention(write, value, shown):
+    path = write(
+        with_model(f"(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention {value})")
+    )
+    with pytest.raises(RunfileError) as caught:
+        evaluate_file(path)
+    assert caught.value.codes == ["E-EVAL-007"]
+    message = str(caught.value)
+    assert (
+        "`:attention` of `gpt` is :xla, :flash (how each block computes its causal "
+        f"attention), got {shown}"
+    ) in message
+    assert "write :attention :flash for the Pallas TPU flash attention kernel" in (
+        message
+    )
+
+
+def test_attention_moves_the_graph_key(write):
+    keys = {}
+    for attention in ATTENTION:
+        model = f"(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :{attention})"
+        keys[attention] = compile_run(write(with_model(model), f"{attention}.sx")).graph
+    assert len(set(keys.values())) == len(ATTENTION)
+    # Leaving it out is :xla exactly: the same programs, served from the cache.
+    assert graph_key(evaluate_file(write(MINIMAL, "plain.sx"))) == keys["xla"]
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+)
+def test_run_refuses_flash_off_a_tpu_where_check_accepts_it(tmp_path, capsys):
+    path = tmp_path / "flash.sx"
+    path.write_text(
+        with_model("(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :flash)")
+    )
+    (tmp_path / "data").mkdir()
+    shutil.copy(EXAMPLES / "data" / "tiny-train.jsonl.gz", tmp_path / "data")
+    # check traces the kernel on any backend, asking for none.
+    assert check_file(str(path)).parameters == 32
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    line = next(n for n, text in enumerate(MINIMAL.splitlines(), 1) if "gpt :" in text)
+    assert err.startswith(f"{path}:{line}:9: E-RUN-012 ")
+    assert (
+        "E-RUN-012 `:attention :flash` of `gpt` is the Pallas TPU flash attention "
+        "kernel, which compiles for a TPU only, and this run's JAX backend is "
+        f"{jax.default_backend()}"
+    ) in err
+    assert "fix: write :attention :xla" in err and "Traceback" not in err
