@@ -187,17 +187,28 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
         exp = make_experiment(widths, batches)
         import jaxnitro.loop.steps as steps
 
-        settle = steps.EpochLog.settle
+        settle, settle_losses = steps.EpochLog.settle, steps.EpochLog.settle_losses
         first_loss: list[float] = []
         first_cpu: list[float] = []
 
-        def timed_settle(log: Any, item: Any) -> None:
-            settle(log, item)
+        def settled() -> None:
             if not first_loss:
                 first_loss.append(time.perf_counter())
                 first_cpu.append(time.process_time())
 
+        def timed_settle(log: Any, item: Any) -> None:
+            settle(log, item)
+            settled()
+
+        def timed_settle_losses(log: Any, losses: Any) -> bool:
+            # A call of losses only settles them in one pass (loop/calls.py).
+            done = settle_losses(log, losses)
+            if done:
+                settled()
+            return done
+
         steps.EpochLog.settle = timed_settle  # type: ignore[method-assign]
+        steps.EpochLog.settle_losses = timed_settle_losses  # type: ignore[method-assign]
         start, cpu = time.perf_counter(), time.process_time()
         nitro = nx.Nitro(exp(max_epochs=1), logger=None, checkpointer=None)
         built = time.perf_counter()

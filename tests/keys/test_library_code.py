@@ -98,6 +98,35 @@ def _fake_distribution(site, name, *, source, top_level=True):
         (info / "top_level.txt").write_text(f"{name}\n")
 
 
+def test_without_top_level_txt_the_top_levels_are_read_from_the_record(tmp_path):
+    # What a wheel without top_level.txt installed: packages, a module, an
+    # extension, a quoted path holding a comma; not its metadata, data or scripts.
+    import importlib.machinery
+    from importlib.metadata import PathDistribution
+
+    from jaxnitro.keys.library_code import _top_levels
+
+    info = tmp_path / "wheelish-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: wheelish\nVersion: 1.0\n"
+    )
+    rows = [
+        "wheelish/__init__.py,sha256=x,10",
+        "wheelish/sub/deep.py,,",
+        '"commas,pkg/mod.py",,',
+        "single_module.py,,",
+        f"fast{importlib.machinery.EXTENSION_SUFFIXES[0]},,",
+        "wheelish-1.0.dist-info/RECORD,,",
+        "wheelish-1.0.data/scripts/tool,,",
+        "../../bin/wheelish-cli,,",
+        "wheelish/py.typed,,",
+        "__pycache__/single_module.cpython-311.pyc,,",
+    ]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    assert _top_levels(PathDistribution(info)) == {"wheelish", "single_module", "fast"}
+
+
 @pytest.mark.parametrize("top_level", [True, False], ids=["top_level.txt", "pth only"])
 def test_an_editable_install_of_the_working_tree_is_user_code(
     tmp_path, monkeypatch, top_level
