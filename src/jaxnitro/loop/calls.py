@@ -492,7 +492,9 @@ def call_steps(
                     ring,
                 )
                 if program is None:  # the epoch's first call
-                    refuse_changed(pending, signature, epoch)
+                    # (Its batches need no check against the signature: they were
+                    # stacked, which refuses a changed shape or dtype, or it is the
+                    # one batch the signature was read from.)
                     program = log.program = call_program(
                         context,
                         args,
