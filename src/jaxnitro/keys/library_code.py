@@ -168,10 +168,11 @@ def _top_levels(dist: importlib.metadata.Distribution) -> set[str]:
     else:  # what its RECORD installed: `pkg/...` or `module.py`, `module.*.so`
         names = set()
         for path in _record_paths(dist):
-            parts = path.split("/")
-            if os.path.splitext(parts[-1])[1] in _MODULE_SUFFIXES and parts[0] != "..":
-                top = parts[0] if len(parts) > 1 else inspect.getmodulename(parts[0])
-                names.add(top or "")
+            if not path.endswith(_MODULE_SUFFIXES):
+                continue
+            top, slash, _ = path.partition("/")
+            if top != "..":
+                names.add(top if slash else inspect.getmodulename(top) or "")
     if _editable_source(dist) is not None:  # the packages in the folders its .pth adds
         for folder in _pth_folders(dist):
             names.update(_modules_in(folder))
@@ -190,11 +191,16 @@ def _record_paths(dist: importlib.metadata.Distribution) -> list[str]:
 
 # A source file or an extension module (`x.cpython-311-x86_64-linux-gnu.so` ends
 # with `.so`); not the `.pyc` files of a `__pycache__`.
-_MODULE_SUFFIXES = frozenset(
-    [
-        ".py",
-        *("." + s.rpartition(".")[2] for s in importlib.machinery.EXTENSION_SUFFIXES),
-    ]
+_MODULE_SUFFIXES = tuple(
+    dict.fromkeys(
+        [
+            ".py",
+            *(
+                "." + s.rpartition(".")[2]
+                for s in importlib.machinery.EXTENSION_SUFFIXES
+            ),
+        ]
+    )
 )
 
 
