@@ -117,10 +117,18 @@ def test_a_packed_run_trains_what_an_unpacked_one_does(
     assert params["w1"].shape == plain.train_state.weights.params["w1"].shape
 
 
-def test_an_epoch_starts_from_the_last_epochs_flat_buffers(tmp_path, packing_on):
+def test_an_epoch_starts_from_the_last_epochs_flat_buffers(
+    tmp_path, monkeypatch, packing_on
+):
+    walked = []
+    real = calls.packing_of
+    monkeypatch.setattr(
+        calls, "packing_of", lambda trees: walked.append(1) or real(trees)
+    )
     nitro = trained(tmp_path, "run", steps_per_call=2)
     assert nitro.current_epoch == 2
     assert packing_on["pack"] == 1  # the first epoch packed; the second reused it
+    assert len(walked) == 1  # and its packing, without walking the trees again
 
 
 def test_a_state_changed_between_epochs_is_packed_again(
