@@ -106,16 +106,17 @@ def measure(name: str, reps: int = 15) -> tuple[float, ...]:
         ("fused_sync", run_fused_synchronous),
         ("gradient_sync", run_gradient_synchronous),
     ]
-    times: dict[str, list[float]] = {name: [] for name, _ in runs}
+    order = [run_name for run_name, _ in runs]  # what the caller unpacks
+    times: dict[str, list[float]] = {run_name: [] for run_name in order}
     for _, run in runs:
         run()  # warm
     for _ in range(reps):
-        random.shuffle(runs)
+        random.shuffle(runs)  # the timing order; the result keeps `order`
         for run_name, run in runs:
             start = time.perf_counter()
             run()
             times[run_name].append(time.perf_counter() - start)
-    return tuple(statistics.median(times[name]) for name, _ in runs)
+    return tuple(statistics.median(times[run_name]) for run_name in order)
 
 
 def main() -> None:
