@@ -26,7 +26,8 @@ thing a training loop may do per step beside the dispatch:
 - `while 8 (dynamic n)`: the same under `lax.fori_loop` with a traced trip count, so
   one program serves every call length up to 8.
 
-Prints microseconds a step for each; ratios are to `numpy batch`.
+Prints microseconds a step for each; ratios are to `numpy batch`. The variants that
+take 8 steps at a time run the whole blocks of 8 in `--steps` (8 or more).
 
     python benchmarks/dispatch_costs.py --steps 600
 """
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    if args.steps < 8:
+        parser.error(f"--steps must be 8 or more (one dispatch of 8), got {args.steps}")
 
     import jax
     import jax.numpy as jnp
@@ -120,10 +123,13 @@ def main() -> None:
         loss.block_until_ready()
         losses: list = []
         q: queue.Queue = queue.Queue(maxsize=4 if variant.startswith("staged") else 2)
+        # The variants taking 8 steps at a time run the whole blocks of 8 in `steps`.
+        whole = steps // 8 * 8
 
         def produce():
-            for i in range(0, steps, 1 if variant.startswith("staged") else 8):
-                if variant.startswith("staged"):
+            staged = variant.startswith("staged")
+            for i in range(0, steps if staged else whole, 1 if staged else 8):
+                if staged:
                     q.put(jax.device_put(host[i % len(host)]))
                 elif variant.startswith("block"):
                     q.put(jax.device_put(block_of(i)))
@@ -136,7 +142,7 @@ def main() -> None:
         if variant in ("block 8 staged by a thread", "8 batches placed by a thread"):
             producer.start()
         if variant.startswith("block") or variant.startswith("8 batches"):
-            for i in range(0, steps, 8):
+            for i in range(0, whole, 8):
                 if variant == "block 8 placed in loop":
                     xs, ys = jax.device_put(block_of(i))
                 else:
@@ -149,16 +155,16 @@ def main() -> None:
                             xs, ys = got
                         p, o, loss = indexed(p, o, xs, ys, positions[j])
             loss.block_until_ready()
-            return (time.perf_counter() - start) / (steps // 8 * 8)
+            return (time.perf_counter() - start) / whole
         if variant.startswith("scan") or variant.startswith("while"):
-            for i in range(steps // 8):
+            for i in range(whole // 8):
                 xs, ys = stacked[i % len(stacked)]
                 if variant.startswith("scan"):
                     p, o, loss = many(p, o, xs, ys)
                 else:
                     p, o, loss = dyn(p, o, xs, ys, placed_count)
             loss.block_until_ready()
-            return (time.perf_counter() - start) / (steps // 8 * 8)
+            return (time.perf_counter() - start) / whole
         if variant == "staged by a thread":
             producer.start()
         for i in range(steps):
