@@ -96,13 +96,14 @@ def per_buffer(counts: tuple[int, ...], calls: int = 400) -> dict[int, float]:
     return out
 
 
-def nitro_steps(exp, per_call: int) -> float:
-    """Microseconds a step of jaxnitro at `per_call` (median epoch, first dropped)."""
+def nitro_steps(exp, per_call: int, *, scratch: str) -> float:
+    """Microseconds a step of jaxnitro at `per_call` (median epoch, first dropped);
+    its run directory (its log) in the folder `scratch`."""
     import jaxnitro as nx
 
     nitro = nx.Nitro(
         exp(max_epochs=1 + EPOCHS),
-        run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+        run_dir=tempfile.mkdtemp(dir=scratch),
         checkpointer=None,
         steps_per_call=per_call,
     )
@@ -110,7 +111,9 @@ def nitro_steps(exp, per_call: int) -> float:
     return statistics.median(row["seconds"] for row in nitro.history[2:])
 
 
-def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
+def replay(
+    exp, per_call: int, *, scratch: str, calls: int = 400
+) -> tuple[float, int, int, int]:
     """`(us a call, steps a call, argument buffers, output buffers)` of jaxnitro's
     train call replayed with its last call's arguments, outputs fed back in."""
     import jax
@@ -138,7 +141,7 @@ def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
     try:
         nx.Nitro(
             exp(max_epochs=1),
-            run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+            run_dir=tempfile.mkdtemp(dir=scratch),
             checkpointer=None,
             steps_per_call=per_call,
         ).train()
@@ -158,7 +161,7 @@ def replay(exp, per_call: int, calls: int = 400) -> tuple[float, int, int, int]:
     return (time.perf_counter() - start) / calls * 1e6, steps, n_in, n_out
 
 
-def timeline(exp, per_call: int) -> dict[str, float]:
+def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
     """Where an epoch's wall time goes, in microseconds (medians over `EPOCHS`
     epochs after a first): `lead-in` from the hot loop's entry to its first
     dispatch, `calls` from there to the last dispatch's return, `tail` from there
@@ -197,7 +200,7 @@ def timeline(exp, per_call: int) -> dict[str, float]:
     try:
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
-            run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+            run_dir=tempfile.mkdtemp(dir=scratch),
             checkpointer=None,
             steps_per_call=per_call,
         )
@@ -219,7 +222,7 @@ def timeline(exp, per_call: int) -> dict[str, float]:
     }
 
 
-def profile(exp, per_call: int, top: int, count: int) -> None:
+def profile(exp, per_call: int, top: int, count: int, *, scratch: str) -> None:
     """A cProfile of `EPOCHS` epochs after a first one: own time in us a step."""
     import jaxnitro as nx
 
@@ -230,7 +233,7 @@ def profile(exp, per_call: int, top: int, count: int) -> None:
 
     nitro = nx.Nitro(
         exp(max_epochs=1 + EPOCHS),
-        run_dir=tempfile.mkdtemp(prefix="nitro-prof-"),
+        run_dir=tempfile.mkdtemp(dir=scratch),
         checkpointer=None,
         steps_per_call=per_call,
     )
@@ -276,22 +279,24 @@ def main() -> None:
         print(f"hand-written, {name}: {us:.1f} us a step")
     for n, us in per_buffer((1, 4, 16, 64)).items():
         print(f"jit of {n} device scalars -> {n}: {us:.1f} us a call")
-    for k in sorted({1, args.steps_per_call}):
-        seconds = nitro_steps(exp, k)
-        print(f"jaxnitro steps_per_call={k}: {seconds / count * 1e6:.1f} us a step")
-        us, steps, n_in, n_out = replay(exp, k)
-        print(
-            f"jaxnitro's train call alone, {steps} steps a call ({n_in} buffers in, "
-            f"{n_out} out): {us:.1f} us a call, {us / steps:.1f} us a step"
-        )
-    for k in sorted({1, args.steps_per_call}):
-        parts = timeline(exp, k)
-        print(
-            f"jaxnitro steps_per_call={k}, an epoch of {count} steps: "
-            + ", ".join(f"{name} {us:.1f}" for name, us in parts.items())
-            + " us"
-        )
-    profile(exp, args.profile_steps_per_call, args.top, count)
+    # jaxnitro's run directories (its default logger's files), removed at the end.
+    with tempfile.TemporaryDirectory(prefix="nitro-prof-") as scratch:
+        for k in sorted({1, args.steps_per_call}):
+            seconds = nitro_steps(exp, k, scratch=scratch)
+            print(f"jaxnitro steps_per_call={k}: {seconds / count * 1e6:.1f} us a step")
+            us, steps, n_in, n_out = replay(exp, k, scratch=scratch)
+            print(
+                f"jaxnitro's train call alone, {steps} steps a call ({n_in} buffers "
+                f"in, {n_out} out): {us:.1f} us a call, {us / steps:.1f} us a step"
+            )
+        for k in sorted({1, args.steps_per_call}):
+            parts = timeline(exp, k, scratch=scratch)
+            print(
+                f"jaxnitro steps_per_call={k}, an epoch of {count} steps: "
+                + ", ".join(f"{name} {us:.1f}" for name, us in parts.items())
+                + " us"
+            )
+        profile(exp, args.profile_steps_per_call, args.top, count, scratch=scratch)
 
 
 if __name__ == "__main__":

@@ -99,11 +99,12 @@ def reference_scan(widths, batches, per_call: int):
 
 
 def measure(
-    name: str, per_call: int, reps: int, unpacked: bool = False
+    name: str, per_call: int, reps: int, scratch: str, unpacked: bool = False
 ) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
     the paired ratios reference / jaxnitro; with `unpacked`, jaxnitro at both again
-    with its state passed leaf by leaf (what packing it gains or costs here)."""
+    with its state passed leaf by leaf (what packing it gains or costs here).
+    jaxnitro's run directories (its logs) go in the folder `scratch`."""
     import jaxnitro as nx
     import jaxnitro.loop.calls as calls_module
 
@@ -111,7 +112,6 @@ def measure(
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
-    scratch = tempfile.mkdtemp(prefix="nitro-spc-")
 
     def ours(k: int, packed: bool = True) -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
@@ -196,7 +196,8 @@ def main() -> None:
     print(banner())
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
-        r = measure(name, k, args.reps, args.unpacked)
+        with tempfile.TemporaryDirectory(prefix="nitro-spc-") as scratch:
+            r = measure(name, k, args.reps, scratch, args.unpacked)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
