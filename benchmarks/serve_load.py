@@ -6,7 +6,8 @@ in a child process on 127.0.0.1 (a free port, nothing else is reachable), waits 
 `/healthz`, then runs CLIENTS threads, each sending REQUESTS sequential JSON predict
 requests of one row. It prints how many answered 200 with the right logits, the p50
 and p99 latency, the request rate and how many program calls served them, then stops
-the server (SIGTERM) and shows the server's last log lines (the access log is on).
+the server (SIGTERM) and shows the server's first log line (the address it listened
+on) and its last ones (the access log is on; the last is its shutdown line).
 
 Bounded: every request has a 10 s timeout, the server must be healthy in 120 s, and
 the client threads are joined with a deadline. It runs on the CPU on any machine
@@ -80,6 +81,8 @@ def measure(clients: int, requests: int) -> dict:
                     "jaxnitro.cli",
                     "serve",
                     path,
+                    "--host",
+                    "127.0.0.1",  # loopback only, whatever the CLI's default
                     "--port",
                     str(port),
                 ],
@@ -135,7 +138,8 @@ def measure(clients: int, requests: int) -> dict:
                 server.kill()
                 server.wait(timeout=15)
         with open(log_path) as f:
-            tail = f.read().splitlines()[-3:]
+            lines = f.read().splitlines()
+        shown = lines[:1] + lines[max(1, len(lines) - 3) :]  # start, then the end
     ms = np.percentile(np.asarray(latencies) * 1e3, [50, 99]) if latencies else [0, 0]
     return {
         "ok": len(latencies),
@@ -146,7 +150,7 @@ def measure(clients: int, requests: int) -> dict:
         "rate": len(latencies) / elapsed,
         "batches": health["batches"],
         "rows": health["rows"],
-        "server_log_tail": tail,
+        "server_log": shown,
     }
 
 
@@ -166,7 +170,7 @@ def main() -> None:
     )
     for line in got["failures"]:
         print(f"  failure: {line}")
-    for line in got["server_log_tail"]:
+    for line in got["server_log"]:
         print(f"  server: {line}")
 
 
