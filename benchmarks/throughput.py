@@ -9,6 +9,7 @@ RAdam) is measured beside it when `keras` is importable.
 
     python benchmarks/throughput.py            # both workloads, prints ratios
     python benchmarks/throughput.py --quick    # fewer repetitions
+    python benchmarks/throughput.py --quick --workload tutorial_mlp   # one workload
 
 The parent process never imports JAX (on a TPU machine only one process can open the
 chip): the banner's backend is the one the first child reports.
@@ -187,6 +188,7 @@ def subprocess_json(*args: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--internal", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.internal:
@@ -201,7 +203,7 @@ def main() -> None:
     # a shared machine hits both sides alike.
     reps, epochs = (9, 1) if args.quick else (25, 1)
     show_banner = BannerOnce()  # this process starts no backend: the children do
-    for name in WORKLOADS:
+    for name in list(WORKLOADS) if args.workload == "all" else [args.workload]:
         t = subprocess_json("--internal", "throughput", name, str(reps), str(epochs))
         show_banner(t["backend"])
         line = (
