@@ -330,6 +330,11 @@ def show_phases(name: str) -> None:
                         f"  setup {out['setup']:.3f} s, train() returned at "
                         f"{out['train_returned']:.3f} s"
                     )
+                    # A timer that never ran wraps a name jaxnitro no longer calls
+                    # through that module: its time went to no phase.
+                    never = [x for *_, x in SETUP_TIMERS if x not in out["phases"]]
+                    if never:
+                        print(f"  never timed (stale SETUP_TIMERS): {', '.join(never)}")
                 counts = out["counts"]
                 for key, seconds in sorted(
                     out["phases"].items(), key=lambda kv: -kv[1]
