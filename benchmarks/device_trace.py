@@ -176,7 +176,10 @@ def main() -> None:
 
     widths, batches = workload(args.workload)
     exp = make_experiment(widths, batches)
-    root = args.keep or tempfile.mkdtemp(prefix="nitro-trace-")
+    # The traces (unless --keep keeps them) and jaxnitro's run directories: removed
+    # at the end (at the latest when the process exits).
+    scratch = tempfile.TemporaryDirectory(prefix="nitro-trace-")
+    root = args.keep or scratch.name
     steps = args.epochs * len(batches)
 
     ref_epochs, ref_first = reference_loop(widths, batches)
@@ -200,7 +203,7 @@ def main() -> None:
         def side(trace: Trace) -> None:
             nitro = nx.Nitro(
                 exp(max_epochs=1 + args.epochs),
-                run_dir=tempfile.mkdtemp(prefix="nitro-trace-run-"),
+                run_dir=tempfile.mkdtemp(dir=scratch.name),
                 checkpointer=None,
                 steps_per_call=k,
             )
@@ -219,12 +222,13 @@ def main() -> None:
         (f"hand-written scan k={args.steps_per_call}", plain(scan)),
         *((f"jaxnitro k={k}", ours(k)) for k in sorted({1, args.steps_per_call})),
     ]
-    for name, side in sides:
-        trace = Trace(os.path.join(root, name.replace(" ", "_").replace("=", "")))
-        side(trace)
-        path = trace.stop()
-        print(f"{args.workload}, {name}:")
-        print("\n".join(summary(path, trace.wall, steps, args.top)))
+    with scratch:
+        for name, side in sides:
+            trace = Trace(os.path.join(root, name.replace(" ", "_").replace("=", "")))
+            side(trace)
+            path = trace.stop()
+            print(f"{args.workload}, {name}:")
+            print("\n".join(summary(path, trace.wall, steps, args.top)))
 
 
 if __name__ == "__main__":
