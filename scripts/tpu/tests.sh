@@ -6,7 +6,9 @@
 #   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
 #
 # The tier in three calls (each within the device tool's 10 minutes; on 2026-12-06
-# the first took 230 s, and the last two as one call ran past 330 s in tests/docs):
+# the first took 237 s, the second 196 s, and the third had run tests/runfile and 53
+# tests of tests/docs in 170 s when the session's device time ran out; `env.sh test`
+# takes 40-80 s of each call before them):
 #
 #   bash scripts/tpu/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
 #       tests/devices tests/examples tests/experiment tests/export tests/keys
