@@ -174,6 +174,8 @@ class Side:
     flops: float | None = None
     memory: int | None = None
     """XLA's memory analysis of the step program, in bytes."""
+    data_wait: list[float] = field(default_factory=list)
+    """Each epoch's data_wait_frac after the first (jaxnitro sides)."""
 
 
 def prepare_folder(folder: str, config: str) -> str:
@@ -391,6 +393,7 @@ def jaxnitro_side(name: str, nitro: Any, wall: float, work: Workload) -> Side:
         final_params(nitro),
         None if costs is None else costs[0],
         _memory(programs.get("train_step")),
+        _data_waits(os.path.join(nitro.run_dir, "metrics.jsonl")),
     )
 
 
@@ -415,6 +418,18 @@ def _logged_losses(path: str) -> dict[int, float]:
             if row.get("context") == "train" and "loss" in row:
                 found[int(row["step"])] = float(row["loss"])
     return found
+
+
+def _data_waits(path: str) -> list[float]:
+    """Each epoch's data_wait_frac a run's metrics.jsonl holds, the first epoch's
+    (its compiles, the first batches' decoding) left out."""
+    waits = {}
+    with open(path) as lines:
+        for line in lines:
+            row = json.loads(line)
+            if row.get("context") == "data" and "data_wait_frac" in row:
+                waits[int(row["epoch"])] = float(row["data_wait_frac"])
+    return [frac for epoch, frac in sorted(waits.items()) if epoch > 1]
 
 
 def python_api(
@@ -602,6 +617,14 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
             f"parameters within {gap:.2e} (absolute, largest in {where}; the "
             f"gradient-free key biases within {noise:.2e})"
         )
+    for name in SIDES[1:]:
+        waits = last[name].data_wait
+        if waits:
+            print(
+                f"{name} data_wait_frac: median {statistics.median(waits):.2%}, "
+                f"largest {max(waits):.2%} over {len(waits)} epochs after the first "
+                f"(target <= 2%)"
+            )
     gap, where = largest_difference(last["run file"].params, last["python api"].params)
     print(f"run file vs python api: parameters within {gap:.2e} (in {where})")
 

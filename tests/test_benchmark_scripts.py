@@ -127,6 +127,7 @@ RUNS = (
             rf"python api / reference tokens/s: {F} stepping .*",
             rf"run file / reference tokens/s: {F} stepping .*",
             r"run file vs reference: loss at \d+ logged steps within .*",
+            r"python api data_wait_frac: median \d+\.\d+%, largest .*",
         ),
     ),
     Run(

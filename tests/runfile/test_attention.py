@@ -148,9 +148,14 @@ def test_the_kernel_matches_a_direct_computation(time):
         weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
         return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
-    with pltpu.force_tpu_interpret_mode():
+    def flash(q, k, v, cotangent):
         out, backward = jax.vjp(flash_causal_attention, q, k, v)
-        grads = backward(cotangent)
+        return out, backward(cotangent)
+
+    # Jitted: run eagerly, the interpreter's callbacks (which dispatch JAX ops of
+    # their own) and the main thread's next op can deadlock on a 2-core CPU.
+    with pltpu.force_tpu_interpret_mode():
+        out, grads = jax.jit(flash)(q, k, v, cotangent)
     # Measured (f32): the outputs within 4.8e-7 of float64, the gradients within
     # 9.6e-7 of the written-out attention's (entries up to 6).
     np.testing.assert_allclose(out, written_out(q, k, v), rtol=1e-5, atol=2e-6)
@@ -176,7 +181,10 @@ def test_the_kernel_keeps_the_compute_dtype():
 def test_flash_gives_the_written_out_loss_and_gradient():
     params, batch = random_params(TINY, 3), tokens()
     xla = jax.jit(jax.value_and_grad(loss_fn(TINY)))
-    flash = jax.value_and_grad(loss_fn(dataclasses.replace(TINY, attention="flash")))
+    # Jitted, as above: eager interpreted kernels can deadlock on a 2-core CPU.
+    flash = jax.jit(
+        jax.value_and_grad(loss_fn(dataclasses.replace(TINY, attention="flash")))
+    )
     with pltpu.force_tpu_interpret_mode():
         loss, grads = flash(params, batch)
     expected, expected_grads = xla(params, batch)

@@ -83,7 +83,7 @@ def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
         >>> from jax.experimental.pallas import tpu as pltpu
         >>> q = jnp.ones((1, 8, 2, 4))
         >>> with pltpu.force_tpu_interpret_mode():  # a CPU runs the kernel so
-        ...     out = flash_causal_attention(q, q, q)
+        ...     out = jax.jit(flash_causal_attention)(q, q, q)
         >>> out.shape
         (1, 8, 2, 4)
     """
