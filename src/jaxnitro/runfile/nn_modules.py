@@ -13,7 +13,7 @@ is built, so the rest of the run file works without the `flax` extra.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -48,11 +48,36 @@ transformers (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`). The
 value of "none" is never passed to `nnx.remat` (whose own `policy=None` would save
 nothing)."""
 
-UNKNOWN_REMAT = (
-    "{owner} must be one of {choices}, got {value!r}: it names what the backward "
-    "pass keeps of each block ({meaning}). Pass one of them, e.g. {example}."
+UNKNOWN_CHOICE = (
+    "{owner} must be one of {choices}, got {value!r}: it names {what} ({meaning}). "
+    "Pass one of them, e.g. {example}."
 )
-"""The message of an unknown remat policy; `owner` names the field or argument."""
+"""The message of an unknown name among a GPT option's choices; `owner` names the
+field or argument."""
+
+
+def _check_choice(
+    value: object,
+    choices: Iterable[str],
+    owner: str,
+    what: str,
+    meaning: str,
+    example: str,
+) -> str:
+    """`value` if it is one of `choices`; else ValueError(UNKNOWN_CHOICE)."""
+    names = tuple(choices)
+    if isinstance(value, str) and value in names:
+        return value
+    raise ValueError(
+        UNKNOWN_CHOICE.format(
+            owner=owner,
+            choices=", ".join(repr(name) for name in names),
+            value=value,
+            what=what,
+            meaning=meaning,
+            example=example,
+        )
+    )
 
 
 def check_remat(value: object, owner: str, example: str) -> str:
@@ -61,17 +86,14 @@ def check_remat(value: object, owner: str, example: str) -> str:
     Raises:
         ValueError: any other value, naming `owner`, the value and the choices.
     """
-    if isinstance(value, str) and value in REMAT_POLICIES:
-        return value
-    raise ValueError(
-        UNKNOWN_REMAT.format(
-            owner=owner,
-            choices=", ".join(repr(name) for name in REMAT_POLICIES),
-            value=value,
-            meaning='"none": everything, "blocks": only its input, "dots": the '
-            "outputs of its linear layers",
-            example=example,
-        )
+    return _check_choice(
+        value,
+        REMAT_POLICIES,
+        owner,
+        "what the backward pass keeps of each block",
+        '"none": everything, "blocks": only its input, "dots": the outputs of its '
+        "linear layers",
+        example,
     )
 
 
@@ -84,12 +106,6 @@ ATTENTIONS: dict[str, str] = {
 """How `GPT`'s blocks compute their causal attention. The parameters, the function
 and (up to rounding) the values are the same; only the program differs."""
 
-UNKNOWN_ATTENTION = (
-    "{owner} must be one of {choices}, got {value!r}: it names how each block "
-    "computes its causal attention ({meaning}). Pass one of them, e.g. {example}."
-)
-"""The message of an unknown attention; `owner` names the field or argument."""
-
 
 def check_attention(value: object, owner: str, example: str) -> str:
     """`value` if it names an attention in ATTENTIONS (whatever the backend:
@@ -98,17 +114,14 @@ def check_attention(value: object, owner: str, example: str) -> str:
     Raises:
         ValueError: any other value, naming `owner`, the value and the choices.
     """
-    if isinstance(value, str) and value in ATTENTIONS:
-        return value
-    raise ValueError(
-        UNKNOWN_ATTENTION.format(
-            owner=owner,
-            choices=", ".join(repr(name) for name in ATTENTIONS),
-            value=value,
-            meaning='"xla": written out in JAX, on any backend; "flash": the '
-            "Pallas TPU flash attention kernel, on a TPU only",
-            example=example,
-        )
+    return _check_choice(
+        value,
+        ATTENTIONS,
+        owner,
+        "how each block computes its causal attention",
+        '"xla": written out in JAX, on any backend; "flash": the Pallas TPU flash '
+        "attention kernel, on a TPU only",
+        example,
     )
 
 

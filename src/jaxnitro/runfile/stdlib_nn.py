@@ -180,37 +180,32 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         _positive(kwargs, k, "gpt", span)
         for k in ("vocab", "layers", "dim", "heads", "context")
     )
-    remat = kwargs.get("remat", Keyword("none"))
-    if not isinstance(remat, Keyword) or remat.name not in REMAT:
-        raise fail(
-            "E-EVAL-007",
-            "`:remat` of `gpt` is "
-            + ", ".join(f":{r}" for r in REMAT)
-            + f" (what the backward pass keeps of each block), got {show(remat)}",
-            span.at("remat"),
-            "write :remat :blocks to keep only each block's input, :dots to keep "
-            "its linear layers' outputs too, or leave it out (:none)",
-        )
-    attention = kwargs.get("attention", Keyword("xla"))
-    if not isinstance(attention, Keyword) or attention.name not in ATTENTION:
-        raise fail(
-            "E-EVAL-007",
-            "`:attention` of `gpt` is "
-            + ", ".join(f":{a}" for a in ATTENTION)
-            + " (how each block computes its causal attention), got "
-            + show(attention),
-            span.at("attention"),
-            "write :attention :flash for the Pallas TPU flash attention kernel (a "
-            "TPU only), or leave it out (:xla, written out in JAX, any backend)",
-        )
+    remat = _keyword_choice(
+        kwargs,
+        "remat",
+        REMAT,
+        "what the backward pass keeps of each block",
+        "write :remat :blocks to keep only each block's input, :dots to keep "
+        "its linear layers' outputs too, or leave it out (:none)",
+        span,
+    )
+    attention = _keyword_choice(
+        kwargs,
+        "attention",
+        ATTENTION,
+        "how each block computes its causal attention",
+        "write :attention :flash for the Pallas TPU flash attention kernel (a "
+        "TPU only), or leave it out (:xla, written out in JAX, any backend)",
+        span,
+    )
     spec = GPTSpec(
         vocab,
         layers,
         dim,
         heads,
         context,
-        remat=remat.name,
-        attention=attention.name,
+        remat=remat,
+        attention=attention,
     )
     if spec.dim % spec.heads:
         raise fail(
@@ -220,6 +215,29 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
             "pick :heads dividing :dim",
         )
     return spec
+
+
+def _keyword_choice(
+    kwargs: dict[str, Any],
+    name: str,
+    choices: tuple[str, ...],
+    what: str,
+    hint: str,
+    span: Span,
+) -> str:
+    """`gpt`'s `:name` keyword, one of `choices` (the first when left out);
+    E-EVAL-007 naming what it chooses and the choices otherwise."""
+    value = kwargs.get(name, Keyword(choices[0]))
+    if not isinstance(value, Keyword) or value.name not in choices:
+        raise fail(
+            "E-EVAL-007",
+            f"`:{name}` of `gpt` is "
+            + ", ".join(f":{c}" for c in choices)
+            + f" ({what}), got {show(value)}",
+            span.at(name),
+            hint,
+        )
+    return value.name
 
 
 def _embedding(values: list[Any], kwargs: dict[str, Any], span: Span) -> EmbeddingSpec:
