@@ -13,9 +13,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
+from gpt_params import TINY, loss_fn, random_params, tokens
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jcore
 
@@ -27,43 +27,11 @@ from jaxnitro.runfile.evaluator import evaluate_file
 from jaxnitro.runfile.nn_flash import check_attention_backend, flash_causal_attention
 from jaxnitro.runfile.nn_modules import ATTENTIONS, GPT, check_attention
 from jaxnitro.runfile.source import RunfileError
-from jaxnitro.runfile.stdlib_nn import ATTENTION, GPTSpec
+from jaxnitro.runfile.stdlib_nn import ATTENTION
 
 from .conftest import MINIMAL
 
-TINY = GPTSpec(vocab=256, layers=2, dim=64, heads=2, context=64)
-"""examples/gpt2.py's tiny configuration."""
-
 EXAMPLES = Path(__file__).parents[2] / "examples" / "runfiles"
-
-
-def random_params(spec: GPTSpec, seed: int) -> dict[str, jax.Array]:
-    """Every parameter random (norm scales and biases too), so that the attention
-    weights are far from uniform and no term hides."""
-    shapes = spec.parameter_shapes()
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return {
-        name: 0.3 * jax.random.normal(key, shape)
-        for key, (name, shape) in zip(keys, shapes.items(), strict=True)
-    }
-
-
-def tokens(batch: int = 2, time: int = 65) -> jax.Array:
-    """int32[batch, time] below the tiny vocabulary: inputs then shifted targets."""
-    return jax.random.randint(jax.random.key(7), (batch, time), 0, TINY.vocab)
-
-
-def loss_fn(spec: GPTSpec):
-    """The mean next-token cross-entropy of `spec` as a function of (params,
-    tokens), the run file's objective."""
-
-    def loss(params, tokens):
-        logits = spec.apply(params, tokens[:, :-1], None)
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits, tokens[:, 1:]
-        ).mean()
-
-    return loss
 
 
 interpreted = pytest.mark.skipif(
@@ -95,7 +63,7 @@ def pallas_calls(attention: str, remat: str = "none") -> int:
     """The Pallas kernels the tiny model's forward and backward pass trace, counted
     through every nested program (the text of a jaxpr shows a repeated one once)."""
     spec = dataclasses.replace(TINY, attention=attention, remat=remat)
-    jaxpr = jax.make_jaxpr(jax.grad(loss_fn(spec)))(random_params(TINY, 0), tokens())
+    jaxpr = jax.make_jaxpr(jax.grad(loss_fn(spec)))(random_params(TINY, 0), tokens(2))
 
     def count(jaxpr: jcore.Jaxpr) -> int:
         found = 0
@@ -118,7 +86,7 @@ def test_xla_traces_the_written_out_program_and_flash_three_kernels_a_block():
     # ones (dk and dv, then dq).
     grad = jax.grad(loss_fn(TINY))
     explicit = jax.grad(loss_fn(dataclasses.replace(TINY, attention="xla")))
-    params, batch = random_params(TINY, 0), tokens()
+    params, batch = random_params(TINY, 0), tokens(2)
     assert str(jax.make_jaxpr(explicit)(params, batch)) == str(
         jax.make_jaxpr(grad)(params, batch)
     )
@@ -179,7 +147,7 @@ def test_the_kernel_keeps_the_compute_dtype():
 
 @interpreted
 def test_flash_gives_the_written_out_loss_and_gradient():
-    params, batch = random_params(TINY, 3), tokens()
+    params, batch = random_params(TINY, 3), tokens(2)
     xla = jax.jit(jax.value_and_grad(loss_fn(TINY)))
     # Jitted, as above: eager interpreted kernels can deadlock on a 2-core CPU.
     flash = jax.jit(
@@ -207,7 +175,7 @@ def test_flash_gives_the_written_out_loss_and_gradient():
 )
 @pytest.mark.parametrize("remat", ["none", "blocks"])
 def test_on_a_tpu_the_compiled_kernel_gives_the_written_out_loss_and_gradient(remat):
-    params, batch = random_params(TINY, 3), tokens()
+    params, batch = random_params(TINY, 3), tokens(2)
     found = {}
     for attention in ATTENTION:
         spec = dataclasses.replace(TINY, attention=attention, remat=remat)

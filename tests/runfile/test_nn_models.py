@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gpt_params import random_params
 from plain_gpt import plain_gpt_logits
 
 from jaxnitro.runfile.nn_models import parameter_name, structure
@@ -92,16 +93,6 @@ def test_gpt_starts_from_the_key_as_documented():
     other = spec.init(jax.random.key(1))
     assert all(np.array_equal(big[n], again[n]) for n in big)
     assert not np.array_equal(big["model.head.weight"], other["model.head.weight"])
-
-
-def random_params(spec: GPTSpec, seed: int) -> dict[str, jax.Array]:
-    """Every parameter random (norm scales and biases too), so no term hides."""
-    shapes = spec.parameter_shapes()
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return {
-        name: 0.3 * jax.random.normal(key, shape)
-        for key, (name, shape) in zip(keys, shapes.items(), strict=True)
-    }
 
 
 def test_the_nnx_forward_equals_the_plain_jax_computation():

@@ -8,9 +8,9 @@ import dataclasses
 
 import jax
 import numpy as np
-import optax
 import pytest
 from flax import nnx
+from gpt_params import TINY, loss_fn, random_params, tokens
 
 from jaxnitro.runfile.engine import compile_run, graph_key
 from jaxnitro.runfile.evaluator import evaluate_file
@@ -20,39 +20,8 @@ from jaxnitro.runfile.stdlib_nn import REMAT, GPTSpec
 
 from .conftest import MINIMAL
 
-TINY = GPTSpec(vocab=256, layers=2, dim=64, heads=2, context=64)
-"""examples/gpt2.py's tiny configuration."""
-
 CHECKPOINT = jax.make_jaxpr(jax.checkpoint(lambda x: x))(1.0).eqns[0].primitive
 """JAX's rematerialisation primitive, whatever this version names it."""
-
-
-def random_params(spec: GPTSpec, seed: int) -> dict[str, jax.Array]:
-    """Every parameter random (norm scales and biases too), so no term hides."""
-    shapes = spec.parameter_shapes()
-    keys = jax.random.split(jax.random.key(seed), len(shapes))
-    return {
-        name: 0.3 * jax.random.normal(key, shape)
-        for key, (name, shape) in zip(keys, shapes.items(), strict=True)
-    }
-
-
-def tokens(batch: int = 4, time: int = 65) -> jax.Array:
-    """int32[batch, time] below the tiny vocabulary: inputs then shifted targets."""
-    return jax.random.randint(jax.random.key(7), (batch, time), 0, TINY.vocab)
-
-
-def loss_fn(spec: GPTSpec):
-    """The mean next-token cross-entropy of `spec` as a function of (params,
-    tokens), the run file's objective."""
-
-    def loss(params, tokens):
-        logits = spec.apply(params, tokens[:, :-1], None)
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits, tokens[:, 1:]
-        ).mean()
-
-    return loss
 
 
 def test_the_policies_are_the_run_files():

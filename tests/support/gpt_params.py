@@ -1,0 +1,43 @@
+"""The tiny `gpt` the run-file model tests train: its spec, random parameters,
+tokens and the next-token loss, shared by the remat, attention and model tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from jaxnitro.runfile.stdlib_nn import GPTSpec
+
+TINY = GPTSpec(vocab=256, layers=2, dim=64, heads=2, context=64)
+"""examples/gpt2.py's tiny configuration."""
+
+
+def random_params(spec: GPTSpec, seed: int) -> dict[str, jax.Array]:
+    """Every parameter random (norm scales and biases too), so that no term hides
+    (the attention weights far from uniform)."""
+    shapes = spec.parameter_shapes()
+    keys = jax.random.split(jax.random.key(seed), len(shapes))
+    return {
+        name: 0.3 * jax.random.normal(key, shape)
+        for key, (name, shape) in zip(keys, shapes.items(), strict=True)
+    }
+
+
+def tokens(batch: int = 4, time: int = 65) -> jax.Array:
+    """int32[batch, time] below the tiny vocabulary: inputs then shifted targets."""
+    return jax.random.randint(jax.random.key(7), (batch, time), 0, TINY.vocab)
+
+
+def loss_fn(spec: GPTSpec) -> Any:
+    """The mean next-token cross-entropy of `spec` as a function of (params,
+    tokens), the run file's objective."""
+
+    def loss(params: Any, tokens: Any) -> Any:
+        logits = spec.apply(params, tokens[:, :-1], None)
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits, tokens[:, 1:]
+        ).mean()
+
+    return loss
