@@ -96,17 +96,24 @@ def per_buffer(counts: tuple[int, ...], calls: int = 400) -> dict[int, float]:
     return out
 
 
-def nitro_steps(exp, per_call: int, *, scratch: str) -> float:
-    """Microseconds a step of jaxnitro at `per_call` (median epoch, first dropped);
-    its run directory (its log) in the folder `scratch`."""
+def handle(exp, per_call: int, scratch: str, epochs: int = 1 + EPOCHS):
+    """A jaxnitro handle on `exp` at `per_call`, no checkpointer, its run directory
+    (its log) in the folder `scratch`."""
     import jaxnitro as nx
 
-    nitro = nx.Nitro(
-        exp(max_epochs=1 + EPOCHS),
+    return nx.Nitro(
+        exp(max_epochs=epochs),
         run_dir=tempfile.mkdtemp(dir=scratch),
         checkpointer=None,
         steps_per_call=per_call,
     )
+
+
+def nitro_steps(exp, per_call: int, *, scratch: str) -> float:
+    """Microseconds a step of jaxnitro at `per_call` (median epoch, first dropped);
+    its run directory (its log) in the folder `scratch`."""
+
+    nitro = handle(exp, per_call, scratch)
     nitro.train()
     return statistics.median(row["seconds"] for row in nitro.history[2:])
 
@@ -118,7 +125,6 @@ def replay(
     train call replayed with its last call's arguments, outputs fed back in."""
     import jax
 
-    import jaxnitro as nx
     import jaxnitro.loop.calls as calls_module
 
     captured: dict[str, object] = {}
@@ -139,12 +145,7 @@ def replay(
 
     calls_module.call_program = capturing
     try:
-        nx.Nitro(
-            exp(max_epochs=1),
-            run_dir=tempfile.mkdtemp(dir=scratch),
-            checkpointer=None,
-            steps_per_call=per_call,
-        ).train()
+        handle(exp, per_call, scratch, epochs=1).train()
     finally:
         calls_module.call_program = real
     program, args = captured["program"], list(captured["args"])  # type: ignore[arg-type]
@@ -168,7 +169,6 @@ def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
     to the loop's exit (the last losses read back, the state handed back),
     `around` the rest of the history's epoch seconds (the feed opened and closed,
     the epoch's summary)."""
-    import jaxnitro as nx
     import jaxnitro.loop.calls as calls_module
     import jaxnitro.loop.steps as steps_module
 
@@ -198,12 +198,7 @@ def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
 
     steps_module.call_steps, calls_module.call_program = loop, program_of
     try:
-        nitro = nx.Nitro(
-            exp(max_epochs=1 + EPOCHS),
-            run_dir=tempfile.mkdtemp(dir=scratch),
-            checkpointer=None,
-            steps_per_call=per_call,
-        )
+        nitro = handle(exp, per_call, scratch)
         nitro.train()
     finally:
         steps_module.call_steps, calls_module.call_program = real_loop, real_program
@@ -224,19 +219,13 @@ def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
 
 def profile(exp, per_call: int, top: int, count: int, *, scratch: str) -> None:
     """A cProfile of `EPOCHS` epochs after a first one: own time in us a step."""
-    import jaxnitro as nx
 
     profiler = cProfile.Profile()
 
     def after(nitro, epoch, observations):
         profiler.enable()  # from the end of the first epoch (its compile) on
 
-    nitro = nx.Nitro(
-        exp(max_epochs=1 + EPOCHS),
-        run_dir=tempfile.mkdtemp(dir=scratch),
-        checkpointer=None,
-        steps_per_call=per_call,
-    )
+    nitro = handle(exp, per_call, scratch)
     nitro.on_epoch_end(after)
     nitro.train()
     profiler.disable()
