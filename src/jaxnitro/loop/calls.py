@@ -200,38 +200,29 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _packing(state: Any, packed: bool) -> Packing | None:
-    """How the calls pass `state` (`compile/packed.py`): the last epoch's packing
-    when the handle still holds the trees its flat buffers were unpacked into
-    (found without walking the trees: that walk cost a short epoch about 0.3 ms on
-    the chip's host), else `packing_of` them; None unpacked."""
-    if not packed:
-        return None
+def _carry_in(state: Any, packed: bool) -> tuple[Packing | None, tuple[Any, Any, Any]]:
+    """How the calls pass `state`, and their state arguments (`compile/scanned.py`):
+    `(None, its trees)`, or packed (`compile/packed.py`) its packing and flat
+    buffers: the last epoch's both when the handle still holds the trees they were
+    unpacked into, so an epoch starts without a dispatch or a walk of the trees
+    (that walk cost a short epoch about 0.3 ms on the chip's host)."""
     trees = _state_trees(state)
-    held = _CARRIED.get("packed")
-    if held is not None and _same(held[1], trees):
-        return held[0]
-    return packing_of(trees)
-
-
-def _carry_in(state: Any, packing: Packing | None) -> tuple[Any, Any, Any]:
-    """The state arguments of the calls (`compile/scanned.py`): `state`'s trees, or
-    with a `packing` its flat buffers: the last epoch's, when the handle still holds
-    the trees they were unpacked into (an epoch then starts without a dispatch)."""
-    trees = _state_trees(state)
-    if packing is None:
-        return trees
     held = _CARRIED.pop("packed", None)
-    if held is not None and held[0] is packing and _same(held[1], trees):
-        carry = held[2]
+    if not packed:
+        return None, trees
+    if held is not None and _same(held[1], trees):
+        packing, carry = held[0], held[2]
     else:
+        packing = packing_of(trees)
+        if packing is None:  # too large, or leaves that have no buffer
+            return None, trees
         carry = pack_program(packing)(trees), (), ()
     # What the first call would donate unpacked (the Weights and the accumulator)
     # is released now, as a donation releases it: the flat buffers hold the state.
     for leaf in jax.tree.leaves((state.weights, state.accumulator)):
         if isinstance(leaf, jax.Array) and not leaf.is_deleted():
             leaf.delete()
-    return carry
+    return packing, carry
 
 
 def _carry_out(
@@ -348,11 +339,10 @@ def call_steps(
     start = context.current()
     step = start.step
     placement = prepared.ctx.placement
-    # Packed only on one device: a flat buffer would undo the mesh's layout.
-    packing = _packing(start, packs_state() and placement is None)
     # Where a block goes: split along its batch axis over the run's mesh.
     block_sharding = None if placement is None else placement.block_sharding(accum)
-    carry = _carry_in(start, packing)
+    # Packed only on one device: a flat buffer would undo the mesh's layout.
+    packing, carry = _carry_in(start, packs_state() and placement is None)
     ring: Any = None
     size = 0  # the block's steps, fixed by the epoch's first batch
     positions: tuple[Any, ...] = ()
@@ -558,7 +548,7 @@ def call_steps(
                     made = None  # a validation may have moved a Plateau's rate
                     now = context.current()  # the events only read it
                     if not _same(_state_trees(now), committed):
-                        carry = _carry_in(now, packing)
+                        packing, carry = _carry_in(now, packing is not None)
                     if leave:
                         delivered = None
                         break
