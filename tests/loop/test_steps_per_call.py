@@ -122,6 +122,38 @@ def test_every_per_step_input_trains_bitwise_as_one_step_per_call(tmp_path, accu
         ]
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_short_block_travels_without_its_padding(tmp_path, monkeypatch, accum):
+    """On an accelerator a block cut short by the epoch's end is sent as its own
+    batches and padded on the device (no call reads the padding): the same
+    training, bit for bit."""
+    import jaxnitro.loop.calls as calls
+    import jaxnitro.loop.feed as feed
+
+    steps = 2 * 10 // accum  # two epochs of 10 (or 5) steps: blocks of 8, then 2
+    kw = {"accum": accum, "schedules": schedules(steps)}
+    base, _ = train(tmp_path, "k1", Everything(), steps_per_call=1, **kw)
+    monkeypatch.setattr(feed, "stages_on_device", lambda: True)
+    sent = []
+
+    def spy(arrays, sharding=None, **kw):
+        placed = transfer(arrays, sharding, **kw)
+        sent.append(
+            (kw.get("rows"), {a.shape[0] for a in arrays.values()}, placed["x"].shape)
+        )
+        return placed
+
+    transfer = calls.transfer
+    monkeypatch.setattr(calls, "transfer", spy)
+    got, _ = train(tmp_path, "k4", Everything(), steps_per_call=4, **kw)
+    assert_same_state(base, got)
+    x = (16, 8) if accum == 1 else (2, 16, 8)
+    per_epoch = (
+        [(8, {8}, (8, *x)), (8, {2}, (8, *x))] if accum == 1 else [(8, {5}, (8, *x))]
+    )
+    assert sent == 2 * per_epoch
+
+
 def test_a_stop_lands_on_a_call_boundary_and_the_resume_is_exact(tmp_path):
     straight, _ = train(tmp_path, "straight", Tiny(n_train=16 * 7), steps_per_call=1)
     stopper = StopsAtStep(2)  # read back while the call of steps 4-6 runs

@@ -36,6 +36,22 @@ def _identity(sharding: Any) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=32)
+def _padding(sharding: Any, rows: int) -> Any:
+    """The transfer of a short block: each array's leading axis filled with zeros
+    up to `rows` on the device (rows no program reads)."""
+
+    def padded(batch: Any) -> Any:
+        return {
+            k: jax.numpy.pad(v, [(0, rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1))
+            for k, v in batch.items()
+        }
+
+    if sharding is None:
+        return jax.jit(padded)
+    return jax.jit(padded, in_shardings=sharding, out_shardings=sharding)
+
+
 def _placement(sharding: Any) -> Any:
     if isinstance(sharding, jax.Device):
         return jax.sharding.SingleDeviceSharding(sharding)
@@ -43,7 +59,11 @@ def _placement(sharding: Any) -> Any:
 
 
 def transfer(
-    arrays: Mapping[str, Any], sharding: Any = None, *, wait: bool = True
+    arrays: Mapping[str, Any],
+    sharding: Any = None,
+    *,
+    wait: bool = True,
+    rows: int | None = None,
 ) -> dict[str, jax.Array]:
     """`arrays` (field -> array, batch first) on the device, the copy finished
     (`wait=False`: under way; a program that reads them waits on the device).
@@ -54,9 +74,27 @@ def transfer(
     the default device. A sharding over several processes' devices takes each
     process's `arrays` as its rows of the global batch (B_local, ...), and returns
     the global arrays (B_local * processes, ...).
+
+    With `rows`, host arrays with fewer leading rows (a block cut short, stacked
+    `(steps, ...)`) arrive padded with zeros to `rows`: the padding is made on the
+    device, so the copy carries only the rows given.
+
+    >>> short = transfer({"x": np.ones((2, 3), np.float32)}, rows=4)
+    >>> short["x"].shape, float(short["x"].sum())
+    ((4, 3), 6.0)
     """
     placement = _placement(sharding)
+    if rows is not None:
+        short = any(
+            np.shape(v)[0] < rows
+            for v in arrays.values()
+            if not isinstance(v, jax.Array)
+        )
+        if not short:
+            rows = None
     if placement is not None and not placement.is_fully_addressable:
+        if rows is not None:  # each process's rows are placed as they are
+            arrays = {k: _host_padded(v, rows) for k, v in arrays.items()}
         return _assemble(arrays, placement)
     host = {k: np.asarray(v) for k, v in arrays.items() if not isinstance(v, jax.Array)}
     placed = {
@@ -65,11 +103,20 @@ def transfer(
         if isinstance(v, jax.Array)
     }
     if host:
-        placed.update(_identity(placement)(host))
+        program = _identity(placement) if rows is None else _padding(placement, rows)
+        placed.update(program(host))
     if wait:
         for array in placed.values():
             array.block_until_ready()
     return {k: placed[k] for k in arrays}
+
+
+def _host_padded(value: Any, rows: int) -> Any:
+    """A host array's leading axis filled with zeros up to `rows`."""
+    if isinstance(value, jax.Array) or value.shape[0] >= rows:
+        return value
+    value = np.asarray(value)
+    return np.pad(value, [(0, rows - value.shape[0])] + [(0, 0)] * (value.ndim - 1))
 
 
 def _assemble(arrays: Mapping[str, Any], sharding: Any) -> dict[str, jax.Array]:
