@@ -177,6 +177,41 @@ def test_summary_of_a_trained_handle_lists_its_programs(tmp_path):
     assert "train_step" in str(s) and "compiled train program" in s.step_source
 
 
+def test_where_a_lowering_has_no_analysis_the_summary_lowers_on_the_cpu(
+    tmp_path, monkeypatch
+):
+    """A TPU's plugin backend analyses compiled programs only (`Lowered.cost_analysis`
+    gives None there): the summary lowers the same gradient on the host's CPU
+    device, still compiling nothing."""
+    import sys
+
+    sys.path.insert(0, str(AGENT_FILE.parent))
+    try:
+        from tiny_agent import TinyAgent
+    finally:
+        sys.path.remove(str(AGENT_FILE.parent))
+    import jax.stages
+
+    import jaxnitro as nx
+
+    nitro = nx.Nitro(TinyAgent(max_epochs=1), run_dir=str(tmp_path))
+    expected = nitro.summary().step_flops
+    real = jax.stages.Lowered.cost_analysis
+    asked = []
+
+    def plugin_backend(self):  # the first lowering, on the default backend
+        asked.append(self)
+        return None if len(asked) == 1 else real(self)
+
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", plugin_backend)
+    monkeypatch.setattr(
+        jax.stages.Lowered, "compile", lambda self: pytest.fail("compiled")
+    )
+    s = nitro.summary()
+    assert len(asked) == 2 and s.step_flops == expected > 0
+    assert "nothing compiled or run" in s.step_source
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

@@ -8,7 +8,7 @@
 # pass carry=[".whl-tpu"]). The folder is git-ignored, so a later call on a machine
 # still warm finds it and installs nothing. It and src/ go at the END of PYTHONPATH,
 # so that the machine's own JAX stays the one imported. Prints the versions it ends
-# with.
+# with. In test mode it adds jaxnitro's own metadata (below), not a copy of its code.
 _nitro_site=$PWD/.tpu-scratch/site-${1:-runtime}
 _nitro_runtime="optax safetensors rich flatbuffers"
 _nitro_test="flax scikit-learn tensorboardX tensorboard matplotlib pandas
@@ -39,9 +39,26 @@ _nitro_install() {
         _nitro_pip --no-index --no-deps --no-compile .whl-tpu/*.whl \
             || echo "tpu env: the carried wheels did not install" >&2
     fi
+    [ "${1:-runtime}" = test ] && _nitro_metadata
     touch "$_nitro_site/.done"
     echo "tpu env: installed in $((SECONDS - start)) s"
     _nitro_path
+}
+# jaxnitro's own dist-info (its version, its console scripts), what an editable
+# install gives: the code itself stays src/ on PYTHONPATH, so every call tests the
+# checkout it was sent. Built with setuptools from the machine's index.
+_nitro_metadata() {
+    local built
+    built=$(mktemp -d)
+    if PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
+        --disable-pip-version-check --no-deps --index-url file:///opt/pypi/simple \
+        --target "$built" . 2>/tmp/pip-self.err; then
+        rm -rf "$_nitro_site"/jaxnitro-*.dist-info
+        cp -r "$built"/jaxnitro-*.dist-info "$_nitro_site"/
+    else
+        echo "tpu env: jaxnitro's metadata did not build (/tmp/pip-self.err)" >&2
+    fi
+    rm -rf "$built"
 }
 _nitro_path() {
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$_nitro_site:$PWD/src"

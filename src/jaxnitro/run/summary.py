@@ -234,6 +234,8 @@ def _lowered_step(nitro: RunView) -> tuple[float | None, float | None, str]:
     )
     try:
         analysis = jax.jit(compute).lower(*args).cost_analysis()
+        if analysis is None:  # a PJRT plugin's backend (a TPU): no lowered analysis
+            analysis = jax.jit(compute).lower(*_on_host_cpu(args)).cost_analysis()
     except Exception as error:  # a backend or op XLA cannot cost
         return None, None, f"XLA gave no analysis ({type(error).__name__})"
     if isinstance(analysis, list | tuple):
@@ -243,6 +245,21 @@ def _lowered_step(nitro: RunView) -> tuple[float | None, float | None, str]:
     if flops is None:
         return None, None, "XLA gave no analysis"
     return float(flops), None if moved is None else float(moved), FROM_LOWERED
+
+
+def _on_host_cpu(args: Any) -> Any:
+    """`args` as shapes on the host's CPU device: the same program lowered there,
+    where XLA analyses a lowering (a TPU's plugin backend only analyses a compiled
+    program, and compiling is what `summary` avoids). The FLOPs of the unoptimised
+    program are the same on either."""
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+    def abstract(leaf: Any) -> Any:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            return leaf  # a Python number: not placed anywhere
+        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=cpu)
+
+    return jax.tree.map(abstract, args)
 
 
 def _aligned(rows: Sequence[tuple[str, ...]], *, right: tuple[int, ...]) -> list[str]:
