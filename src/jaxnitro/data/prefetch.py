@@ -39,7 +39,7 @@ from .protocol import (
     unwrap_source,
 )
 from .sources import batch_size, check_source_options
-from .stream import EvalStaged, PrefetchStream, Staged
+from .stream import EvalStaged, InlinePass, PrefetchStream, Staged
 from .transfer import is_numeric_dtype, transfer
 
 PrefetchPath = Literal[
@@ -341,7 +341,28 @@ def prepared_stream(
     `epoch` (0-based) positions a source that has `set_epoch` (the Grain adapter
     does), so a resumed run reads the same order.
     """
-    cfg = prefetch_config(split)
+    return _stream(
+        split,
+        prefetch_config(split),
+        prepare,
+        epoch=epoch,
+        name=name,
+        stage=stage,
+        join_timeout=join_timeout,
+    )
+
+
+def _stream(
+    split: Any,
+    cfg: PrefetchConfig,
+    prepare: Prepare,
+    *,
+    epoch: int | None,
+    name: str,
+    stage: bool,
+    join_timeout: float = 10.0,
+) -> PrefetchStream[Any]:
+    """`prepared_stream` with the split's config already resolved."""
     view = source_view(split)
 
     def set_epoch() -> None:
@@ -362,6 +383,29 @@ def prepared_stream(
         stage=stage,
         join_timeout=join_timeout,
     )
+
+
+INLINE_PATHS = ("materialized", "inline")
+"""The paths whose batches cost nothing to produce: read on the consumer's thread
+when nothing is staged on a device."""
+
+
+def open_pass(
+    split: Any, prepare: Prepare, *, epoch: int, name: str, stage: bool
+) -> InlinePass | PrefetchStream[Any]:
+    """One pass over `split` for 0-based `epoch`, each host batch through `prepare`.
+
+    The split's path is resolved once, here: a list of built batches (the
+    "materialized" path) and a `NoPrefetch` split are read inline unless `stage`
+    (an `InlinePass`: producing a batch is a pointer load, and threads would only add
+    hand-offs); every other split runs its prefetch stream. Either way the pass
+    counts the time its consumer waited (`wait_seconds`), frees what it staged
+    (`release`) and is closed on every exit (`close`).
+    """
+    cfg = prefetch_config(split)
+    if cfg.path in INLINE_PATHS and not stage:
+        return InlinePass(split, epoch, prepare)
+    return _stream(split, cfg, prepare, epoch=epoch, name=name, stage=stage)
 
 
 def routed_fields(
