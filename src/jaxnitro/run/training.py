@@ -38,9 +38,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 
-from ..compile.boundary import owned_copy
 from ..compile.costs import step_flops
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError, NitroWarning
@@ -57,7 +55,7 @@ from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..observe.speed import device_peak, epoch_speed
 from .costs import samples_per_step
 from .records import write_checkpoint
-from .restore import finish_restore_best, optimizer_state
+from .restore import finish_restore_best, starting_state
 from .smoke import print_smoke_report
 from .validations import (
     StepEvents,
@@ -116,32 +114,6 @@ def _speed(run: RunParts, log: EpochLog, step_seconds: float) -> dict[str, float
         step_flops(log.program, run.config.accum),
         device_peak(jax.devices()[0]),
     )
-
-
-def _ensure_optimizer_state(run: RunParts) -> None:
-    """Allocate (or restore) the optimizer state, the EMA and the accumulator."""
-    plan = run.prepared.plan
-    assert plan is not None
-    values = run.values
-    state = values.state
-    params = state.params
-    if run.prepared.manual and values.pending_record is not None:
-        # Manual mode: setup_optimizers built the states at construction; a resume
-        # restores the record's arrays into that structure (rules kept).
-        pending = values.take_pending_record()
-        state = state.with_weights(
-            opt_state=optimizer_state(pending, plan, state.opt_state)
-        )
-    elif state.opt_state is None:
-        # The record's arrays are no longer needed once placed: taken here.
-        record = values.take_pending_record()
-        opt_state = optimizer_state(record, plan, plan.init_state(params))
-        state = state.with_weights(opt_state=opt_state)
-    if plan.ema is not None and state.ema is None:
-        state = state.with_weights(ema=owned_copy(params))  # the weights
-    if run.config.accum > 1 and state.accumulator is None:
-        state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
-    values.commit(state)
 
 
 _ROW_AXES = ("epoch", "step", "train_loss", "seconds")
@@ -243,7 +215,14 @@ class _Training:
     def train(self) -> None:
         run = self.run
         run.stops.begin()  # a pending stop request is honoured, not reset
-        _ensure_optimizer_state(run)
+        # The optimizer state, the EMA and the accumulator, restored or allocated.
+        values, prepared = run.values, run.prepared
+        assert prepared.plan is not None
+        values.commit(
+            starting_state(
+                values, prepared.plan, manual=prepared.manual, accum=run.config.accum
+            )
+        )
         _prepare_profile(run)
         reason = "error"
         try:
