@@ -4,7 +4,9 @@ Every split is wrapped at setup (`auto_prefetch`) in a `PrefetchIterator` at the
 defaults, unless it already is one or a `NoPrefetch`. The wrapper holds only the
 source and its settings; each phase builds its own stream from it (`batch_stream`
 for training, `eval_stream` for evaluation) and closes it when the phase ends, so
-training and validation prefetch memory never coexist.
+training and validation prefetch memory never coexist. A phase opens its pass
+with `open_pass`, which resolves the split's path once and reads a list of built
+batches or a `NoPrefetch` split inline where nothing is staged on a device.
 
     >>> batches = [{"x": np.full((2, 3), i, np.float32)} for i in range(3)]
     >>> split = PrefetchIterator(batches, workers=2)

@@ -232,7 +232,8 @@ def starting_state(
 ) -> TrainState:
     """The train state a train() starts from: the optimizer state restored from the
     pending record (a resume, `restore_optimizer=True`) or allocated fresh, the EMA
-    and the accumulator allocated; the held state where all are in place."""
+    and the accumulator allocated; the values' state as it is where all three are
+    in place."""
     state = values.state
     params = state.params
     # Manual mode: setup_optimizers built the states at construction; a resume
