@@ -349,7 +349,8 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
     every rank votes, and not at the next step, as it does in one process."""
     from jaxnitro.devices import agreement
     from jaxnitro.loop.steps import run_epoch
-    from jaxnitro.run.training import _ensure_optimizer_state, epoch_context
+    from jaxnitro.run.restore import starting_state
+    from jaxnitro.run.training import epoch_context
 
     monkeypatch.setattr(agreement, "AGREE_MOST_STEPS", 4)
     monkeypatch.setattr(agreement, "AGREE_SECONDS", 1e9)  # every 4 steps
@@ -359,7 +360,9 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
     data = _AsksToStopAtBatch1(make_batches(128, 16))
     nitro = nx.Nitro(Tiny(), data={"train": data}, logger=None, checkpointer=None)
     data.nitro = nitro
-    _ensure_optimizer_state(parts_of(nitro))
+    parts = parts_of(nitro)
+    plan = parts.prepared.plan
+    parts.values.commit(starting_state(parts.values, plan, manual=False, accum=1))
     agreed_stop = agreement.StopAgreement(nitro.current_step) if agreed else None
     log = run_epoch(epoch_context(parts_of(nitro)), 1, agreement=agreed_stop)
     assert (nitro.current_step, log.trained) == (stopped_at, stopped_at)

@@ -4,7 +4,9 @@ Every split is wrapped at setup (`auto_prefetch`) in a `PrefetchIterator` at the
 defaults, unless it already is one or a `NoPrefetch`. The wrapper holds only the
 source and its settings; each phase builds its own stream from it (`batch_stream`
 for training, `eval_stream` for evaluation) and closes it when the phase ends, so
-training and validation prefetch memory never coexist.
+training and validation prefetch memory never coexist. A phase opens its pass
+with `open_pass`, which resolves the split's path once and reads a list of built
+batches or a `NoPrefetch` split inline where nothing is staged on a device.
 
     >>> batches = [{"x": np.full((2, 3), i, np.float32)} for i in range(3)]
     >>> split = PrefetchIterator(batches, workers=2)
@@ -39,7 +41,7 @@ from .protocol import (
     unwrap_source,
 )
 from .sources import batch_size, check_source_options
-from .stream import EvalStaged, PrefetchStream, Staged
+from .stream import EvalStaged, InlinePass, PrefetchStream, Staged
 from .transfer import is_numeric_dtype, transfer
 
 PrefetchPath = Literal[
@@ -341,7 +343,28 @@ def prepared_stream(
     `epoch` (0-based) positions a source that has `set_epoch` (the Grain adapter
     does), so a resumed run reads the same order.
     """
-    cfg = prefetch_config(split)
+    return _stream(
+        split,
+        prefetch_config(split),
+        prepare,
+        epoch=epoch,
+        name=name,
+        stage=stage,
+        join_timeout=join_timeout,
+    )
+
+
+def _stream(
+    split: Any,
+    cfg: PrefetchConfig,
+    prepare: Prepare,
+    *,
+    epoch: int | None,
+    name: str,
+    stage: bool,
+    join_timeout: float = 10.0,
+) -> PrefetchStream[Any]:
+    """`prepared_stream` with the split's config already resolved."""
     view = source_view(split)
 
     def set_epoch() -> None:
@@ -362,6 +385,29 @@ def prepared_stream(
         stage=stage,
         join_timeout=join_timeout,
     )
+
+
+INLINE_PATHS = ("materialized", "inline")
+"""The paths whose batches cost nothing to produce: read on the consumer's thread
+when nothing is staged on a device."""
+
+
+def open_pass(
+    split: Any, prepare: Prepare, *, epoch: int, name: str, stage: bool
+) -> InlinePass | PrefetchStream[Any]:
+    """One pass over `split` for 0-based `epoch`, each host batch through `prepare`.
+
+    The split's path is resolved once, here: a list of built batches (the
+    "materialized" path) and a `NoPrefetch` split are read inline unless `stage`
+    (an `InlinePass`: producing a batch is a pointer load, and threads would only add
+    hand-offs); every other split runs its prefetch stream. Either way the pass
+    counts the time its consumer waited (`wait_seconds`), frees what it staged
+    (`release`) and is closed on every exit (`close`).
+    """
+    cfg = prefetch_config(split)
+    if cfg.path in INLINE_PATHS and not stage:
+        return InlinePass(split, epoch, prepare)
+    return _stream(split, cfg, prepare, epoch=epoch, name=name, stage=stage)
 
 
 def routed_fields(

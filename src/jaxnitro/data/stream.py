@@ -1,9 +1,12 @@
-"""`PrefetchStream`: one phase's pass over a split, torn down whole by `close()`.
+"""One phase's pass over a split, torn down whole by `close()`: a `PrefetchStream`,
+or an `InlinePass` read on the consumer's thread.
 
 A stream is built when a phase starts (by `batch_stream`, `eval_stream` or
 `prepared_stream` in `prefetch`) and closed when it ends, on every exit path. Its
 threads live in `pipeline`; the `inline` path (`NoPrefetch`) runs none and prepares
-each batch on the consumer.
+each batch on the consumer. `prefetch.open_pass` picks an `InlinePass` instead where
+nothing is staged on a device and producing a batch costs nothing (a list of built
+batches, a `NoPrefetch` split): threads would only add hand-offs.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -28,7 +31,8 @@ from .pipeline import (
     build_single,
     shutdown_pass,
 )
-from .sources import pass_batches
+from .protocol import unwrap_source
+from .sources import epoch_batches, pass_batches
 
 T = TypeVar("T")
 
@@ -208,6 +212,11 @@ class PrefetchStream(Generic[T]):
         self._finalizer.detach()
         shutdown_pass(self._pipeline, self._ledger, self._join_timeout, wait)
 
+    @property
+    def wait_seconds(self) -> float:
+        """Time the consumer spent blocked in `next()` so far, as `stats()` counts."""
+        return float(self._wait)
+
     def stats(self) -> StreamStats:
         """Batches delivered, time blocked in `next()`, elapsed time, peak live."""
         end = self._stopped if self._stopped is not None else time.perf_counter()
@@ -228,3 +237,41 @@ class PrefetchStream(Generic[T]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class InlinePass:
+    """One pass over a split prepared on the consuming thread, with its waiting time.
+
+    Only reading the source's next batch counts as waiting: preparing it is the
+    consumer's own work. Nothing is staged, so `release` frees nothing (the
+    executable places the host arrays itself).
+    """
+
+    def __init__(self, split: Any, epoch: int, prepare: Prepare) -> None:
+        seek = getattr(unwrap_source(split), "set_epoch", None)
+        if callable(seek):  # as the stream does, so a resumed run reads the same order
+            seek(epoch)
+        self._batches = epoch_batches(split, epoch)
+        self._prepare = prepare
+        self._ready: Iterator[Any] = iter(())
+        self.wait_seconds = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        for item in self._ready:  # the rest of a batch cut into chunks
+            return item
+        started = time.perf_counter()
+        try:
+            host = next(self._batches)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+        self._ready = iter(self._prepare(host))
+        return next(self._ready)
+
+    def release(self, device: Any) -> None:
+        """Nothing to free: the executable placed the host arrays itself."""
+
+    def close(self) -> None:
+        self._batches.close()  # type: ignore[attr-defined]

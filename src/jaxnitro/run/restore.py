@@ -227,6 +227,30 @@ def _through_host(leaf: Any) -> Any:
     return jnp.asarray(np.asarray(leaf))
 
 
+def starting_state(
+    values: RunValues, plan: OptimizerPlan, *, manual: bool, accum: int
+) -> TrainState:
+    """The train state a train() starts from: the optimizer state restored from the
+    pending record (a resume, `restore_optimizer=True`) or allocated fresh, the EMA
+    and the accumulator allocated; the values' state as it is where all three are
+    in place."""
+    state = values.state
+    params = state.params
+    # Manual mode: setup_optimizers built the states at construction; a resume
+    # restores the record's arrays into that structure (rules kept).
+    restoring = manual and values.pending_record is not None
+    if restoring or state.opt_state is None:
+        # The record's arrays are no longer needed once placed: taken here.
+        record = values.take_pending_record()
+        fresh = state.opt_state if restoring else plan.init_state(params)
+        state = state.with_weights(opt_state=optimizer_state(record, plan, fresh))
+    if plan.ema is not None and state.ema is None:
+        state = state.with_weights(ema=owned_copy(params))  # the weights
+    if accum > 1 and state.accumulator is None:
+        state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
+    return state
+
+
 def optimizer_state(
     record: CheckpointRecord | None, plan: OptimizerPlan, fresh: Any
 ) -> Any:
@@ -234,21 +258,18 @@ def optimizer_state(
     `restore_optimizer=True` keeps for train() to restore), else `fresh`."""
     if record is None:
         return owned_copy(fresh)
-    recorded = record.header.optimizer_layout
-    if not jax.tree.leaves(fresh):
-        # A stateless rule (plain SGD): its state has no arrays, so no record holds
-        # any, and the fresh state is the restored one.
-        if recorded is not None:
-            _check_optimizer_layout(record.path, recorded, plan.state_layout())
-        return fresh
-    if not record.has_tree("opt_state"):
+    # A stateless rule (plain SGD): its state has no arrays, so no record holds any,
+    # and the fresh state is the restored one.
+    stateless = not jax.tree.leaves(fresh)
+    if not stateless and not record.has_tree("opt_state"):
         raise CheckpointError(
             f"{record.path} holds no optimizer state (it was written by a run that "
             f"never trained, or by average_checkpoints)."
         )
+    recorded = record.header.optimizer_layout
     if recorded is not None:  # a record from before it was stored: leaf for leaf only
         _check_optimizer_layout(record.path, recorded, plan.state_layout())
-    return record.restore("opt_state", fresh, "optimizer state")
+    return fresh if stateless else record.restore("opt_state", fresh, "optimizer state")
 
 
 def _check_optimizer_layout(

@@ -38,9 +38,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 
-from ..compile.boundary import owned_copy
 from ..compile.costs import step_flops
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError, NitroWarning
@@ -49,7 +47,6 @@ from ..logging.values import flatten
 from ..loop.cadence import StepCadence
 from ..loop.calls import steps_per_call
 from ..loop.context import EpochContext
-from ..loop.evaluate import evaluate_split
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
 from ..observe import phases
@@ -57,16 +54,15 @@ from ..observe.profiling import PROFILE_DIRNAME, StepProfiler
 from ..observe.speed import device_peak, epoch_speed
 from .costs import samples_per_step
 from .records import write_checkpoint
-from .restore import finish_restore_best, optimizer_state
+from .restore import finish_restore_best, starting_state
 from .smoke import print_smoke_report
 from .validations import (
     StepEvents,
     Validation,
-    after_validation,
-    check_monitor,
     held_stop,
     hold,
     log_validation,
+    run_validation,
     show_monitored,
 )
 
@@ -107,41 +103,18 @@ def epoch_context(run: RunParts) -> EpochContext:
     )
 
 
-def _speed(run: RunParts, log: EpochLog, step_seconds: float) -> dict[str, float]:
-    """The epoch's speed for its data line: steps and samples a second, and MFU
-    where the train program's FLOPs and the device's peak are known."""
+def _speed(
+    log: EpochLog, step_seconds: float, *, samples: int, accum: int
+) -> dict[str, float]:
+    """The epoch's speed for its data line: steps and `samples` (per step) a
+    second, and MFU where the train program's FLOPs and the device's peak are
+    known."""
     return epoch_speed(
         step_seconds,
-        samples_per_step(run.prepared, run.config),
-        step_flops(log.program, run.config.accum),
+        samples,
+        step_flops(log.program, accum),
         device_peak(jax.devices()[0]),
     )
-
-
-def _ensure_optimizer_state(run: RunParts) -> None:
-    """Allocate (or restore) the optimizer state, the EMA and the accumulator."""
-    plan = run.prepared.plan
-    assert plan is not None
-    values = run.values
-    state = values.state
-    params = state.params
-    if run.prepared.manual and values.pending_record is not None:
-        # Manual mode: setup_optimizers built the states at construction; a resume
-        # restores the record's arrays into that structure (rules kept).
-        pending = values.take_pending_record()
-        state = state.with_weights(
-            opt_state=optimizer_state(pending, plan, state.opt_state)
-        )
-    elif state.opt_state is None:
-        # The record's arrays are no longer needed once placed: taken here.
-        record = values.take_pending_record()
-        opt_state = optimizer_state(record, plan, plan.init_state(params))
-        state = state.with_weights(opt_state=opt_state)
-    if plan.ema is not None and state.ema is None:
-        state = state.with_weights(ema=owned_copy(params))  # the weights
-    if run.config.accum > 1 and state.accumulator is None:
-        state = state._replace(accumulator=jax.tree.map(jnp.zeros_like, params))
-    values.commit(state)
 
 
 _ROW_AXES = ("epoch", "step", "train_loss", "seconds")
@@ -202,6 +175,8 @@ class _Training:
     def __init__(self, nitro: Nitro, run: RunParts) -> None:
         self.nitro, self.run = nitro, run
         c = run.config
+        # Fixed for the run (the global batch, accum, the processes): read once.
+        self.samples_per_step = samples_per_step(run.prepared, c)
         self.cadence = StepCadence(
             c.max_steps, c.val_every_n_steps, c.checkpoint_every_n_steps
         )
@@ -243,7 +218,14 @@ class _Training:
     def train(self) -> None:
         run = self.run
         run.stops.begin()  # a pending stop request is honoured, not reset
-        _ensure_optimizer_state(run)
+        # The optimizer state, the EMA and the accumulator, restored or allocated.
+        values, prepared = run.values, run.prepared
+        assert prepared.plan is not None
+        values.commit(
+            starting_state(
+                values, prepared.plan, manual=prepared.manual, accum=run.config.accum
+            )
+        )
         _prepare_profile(run)
         reason = "error"
         try:
@@ -286,8 +268,9 @@ class _Training:
         run.phase.enter(phases.TrainStepping(), epoch_started=number)
         started, steps_before = time.perf_counter(), values.state.step
         events_before = events.seconds if events is not None else 0.0
+        context = epoch_context(run)  # what the epoch reads of the run
         log = run_epoch(
-            epoch_context(run),
+            context,
             number,
             skip=skip,
             carried=carried,
@@ -301,7 +284,12 @@ class _Training:
             if events is not None:  # mid-epoch validations are not stepping
                 seconds -= events.seconds - events_before
             run.status.step_seconds = seconds / stepped
-            epoch.speed = _speed(run, log, seconds / stepped)
+            epoch.speed = _speed(
+                log,
+                seconds / stepped,
+                samples=self.samples_per_step,
+                accum=run.config.accum,
+            )
         waited = log.feed.wait_seconds if log.feed is not None else 0.0
         epoch.data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
         # The epoch's train summary line, whatever the train line's cadence.
@@ -317,22 +305,12 @@ class _Training:
         midway = self.events.at(step) if self.events is not None else None
         if midway is not None:  # validated at this step already: not again
             return midway, False
-        metrics = (
-            evaluate_split(run.evaluation, "val", stoppable=False)
-            if "val" in run.data
-            else {}
-        )
-        flat = flatten(metrics)
-        check_monitor(run, flat)
         # An epoch a stop (or max_steps) cut short is validated and checkpointed,
         # but Plateau and early stopping decide on scheduled validations only: a
         # part-epoch counts when its step is a multiple of val_every_n_steps, else
         # once, when the continued epoch ends, as in a run never stopped.
         counted = not partial or self.cadence.validates_at(step)
-        early, scales = (
-            after_validation(run, epoch.number, metrics) if counted else (False, {})
-        )
-        return Validation(step, metrics, flat, scales, early), True
+        return run_validation(run, epoch.number, decides=counted), True
 
     def _end_epoch(self, epoch: _Epoch) -> tuple[str, bool]:
         """Validate, run the hooks, record, log and checkpoint the epoch; the run's
@@ -350,13 +328,15 @@ class _Training:
             self.agreement.vote(step, run.stops.stop_requested, run.stops.preempted)
         # A stop asked for during validation ends the run after this epoch too.
         requested = requested or stops.stop_requested
-        hold(run, held_stop(run, log) if partial else None)
+        hold(run.values, held_stop(run.values.state, log) if partial else None)
         reached = self.cadence.ends_at(step)
         self._record(epoch, flat)
         if (validation.metrics or added) and here:
-            log_validation(run, epoch.number, flat, validation.scales)
+            log_validation(
+                run.config.logger, step, epoch.number, flat, validation.scales
+            )
         elif added:  # the mid-epoch line at this step lacks what the hooks added
-            log_validation(run, epoch.number, added, {})
+            log_validation(run.config.logger, step, epoch.number, added, {})
         self._log_data(epoch)
         reason = "error"
         if requested:
@@ -391,7 +371,7 @@ class _Training:
         history.append(row)
         progress = run.phase.progress()
         if progress is not None:
-            show_monitored(run, flat)
+            show_monitored(progress, run.prepared.monitor, flat)
             progress.epoch_summary(row, run.config.max_epochs)
 
     def _log_data(self, epoch: _Epoch) -> None:

@@ -1,12 +1,14 @@
 """Validation inside `train()`: at an epoch's end and every N steps, and what the
 policies decide on it.
 
-Each validation runs the val split (`loop/evaluate.py`) on the run's
-`RunEvaluation`, refuses a monitor naming no metric it returned, updates every
-Plateau and the early-stopping policy (`after_validation`), and writes the validate
-line. `StepEvents` is what the hot loop calls mid-epoch (`steps.StepEvents`): a
-validation and a checkpoint every N steps, and max_steps; an epoch's last step
-leaves both to the epoch end, so nothing runs twice.
+Each validation (`run_validation`, at an epoch's end and mid-epoch alike) runs the val
+split (`loop/evaluate.py`) on the run's `RunEvaluation`, refuses a monitor naming no
+metric it returned, and updates every Plateau and the early-stopping policy
+(`after_validation`); the validate line follows. The helpers take the field they
+read (the monitor, the progress line, the logger), not the run. `StepEvents` is
+what the hot loop calls mid-epoch (`steps.StepEvents`): a validation and a
+checkpoint every N steps, and max_steps; an epoch's last step leaves both to the
+epoch end, so nothing runs twice.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..loop.cadence import StepCadence
 from ..loop.evaluate import evaluate_split
-from ..loop.state import HeldStop
+from ..loop.state import HeldStop, TrainState
 from ..loop.steps import EpochLog
 from ..optim.schedules import check_plateau_metrics
 from ..watch import did_you_mean
 from .records import write_checkpoint
 
 if TYPE_CHECKING:
+    from ..loop.prepared import Prepared
+    from ..observe.progress import Progress
     from .handle import Nitro
     from .parts import RunParts
+    from .values import RunValues
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,31 @@ class Validation:
     early: bool
 
 
+def run_validation(run: RunParts, epoch: int, *, decides: bool = True) -> Validation:
+    """Validate at the current step of `epoch`: the val split's metrics (none
+    without a val split), a monitor naming no metric refused; when `decides`,
+    every Plateau and the early-stopping policy decide on it.
+
+    The one place a validation inside train() is taken, at an epoch's end and
+    mid-epoch alike."""
+    metrics = (
+        evaluate_split(run.evaluation, "val", stoppable=False)
+        if "val" in run.data
+        else {}
+    )
+    flat = flatten(metrics)
+    check_monitor(run.prepared.monitor, flat)
+    early, scales = (
+        after_validation(run.prepared, epoch, metrics) if decides else (False, {})
+    )
+    return Validation(run.values.state.step, metrics, flat, scales, early)
+
+
 def after_validation(
-    run: RunParts, epoch: int, metrics: dict[str, Any]
+    prepared: Prepared, epoch: int, metrics: dict[str, Any]
 ) -> tuple[bool, dict[str, float]]:
     """Update every Plateau and the stopping policy; (stop?, plateau scales)."""
-    plan = run.prepared.plan
+    plan = prepared.plan
     assert plan is not None
     scales = (
         check_plateau_metrics(list(plan.schedules), metrics, epoch=epoch)
@@ -62,16 +87,15 @@ def after_validation(
         else {}
     )
     stop = False
-    if run.prepared.stopper is not None:
-        stop = bool(run.prepared.stopper.should_stop(epoch, metrics))
+    if prepared.stopper is not None:
+        stop = bool(prepared.stopper.should_stop(epoch, metrics))
     return stop, scales
 
 
-def check_monitor(run: RunParts, flat: dict[str, Any]) -> None:
+def check_monitor(monitor: tuple[str, str] | None, flat: dict[str, Any]) -> None:
     """Refuse a monitor that names no metric validation returned, whether or not
     anything follows it: with custom metrics a misspelled monitor cannot be caught
     before validation runs (the spec)."""
-    monitor = run.prepared.monitor
     if flat and monitor is not None and monitor[0] not in flat:
         raise ConfigError(
             f"monitor() names `{monitor[0]}` ({monitor[1]}), but validation returned "
@@ -80,24 +104,24 @@ def check_monitor(run: RunParts, flat: dict[str, Any]) -> None:
         )
 
 
-def show_monitored(run: RunParts, flat: dict[str, Any]) -> None:
+def show_monitored(
+    progress: Progress | None, monitor: tuple[str, str] | None, flat: dict[str, Any]
+) -> None:
     """The progress line shows the monitored validation metric from now on."""
-    progress = run.phase.progress()
-    monitor = run.prepared.monitor
     if progress is not None and monitor is not None and monitor[0] in flat:
         progress.show({f"val {monitor[0]}": float(flat[monitor[0]])})
 
 
 def log_validation(
-    run: RunParts, epoch: int, flat: dict[str, Any], scales: dict[str, float]
+    logger: Any,
+    step: int,
+    epoch: int,
+    flat: dict[str, Any],
+    scales: dict[str, float],
 ) -> None:
     """The validate line: the flattened metrics and the Plateau scales."""
     logproto.log_metrics(
-        run.config.logger,
-        {**flat, **scales},
-        step=run.values.state.step,
-        epoch=epoch,
-        context="validate",
+        logger, {**flat, **scales}, step=step, epoch=epoch, context="validate"
     )
 
 
@@ -105,29 +129,30 @@ def validate_midway(run: RunParts, epoch: int) -> Validation:
     """Validate at the current step inside `epoch`; Plateau and early stopping
     decide on it; the validate line goes out."""
     run.values.sync_scheduled_devices()
-    metrics = evaluate_split(run.evaluation, "val", stoppable=False)
-    flat = flatten(metrics)
-    check_monitor(run, flat)
-    early, scales = after_validation(run, epoch, metrics)
-    show_monitored(run, flat)
-    if metrics:
-        log_validation(run, epoch, flat, scales)
-    return Validation(run.values.state.step, metrics, flat, scales, early)
+    validation = run_validation(run, epoch)
+    show_monitored(run.phase.progress(), run.prepared.monitor, validation.flat)
+    if validation.metrics:
+        log_validation(
+            run.config.logger,
+            validation.step,
+            epoch,
+            validation.flat,
+            validation.scales,
+        )
+    return validation
 
 
-def held_stop(run: RunParts, log: EpochLog) -> HeldStop:
-    """Where the run's state stands in the epoch `log` is stepping, for the rest
-    of it: the batches trained and the running train loss."""
+def held_stop(state: TrainState, log: EpochLog) -> HeldStop:
+    """Where `state` stands in the epoch `log` is stepping, for the rest of it:
+    the batches trained and the running train loss."""
     total, count = log.carried()
-    state = run.values.state
     return HeldStop(state.epoch, state.step, log.trained, total, count)
 
 
-def hold(run: RunParts, held: HeldStop | None) -> None:
+def hold(values: RunValues, held: HeldStop | None) -> None:
     """Commit the run's state with `held`: where a stop (or max_steps, or a
     checkpoint) left its epoch unfinished, or None when the epoch ended whole. The
     record written next keeps it (`records.write_checkpoint`)."""
-    values = run.values
     values.commit(values.state._replace(held=held))
 
 
@@ -190,7 +215,7 @@ class StepEvents:
         leave = leave or self.stops.stop_requested
         if cadence.checkpoints_at(step) and not leave:
             # Where the epoch stands: a resume from this record continues it.
-            hold(run, held_stop(run, log))
+            hold(run.values, held_stop(run.values.state, log))
             write_checkpoint(self.nitro, run, log.epoch, flat, None)
         return leave
 
