@@ -18,7 +18,7 @@ from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
-from jaxnitro.loop.calls import call_length
+from jaxnitro.loop.calls import call_length, steps_per_call
 from jaxnitro.loop.step_programs import call_inputs
 from jaxnitro.run.training import epoch_context
 
@@ -367,11 +367,38 @@ def test_a_call_is_cut_at_the_block_end_or_an_event(left, until, expected):
 def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
     nitro = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
     assert "steps_per_call auto (keyword)" in nitro.binding_report()
-    picked = {}
-    for seconds in (None, 5e-3, 450e-6, 100e-6):
-        nitro.status.step_seconds = seconds
-        picked[seconds] = epoch_context(parts_of(nitro)).steps_per_call
-    assert picked == {None: 1, 5e-3: 1, 450e-6: 4, 100e-6: 16}
+    assert epoch_context(parts_of(nitro)).steps_per_call == 1  # nothing measured
+    picked = {s: steps_per_call("auto", s) for s in (10e-3, 3e-3, 1e-3, 450e-6, 1e-4)}
+    assert picked == {10e-3: 1, 3e-3: 2, 1e-3: 8, 450e-6: 16, 1e-4: 16}
+    nitro.status.auto_steps_per_call = 8  # chosen: every later epoch keeps it
+    assert epoch_context(parts_of(nitro)).steps_per_call == 8
+
+
+def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
+    tmp_path, monkeypatch
+):
+    """The first call of a handle's first epoch compiles its program (width 29: no
+    other test compiled it): "auto" chooses from the steps after it, once."""
+    import jaxnitro.run.training as training
+
+    asked = []
+
+    def spy(setting, seconds):
+        asked.append((setting, seconds))
+        return steps_per_call(setting, seconds)
+
+    monkeypatch.setattr(training, "steps_per_call", spy)
+    nitro, _ = train(
+        tmp_path,
+        "auto",
+        Tiny(n_train=16 * 7, max_epochs=3, width=29),
+        steps_per_call="auto",
+    )
+    measured = [s for setting, s in asked if s is not None]
+    assert len(measured) == 1  # chosen after the first epoch, then kept
+    first = nitro.history[1]["seconds"] / 7  # epoch 1: its compile included
+    assert 0 < measured[0] < first / 2
+    assert nitro.status.auto_steps_per_call == steps_per_call("auto", measured[0])
 
 
 def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path):
@@ -379,7 +406,7 @@ def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path
     got, run_dir = train(
         tmp_path, "auto", Tiny(n_train=16 * 7, max_epochs=3), steps_per_call="auto"
     )
-    # A CPU step < 2 ms: several steps a call after the first epoch; a block longer
+    # A CPU step < 8 ms: several steps a call after the first epoch; a block longer
     # than the first epoch's 8 steps is the one extra program.
     kinds = [kind for kind, _ in got.executables.compiled()]
     assert kinds.count("train_step") <= 2
@@ -390,12 +417,10 @@ def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path
 def test_across_processes_auto_is_one_and_a_count_is_kept(monkeypatch):
     # Each process would measure its own step time: every rank must run one count.
     fixed = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=4)
-    auto = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call="auto")
-    auto.status.step_seconds = 100e-6
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     picked = (
         epoch_context(parts_of(fixed)).steps_per_call,
-        epoch_context(parts_of(auto)).steps_per_call,
+        steps_per_call("auto", 100e-6),
     )
     assert picked == (4, 1)
 

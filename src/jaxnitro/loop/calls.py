@@ -7,11 +7,12 @@ ends at every agreement point, where the ranks vote on a stop).
 
 
 The loop gathers a block of K steps' batches from the feed (host arrays on every
-backend), stacks them with one `np.stack` per field, places the stack with one
-transfer on an accelerator, and runs calls of the train program (`compile/scanned.py`)
-over the block: `steps_per_call` steps a call, cut short at the epoch's end and at the
-next step event. One program serves every call length, so steps_per_call=1 is a call
-of length 1 of this same loop, and a run compiles one train program (at
+backend), stacks them with one `np.stack` per field, and runs calls of the train
+program (`compile/scanned.py`) over the block (a block read by one call goes to its
+executable as host arrays; one read by several is placed once: `_staged`),
+`steps_per_call` steps a call, cut short at the epoch's end and at the next step
+event. One program serves every call length, so steps_per_call=1 is a call of
+length 1 of this same loop, and a run compiles one train program (at
 steps_per_call=1 one without the loop around its step, which cost a CPU step about
 10%). On a CPU backend at steps_per_call=1 a block is one batch, handed to the
 executable as a view of the host arrays: there a transfer costs nothing to batch,
@@ -100,9 +101,11 @@ from .step_programs import (
     current_state,
 )
 
-AUTO_CALL_SECONDS = 2e-3
-"""steps_per_call="auto" makes a call about this long: long enough that its launch,
-its argument placement and its Python (tens of microseconds) are a small part."""
+AUTO_CALL_SECONDS = 8e-3
+"""steps_per_call="auto" makes a call about this long: long enough that what a call
+costs the host beside its steps (on a TPU host its launch, its block's stack and
+transfer and its Python: 0.3-0.6 ms) is a small part, short enough that a stop
+request waits little."""
 AUTO_MOST = 16
 """The most steps "auto" puts in one call (a stop request waits for the call)."""
 TALLY_SIZE = 512
@@ -119,15 +122,16 @@ BAR_SECONDS = 0.25
 def steps_per_call(setting: int | str, step_seconds: float | None) -> int:
     """The steps per call of the epoch about to run, for the keyword's `setting`.
 
-    The keyword's count, or for "auto": 1 for the first epoch a handle trains (it
-    measures the step time: `step_seconds`, None before), then the largest power
-    of two up to `AUTO_MOST` whose call takes at most `AUTO_CALL_SECONDS` at the
-    last epoch's step time. Every count trains the same steps bit for bit, so the
-    choice changes the speed only. "auto" is 1 across processes: each process
-    would measure its own step time, and every rank must run the same calls.
+    The keyword's count, or for "auto": 1 while nothing was measured
+    (`step_seconds` None), else the largest power of two up to `AUTO_MOST` whose
+    call takes at most `AUTO_CALL_SECONDS` at that step time (a handle measures
+    its first epoch at 1 and keeps the count chosen from it: `run/training.py`).
+    Every count trains the same steps bit for bit, so the choice changes the speed
+    only. "auto" is 1 across processes: each process would measure its own step
+    time, and every rank must run the same calls.
 
-    >>> [steps_per_call("auto", s) for s in (None, 450e-6, 100e-6, 5e-3)]
-    [1, 4, 16, 1]
+    >>> [steps_per_call("auto", s) for s in (None, 1e-3, 450e-6, 10e-3)]
+    [1, 8, 16, 1]
     >>> steps_per_call(3, 1e-6)
     3
     """
@@ -329,6 +333,7 @@ def call_steps(
     autolog = context.autolog_schedules and log.logging
     every = log.every
     on_device = feeds.stages_on_device()  # read here: a test may stand it in
+    across_processes = jax.process_count() > 1
     fields = prepared.routing.gradient_fields  # None in manual mode
     host_outputs = fields is not None and fields.host_outputs
     # Without varying schedules every block takes the same step inputs.
@@ -359,6 +364,8 @@ def call_steps(
     stops: Any = status if agreement is None else agreement  # what the check reads
     agree_at = NEVER if agreement is None else agreement.next_at
     reached: Any = None  # the state the epoch ended in, once unpacked
+    steady: tuple[float, int] | None = None  # (time, step) after the first call
+    event_seconds = 0.0  # spent in mid-epoch events since then
 
     def read_all() -> None:
         nonlocal unread, unread_micro, last_read, due
@@ -432,13 +439,18 @@ def call_steps(
             yield reading, whole, _staged(reading, whole)
 
     def _staged(reading: list[Any], block: int) -> dict[str, Any]:
-        # On a CPU backend the executable takes host arrays itself, but a block
-        # that serves several calls would be copied again for each: placed once,
-        # without waiting for the copy (the call that reads the block waits for it
-        # on the device; waiting here would drain the device's queue every block).
-        # A placed block cut short is padded on the device, not sent padded.
-        direct = per_call == size == 1  # the executable transfers each batch
-        placed = (on_device or per_call < block) and not direct
+        # Read whole by one call, a block's host arrays go to that call's
+        # executable, which places them itself (a separate transfer cost a TPU host
+        # a dispatch, 100-170 us a block). Read by several calls (steps_per_call
+        # below the block, an event or agreement point inside it) it is placed
+        # once, without waiting for the copy: the call that reads it waits on the
+        # device, and waiting here would drain the device's queue every block. A
+        # block cut short is padded: on an accelerator on the device, so that its
+        # copy carries only its own batches. Across processes every block is
+        # assembled from each process's rows.
+        several = per_call < block or min(event, agree_at) - step < block
+        short = block < size
+        placed = several or (short and on_device) or across_processes
         routed = [r for _, r, _ in reading]
         try:
             batches = stacked_block(routed, block, accum, size, pad_host=not placed)
@@ -516,6 +528,8 @@ def call_steps(
                 )
                 step += length
                 done_in_block += length
+                if steady is None:  # the steps from here on time the loop itself
+                    steady = (time.perf_counter(), step)
                 advance_progress_counter(length)
                 if bar is not None:  # the call's micro-batches, in one event
                     bar.steps(len(micro))
@@ -549,7 +563,9 @@ def call_steps(
                     read_all()
                     context.commit(_carry_out(start, carry, step, packing))
                     committed = _state_trees(context.current())
+                    fired = time.perf_counter()
                     leave = events.fire(step, log)
+                    event_seconds += time.perf_counter() - fired
                     event = events.next_after(step)
                     made = None  # a validation may have moved a Plateau's rate
                     now = context.current()  # the events only read it
@@ -567,6 +583,9 @@ def call_steps(
         # unpack while the host waits for them.
         reached = _carry_out(start, carry, step, packing)
         read_all()
+        if steady is not None and step > steady[1]:
+            elapsed = time.perf_counter() - steady[0] - event_seconds
+            log.steady_step_seconds = elapsed / (step - steady[1])
     finally:
         if reached is None:  # left early: by a stop, an event or an error
             reached = _carry_out(start, carry, step, packing)

@@ -113,6 +113,11 @@ class EpochLog:
         self.logging = context.logger is not None
         self.feed: Any = None  # the epoch's batches, for the time spent waiting
         self.program: Any = None  # the train program the epoch ran, for its cost
+        self.steady_step_seconds: float | None = None
+        """Wall seconds an optimizer step took after the epoch's first call (which
+        may compile or load its program) until the last loss was read, mid-epoch
+        events left out: what steps_per_call="auto" chooses from. None when the
+        epoch ran one call."""
         self.progress = context.bar  # shows the latest train loss
         self.latest: float | None = None
         """The last settled micro-batch's loss."""

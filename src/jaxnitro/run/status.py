@@ -32,10 +32,15 @@ class RunStatus:
         history: one row per epoch this handle trained (`nitro.history` shows them).
         step_seconds: the mean wall time of one optimizer step in the last epoch
             trained (its stepping only, not its validation); None before one.
+        auto_steps_per_call: the count steps_per_call="auto" chose from the
+            handle's first epoch of more than one call (its steps after the first
+            call, timed by the loop), kept for the handle: a new count may compile
+            another program. None before, and with a count set.
         profiler: the `profile=` trace of chosen steps, made by the first
             `train()`; None without the keyword.
     """
 
     history: list[dict[str, Any]] = field(default_factory=list)
     step_seconds: float | None = None
+    auto_steps_per_call: int | None = None
     profiler: StepProfiler | None = None

@@ -79,12 +79,13 @@ NOTHING_TO_TRAIN = (
 
 def epoch_context(run: RunParts) -> EpochContext:
     """What the epoch about to run reads of the run (`loop/context.py`); its
-    steps_per_call resolved now ("auto" follows the last epoch's step time)."""
+    steps_per_call resolved now ("auto": 1 until the handle has chosen)."""
     config, values = run.config, run.values
+    chosen = run.status.auto_steps_per_call
     return EpochContext(
         accum=config.accum,
         seed=config.seed,
-        steps_per_call=steps_per_call(config.steps_per_call, run.status.step_seconds),
+        steps_per_call=chosen or steps_per_call(config.steps_per_call, None),
         log_every_n_steps=config.log_every_n_steps,
         autolog_schedules=config.autolog_schedules,
         check_divergence=config.check_divergence,
@@ -278,6 +279,13 @@ class _Training:
             agreement=self.agreement,
         )
         epoch = _Epoch(number, log, started)
+        status = run.status
+        if (
+            run.config.steps_per_call == "auto"
+            and status.auto_steps_per_call is None
+            and log.steady_step_seconds is not None
+        ):  # chosen once, from steps that compiled nothing
+            status.auto_steps_per_call = steps_per_call("auto", log.steady_step_seconds)
         stepped = values.state.step - steps_before
         if stepped:  # the loop read each step's loss back: the device is done
             seconds = time.perf_counter() - started
