@@ -38,8 +38,8 @@ from _common import (
     cross_entropy,
     init_params,
     make_experiment,
-    synthetic_batches,
 )
+from steps_per_call import workload
 
 EPOCHS = 3
 
@@ -249,7 +249,9 @@ def main() -> None:
     parser.add_argument("--steps-per-call", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tutorial_mlp")
+    parser.add_argument(
+        "--workload", choices=[*sorted(WORKLOADS), "tiny_mlp"], default="tutorial_mlp"
+    )
     parser.add_argument(
         "--profile-steps-per-call",
         type=int,
@@ -260,8 +262,8 @@ def main() -> None:
     args = parser.parse_args()
     print(banner())
 
-    widths, batch, count = WORKLOADS[args.workload]
-    batches = synthetic_batches(batch, count)
+    widths, batches = workload(args.workload)  # steps_per_call.py's
+    count = len(batches)
     exp = make_experiment(widths, batches)
 
     for name, us in floors(widths, batches, args.reps).items():
