@@ -72,7 +72,7 @@ SETUP_TIMERS = (
     ("jaxnitro.run.setup", "compile_view", "compile view"),
     ("jaxnitro.run.setup", "probe_outputs", "write probes"),
     ("jaxnitro.run.setup", "configure_persistent_cache", "persistent cache"),
-    ("jaxnitro.run.training", "_ensure_optimizer_state", "optimizer state"),
+    ("jaxnitro.run.training", "starting_state", "optimizer state"),
     ("jaxnitro.loop.calls", "call_program", "step program"),
 )
 HOOK_PHASES = {"build_data": "build_data", "build_model": "build_model"}

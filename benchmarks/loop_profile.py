@@ -1,7 +1,7 @@
 """Where a step of jaxnitro's hot loop goes, on this backend.
 
 On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
-`throughput.py`'s), one process:
+`steps_per_call.py`'s), one process:
 
 - the floors: the hand-written `jax.jit` step over NumPy batches and over batches
   already on the device (microseconds a step);
