@@ -78,6 +78,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,8 +228,13 @@ _REFERENCE_STEPS: dict[tuple[Any, ...], Any] = {}
 script training twice would, so only the first run compiles."""
 
 
-def reference(work: Workload, tokens: list[Any]) -> Side:
-    """The hand-written Flax NNX + Optax loop over `tokens`, one step each."""
+def reference(work: Workload, tokens: list[Any], *, rewritten: bool = False) -> Side:
+    """The hand-written Flax NNX + Optax loop over `tokens`, one step each.
+
+    `rewritten`: the same loop with its cross-entropy written through
+    `jax.nn.log_softmax` instead of Optax's, the same mathematics rounded
+    differently in the last bits: how far two equal programs drift apart in this
+    precision over the run (the yardstick for the jaxnitro sides' gaps)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -265,6 +271,10 @@ def reference(work: Workload, tokens: list[Any]) -> Side:
                     structure, jax.tree.map(lambda p: p.astype(compute), params)
                 )
             logits = model(tokens[:, :-1]).astype(jnp.float32)
+            if rewritten:  # the log-probability of each next token, then its mean
+                logp = jax.nn.log_softmax(logits)
+                picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
+                return -picked.mean()
             losses = optax.softmax_cross_entropy_with_integer_labels(
                 logits, tokens[:, 1:]
             )
@@ -274,7 +284,7 @@ def reference(work: Workload, tokens: list[Any]) -> Side:
         optimizer.update(model, grads)
         return loss, nnx.state((model, optimizer))
 
-    key = (graphdef, work.precision)
+    key = (graphdef, work.precision, rewritten)
     step = _REFERENCE_STEPS.get(key)
     if step is None:
         step = _REFERENCE_STEPS[key] = jax.jit(train_step, donate_argnums=1)
@@ -629,6 +639,24 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
     print(f"run file vs python api: parameters within {gap:.2e} (in {where})")
 
 
+def report_yardstick(
+    work: Workload, rewritten: Side, ref: Side, steps: Iterable[int]
+) -> None:
+    """How far the reference drifts from itself rewritten (`reference`), its loss
+    compared at `steps` (those the jaxnitro sides logged)."""
+    at_steps = dataclasses.replace(
+        rewritten, logged={s: rewritten.logged[s] for s in steps}
+    )
+    at, means = loss_gaps(at_steps, ref)
+    gap, where = largest_difference(rewritten.params, ref.params)
+    print(
+        f"reference vs itself with its cross-entropy through log_softmax, {work.steps} "
+        f"{work.precision} steps (the drift of two equal programs): loss at "
+        f"{len(at_steps.logged)} logged steps within {at:.2e} (relative), block means "
+        f"within {means:.2e}; parameters within {gap:.2e} (absolute, in {where})"
+    )
+
+
 def report_resumed(work: Workload, resumed: float) -> None:
     """The resume check's verdict line."""
     half = work.steps // 2 // work.cadence * work.cadence
@@ -754,6 +782,12 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=None, metavar="N")
     parser.add_argument("--resume-check", action="store_true")
     parser.add_argument(
+        "--yardstick",
+        action="store_true",
+        help="also run the reference with its cross-entropy rewritten (equal "
+        "mathematics, other roundings): how far equal programs drift apart",
+    )
+    parser.add_argument(
         "--remat",
         choices=("none", "blocks", "dots"),
         default="none",
@@ -836,6 +870,13 @@ def main() -> None:
                 )
             runs.append(run)
         report(work, runs)  # before the resume check, which may fail on its own
+        if args.yardstick:
+            gc.collect()
+            rewritten = reference(work, tokens, rewritten=True)
+            last = runs[-1]
+            report_yardstick(
+                work, rewritten, last["reference"], last["python api"].logged
+            )
         if args.resume_check:
             report_resumed(work, resume_check(path, work, folder, runs[-1]["run file"]))
     finally:

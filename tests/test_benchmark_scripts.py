@@ -122,12 +122,14 @@ RUNS = (
     ),
     Run(
         "gpt2.py",
-        ("--config", "tiny", "--steps", "8", "--cadence", "4"),  # two blocks
-        (
+        ("--config", "tiny", "--steps", "8", "--cadence", "4", "--yardstick"),
+        (  # two blocks
             rf"python api / reference tokens/s: {F} stepping .*",
             rf"run file / reference tokens/s: {F} stepping .*",
             r"run file vs reference: loss at \d+ logged steps within .*",
             r"python api data_wait_frac: median \d+\.\d+%, largest .*",
+            r"reference vs itself with its cross-entropy through log_softmax, 8 "
+            r"bf16 steps \(.*\): loss at 2 logged steps within .*",
         ),
     ),
     Run(
