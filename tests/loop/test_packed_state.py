@@ -21,6 +21,7 @@ from handle_parts import parts_of
 import jaxnitro as nx
 import jaxnitro.compile.packed as packed
 import jaxnitro.loop.calls as calls
+import jaxnitro.loop.carried as carried
 from jaxnitro.compile.packed import packing_of
 
 
@@ -40,10 +41,10 @@ def packing_on(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(calls, "pack_program", counting)
-    calls._CARRIED.clear()
+    monkeypatch.setattr(carried, "pack_program", counting)
+    carried.CARRIED.clear()
     yield counted
-    calls._CARRIED.clear()
+    carried.CARRIED.clear()
 
 
 def test_a_tree_of_several_dtypes_round_trips_bit_for_bit():
@@ -102,7 +103,7 @@ def test_a_packed_run_trains_what_an_unpacked_one_does(
 ):
     plain = trained(tmp_path, "plain", steps_per_call=per_call, accum=accum)
     monkeypatch.setattr(calls, "packs_state", lambda: True)
-    calls._CARRIED.clear()
+    carried.CARRIED.clear()
     got = trained(tmp_path, "packed", steps_per_call=per_call, accum=accum)
     assert got.current_step == plain.current_step == 12 // accum
     assert_close_states(plain, got)
@@ -121,9 +122,9 @@ def test_an_epoch_starts_from_the_last_epochs_flat_buffers(
     tmp_path, monkeypatch, packing_on
 ):
     walked = []
-    real = calls.packing_of
+    real = carried.packing_of
     monkeypatch.setattr(
-        calls, "packing_of", lambda trees: walked.append(1) or real(trees)
+        carried, "packing_of", lambda trees: walked.append(1) or real(trees)
     )
     nitro = trained(tmp_path, "run", steps_per_call=2)
     assert nitro.current_epoch == 2
@@ -161,7 +162,7 @@ def test_mid_epoch_validation_sees_the_weights_of_its_step(tmp_path, monkeypatch
     kw = {"steps_per_call": 2, "val_every_n_steps": 3}
     plain = trained(tmp_path, "plain", **kw)
     monkeypatch.setattr(calls, "packs_state", lambda: True)
-    calls._CARRIED.clear()
+    carried.CARRIED.clear()
     got = trained(tmp_path, "packed", **kw)
     assert_close_states(plain, got)
     want, seen = validations(plain), validations(got)

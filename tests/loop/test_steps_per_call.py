@@ -482,14 +482,14 @@ def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
     import jaxnitro.loop.calls as calls
 
     reads = []
-    settle = calls._settle
+    settle = calls.settle_calls
 
     def counted(log, done, accum):
         if done:
             reads.append(sum(len(call.batches) for call in done))
         settle(log, done, accum)
 
-    monkeypatch.setattr(calls, "_settle", counted)
+    monkeypatch.setattr(calls, "settle_calls", counted)
     train(tmp_path, "k1", Tiny(n_train=16 * 64, max_epochs=1))  # a line a step
     assert sum(reads) == 64  # each micro-batch settled once
     nitro = nx.Nitro(

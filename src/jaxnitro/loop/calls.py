@@ -55,31 +55,16 @@ at validations, which fall on call boundaries. A `set_device` made while a call 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 
-from ..compile.boundary import StepOutputs
-from ..compile.packed import (
-    Packing,
-    pack_program,
-    packing_of,
-    packs_state,
-    unpack_program,
-)
-from ..compile.scanned import (
-    RING_HEAD,
-    TrainCallArgs,
-    call_positions,
-    new_ring,
-    ring_losses,
-)
+from ..compile.packed import packs_state
+from ..compile.scanned import RING_HEAD, TrainCallArgs
 from ..data.signature import batch_signature
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
-from ..devices.placement import Placement
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
 from .accumulation import Accumulation
@@ -91,15 +76,27 @@ from .blocks import (
     stacked_block,
 )
 from .cadence import NEVER
+from .carried import (
+    CARRIED,
+    carried_positions,
+    carried_ring,
+    carry_in,
+    carry_out,
+    same_trees,
+    state_trees,
+)
 from .context import EpochContext
-from .epoch_log import EpochLog, InFlight, Stacked, StepEvents, sliced
+from .epoch_log import EpochLog, StepEvents
+from .settling import UnreadCall, settle_calls
 from .step_programs import (
     CallInputs,
     call_inputs,
     call_program,
     check_batch,
-    current_state,
 )
+
+if TYPE_CHECKING:
+    from ..optim.plan import OptimizerPlan
 
 AUTO_CALL_SECONDS = 8e-3
 """steps_per_call="auto" makes a call about this long: long enough that what a call
@@ -159,148 +156,6 @@ def call_length(steps_per_call: int, left: int, until_event: int) -> int:
     return max(1, min(steps_per_call, left, until_event))
 
 
-_CARRIED: dict[str, Any] = {}
-"""What one epoch's calls leave for the next, so an epoch starts without placing
-anything (each placement cost 170-310 us on a TPU, and a short epoch pays it in
-full): "ring" `((seed, step, size), ring)`, the counter and loss ring, "inputs"
-`(plan, device values, K, CallInputs)` of a plan with no varying schedule."""
-
-
-def _placed(value: Any, placement: Placement | None) -> Any:
-    """`value` on the device, or replicated over the run's mesh."""
-    if placement is None:
-        return jax.device_put(value)
-    return placement.place(value, "replicated")
-
-
-def _ring(seed: int, step: int, size: int, placement: Placement | None) -> Any:
-    """The device ring of `size` losses with the counter `(seed, step, 0)`
-    (`compile/scanned.py`): the last epoch's, when it ended there (its old losses
-    are never read)."""
-    held = _CARRIED.get("ring")
-    if held is not None and held[0] == (seed % 2**32, step, size):
-        return held[1]
-    return _placed(new_ring(seed, step, size), placement)
-
-
-def _positions(size: int, placement: Placement | None) -> tuple[Any, ...]:
-    """The block positions 0..size as device scalars (`call_positions`), on the
-    run's mesh when there is one."""
-    if placement is None:
-        return call_positions(size)
-    held = _CARRIED.get("positions")
-    if held is None or held[0] != (size, placement.key()):
-        values = _placed([np.int32(i) for i in range(size + 1)], placement)
-        held = _CARRIED["positions"] = ((size, placement.key()), tuple(values))
-    return held[1]
-
-
-def _state_trees(state: Any) -> tuple[Any, Any, Any]:
-    """A TrainState's `(Weights, model_state, accumulator)`: what a call carries."""
-    return state.weights, state.model_state, state.accumulator
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return all(x is y for x, y in zip(a, b, strict=True))
-
-
-def _carry_in(state: Any, packed: bool) -> tuple[Packing | None, tuple[Any, Any, Any]]:
-    """How the calls pass `state`, and their state arguments (`compile/scanned.py`):
-    `(None, its trees)`, or packed (`compile/packed.py`) its packing and flat
-    buffers: the last epoch's both when the handle still holds the trees they were
-    unpacked into, so an epoch starts without a dispatch or a walk of the trees
-    (that walk cost a short epoch about 0.3 ms on the chip's host)."""
-    trees = _state_trees(state)
-    held = _CARRIED.pop("packed", None)
-    if not packed:
-        return None, trees
-    if held is not None and _same(held[1], trees):
-        packing, carry = held[0], held[2]
-    else:
-        packing = packing_of(trees)
-        if packing is None:  # too large, or leaves that have no buffer
-            return None, trees
-        carry = pack_program(packing)(trees), (), ()
-    # What the first call would donate unpacked (the Weights and the accumulator)
-    # is released now, as a donation releases it: the flat buffers hold the state.
-    for leaf in jax.tree.leaves((state.weights, state.accumulator)):
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-            leaf.delete()
-    return packing, carry
-
-
-def _carry_out(
-    start: Any, carry: tuple[Any, Any, Any], step: int, packing: Packing | None
-) -> Any:
-    """The training state the calls have reached, as the handle holds it (new
-    buffers: packed ones stay valid for the next call)."""
-    if packing is None:
-        return current_state(start, *carry, step)
-    if any(flat.is_deleted() for flat in carry[0]):
-        # A call that failed after taking them (its donation): the state is gone,
-        # as an unpacked call's would be; unpacking now would hide the failure.
-        return current_state(start, *_state_trees(start), step)
-    weights, model_state, accumulator = unpack_program(packing)(carry[0])
-    return current_state(start, weights, model_state, accumulator, step)
-
-
-@dataclass
-class _Call:
-    """A dispatched call whose losses have not been read back yet."""
-
-    reported: StepOutputs  # every leaf stacked (K, ...) or (K, accum, ...)
-    first: int  # the optimizer steps done before it
-    batches: list[tuple[dict[str, Any], int]]  # each micro-batch: (host batch, index)
-    lines: list[dict[str, float] | None]  # each step's schedule line, when logged
-    ring: Any  # the counter and loss ring as this call left it
-
-
-def _settle(log: EpochLog, calls: list[_Call], accum: int) -> None:
-    """Settle each micro-batch of `calls`, in order, as one call a step would,
-    from one read-back of the last call's loss ring."""
-    if not calls:
-        return
-    ring = ring_losses(calls[-1].ring)
-    size = ring.shape[0]
-    for call in calls:
-        reported = call.reported
-        terms, stats = reported.terms, reported.stats
-        count = len(call.batches)
-        if (
-            not terms
-            and not stats
-            and reported.outputs is None
-            and not (
-                log.logging
-                and (call.first + count // accum) // log.every > call.first // log.every
-            )
-        ):  # losses only, no train line: settled together
-            at = (call.first * accum + np.arange(count)) % size
-            if log.settle_losses(ring[at].tolist()):
-                continue
-        outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
-        for j, (host, index) in enumerate(call.batches):
-            step, micro = divmod(j, accum)
-            at = (step,) if accum == 1 else (step, micro)
-            ends = micro == accum - 1
-            log.settle(
-                InFlight(
-                    ring[((call.first + step) * accum + micro) % size],
-                    Stacked(terms, at) if terms else terms,
-                    Stacked(stats, at) if stats else stats,
-                    None if outputs is None else sliced(outputs, at),
-                    host,
-                    call.first + step + 1,
-                    index,
-                    ends,
-                    call.lines[step] if ends else None,
-                )
-            )
-        if stats and log.logging:  # for the epoch's means: once a call, unread
-            log.means.add_call(stats, len(call.batches) // accum, accum)
-    log.show_latest()
-
-
 def call_steps(
     context: EpochContext,
     epoch: int,
@@ -318,127 +173,166 @@ def call_steps(
     Across processes (`agreement` given) every rank stops at the same step: a call
     ends at each agreement point (`agreement.next_at`), where every rank votes, and
     the stop check reads the agreed flag."""
-    per_call = context.steps_per_call
-    accum = context.accum
-    seed = context.seed
-    prepared = context.prepared
-    names = prepared.routing.train_fields
-    expected = prepared.routing.train_batch
-    assert expected is not None
-    plan = prepared.plan
-    assert plan is not None
-    source = context.source
-    bar = context.bar
-    status = context.stops  # the process's own stop request
-    autolog = context.autolog_schedules and log.logging
-    every = log.every
-    on_device = feeds.stages_on_device()  # read here: a test may stand it in
-    across_processes = jax.process_count() > 1
-    fields = prepared.routing.gradient_fields  # None in manual mode
-    host_outputs = fields is not None and fields.host_outputs
-    # Without varying schedules every block takes the same step inputs.
-    constant = plan.is_constant and not prepared.device_schedules
-    # The placed step inputs: (device values, the block's first step, inputs).
-    made: tuple[Any, int | None, CallInputs] | None = None
-    program: Any = None
-    start = context.current()
-    step = start.step
-    placement = prepared.ctx.placement
-    # Where a block goes: split along its batch axis over the run's mesh.
-    block_sharding = None if placement is None else placement.block_sharding(accum)
-    # Packed only on one device: a flat buffer would undo the mesh's layout.
-    packing, carry = _carry_in(start, packs_state() and placement is None)
-    ring: Any = None
-    size = 0  # the block's steps, fixed by the epoch's first batch
-    positions: tuple[Any, ...] = ()
-    count: int | None = None  # the epoch's batch count, read once its plan is drawn
-    signature: Any = None
-    unread: list[_Call] = []  # dispatched, losses not read back yet
-    unread_micro = 0
-    settle_at = SETTLE_EVERY  # unread micro-batches that force a read
-    due = False  # the last call's ring is being copied: read after the next call
-    last_read = time.perf_counter()
-    delivered: int | None = 0
-    profiler = context.profiler
-    event = NEVER if events is None else events.next_after(step)
-    stops: Any = status if agreement is None else agreement  # what the check reads
-    agree_at = NEVER if agreement is None else agreement.next_at
-    reached: Any = None  # the state the epoch ended in, once unpacked
-    steady: tuple[float, int] | None = None  # (time, step) after the first call
-    event_seconds = 0.0  # spent in mid-epoch events since then
+    return _EpochCalls(context, epoch, feed, log, skip, events, agreement).run()
 
-    def read_all() -> None:
-        nonlocal unread, unread_micro, last_read, due
-        _settle(log, unread, accum)
-        unread, unread_micro, due = [], 0, False
-        last_read = time.perf_counter()
 
-    def read_but_last() -> None:
-        # The calls before the one just dispatched: the device keeps that one queued.
-        nonlocal unread, unread_micro, last_read, due
-        done, unread = unread[:-1], unread[-1:]
-        _settle(log, done, accum)
-        unread_micro = len(unread[0].batches) if unread else 0
-        due = False
-        last_read = time.perf_counter()
+class _EpochCalls:
+    """One epoch's calls: what the loop keeps from one call to the next (the state
+    it carries, the blocks' plan, the calls not read back yet)."""
 
-    def blocks() -> Any:
+    def __init__(
+        self,
+        context: EpochContext,
+        epoch: int,
+        feed: Any,
+        log: EpochLog,
+        skip: int,
+        events: StepEvents | None,
+        agreement: StopAgreement | None,
+    ) -> None:
+        self.context, self.epoch, self.feed, self.log = context, epoch, feed, log
+        self.skip, self.events, self.agreement = skip, events, agreement
+        self.per_call = context.steps_per_call
+        self.accum = context.accum
+        prepared = self.prepared = context.prepared
+        self.names = prepared.routing.train_fields
+        expected, plan = prepared.routing.train_batch, prepared.plan
+        assert expected is not None and plan is not None
+        self.expected: int = expected
+        self.plan: OptimizerPlan = plan
+        self.bar = context.bar
+        self.status = context.stops  # the process's own stop request
+        # What the stop check reads: across processes, the agreed flag.
+        self.stops: Any = self.status if agreement is None else agreement
+        self.autolog = context.autolog_schedules and log.logging
+        self.on_device = feeds.stages_on_device()  # read here: a test may stand it in
+        self.across_processes = jax.process_count() > 1
+        fields = prepared.routing.gradient_fields  # None in manual mode
+        self.host_outputs = fields is not None and fields.host_outputs
+        # Without varying schedules every block takes the same step inputs.
+        self.constant = plan.is_constant and not prepared.device_schedules
+        self.placement = placement = prepared.ctx.placement
+        # Where a block goes: split along its batch axis over the run's mesh.
+        self.block_sharding = (
+            None if placement is None else placement.block_sharding(self.accum)
+        )
+        self.start = context.current()
+        self.step = self.start.step
+        # Packed only on one device: a flat buffer would undo the mesh's layout.
+        self.packing, self.carry = carry_in(
+            self.start, packs_state() and placement is None
+        )
+        self.program: Any = None  # the train program, found at the first call
+        # The placed step inputs: (device values, the block's first step, inputs).
+        self.made: tuple[Any, int | None, CallInputs] | None = None
+        # The blocks' plan, drawn at the epoch's first trained batch.
+        self.count: int | None = None  # the epoch's batch count
+        self.signature: Any = None
+        self.size = 0  # the steps a block holds
+        self.positions: tuple[Any, ...] = ()
+        self.ring: Any = None
+        self.settle_at = SETTLE_EVERY  # unread micro-batches that force a read
+        self.unread: list[UnreadCall] = []  # dispatched, losses not read back yet
+        self.unread_micro = 0
+        self.due = False  # the last call's ring is being copied: read after the next
+        self.last_read = time.perf_counter()
+        self.delivered: int | None = 0
+        self.event = NEVER if events is None else events.next_after(self.step)
+        self.agree_at = NEVER if agreement is None else agreement.next_at
+        self.steady: tuple[float, int] | None = None  # (time, step) after call 1
+        self.event_seconds = 0.0  # spent in mid-epoch events since then
+
+    def run(self) -> int | None:
+        """Train the epoch's blocks call by call; commit the state reached."""
+        reached: Any = None  # the state the epoch ended in, once unpacked
+        try:
+            for pending, block, batches in self._blocks():
+                done_in_block = 0
+                while done_in_block < block:
+                    done_in_block += self._call(pending, block, batches, done_in_block)
+                    if self._leaves(done_in_block == block):
+                        self.delivered = None
+                        break
+                if self.delivered is None:
+                    break
+            # The state unpacked before the last losses are read: the device runs
+            # the unpack while the host waits for them.
+            reached = carry_out(self.start, self.carry, self.step, self.packing)
+            self._read_all()
+            self._time_steady()
+        finally:
+            if reached is None:  # left early: by a stop, an event or an error
+                reached = carry_out(self.start, self.carry, self.step, self.packing)
+            self._leave_for_the_next_epoch(reached)
+        return self.delivered
+
+    def _blocks(self) -> Iterator[tuple[list[Any], int, dict[str, Any]]]:
         """`(pending, steps, stacked batches)` for each block of the epoch; a
         source that ends mid-block yields the whole steps it delivered."""
-        nonlocal count, signature, size, positions, settle_at, ring, delivered, made
+        feed, accum, bar = self.feed, self.accum, self.bar
         reading: list[tuple[dict[str, Any], dict[str, Any], int]] = []
         block = 0
         for index, (full, routed) in enumerate(feed):
-            check_batch(routed, names, expected, index, epoch)
-            if index < skip:  # trained before a stop: this epoch continues after it
+            check_batch(routed, self.names, self.expected, index, self.epoch)
+            if index < self.skip:  # trained before a stop: the epoch goes on after it
                 feed.release(routed)
                 if bar is not None:
                     bar.step()
-                delivered = index + 1
+                self.delivered = index + 1
                 continue
-            if count is None:  # the epoch's first trained batch: its plan is drawn
-                if accum > 1:
-                    Accumulation(accum).refuse_epoch(len(source), epoch)
-                count = len(source)
-                signature = batch_signature(routed)
-                size = block_steps(per_call, host_bytes(routed) * accum)
-                if per_call == 1 and (
-                    not on_device or host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
-                ):
-                    # The executable takes each host batch as it is (a view) and
-                    # transfers it itself: on a CPU a block buys nothing, and a
-                    # large batch's stack costs more than the transfers it saves.
-                    size = 1
-                positions = _positions(size, placement)
-                settle_at = max(
-                    per_call * accum,
-                    min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(host_bytes(full), 1)),
-                )
-                # Room for what may stay unread, and the calls dispatched meanwhile.
-                losses = max(TALLY_SIZE, 4 * (settle_at + size * accum))
-                ring = _ring(seed, step, losses, placement)
-                held = _CARRIED.get("inputs")
-                if (
-                    constant
-                    and held is not None
-                    and held[0] is plan
-                    and held[1] is context.device_values()
-                    and held[2] == size
-                ):
-                    made = (held[1], None, held[3])
+            if self.count is None:  # the epoch's first trained batch
+                self._draw_plan(full, routed)
             if not reading:
-                block = min(size, max((count - index) // accum, 1))
+                assert self.count is not None
+                block = min(self.size, max((self.count - index) // accum, 1))
             reading.append((full, routed, index))
-            delivered = index + 1
+            self.delivered = index + 1
             if len(reading) == block * accum:
-                yield reading, block, _staged(reading, block)
+                yield reading, block, self._staged(reading, block)
                 reading = []
         whole = len(reading) // accum  # a source that ran short: its whole steps
         if whole:
             reading = reading[: whole * accum]
-            yield reading, whole, _staged(reading, whole)
+            yield reading, whole, self._staged(reading, whole)
 
-    def _staged(reading: list[Any], block: int) -> dict[str, Any]:
+    def _draw_plan(self, full: dict[str, Any], routed: dict[str, Any]) -> None:
+        """The blocks' plan, from the epoch's first trained batch: the batch count,
+        the signature, the steps a block holds, the positions, the loss ring."""
+        accum, per_call, placement = self.accum, self.per_call, self.placement
+        source = self.context.source
+        if accum > 1:
+            Accumulation(accum).refuse_epoch(len(source), self.epoch)
+        self.count = len(source)
+        self.signature = batch_signature(routed)
+        size = block_steps(per_call, host_bytes(routed) * accum)
+        if per_call == 1 and (
+            not self.on_device or host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
+        ):
+            # The executable takes each host batch as it is (a view) and transfers
+            # it itself: on a CPU a block buys nothing, and a large batch's stack
+            # costs more than the transfers it saves.
+            size = 1
+        self.size = size
+        self.positions = carried_positions(size, placement)
+        self.settle_at = max(
+            per_call * accum,
+            min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(host_bytes(full), 1)),
+        )
+        # Room for what may stay unread, and the calls dispatched meanwhile.
+        losses = max(TALLY_SIZE, 4 * (self.settle_at + size * accum))
+        self.ring = carried_ring(self.context.seed, self.step, losses, placement)
+        held = CARRIED.get("inputs")
+        if (
+            self.constant
+            and held is not None
+            and held[0] is self.plan
+            and held[1] is self.context.device_values()
+            and held[2] == size
+        ):
+            self.made = (held[1], None, held[3])
+
+    def _staged(self, reading: list[Any], block: int) -> dict[str, Any]:
+        """A block's batches stacked, placed where several calls read it."""
         # Read whole by one call, a block's host arrays go to that call's
         # executable, which places them itself (a separate transfer cost a TPU host
         # a dispatch, 100-170 us a block). Read by several calls (steps_per_call
@@ -448,152 +342,194 @@ def call_steps(
         # block cut short is padded: on an accelerator on the device, so that its
         # copy carries only its own batches. Across processes every block is
         # assembled from each process's rows.
-        several = per_call < block or min(event, agree_at) - step < block
+        size = self.size
+        several = (
+            self.per_call < block or min(self.event, self.agree_at) - self.step < block
+        )
         short = block < size
-        placed = several or (short and on_device) or across_processes
+        placed = several or (short and self.on_device) or self.across_processes
         routed = [r for _, r, _ in reading]
         try:
-            batches = stacked_block(routed, block, accum, size, pad_host=not placed)
+            batches = stacked_block(
+                routed, block, self.accum, size, pad_host=not placed
+            )
         except ValueError:  # fields of several shapes do not stack
-            refuse_changed(reading, signature, epoch)
+            refuse_changed(reading, self.signature, self.epoch)
             raise
         if not placed:
             return batches
-        return transfer(batches, block_sharding, wait=False, rows=size)
+        return transfer(batches, self.block_sharding, wait=False, rows=size)
 
-    try:
-        for pending, block, batches in blocks():
-            done_in_block = 0
-            while done_in_block < block:
-                until = min(event, agree_at) - step  # a call ends at each
-                length = call_length(per_call, block - done_in_block, until)
-                if profiler is not None:
-                    for at in range(step, step + length):
-                        profiler.at_step(at, carry[0])
-                device = context.device_values()  # set_device may replace it
-                block_first = step - done_in_block
-                if (
-                    made is None
-                    or made[0] is not device
-                    or made[1] not in (None, block_first)
-                ):
-                    inputs = call_inputs(
-                        prepared, plan, device, block_first, block, size, placement
-                    )
-                    # Without varying schedules one placed copy serves every block.
-                    made = (device, None if constant else block_first, inputs)
-                    if constant:
-                        _CARRIED["inputs"] = (plan, device, size, inputs)
-                inputs = made[2]
-                args = TrainCallArgs(
-                    inputs.values_shared,
-                    inputs.values_steps,
-                    *carry,
-                    batches,
-                    inputs.hp_shared,
-                    inputs.hp_steps,
-                    positions[done_in_block],
-                    positions[length],
-                    ring,
-                )
-                if program is None:  # the epoch's first call
-                    # (Its batches need no check against the signature: they were
-                    # stacked, which refuses a changed shape or dtype, or it is the
-                    # one batch the signature was read from.)
-                    program = log.program = call_program(
-                        context,
-                        args,
-                        inputs,
-                        single=per_call == 1,
-                        packing=packing,
-                    )
-                try:
-                    first_arg, second, third, reported, ring = program(*args)
-                    carry = (first_arg, second, third)
-                except TypeError:  # an executable refusing its arguments: no step ran
-                    refuse_changed(pending, signature, epoch)
-                    raise
-                first_micro = done_in_block * accum
-                micro = pending[first_micro : first_micro + length * accum]
-                row = done_in_block
-                lines = [
-                    plan.scheduled_log(inputs.schedule_values[row + i])
-                    if autolog and (step + i + 1) % every == 0
-                    else None
-                    for i in range(length)
-                ]
-                logged = log.logging and (step + length) // every > step // every
-                call = _Call(
-                    reported, step, [(f, at) for f, _, at in micro], lines, ring
-                )
-                step += length
-                done_in_block += length
-                if steady is None:  # the steps from here on time the loop itself
-                    steady = (time.perf_counter(), step)
-                advance_progress_counter(length)
-                if bar is not None:  # the call's micro-batches, in one event
-                    bar.steps(len(micro))
-                for _, batch, _ in micro:
-                    feed.release(batch)
-                unread.append(call)
-                unread_micro += length * accum
-                if due:  # the previous call's ring was asked for: read it now
-                    read_but_last()
-                due = (
-                    logged  # its train line
-                    or host_outputs  # train_metrics on the host: every micro-batch
-                    or unread_micro + per_call * accum >= settle_at
-                    or (
-                        bar is not None
-                        and time.perf_counter() - last_read > BAR_SECONDS
-                    )
-                )
-                if due or (done_in_block == block and delivered == count):
-                    # Read after the next call, or the epoch's last call, read once
-                    # it is done: its copy starts now (a blocking read of a fresh
-                    # result cost a TPU host about 250 us more).
-                    ring.copy_to_host_async()
-                if step >= agree_at:  # across processes: every rank votes here
-                    assert agreement is not None
-                    agree_at = agreement.vote(
-                        step, status.stop_requested, status.preempted
-                    )
-                if step >= event:  # calls end at events: only a step-based run's
-                    assert events is not None
-                    read_all()
-                    context.commit(_carry_out(start, carry, step, packing))
-                    committed = _state_trees(context.current())
-                    fired = time.perf_counter()
-                    leave = events.fire(step, log)
-                    event_seconds += time.perf_counter() - fired
-                    event = events.next_after(step)
-                    made = None  # a validation may have moved a Plateau's rate
-                    now = context.current()  # the events only read it
-                    if not _same(_state_trees(now), committed):
-                        packing, carry = _carry_in(now, packing is not None)
-                    if leave:
-                        delivered = None
-                        break
-                if stops.stop_requested:
-                    delivered = None
-                    break
-            if delivered is None:
-                break
-        # The state unpacked before the last losses are read: the device runs the
-        # unpack while the host waits for them.
-        reached = _carry_out(start, carry, step, packing)
-        read_all()
-        if steady is not None and step > steady[1]:
-            elapsed = time.perf_counter() - steady[0] - event_seconds
-            log.steady_step_seconds = elapsed / (step - steady[1])
-    finally:
-        if reached is None:  # left early: by a stop, an event or an error
-            reached = _carry_out(start, carry, step, packing)
+    def _inputs(self, block: int, block_first: int) -> CallInputs:
+        """The step inputs of a block's calls, placed again only when the Device
+        values, or the block under varying schedules, changed."""
+        device = self.context.device_values()  # set_device may replace it
+        made = self.made
+        if made is None or made[0] is not device or made[1] not in (None, block_first):
+            inputs = call_inputs(
+                self.prepared,
+                self.plan,
+                device,
+                block_first,
+                block,
+                self.size,
+                self.placement,
+            )
+            # Without varying schedules one placed copy serves every block.
+            made = self.made = (device, None if self.constant else block_first, inputs)
+            if self.constant:
+                CARRIED["inputs"] = (self.plan, device, self.size, inputs)
+        return made[2]
+
+    def _call(
+        self, pending: list[Any], block: int, batches: Any, done_in_block: int
+    ) -> int:
+        """Dispatch the next call over the block; returns its steps."""
+        step, accum = self.step, self.accum
+        until = min(self.event, self.agree_at) - step  # a call ends at each
+        length = call_length(self.per_call, block - done_in_block, until)
+        if self.context.profiler is not None:
+            for at in range(step, step + length):
+                self.context.profiler.at_step(at, self.carry[0])
+        inputs = self._inputs(block, step - done_in_block)
+        args = TrainCallArgs(
+            inputs.values_shared,
+            inputs.values_steps,
+            *self.carry,
+            batches,
+            inputs.hp_shared,
+            inputs.hp_steps,
+            self.positions[done_in_block],
+            self.positions[length],
+            self.ring,
+        )
+        if self.program is None:  # the epoch's first call
+            # (Its batches need no check against the signature: they were stacked,
+            # which refuses a changed shape or dtype, or it is the one batch the
+            # signature was read from.)
+            self.program = self.log.program = call_program(
+                self.context,
+                args,
+                inputs,
+                single=self.per_call == 1,
+                packing=self.packing,
+            )
+        try:
+            first_arg, second, third, reported, self.ring = self.program(*args)
+            self.carry = (first_arg, second, third)
+        except TypeError:  # an executable refusing its arguments: no step ran
+            refuse_changed(pending, self.signature, self.epoch)
+            raise
+        first_micro = done_in_block * accum
+        micro = pending[first_micro : first_micro + length * accum]
+        every = self.log.every
+        lines = [
+            self.plan.scheduled_log(inputs.schedule_values[done_in_block + i])
+            if self.autolog and (step + i + 1) % every == 0
+            else None
+            for i in range(length)
+        ]
+        logged = self.log.logging and (step + length) // every > step // every
+        self.unread.append(
+            UnreadCall(
+                reported, step, [(f, at) for f, _, at in micro], lines, self.ring
+            )
+        )
+        self.step = step + length
+        if self.steady is None:  # the steps from here on time the loop itself
+            self.steady = (time.perf_counter(), self.step)
+        advance_progress_counter(length)
+        if self.bar is not None:  # the call's micro-batches, in one event
+            self.bar.steps(len(micro))
+        for _, batch, _ in micro:
+            self.feed.release(batch)
+        self.unread_micro += length * accum
+        last = done_in_block + length == block and self.delivered == self.count
+        self._plan_read(logged, last)
+        return length
+
+    def _plan_read(self, logged: bool, last: bool) -> None:
+        """Read back what the call before this one left, if it was asked for, and
+        ask for this one's when something will need it (`logged`: its train line;
+        `last`: the epoch's last call)."""
+        if self.due:  # the previous call's ring was asked for: read it now
+            self._read_but_last()
+        self.due = (
+            logged  # its train line
+            or self.host_outputs  # train_metrics on the host: every micro-batch
+            or self.unread_micro + self.per_call * self.accum >= self.settle_at
+            or (
+                self.bar is not None
+                and time.perf_counter() - self.last_read > BAR_SECONDS
+            )
+        )
+        if self.due or last:
+            # Read after the next call, or the epoch's last call, read once it is
+            # done: its copy starts now (a blocking read of a fresh result cost a
+            # TPU host about 250 us more).
+            self.ring.copy_to_host_async()
+
+    def _leaves(self, block_done: bool) -> bool:
+        """After a call: the ranks' vote at an agreement point, the events of the
+        step reached; True when the epoch ends here (an event or a stop)."""
+        step = self.step
+        if step >= self.agree_at:  # across processes: every rank votes here
+            assert self.agreement is not None
+            self.agree_at = self.agreement.vote(
+                step, self.status.stop_requested, self.status.preempted
+            )
+        if step >= self.event and self._fire_events():
+            return True
+        return bool(self.stops.stop_requested)
+
+    def _fire_events(self) -> bool:
+        """The step events at this step (a step-based run's validation,
+        checkpoint, max_steps), with the state they read committed; True: leave
+        the epoch here."""
+        events, context = self.events, self.context
+        assert events is not None
+        self._read_all()
+        context.commit(carry_out(self.start, self.carry, self.step, self.packing))
+        committed = state_trees(context.current())
+        fired = time.perf_counter()
+        leave = events.fire(self.step, self.log)
+        self.event_seconds += time.perf_counter() - fired
+        self.event = events.next_after(self.step)
+        self.made = None  # a validation may have moved a Plateau's rate
+        now = context.current()  # the events only read it
+        if not same_trees(state_trees(now), committed):
+            self.packing, self.carry = carry_in(now, self.packing is not None)
+        return leave
+
+    def _read_all(self) -> None:
+        settle_calls(self.log, self.unread, self.accum)
+        self.unread, self.unread_micro, self.due = [], 0, False
+        self.last_read = time.perf_counter()
+
+    def _read_but_last(self) -> None:
+        # The calls before the one just dispatched: the device keeps that one queued.
+        done, self.unread = self.unread[:-1], self.unread[-1:]
+        settle_calls(self.log, done, self.accum)
+        self.unread_micro = len(self.unread[0].batches) if self.unread else 0
+        self.due = False
+        self.last_read = time.perf_counter()
+
+    def _time_steady(self) -> None:
+        """The epoch's step time after its first call, for steps_per_call="auto"
+        (`EpochLog.steady_step_seconds`)."""
+        if self.steady is not None and self.step > self.steady[1]:
+            elapsed = time.perf_counter() - self.steady[0] - self.event_seconds
+            self.log.steady_step_seconds = elapsed / (self.step - self.steady[1])
+
+    def _leave_for_the_next_epoch(self, reached: Any) -> None:
+        """Commit the state `reached`; keep the flat buffers and the ring it left
+        for the next epoch (`CARRIED`)."""
+        context = self.context
         context.commit(reached)
-        if packing is not None:  # the next epoch starts from these flat buffers
-            held = _state_trees(context.current())
-            _CARRIED["packed"] = (packing, held, carry)
-        if ring is not None:
-            losses = ring.shape[0] - RING_HEAD
-            _CARRIED["ring"] = ((seed % 2**32, step, losses), ring)
-    return delivered
+        if self.packing is not None:  # the next epoch starts from these buffers
+            held = state_trees(context.current())
+            CARRIED["packed"] = (self.packing, held, self.carry)
+        if self.ring is not None:
+            losses = self.ring.shape[0] - RING_HEAD
+            key = (context.seed % 2**32, self.step, losses)
+            CARRIED["ring"] = (key, self.ring)
