@@ -67,12 +67,32 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         "--version", action="version", version=f"jaxnitro {__version__}"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_runs(commands)
+    _add_ckpt(commands, prog)
+    _add_serve(commands)
+    _add_mcp(commands)
+    _add_launch(commands)
+    from .commands import add_commands as add_experiment_commands
+    from .runfile.commands import add_commands
+
+    add_experiment_commands(commands)
+    add_commands(commands)
+    return parser
+
+
+def _add_runs(commands: Any) -> None:
+    """`nitro runs DIR`: the runs a run directory holds."""
     runs = commands.add_parser(
         "runs",
         help="list the runs a run directory holds",
         description="The runs RUN_DIR's manifest holds, most recent first.",
     )
     runs.add_argument("run_dir", metavar="DIR")
+
+
+def _add_ckpt(commands: Any, prog: str) -> None:
+    """`nitro ckpt`: a checkpoint's metadata, or `--repair` of a run
+    directory's manifest. `prog`: the name in its usage line."""
     ckpt = commands.add_parser(
         "ckpt",
         help="show a checkpoint's metadata",
@@ -102,6 +122,11 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     ckpt.add_argument(
         "--mode", choices=("min", "max"), help="with --repair: which way is better"
     )
+
+
+def _add_serve(commands: Any) -> None:
+    """`nitro serve BUNDLE`: an exported bundle over HTTP, with its
+    request limits."""
     serve = commands.add_parser(
         "serve",
         help="serve an exported bundle over HTTP (the `serve` extra)",
@@ -146,6 +171,10 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         default=32,
         help="the deepest nesting of a JSON body (32)",
     )
+
+
+def _add_mcp(commands: Any) -> None:
+    """`nitro mcp`: the agent tools over MCP on stdio."""
     agent = commands.add_parser(
         "mcp",
         help="serve the nitro_* agent tools over MCP on stdio (the `mcp` extra)",
@@ -169,6 +198,11 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for the runs to stop when the client leaves (60)",
     )
+
+
+def _add_launch(commands: Any) -> None:
+    """`nitro launch -n N SCRIPT`: N local processes of one
+    multi-process run."""
     launch = commands.add_parser(
         "launch",
         help="run a script as N local processes of one multi-process run",
@@ -207,12 +241,6 @@ def build_parser(prog: str = "nitro") -> argparse.ArgumentParser:
     launch.add_argument(
         "script", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or -m MODULE)"
     )
-    from .commands import add_commands as add_experiment_commands
-    from .runfile.commands import add_commands
-
-    add_experiment_commands(commands)
-    add_commands(commands)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

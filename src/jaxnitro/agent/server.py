@@ -87,28 +87,10 @@ def build_server(tools: AgentTools) -> Any:
         MissingExtraError: the `mcp` package is not installed.
     """
     require("mcp", extra="mcp", feature="nitro mcp")
-    from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
     functions: dict[str, Callable[..., Any]] = {}
-
-    class NitroServer(MCPServer):  # type: ignore[misc,valid-type]
-        """The SDK server, checking each call's raw arguments first: the SDK's
-        pydantic model would drop an unknown argument and word a wrong type in
-        its own terms."""
-
-        async def call_tool(
-            self, name: str, arguments: dict[str, Any], context: Any = None
-        ) -> Any:
-            fn = functions.get(name)
-            if fn is not None:
-                try:
-                    check_arguments(name, fn, arguments if arguments else {})
-                except NitroError as error:
-                    raise ToolError(str(error)) from error
-            return await super().call_tool(name, arguments, context)
-
-    server = NitroServer(
+    server = _server_class(functions)(
         "jaxnitro",
         instructions=(
             "Drive jaxnitro training runs: start one with nitro_train, poll "
@@ -135,6 +117,46 @@ def build_server(tools: AgentTools) -> Any:
 
         functions[name] = fn
         server.add_tool(tool, name=name, description=DESCRIPTIONS[name])
+
+    for fn in _tool_functions(tools):
+        register(fn.__name__, fn)
+    return server
+
+
+def _server_class(functions: dict[str, Callable[..., Any]]) -> type:
+    """The SDK's `MCPServer`, checking each call's raw arguments against the
+    signature of the tool's function in `functions` (name -> function) first."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    class NitroServer(MCPServer):  # type: ignore[misc,valid-type]
+        """The SDK server, checking each call's raw arguments first: the SDK's
+        pydantic model would drop an unknown argument and word a wrong type in
+        its own terms."""
+
+        async def call_tool(
+            self, name: str, arguments: dict[str, Any], context: Any = None
+        ) -> Any:
+            fn = functions.get(name)
+            if fn is not None:
+                try:
+                    check_arguments(name, fn, arguments if arguments else {})
+                except NitroError as error:
+                    raise ToolError(str(error)) from error
+            return await super().call_tool(name, arguments, context)
+
+    return NitroServer
+
+
+def _tool_functions(tools: AgentTools) -> tuple[Callable[..., Any], ...]:
+    """The `nitro_*` tools, one per `AgentTools` method, in the order the server
+    lists them: their names and signatures are the tools' names and argument
+    schemas."""
+    return (*_start_tools(tools), *_watch_tools(tools))
+
+
+def _start_tools(tools: AgentTools) -> tuple[Callable[..., Any], ...]:
+    """`nitro_setup` and the tools that start a background run."""
 
     def nitro_setup(
         backend: str | None = None, n_devs: int | None = None
@@ -196,6 +218,19 @@ def build_server(tools: AgentTools) -> Any:
     ) -> dict[str, Any]:
         return tools.export(name, dir, batch_sizes, **_source(locals()))
 
+    return (
+        nitro_setup,
+        nitro_train,
+        nitro_validate,
+        nitro_evaluate,
+        nitro_predict,
+        nitro_export,
+    )
+
+
+def _watch_tools(tools: AgentTools) -> tuple[Callable[..., Any], ...]:
+    """The tools that read or stop runs, and the compile cache's counters."""
+
     def nitro_status(run: str | None = None) -> dict[str, Any]:
         return tools.status(run)
 
@@ -215,22 +250,14 @@ def build_server(tools: AgentTools) -> Any:
     def nitro_cache() -> dict[str, int]:
         return tools.cache()
 
-    for fn in (
-        nitro_setup,
-        nitro_train,
-        nitro_validate,
-        nitro_evaluate,
-        nitro_predict,
-        nitro_export,
+    return (
         nitro_status,
         nitro_stop,
         nitro_logger,
         nitro_history,
         nitro_runs,
         nitro_cache,
-    ):
-        register(fn.__name__, fn)
-    return server
+    )
 
 
 def serve(

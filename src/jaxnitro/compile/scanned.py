@@ -203,6 +203,49 @@ class TrainCallArgs(NamedTuple):
     ring: Any  # uint32[3 + T]: the step counter and the loss ring
 
 
+def _step_rng(seed: Any, step: Any, accum: int, micro_index: np.ndarray) -> Any:
+    """The counter `step_rng()` folds for optimizer `step` (traced): `(seed, step,
+    0)`, or under accumulation one `(seed, step, micro)` row per micro-batch."""
+    if accum == 1:
+        return jnp.stack([seed, step, jnp.uint32(0)])
+    return jnp.stack(
+        [
+            jnp.full((accum,), seed),
+            jnp.full((accum,), step),
+            jnp.asarray(micro_index),
+        ],
+        axis=-1,
+    )
+
+
+def _record_losses(
+    ring: Any, step: Any, loss: Any, accum: int, micro_index: np.ndarray
+) -> Any:
+    """`ring` with optimizer `step`'s micro-batch losses written as float32 bits at
+    their places in the loss ring (module docstring)."""
+    size = ring.shape[0] - RING_HEAD
+    rows = RING_HEAD + (step * accum + micro_index) % size
+    losses = jnp.reshape(loss, (accum,)).astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(losses, jnp.uint32)
+    return ring.at[rows.astype(jnp.int32)].set(bits)
+
+
+def _without_loss(reported: Any) -> Any:
+    """A step's `StepOutputs` as the program returns them: the loss travels in the
+    ring alone."""
+    return reported._replace(loss=None)
+
+
+def _packed(
+    packing: Packing | None, weights: Any, state: Any, accumulator: Any
+) -> tuple[Any, Any, Any]:
+    """The state as the program returns it: as it is, or packed into its flat
+    buffers in the Weights' place with `()` in the other two."""
+    if packing is None:
+        return weights, state, accumulator
+    return packing.pack((weights, state, accumulator)), (), ()
+
+
 def scanned_fn(
     one_step: StepBody,
     accum: int,
@@ -225,11 +268,6 @@ def scanned_fn(
     """
     values_def, values_stacked, hp_def, hp_stacked = layout
     micro_index = np.arange(accum, dtype=np.uint32)
-
-    def packed(weights: Any, state: Any, accumulator: Any) -> tuple[Any, Any, Any]:
-        if packing is None:
-            return weights, state, accumulator
-        return packing.pack((weights, state, accumulator)), (), ()
 
     def program(
         values_shared,
@@ -255,45 +293,27 @@ def scanned_fn(
             )
             hp = merge_inputs(hp_def, hp_stacked, hp_shared, _at(hp_steps, at))
             step = first + j.astype(jnp.uint32)
-            if accum == 1:
-                rng = jnp.stack([seed, step, jnp.uint32(0)])
-            else:
-                rng = jnp.stack(
-                    [
-                        jnp.full((accum,), seed),
-                        jnp.full((accum,), step),
-                        jnp.asarray(micro_index),
-                    ],
-                    axis=-1,
-                )
+            rng = _step_rng(seed, step, accum, micro_index)
             return values, _at(block, at), hp, rng, step
 
         def run(j, weights, state, accumulator):
             values, batch, hp, rng, step = inputs(j)
             return one_step(values, weights, state, accumulator, batch, hp, rng), step
 
-        size = ring.shape[0] - RING_HEAD
-
         def record(ring, step, reported):
-            rows = RING_HEAD + (step * accum + micro_index) % size
-            losses = jnp.reshape(reported.loss, (accum,)).astype(jnp.float32)
-            bits = jax.lax.bitcast_convert_type(losses, jnp.uint32)
-            return ring.at[rows.astype(jnp.int32)].set(bits)
-
-        def kept(reported):  # the loss travels in the ring alone
-            return reported._replace(loss=None)
+            return _record_losses(ring, step, reported.loss, accum, micro_index)
 
         if single:  # every call is one step: no loop around it
             (weights, state, accumulator, reported), step = run(
                 jnp.int32(0), weights, state, accumulator
             )
-            stacked = jax.tree.map(lambda x: x[None], kept(reported))
+            stacked = jax.tree.map(lambda x: x[None], _without_loss(reported))
             ring = record(ring, step, reported).at[1].add(jnp.uint32(1))
-            return (*packed(weights, state, accumulator), stacked, ring)
+            return (*_packed(packing, weights, state, accumulator), stacked, ring)
 
         # The reported tree's shapes, for the stacked buffers the loop fills.
         shapes = jax.eval_shape(
-            lambda: kept(run(jnp.int32(0), weights, state, accumulator)[0][3])
+            lambda: _without_loss(run(jnp.int32(0), weights, state, accumulator)[0][3])
         )
         steps = jax.tree.leaves(block)[0].shape[0]
         stacked = jax.tree.map(lambda s: jnp.zeros((steps, *s.shape), s.dtype), shapes)
@@ -306,7 +326,7 @@ def scanned_fn(
             stacked = jax.tree.map(
                 lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, j, 0),
                 stacked,
-                kept(reported),
+                _without_loss(reported),
             )
             return weights, state, accumulator, stacked, record(ring, step, reported)
 
@@ -314,6 +334,6 @@ def scanned_fn(
             0, count, body, (weights, state, accumulator, stacked, ring)
         )
         ring = ring.at[1].add(count.astype(jnp.uint32))
-        return (*packed(weights, state, accumulator), stacked, ring)
+        return (*_packed(packing, weights, state, accumulator), stacked, ring)
 
     return program

@@ -23,7 +23,7 @@ from ..checkpoint.modes import follow_umask
 from ..errors import ConfigError, HookError
 from ..observe import phases
 from .backend import ExportBackend, ExportRequest
-from .contract import check_outputs, read_contract
+from .contract import ExportContract, check_outputs, read_contract
 from .program import ExportProgram
 from .provenance import export_facts, export_provenance, merge_provenance
 from .provenance import site_provenance as default_site_provenance
@@ -110,15 +110,7 @@ def export_model(
     state = jax.device_get(nitro.states)
     check_host_resident(f"export_view({cls.__name__})", program.view)
     check_host_resident("the weights", (params, state))
-    try:
-        outputs = program.outputs(params, state, *examples)
-    except (HookError, ConfigError):
-        raise
-    except Exception as error:
-        shown = ", ".join(
-            f"{s.name}: {s.dtype}{list(s.shape or ())}" for s in contract.inputs
-        )
-        raise HookError(PROBE_FAILED.format(inputs=shown, error=error)) from error
+    outputs = _probe_outputs(program, contract, params, state, examples)
     completed = check_outputs(
         contract, outputs, lambda out: program.select(out, examples), sizes[0]
     )
@@ -140,17 +132,59 @@ def export_model(
     temporary = tempfile.mkdtemp(
         prefix=f".{name}.", suffix=".partial", dir=target.parent
     )
+    request = ExportRequest(
+        dir=temporary,
+        name=name,
+        contract=contract,
+        batch_sizes=sizes,
+        provenance=merged,
+    )
+    _write_bundle(
+        nitro, backend, program, params, state, examples, request=request, target=target
+    )
+    return target.path
+
+
+def _probe_outputs(
+    program: ExportProgram,
+    contract: ExportContract,
+    params: Any,
+    state: Any,
+    examples: tuple[np.ndarray, ...],
+) -> Any:
+    """The program's outputs on the example wire inputs, run eagerly once; a
+    failure that is not already a hook or configuration error is reported as the
+    wire contract's (`PROBE_FAILED`)."""
+    try:
+        return program.outputs(params, state, *examples)
+    except (HookError, ConfigError):
+        raise
+    except Exception as error:
+        shown = ", ".join(
+            f"{s.name}: {s.dtype}{list(s.shape or ())}" for s in contract.inputs
+        )
+        raise HookError(PROBE_FAILED.format(inputs=shown, error=error)) from error
+
+
+def _write_bundle(
+    nitro: Any,
+    backend: ExportBackend,
+    program: ExportProgram,
+    params: Any,
+    state: Any,
+    examples: tuple[np.ndarray, ...],
+    *,
+    request: ExportRequest,
+    target: _Target,
+) -> None:
+    """Have `backend` write the bundle into `request.dir` (a temporary folder) and
+    rename it to `target.path`, under the ExportCompiling phase; on any failure
+    the temporary folder is removed and the phase restored."""
+    temporary = request.dir
     recorder = nitro.phase_recorder  # the phase the handle's monitors see
     previous = recorder.phase
-    recorder.set(phases.ExportCompiling(), name=name)
+    recorder.set(phases.ExportCompiling(), name=request.name)
     try:
-        request = ExportRequest(
-            dir=temporary,
-            name=name,
-            contract=contract,
-            batch_sizes=sizes,
-            provenance=merged,
-        )
         backend.write_export(program, params, state, examples, request)
         # mkdtemp's folder is drwx------ and a writer may leave -rw------- files
         # (safetensors does): a bundle follows the process umask like any output.
@@ -161,7 +195,6 @@ def export_model(
         recorder.restore(previous)
         raise
     recorder.restore(previous)
-    return target.path
 
 
 class _Target:

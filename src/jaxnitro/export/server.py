@@ -113,9 +113,7 @@ def create_app(
     """
     require("starlette", extra="serve", feature="nitro serve")
     from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
-    from starlette.routing import Route
 
     limits = ServeLimits() if limits is None else limits
     if not isinstance(limits, ServeLimits):
@@ -124,7 +122,6 @@ def create_app(
             "ServeLimits(max_body_bytes=..., max_rows=..., ...)."
         )
     model = bundle if isinstance(bundle, LoadedBundle) else load_bundle(bundle)
-    name = model.name
     batcher = DynamicBatcher(
         model,
         batch_sizes=model.batch_sizes,
@@ -134,6 +131,26 @@ def create_app(
     if warm_up:
         for n in batcher.batch_sizes:
             _warm_up(model, n)
+    app = Starlette(
+        routes=_routes(model, batcher, limits),
+        middleware=[Middleware(_AccessLog)],
+        exception_handlers=_error_handlers(model.name),
+        lifespan=_lifespan(model.name, batcher),
+    )
+    app.state.batcher = batcher
+    app.state.bundle = model
+    app.state.limits = limits
+    app.state.requests = 0
+    return app
+
+
+def _routes(
+    model: LoadedBundle, batcher: DynamicBatcher, limits: ServeLimits
+) -> list[Any]:
+    """The three endpoints (module docstring): health, the manifest, predict."""
+    from starlette.routing import Route
+
+    name = model.name
 
     async def health(request: Request) -> Response:
         return _json(
@@ -149,6 +166,23 @@ def create_app(
         if request.path_params["name"] != name:
             return _unknown_model(request.path_params["name"], name)
         return _json(model.manifest)
+
+    predict = _predict_endpoint(model, batcher, limits)
+    predict_methods = ["POST", "GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+    return [
+        Route("/healthz", health, methods=["GET"]),
+        Route("/v1/models/{name}:predict", predict, methods=predict_methods),
+        Route("/v1/models/{name}", manifest, methods=["GET"]),
+    ]
+
+
+def _predict_endpoint(
+    model: LoadedBundle, batcher: DynamicBatcher, limits: ServeLimits
+) -> Callable[[Request], Awaitable[Response]]:
+    """`POST /v1/models/NAME:predict`: the body's inputs checked against the wire
+    contract, run in a dynamic batch, answered as JSON or `.npy`; it answers
+    every other method with a 405 naming POST (the route takes them all)."""
+    name = model.name
 
     async def predict(request: Request) -> Response:
         if request.method != "POST":
@@ -185,6 +219,14 @@ def create_app(
             return _response(buffer.getvalue(), media_type=NPY)
         return _json({"outputs": {k: v.tolist() for k, v in outputs.items()}})
 
+    return predict
+
+
+def _error_handlers(name: str) -> dict[Any, Callable[..., Any]]:
+    """Starlette's HTTP errors and any unexpected exception answered as JSON
+    `{"error": ...}`: a 404 names the endpoints, a 405 the methods allowed."""
+    from starlette.exceptions import HTTPException
+
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
         detail = error.detail
@@ -207,6 +249,15 @@ def create_app(
             {"error": f"internal error: {type(error).__name__}: {error}"}, status=500
         )
 
+    return {HTTPException: http_error, Exception: server_error}
+
+
+def _lifespan(
+    name: str, batcher: DynamicBatcher
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: at shutdown, the batcher closed and a line logged with
+    what the server answered."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
@@ -220,22 +271,7 @@ def create_app(
             batcher.rows_run,
         )
 
-    predict_methods = ["POST", "GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-    app = Starlette(
-        routes=[
-            Route("/healthz", health, methods=["GET"]),
-            Route("/v1/models/{name}:predict", predict, methods=predict_methods),
-            Route("/v1/models/{name}", manifest, methods=["GET"]),
-        ],
-        middleware=[Middleware(_AccessLog)],
-        exception_handlers={HTTPException: http_error, Exception: server_error},
-        lifespan=lifespan,
-    )
-    app.state.batcher = batcher
-    app.state.bundle = model
-    app.state.limits = limits
-    app.state.requests = 0
-    return app
+    return lifespan
 
 
 class _AccessLog:

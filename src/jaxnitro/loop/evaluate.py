@@ -219,40 +219,28 @@ def _leave_eval(host: EvalHost, previous: phases.Phase, **info: Any) -> None:
         host.restore_phase(previous, **info)
 
 
+EMPTY_BATCH = (
+    "Batch {index} of split `{split}` holds 0 samples (axis 0 of its fields is 0): "
+    "it would score nothing. Drop empty batches in the source."
+)
+
+
 def _evaluate_split(
     host: EvalHost, split: str, previous: phases.Phase, stoppable: bool
 ) -> dict[str, Any]:
     source = host.data[split]
-    bar = host.progress()
-    if bar is not None:  # the line first, so a monitor's view matches the screen
-        epoch = host.current_epoch if isinstance(previous, phases.TrainStepping) else 0
-        max_epochs = host.config.max_epochs if epoch else 0
-        bar.begin(split, len(source), epoch=epoch, max_epochs=max_epochs)
-    host.set_phase(phases.EvalStepping())
+    bar = _begin_pass(host, split, previous, len(source))
     fields = host.prepared.routing.fields
     has_metrics = "metrics" in host.prepared.hooks
-    eval_loss = host.config.eval_loss
-    want_loss = not has_metrics or eval_loss
+    want_loss = not has_metrics or host.config.eval_loss
     device_metrics = (
         has_metrics and host.prepared.routing.residency.get("metrics") == "device"
     )
     metrics = MetricAccumulator()
     losses = _LossMean()  # its own leaves: a metric can never merge into the loss
     tally = OutputTally()  # the outputs' NaN and inf values, read once at the end
-    if host.eval_width is None:
-        probe = first_batch(split, source)
-        host.eval_width = eval_width_for(
-            batch_size(probe, fields["forward"].select(tuple(probe))),
-            host.config.n_devs,
-        )
     across = across_processes()
-    feed = open_eval_feed(
-        source,
-        select=functools.lru_cache(maxsize=8)(fields["forward"].select),
-        width=process_width(host.eval_width),
-        name=split,
-        placement=host.prepared.ctx.placement,
-    )
+    feed = _open_feed(host, split, source)
     batch = _BatchParts()  # the metrics' inputs of the source batch being run
     inside = False  # whether the last chunk left its source batch unfinished
     index = 0  # the source batch the chunk belongs to
@@ -264,18 +252,14 @@ def _evaluate_split(
             if stop and not across:
                 break
             if item.n_real == 0 and not across:  # across: refused on every rank
-                raise ConfigError(
-                    f"Batch {index} of split `{split}` holds 0 samples (axis 0 of its "
-                    f"fields is 0): it would score nothing. Drop empty batches in "
-                    f"the source."
-                )
+                raise ConfigError(EMPTY_BATCH.format(index=index, split=split))
             if across:  # every process's rows, on every process
                 shared = chunk_counts(
                     item.n_real,
                     item.ends_batch,
                     split=split,
                     index=index,
-                    width=process_width(host.eval_width),
+                    width=process_width(host.eval_width or 0),
                     stop=stop,
                 )
                 if shared.stop:  # one rank's request stops every rank here
@@ -310,6 +294,57 @@ def _evaluate_split(
     finally:
         feed.close()
     nonfinite = tally.total()
+    result = _finalized(host, split, metrics, losses, has_metrics=has_metrics)
+    training = isinstance(previous, phases.TrainStepping)
+    at_epoch = host.current_epoch if training else None
+    _warn_nonfinite(split, result, at_epoch)
+    report_nonfinite_outputs(split, result, nonfinite, at_epoch)
+    return result
+
+
+def _begin_pass(
+    host: EvalHost, split: str, previous: phases.Phase, batches: int
+) -> Any:
+    """Start the split's progress line (when there is one) and enter EvalStepping;
+    return the progress bar, or None."""
+    bar = host.progress()
+    if bar is not None:  # the line first, so a monitor's view matches the screen
+        epoch = host.current_epoch if isinstance(previous, phases.TrainStepping) else 0
+        max_epochs = host.config.max_epochs if epoch else 0
+        bar.begin(split, batches, epoch=epoch, max_epochs=max_epochs)
+    host.set_phase(phases.EvalStepping())
+    return bar
+
+
+def _open_feed(host: EvalHost, split: str, source: Any) -> Any:
+    """The split's eval feed, at the handle's eval width (fixed from the split's
+    first batch when no pass has fixed it yet)."""
+    select = host.prepared.routing.fields["forward"].select
+    if host.eval_width is None:
+        probe = first_batch(split, source)
+        host.eval_width = eval_width_for(
+            batch_size(probe, select(tuple(probe))), host.config.n_devs
+        )
+    return open_eval_feed(
+        source,
+        select=functools.lru_cache(maxsize=8)(select),
+        width=process_width(host.eval_width),
+        name=split,
+        placement=host.prepared.ctx.placement,
+    )
+
+
+def _finalized(
+    host: EvalHost,
+    split: str,
+    metrics: MetricAccumulator,
+    losses: _LossMean,
+    *,
+    has_metrics: bool,
+) -> dict[str, Any]:
+    """The pass's metrics as the split reports them: the metrics and the loss
+    joined, through `finalize_metrics` when the experiment has it, each leaf
+    plain Python."""
     # With custom metrics, eval_loss's keys join what finalize_metrics returns;
     # without them the loss is the metric, and finalize_metrics sees it.
     if has_metrics:
@@ -329,12 +364,7 @@ def _evaluate_split(
     refuse_unreduced(combined, metrics.concatenated)
     _refuse_reserved(combined, "finalize_metrics" if finalize else "metrics")
     combined = {**dict(combined), **loss_part}
-    result = {k: _plain_tree(v) for k, v in dict(combined).items()}
-    training = isinstance(previous, phases.TrainStepping)
-    at_epoch = host.current_epoch if training else None
-    _warn_nonfinite(split, result, at_epoch)
-    report_nonfinite_outputs(split, result, nonfinite, at_epoch)
-    return result
+    return {k: _plain_tree(v) for k, v in dict(combined).items()}
 
 
 def _refuse_reserved(combined: Mapping[str, Any], source: str) -> None:

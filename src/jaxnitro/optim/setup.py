@@ -171,6 +171,69 @@ def build_plan(
     single = len(layout.names) == 1
 
     base_lr = group_number(e, "learning_rate", DEFAULT_GROUP, DEFAULT_LEARNING_RATE)
+    decays_mask = _decays_mask(e, params)
+    optimizer = _method(e, "optimizer")
+    level = optimizer_level(optimizer)
+
+    specs = {g: rule_for_group(e, optimizer, g) for g in layout.names}
+    weight_decay = {g: group_number(e, "weight_decay", g, 0.0) for g in layout.names}
+    bindable = _bindable(e, inputs, layout.names, specs)
+    rule, rule_fn = _grad_rule(e)
+    bindable.grad_fields = rule.schedulable
+    bound = bind_schedules(
+        inputs.schedules or {},
+        total=inputs.total,
+        bindable=bindable,
+        monitor=inputs.monitor,
+    )
+    if rule_fn is not None:
+        rule = _placed_grad_rule(e, rule_fn, rule, bound)
+    decay_scheduled = _scheduled_groups(bound, "weight_decay", layout.names)
+
+    groups = []
+    for g in layout.names:
+        if g not in layout.labels:
+            continue  # "default" with no leaf of its own
+        lr_g = float(group_value(e, "learning_rate", g, base_lr))
+        anchor_value = group_value(e, "decay_anchor", g, "zero")
+        kind = check_anchor(g, anchor_value)
+        decays = weight_decay[g] != 0 or g in decay_scheduled
+        anchor = _anchor_tree(g, kind, anchor_value, w0, params) if decays else None
+        groups.append(
+            GroupPlan(
+                name=g,
+                rule=specs[g],
+                lr_ratio=lr_g / base_lr if base_lr else float("nan"),
+                weight_decay=weight_decay[g],
+                decays=decays,
+                anchor=_masked(anchor, labels, g, single),
+                mask=_masked(decays_mask, labels, g, single),
+                scheduled=_rule_inputs(specs[g], g, bound),
+            )
+        )
+    masks = _perturb_masks(e, params) if isinstance(rule, PerturbRule) else None
+    plan = OptimizerPlan(
+        base_lr=base_lr,
+        clip_norm=inputs.clip_norm,
+        layout=layout,
+        groups=tuple(groups),
+        labels=labels,
+        schedules=tuple(bound),
+        grad_rule=rule,
+        grad_rule_fn=rule_fn,
+        perturb_masks=masks,
+        ema=inputs.ema,
+        experiment=e,
+        manual_fields=inputs.manual_fields,
+    )
+    if level == 2:
+        _probe_level2_groups(e, plan, params, bound)
+    return plan
+
+
+def _decays_mask(e: Any, params: Any) -> Any:
+    """Per leaf, 1.0 where weight decay applies and 0.0 where `no_decay` (or the
+    default rule) excludes it, as float32 device scalars."""
     no_decay = _method(e, "no_decay")
     excluded = leaf_mask(
         params,
@@ -179,18 +242,19 @@ def build_plan(
     )
     # On the host: `1.0 - m` on a device scalar compiles an eager program (about
     # 20 ms on a CPU) before the first step.
-    decays_mask = jax.tree.map(
-        lambda m: jax.device_put(np.float32(1.0 - float(m))), excluded
-    )
-    optimizer = _method(e, "optimizer")
-    level = optimizer_level(optimizer)
+    return jax.tree.map(lambda m: jax.device_put(np.float32(1.0 - float(m))), excluded)
 
-    specs = {g: rule_for_group(e, optimizer, g) for g in layout.names}
-    weight_decay = {g: group_number(e, "weight_decay", g, 0.0) for g in layout.names}
+
+def _bindable(
+    e: Any, inputs: PlanInputs, groups: tuple[str, ...], specs: dict[str, Any]
+) -> Bindable:
+    """What the `schedules` table may bind to: the Device fields and each group's
+    rule fields, or in manual mode what the optimizer states expose (the gradient
+    rule's fields are added once the rule is known)."""
     wd_method = _method(e, "weight_decay")
     bindable = Bindable(
         device_fields=inputs.device_fields,
-        groups=layout.names,
+        groups=groups,
         rule_fields={
             g: tuple(dict.fromkeys((*spec.fields, "learning_rate", "weight_decay")))
             for g, spec in specs.items()
@@ -213,104 +277,72 @@ def build_plan(
         bindable.open_groups = ()
         bindable.per_group_weight_decay = False
         bindable.manual = True
-    rule, rule_fn = _grad_rule(e)
-    bindable.grad_fields = rule.schedulable
-    bound = bind_schedules(
-        inputs.schedules or {},
-        total=inputs.total,
-        bindable=bindable,
-        monitor=inputs.monitor,
-    )
-    if rule_fn is not None:
-        rule = _placed_grad_rule(e, rule_fn, rule, bound)
-    decay_scheduled = _scheduled_groups(bound, "weight_decay", layout.names)
+    return bindable
 
-    groups = []
-    for g in layout.names:
-        if g not in layout.labels:
-            continue  # "default" with no leaf of its own
-        lr_g = float(group_value(e, "learning_rate", g, base_lr))
-        anchor_value = group_value(e, "decay_anchor", g, "zero")
-        kind = check_anchor(g, anchor_value)
-        decays = weight_decay[g] != 0 or g in decay_scheduled
-        anchor = _anchor_tree(g, kind, anchor_value, w0, params) if decays else None
-        # The rule's fields with a float default are inputs whatever is scheduled
-        # (`traced_defaults`), so which keys a run schedules compiles nothing.
-        fields = tuple(
-            sorted(
-                {name for name, _ in specs[g].defaults}
-                | {
-                    s.target.name
-                    for s in bound
-                    if s.target.namespace == "opt"
-                    and s.target.group in (None, g)
-                    and s.target.name not in ("learning_rate", "weight_decay")
-                    and (s.target.name in specs[g].fields or specs[g].level == 2)
-                }
-            )
+
+def _rule_inputs(spec: Any, group: str, bound: list[BoundSchedule]) -> tuple[str, ...]:
+    """The rule fields of `group`'s chain that are program inputs, sorted."""
+    # The rule's fields with a float default are inputs whatever is scheduled
+    # (`traced_defaults`), so which keys a run schedules compiles nothing.
+    return tuple(
+        sorted(
+            {name for name, _ in spec.defaults}
+            | {
+                s.target.name
+                for s in bound
+                if s.target.namespace == "opt"
+                and s.target.group in (None, group)
+                and s.target.name not in ("learning_rate", "weight_decay")
+                and (s.target.name in spec.fields or spec.level == 2)
+            }
         )
-        groups.append(
-            GroupPlan(
-                name=g,
-                rule=specs[g],
-                lr_ratio=lr_g / base_lr if base_lr else float("nan"),
-                weight_decay=weight_decay[g],
-                decays=decays,
-                anchor=_masked(anchor, labels, g, single),
-                mask=_masked(decays_mask, labels, g, single),
-                scheduled=fields,
-            )
-        )
-    masks = None
-    if isinstance(rule, PerturbRule):
-        no_perturb = _method(e, "no_perturb")
-        adaptive = _method(e, "adaptive_perturb")
-        masks = {
-            "perturb": jax.tree.map(
-                lambda m: 1.0 - m,
-                leaf_mask(
-                    params,
-                    (lambda k, x: no_perturb(e, k, x))
-                    if no_perturb is not None
-                    else (lambda k, x: False),
-                    "no_perturb",
-                ),
-            ),
-            "adaptive": leaf_mask(
-                params,
-                (lambda k, x: adaptive(e, k, x))
-                if adaptive is not None
-                else default_adaptive_perturb,
-                "adaptive_perturb",
-            ),
-        }
-    plan = OptimizerPlan(
-        base_lr=base_lr,
-        clip_norm=inputs.clip_norm,
-        layout=layout,
-        groups=tuple(groups),
-        labels=labels,
-        schedules=tuple(bound),
-        grad_rule=rule,
-        grad_rule_fn=rule_fn,
-        perturb_masks=masks,
-        ema=inputs.ema,
-        experiment=e,
-        manual_fields=inputs.manual_fields,
     )
-    if level == 2:
-        hp = plan.step_inputs(0)
-        for resolved in plan.groups:
-            probe_level2(
-                resolved.rule,
-                e,
-                resolved.name,
-                hp.groups[resolved.name],
-                _masked(params, labels, resolved.name, single),
-                _level2_probed(resolved, bound),
-                resolved.decays,
-            )
-    return plan
+
+
+def _perturb_masks(e: Any, params: Any) -> dict[str, Any]:
+    """A perturbing gradient rule's (SAM, ASAM) masks: `perturb` (1.0 where a leaf
+    is perturbed, 0.0 where `no_perturb` excludes it) and `adaptive` (the leaves
+    whose perturbation scales with the weight, `adaptive_perturb`)."""
+    no_perturb = _method(e, "no_perturb")
+    adaptive = _method(e, "adaptive_perturb")
+    return {
+        "perturb": jax.tree.map(
+            lambda m: 1.0 - m,
+            leaf_mask(
+                params,
+                (lambda k, x: no_perturb(e, k, x))
+                if no_perturb is not None
+                else (lambda k, x: False),
+                "no_perturb",
+            ),
+        ),
+        "adaptive": leaf_mask(
+            params,
+            (lambda k, x: adaptive(e, k, x))
+            if adaptive is not None
+            else default_adaptive_perturb,
+            "adaptive_perturb",
+        ),
+    }
+
+
+def _probe_level2_groups(
+    e: Any, plan: OptimizerPlan, params: Any, bound: list[BoundSchedule]
+) -> None:
+    """The setup checks of every group's level-2 chain with step 0's inputs
+    (`rules.probe_level2`: a chain at all, Decay last, every scheduled key used)."""
+    single = len(plan.layout.names) == 1
+    hp = plan.step_inputs(0)
+    for resolved in plan.groups:
+        probe_level2(
+            resolved.rule,
+            e,
+            resolved.name,
+            hp.groups[resolved.name],
+            _masked(params, plan.labels, resolved.name, single),
+            _level2_probed(resolved, bound),
+            resolved.decays,
+        )
 
 
 def _level2_probed(group: GroupPlan, bound: list[BoundSchedule]) -> tuple[str, ...]:
