@@ -250,7 +250,7 @@ class _EpochCalls:
                 done_in_block = 0
                 while done_in_block < block:
                     done_in_block += self._call(pending, block, batches, done_in_block)
-                    if self._leaves(done_in_block == block):
+                    if self._leaves():
                         self.delivered = None
                         break
                 if self.delivered is None:
@@ -469,7 +469,7 @@ class _EpochCalls:
             # TPU host about 250 us more).
             self.ring.copy_to_host_async()
 
-    def _leaves(self, block_done: bool) -> bool:
+    def _leaves(self) -> bool:
         """After a call: the ranks' vote at an agreement point, the events of the
         step reached; True when the epoch ends here (an event or a stop)."""
         step = self.step
