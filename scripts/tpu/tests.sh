@@ -6,9 +6,9 @@
 #   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
 #
 # The tier in three calls (each within the device tool's 10 minutes; on 2026-12-06
-# the first took 237 s, the second 196 s, and the third had run tests/runfile and 53
-# tests of tests/docs in 170 s when the session's device time ran out; `env.sh test`
-# takes 40-80 s of each call before them):
+# the first took 237 s, the second 196 s, the third 236 s with NITRO_TEST_LIMIT=480;
+# `env.sh test` takes 40-80 s of each call before them, on a machine still warm from
+# the last call a few seconds):
 #
 #   bash scripts/tpu/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
 #       tests/devices tests/examples tests/experiment tests/export tests/keys
