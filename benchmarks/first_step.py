@@ -38,6 +38,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -157,6 +158,33 @@ def _persistent_cache(directory: str | None) -> None:
     assert jax.config.values["jax_compilation_cache_dir"] == directory
 
 
+COMPILED = re.compile(r"Finished XLA compilation of (.+) in ([0-9.e-]+) sec")
+
+
+def _compile_log() -> list[tuple[str, float, float]]:
+    """Each XLA compilation from now on, as `(program, seconds, when it ended)`:
+    JAX's own log lines (`jax_log_compiles`), kept off stderr."""
+    import logging
+
+    import jax
+
+    found: list[tuple[str, float, float]] = []
+
+    class Compiled(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            match = COMPILED.search(record.getMessage())
+            if match:
+                found.append(
+                    (match.group(1), float(match.group(2)), time.perf_counter())
+                )
+
+    logger = logging.getLogger("jax")
+    logger.addHandler(Compiled())
+    logger.propagate = False  # the lines are read here, not printed
+    jax.config.update("jax_log_compiles", True)
+    return found
+
+
 def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     """One cold start in this process; the phases and the clocked total."""
     marks = {"start": time.perf_counter()}
@@ -177,6 +205,7 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     clock = PhaseClock()
     jax.monitoring.register_event_duration_secs_listener(clock.listen)
     jax.monitoring.register_event_listener(clock.count)
+    compiles = _compile_log() if phases else []
     directory = os.environ.get("FIRST_STEP_CACHE")
     result: dict[str, Any] = {}
     if side == "jaxnitro":
@@ -232,6 +261,8 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     result["before_clock"] = {label: marks[label] - marks[was] for was, label in pairs}
     result["phases"] = dict(clock.seconds)
     result["counts"] = dict(clock.counts)
+    first = start + result["first_step"]
+    result["compiled"] = [(n, sec) for n, sec, at in compiles if at <= first]
     result["backend"] = backend_info()
     return result
 
@@ -343,6 +374,15 @@ def show_phases(name: str) -> None:
                     print(f"    {key:20s} {seconds:.3f}{n}")
                 if "cache hits" in counts:
                     print(f"    cache hits {counts['cache hits']}")
+                compiled = sorted(out["compiled"], key=lambda c: -c[1])
+                total = sum(sec for _, sec in compiled)
+                shown = ", ".join(f"{n} {sec:.3f}" for n, sec in compiled[:8])
+                more = len(compiled) - 8
+                print(
+                    f"  compiled before the first step: {len(compiled)} programs, "
+                    f"{total:.3f} s: {shown or 'nothing'}"
+                    + (f" and {more} more" if more > 0 else "")
+                )
 
 
 def show_imports() -> None:

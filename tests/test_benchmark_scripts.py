@@ -110,6 +110,8 @@ RUNS = (
             rf"tutorial_mlp jaxnitro cold: first step {F} s",
             rf"    step program\s+{F}",  # a timer inside the training loop
             rf"    xla compile\s+{F} x\d+",
+            rf"  compiled before the first step: \d+ programs, {F} s: "
+            rf".*jit\(train_step\) {F}.*",  # JAX's own compile log, read back
             rf"tutorial_mlp reference warm: first step {F} s",
         ),
         never=(r"  never timed .*",),
