@@ -419,26 +419,28 @@ def final_params(nitro: Any) -> dict[str, Any]:
     return by_name(params)
 
 
+def _lines_with(path: str, context: str, key: str) -> list[dict[str, Any]]:
+    """The lines of a run's metrics.jsonl of `context` that carry `key`."""
+    with open(path) as lines:
+        rows = [json.loads(line) for line in lines]
+    return [row for row in rows if row.get("context") == context and key in row]
+
+
 def _logged_losses(path: str) -> dict[int, float]:
     """step -> loss of each train line a run's metrics.jsonl holds."""
-    found = {}
-    with open(path) as lines:
-        for line in lines:
-            row = json.loads(line)
-            if row.get("context") == "train" and "loss" in row:
-                found[int(row["step"])] = float(row["loss"])
-    return found
+    return {
+        int(row["step"]): float(row["loss"])
+        for row in _lines_with(path, "train", "loss")
+    }
 
 
 def _data_waits(path: str) -> list[float]:
     """Each epoch's data_wait_frac a run's metrics.jsonl holds, the first epoch's
     (its compiles, the first batches' decoding) left out."""
-    waits = {}
-    with open(path) as lines:
-        for line in lines:
-            row = json.loads(line)
-            if row.get("context") == "data" and "data_wait_frac" in row:
-                waits[int(row["epoch"])] = float(row["data_wait_frac"])
+    waits = {
+        int(row["epoch"]): float(row["data_wait_frac"])
+        for row in _lines_with(path, "data", "data_wait_frac")
+    }
     return [frac for epoch, frac in sorted(waits.items()) if epoch > 1]
 
 
