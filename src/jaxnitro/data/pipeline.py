@@ -60,7 +60,10 @@ from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at
 from .sources import has_iter, pass_batches
 
 Prepare = Callable[[Mapping[str, Any]], Sequence[Any]]
-"""Host batch -> the items to yield for it, each with a `.device` pytree of arrays."""
+"""Host batch -> the items to yield for it (none, while it gathers several), each
+with a `.device` pytree of arrays. A prepare with a `finish()` method is asked for
+its last items once the source is exhausted, before the pass ends (the training
+loop's block assembler: `loop/assembly.py`)."""
 
 END = object()
 """The last item a pass puts in its device channel."""
@@ -231,7 +234,22 @@ class FanoutPlan(NamedTuple):
 
 
 def _stage(pipeline: Pipeline, prepare: Prepare, host: Any) -> None:
-    for item in prepare(as_batch(host, BATCH_HINT)):
+    _put_all(pipeline, prepare(as_batch(host, BATCH_HINT)))
+
+
+def finished_items(prepare: Prepare) -> Sequence[Any]:
+    """What `prepare` holds back until its source is exhausted (its `finish()`)."""
+    finish = getattr(prepare, "finish", None)
+    return () if finish is None else finish()
+
+
+def _end(pipeline: Pipeline, prepare: Prepare) -> None:
+    _put_all(pipeline, finished_items(prepare))
+    pipeline.device.put(END)
+
+
+def _put_all(pipeline: Pipeline, items: Sequence[Any]) -> None:
+    for item in items:
         pipeline.ledger.add(item)
         pipeline.put_staged(item)
 
@@ -387,7 +405,7 @@ def build_fanout(pipeline: Pipeline, plan: FanoutPlan, prepare: Prepare) -> None
         while (batch := coordinator.take()) is not END:
             coordinator.wake()  # the workers build while this thread transfers
             _stage(pipeline, prepare, batch)
-        pipeline.device.put(END)
+        _end(pipeline, prepare)
 
     for k in range(plan.workers):
         pipeline.spawn(f"worker-{k}", worker)
@@ -413,7 +431,7 @@ def build_single(
             close = getattr(iterator, "close", None)
             if callable(close):
                 close()
-        pipeline.device.put(END)
+        _end(pipeline, prepare)
 
     pipeline.holder = pipeline.spawn("producer", producer)
 

@@ -29,6 +29,7 @@ from .pipeline import (
     Prepare,
     build_fanout,
     build_single,
+    finished_items,
     shutdown_pass,
 )
 from .protocol import unwrap_source
@@ -148,6 +149,9 @@ class PrefetchStream(Generic[T]):
             for item in prepare(batch):
                 self._ledger.add(item)
                 yield item
+        for item in finished_items(prepare):
+            self._ledger.add(item)
+            yield item
 
     def __iter__(self) -> PrefetchStream[T]:
         return self
@@ -254,21 +258,28 @@ class InlinePass:
         self._batches = epoch_batches(split, epoch)
         self._prepare = prepare
         self._ready: Iterator[Any] = iter(())
+        self._finished = False
         self.wait_seconds = 0.0
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        for item in self._ready:  # the rest of a batch cut into chunks
-            return item
-        started = time.perf_counter()
-        try:
-            host = next(self._batches)
-        finally:
-            self.wait_seconds += time.perf_counter() - started
-        self._ready = iter(self._prepare(host))
-        return next(self._ready)
+        while True:
+            for item in self._ready:  # the rest of a batch cut into chunks
+                return item
+            if self._finished:
+                raise StopIteration
+            started = time.perf_counter()
+            try:
+                host = next(self._batches)
+            except StopIteration:  # what the prepare held back comes last
+                self._finished = True
+                self._ready = iter(finished_items(self._prepare))
+                continue
+            finally:
+                self.wait_seconds += time.perf_counter() - started
+            self._ready = iter(self._prepare(host))
 
     def release(self, device: Any) -> None:
         """Nothing to free: the executable placed the host arrays itself."""

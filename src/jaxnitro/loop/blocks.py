@@ -9,6 +9,7 @@ a block whose batches changed a field's shape or dtype.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -92,6 +93,6 @@ def refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
             raise ConfigError(refusal) from None
 
 
-def host_bytes(batch: dict[str, Any]) -> int:
+def host_bytes(batch: Mapping[str, Any]) -> int:
     """The bytes of a batch's arrays."""
     return sum(int(getattr(v, "nbytes", 0)) for v in batch.values())

@@ -5,18 +5,19 @@ Every run trains here: the automatic mode and manual mode (the experiment's own
 its batch axis), in one process or several (each rank stacks its own rows; a call
 ends at every agreement point, where the ranks vote on a stop).
 
-
-The loop gathers a block of K steps' batches from the feed (host arrays on every
-backend), stacks them with one `np.stack` per field, and runs calls of the train
-program (`compile/scanned.py`) over the block (a block read by one call goes to its
-executable as host arrays; one read by several is placed once: `_staged`),
-`steps_per_call` steps a call, cut short at the epoch's end and at the next step
-event. One program serves every call length, so steps_per_call=1 is a call of
-length 1 of this same loop, and a run compiles one train program (at
-steps_per_call=1 one without the loop around its step, which cost a CPU step about
-10%). On a CPU backend at steps_per_call=1 a block is one batch, handed to the
-executable as a view of the host arrays: there a transfer costs nothing to batch,
-and a stack would only copy.
+The loop runs calls of the train program (`compile/scanned.py`) over blocks: the
+batches of up to K steps, stacked with one `np.stack` per field (`assembly.py`). A
+pass with threads of its own hands the loop its blocks already stacked, and on an
+accelerator placed, by its in-order thread; a pass read here (a list of built
+batches, `NoPrefetch`, a CPU at one step a call, a run across processes) is grouped
+and stacked by the loop, and a block read by one call goes to its executable as
+host arrays, one read by several is placed once (`_staged`). Calls are
+`steps_per_call` steps, cut short at the epoch's end and at the next step event.
+One program serves every call length, so steps_per_call=1 is a call of length 1 of
+this same loop, and a run compiles one train program (at steps_per_call=1 one
+without the loop around its step, which cost a CPU step about 10%). On a CPU backend
+at steps_per_call=1 a block is one batch, handed to the executable as a view of the
+host arrays: there a transfer costs nothing to batch, and a stack would only copy.
 
 Per call the host transfers nothing: the block's position and the call's length are
 device constants, the step number and the step rng are carried on the device, and the
@@ -62,19 +63,12 @@ import jax
 
 from ..compile.packed import packs_state
 from ..compile.scanned import RING_HEAD, TrainCallArgs
-from ..data.signature import batch_signature
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
 from ..observe.counter import advance_progress_counter
 from . import feed as feeds
-from .accumulation import Accumulation
-from .blocks import (
-    DIRECT_BATCH_BYTES,
-    block_steps,
-    host_bytes,
-    refuse_changed,
-    stacked_block,
-)
+from .assembly import Block, BlockAssembler, BlockSettings, PassEnd
+from .blocks import host_bytes, refuse_changed, stacked_block
 from .cadence import NEVER
 from .carried import (
     CARRIED,
@@ -92,7 +86,6 @@ from .step_programs import (
     CallInputs,
     call_inputs,
     call_program,
-    check_batch,
 )
 
 if TYPE_CHECKING:
@@ -161,7 +154,7 @@ def call_steps(
     epoch: int,
     feed: Any,
     log: EpochLog,
-    skip: int = 0,
+    assembler: BlockAssembler,
     events: StepEvents | None = None,
     agreement: StopAgreement | None = None,
 ) -> int | None:
@@ -170,10 +163,44 @@ def call_steps(
     raising one included (its buffers were donated); returns how many batches the
     feed delivered, or None when a stop or an event ended the epoch.
 
+    `assembler` groups the feed's batches into blocks (`assembly.py`): the feed's
+    own thread ran it when it `stages`, else the loop runs it on the feed's items.
     Across processes (`agreement` given) every rank stops at the same step: a call
     ends at each agreement point (`agreement.next_at`), where every rank votes, and
     the stop check reads the agreed flag."""
-    return _EpochCalls(context, epoch, feed, log, skip, events, agreement).run()
+    return _EpochCalls(context, epoch, feed, log, assembler, events, agreement).run()
+
+
+def epoch_assembler(
+    context: EpochContext, epoch: int, skip: int, threads: bool
+) -> BlockAssembler:
+    """The assembler of epoch `epoch`'s blocks, `skip` batches already trained;
+    `threads`: the pass runs threads of its own (`feed.threads_assemble`). Its
+    in-order thread assembles, stacks and places the blocks where blocks hold
+    several batches or go to an accelerator, in one process; the loop assembles
+    them where a block is one host batch handed to the executable as it is (a CPU
+    at one step a call: a thread would add a hand-off a step), and across
+    processes, where every rank assembles its blocks in step with the others."""
+    prepared, placement = context.prepared, context.prepared.ctx.placement
+    on_device = feeds.stages_on_device()
+    expected = prepared.routing.train_batch
+    assert expected is not None
+    settings = BlockSettings(
+        fields=prepared.routing.train_fields,
+        expected=expected,
+        epoch=epoch,
+        skip=skip,
+        accum=context.accum,
+        per_call=context.steps_per_call,
+        on_device=on_device,
+        sharding=None if placement is None else placement.block_sharding(context.accum),
+    )
+    stages = (
+        threads
+        and jax.process_count() == 1
+        and (on_device or context.steps_per_call > 1 or context.accum > 1)
+    )
+    return BlockAssembler(settings, context.source, stages)
 
 
 class _EpochCalls:
@@ -186,26 +213,25 @@ class _EpochCalls:
         epoch: int,
         feed: Any,
         log: EpochLog,
-        skip: int,
+        assembler: BlockAssembler,
         events: StepEvents | None,
         agreement: StopAgreement | None,
     ) -> None:
         self.context, self.epoch, self.feed, self.log = context, epoch, feed, log
-        self.skip, self.events, self.agreement = skip, events, agreement
+        self.assembler, self.events, self.agreement = assembler, events, agreement
+        self.skip = assembler.settings.skip
         self.per_call = context.steps_per_call
         self.accum = context.accum
         prepared = self.prepared = context.prepared
-        self.names = prepared.routing.train_fields
-        expected, plan = prepared.routing.train_batch, prepared.plan
-        assert expected is not None and plan is not None
-        self.expected: int = expected
+        plan = prepared.plan
+        assert plan is not None
         self.plan: OptimizerPlan = plan
         self.bar = context.bar
         self.status = context.stops  # the process's own stop request
         # What the stop check reads: across processes, the agreed flag.
         self.stops: Any = self.status if agreement is None else agreement
         self.autolog = context.autolog_schedules and log.logging
-        self.on_device = feeds.stages_on_device()  # read here: a test may stand it in
+        self.on_device = assembler.settings.on_device
         self.across_processes = jax.process_count() > 1
         fields = prepared.routing.gradient_fields  # None in manual mode
         self.host_outputs = fields is not None and fields.host_outputs
@@ -213,9 +239,7 @@ class _EpochCalls:
         self.constant = plan.is_constant and not prepared.device_schedules
         self.placement = placement = prepared.ctx.placement
         # Where a block goes: split along its batch axis over the run's mesh.
-        self.block_sharding = (
-            None if placement is None else placement.block_sharding(self.accum)
-        )
+        self.block_sharding = assembler.settings.sharding
         self.start = context.current()
         self.step = self.start.step
         # Packed only on one device: a flat buffer would undo the mesh's layout.
@@ -225,7 +249,7 @@ class _EpochCalls:
         self.program: Any = None  # the train program, found at the first call
         # The placed step inputs: (device values, the block's first step, inputs).
         self.made: tuple[Any, int | None, CallInputs] | None = None
-        # The blocks' plan, drawn at the epoch's first trained batch.
+        # The blocks' plan, drawn at the epoch's first block.
         self.count: int | None = None  # the epoch's batch count
         self.signature: Any = None
         self.size = 0  # the steps a block holds
@@ -246,15 +270,17 @@ class _EpochCalls:
         """Train the epoch's blocks call by call; commit the state reached."""
         reached: Any = None  # the state the epoch ended in, once unpacked
         try:
-            for pending, block, batches in self._blocks():
+            for block in self._blocks():
+                batches = self._staged(block)
                 done_in_block = 0
-                while done_in_block < block:
-                    done_in_block += self._call(pending, block, batches, done_in_block)
+                while done_in_block < block.steps:
+                    done_in_block += self._call(block, batches, done_in_block)
                     if self._leaves():
                         self.delivered = None
                         break
                 if self.delivered is None:
                     break
+                self._release(block)
             # The state unpacked before the last losses are read: the device runs
             # the unpack while the host waits for them.
             reached = carry_out(self.start, self.carry, self.step, self.packing)
@@ -266,57 +292,57 @@ class _EpochCalls:
             self._leave_for_the_next_epoch(reached)
         return self.delivered
 
-    def _blocks(self) -> Iterator[tuple[list[Any], int, dict[str, Any]]]:
-        """`(pending, steps, stacked batches)` for each block of the epoch; a
-        source that ends mid-block yields the whole steps it delivered."""
-        feed, accum, bar = self.feed, self.accum, self.bar
-        reading: list[tuple[dict[str, Any], dict[str, Any], int]] = []
-        block = 0
-        for index, (full, routed) in enumerate(feed):
-            check_batch(routed, self.names, self.expected, index, self.epoch)
-            if index < self.skip:  # trained before a stop: the epoch goes on after it
-                feed.release(routed)
-                if bar is not None:
-                    bar.step()
-                self.delivered = index + 1
+    def _blocks(self) -> Iterator[Block]:
+        """The epoch's blocks in order (a source that ends mid-block: the whole
+        steps it delivered), counting the batches delivered."""
+        for item in self._assembled():
+            if isinstance(item, PassEnd):
+                self._delivered_to(item.delivered)
                 continue
-            if self.count is None:  # the epoch's first trained batch
-                self._draw_plan(full, routed)
-            if not reading:
-                assert self.count is not None
-                block = min(self.size, max((self.count - index) // accum, 1))
-            reading.append((full, routed, index))
-            self.delivered = index + 1
-            if len(reading) == block * accum:
-                yield reading, block, self._staged(reading, block)
-                reading = []
-        whole = len(reading) // accum  # a source that ran short: its whole steps
-        if whole:
-            reading = reading[: whole * accum]
-            yield reading, whole, self._staged(reading, whole)
+            self._delivered_to(item.delivered - len(item.batches))
+            self.delivered = item.delivered
+            if self.count is None:  # the epoch's first block
+                self._draw_plan(item)
+            yield item
 
-    def _draw_plan(self, full: dict[str, Any], routed: dict[str, Any]) -> None:
-        """The blocks' plan, from the epoch's first trained batch: the batch count,
-        the signature, the steps a block holds, the positions, the loss ring."""
+    def _assembled(self) -> Iterator[Block | PassEnd]:
+        """The feed's blocks: as its thread assembled them, or assembled here."""
+        feed, assembler = self.feed, self.assembler
+        if assembler.stages:
+            yield from feed
+            return
+        skip = self.skip
+        for full, routed in feed:
+            block = assembler.add(full, routed)
+            if block is not None:
+                yield block
+            elif assembler.index <= skip:  # passed over: nothing holds it
+                feed.release(routed)
+        yield from assembler.finish()
+
+    def _delivered_to(self, delivered: int) -> None:
+        """The feed delivered `delivered` batches: the progress bar steps over the
+        ones passed over (trained before a stop)."""
+        assert self.delivered is not None
+        skipped = max(0, min(delivered, self.skip) - self.delivered)
+        if skipped and self.bar is not None:
+            self.bar.steps(skipped)
+        self.delivered = delivered
+
+    def _draw_plan(self, block: Block) -> None:
+        """The calls' side of the blocks' plan, from the epoch's first block: the
+        block positions, the loss ring, the placed step inputs."""
         accum, per_call, placement = self.accum, self.per_call, self.placement
-        source = self.context.source
-        if accum > 1:
-            Accumulation(accum).refuse_epoch(len(source), self.epoch)
-        self.count = len(source)
-        self.signature = batch_signature(routed)
-        size = block_steps(per_call, host_bytes(routed) * accum)
-        if per_call == 1 and (
-            not self.on_device or host_bytes(routed) * accum >= DIRECT_BATCH_BYTES
-        ):
-            # The executable takes each host batch as it is (a view) and transfers
-            # it itself: on a CPU a block buys nothing, and a large batch's stack
-            # costs more than the transfers it saves.
-            size = 1
-        self.size = size
+        plan = block.plan
+        self.count, self.signature, self.size = plan.count, plan.signature, plan.size
+        size = plan.size
         self.positions = carried_positions(size, placement)
         self.settle_at = max(
             per_call * accum,
-            min(SETTLE_EVERY, SETTLE_HOST_BYTES // max(host_bytes(full), 1)),
+            min(
+                SETTLE_EVERY,
+                SETTLE_HOST_BYTES // max(host_bytes(block.batches[0][0]), 1),
+            ),
         )
         # Room for what may stay unread, and the calls dispatched meanwhile.
         losses = max(TALLY_SIZE, 4 * (self.settle_at + size * accum))
@@ -331,8 +357,11 @@ class _EpochCalls:
         ):
             self.made = (held[1], None, held[3])
 
-    def _staged(self, reading: list[Any], block: int) -> dict[str, Any]:
-        """A block's batches stacked, placed where several calls read it."""
+    def _staged(self, block: Block) -> dict[str, Any]:
+        """A block's batches stacked, placed where several calls read it (unless
+        the feed's thread staged it already)."""
+        if block.stacked is not None:
+            return block.stacked
         # Read whole by one call, a block's host arrays go to that call's
         # executable, which places them itself (a separate transfer cost a TPU host
         # a dispatch, 100-170 us a block). Read by several calls (steps_per_call
@@ -342,23 +371,32 @@ class _EpochCalls:
         # block cut short is padded: on an accelerator on the device, so that its
         # copy carries only its own batches. Across processes every block is
         # assembled from each process's rows.
-        size = self.size
+        size, steps = self.size, block.steps
         several = (
-            self.per_call < block or min(self.event, self.agree_at) - self.step < block
+            self.per_call < steps or min(self.event, self.agree_at) - self.step < steps
         )
-        short = block < size
+        short = steps < size
         placed = several or (short and self.on_device) or self.across_processes
-        routed = [r for _, r, _ in reading]
+        routed = [r for _, r, _ in block.batches]
         try:
             batches = stacked_block(
-                routed, block, self.accum, size, pad_host=not placed
+                routed, steps, self.accum, size, pad_host=not placed
             )
         except ValueError:  # fields of several shapes do not stack
-            refuse_changed(reading, self.signature, self.epoch)
+            refuse_changed(block.batches, self.signature, self.epoch)
             raise
         if not placed:
             return batches
         return transfer(batches, self.block_sharding, wait=False, rows=size)
+
+    def _release(self, block: Block) -> None:
+        """A block whose last call is dispatched: what the feed staged for it is
+        freed (and its producers woken)."""
+        if block.stacked is not None:
+            self.feed.release(block.stacked)
+            return
+        for _, routed, _ in block.batches:
+            self.feed.release(routed)
 
     def _inputs(self, block: int, block_first: int) -> CallInputs:
         """The step inputs of a block's calls, placed again only when the Device
@@ -381,17 +419,15 @@ class _EpochCalls:
                 CARRIED["inputs"] = (self.plan, device, self.size, inputs)
         return made[2]
 
-    def _call(
-        self, pending: list[Any], block: int, batches: Any, done_in_block: int
-    ) -> int:
+    def _call(self, block: Block, batches: Any, done_in_block: int) -> int:
         """Dispatch the next call over the block; returns its steps."""
         step, accum = self.step, self.accum
         until = min(self.event, self.agree_at) - step  # a call ends at each
-        length = call_length(self.per_call, block - done_in_block, until)
+        length = call_length(self.per_call, block.steps - done_in_block, until)
         if self.context.profiler is not None:
             for at in range(step, step + length):
                 self.context.profiler.at_step(at, self.carry[0])
-        inputs = self._inputs(block, step - done_in_block)
+        inputs = self._inputs(block.steps, step - done_in_block)
         args = TrainCallArgs(
             inputs.values_shared,
             inputs.values_steps,
@@ -418,10 +454,10 @@ class _EpochCalls:
             first_arg, second, third, reported, self.ring = self.program(*args)
             self.carry = (first_arg, second, third)
         except TypeError:  # an executable refusing its arguments: no step ran
-            refuse_changed(pending, self.signature, self.epoch)
+            refuse_changed(block.batches, self.signature, self.epoch)
             raise
         first_micro = done_in_block * accum
-        micro = pending[first_micro : first_micro + length * accum]
+        micro = block.batches[first_micro : first_micro + length * accum]
         every = self.log.every
         lines = [
             self.plan.scheduled_log(inputs.schedule_values[done_in_block + i])
@@ -441,10 +477,8 @@ class _EpochCalls:
         advance_progress_counter(length)
         if self.bar is not None:  # the call's micro-batches, in one event
             self.bar.steps(len(micro))
-        for _, batch, _ in micro:
-            self.feed.release(batch)
         self.unread_micro += length * accum
-        last = done_in_block + length == block and self.delivered == self.count
+        last = done_in_block + length == block.steps and self.delivered == self.count
         self._plan_read(logged, last)
         return length
 

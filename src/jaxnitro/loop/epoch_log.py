@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -76,7 +77,7 @@ class InFlight:
     terms: Any
     stats: Any
     outputs: Any
-    host_batch: dict[str, Any]
+    host_batch: Mapping[str, Any]
     step: int
     index: int
     ends_step: bool

@@ -10,6 +10,7 @@ in order, as one call a step would have.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ class UnreadCall:
 
     reported: StepOutputs  # every leaf stacked (K, ...) or (K, accum, ...)
     first: int  # the optimizer steps done before it
-    batches: list[tuple[dict[str, Any], int]]  # each micro-batch: (host batch, index)
+    batches: list[tuple[Mapping[str, Any], int]]  # each micro-batch: (host, index)
     lines: list[dict[str, float] | None]  # each step's schedule line, when logged
     ring: Any  # the counter and loss ring as this call left it
 

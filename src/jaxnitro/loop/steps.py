@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError
 from ..logging import protocol as logproto
-from .calls import call_steps
+from .calls import call_steps, epoch_assembler
 from .epoch_log import EpochLog, StepEvents
-from .feed import open_feed
+from .feed import open_feed, threads_assemble
 
 if TYPE_CHECKING:
     from .context import EpochContext
@@ -55,16 +55,18 @@ def run_epoch(
     bar = context.bar
     if bar is not None:
         bar.begin("train", len(source), epoch=epoch, max_epochs=context.max_epochs)
+    assembler = epoch_assembler(context, epoch, skip, threads_assemble(source))
     feed = open_feed(
         source,
         epoch=epoch - 1,
         fields=context.prepared.routing.train_fields,
         name="train",
+        assembler=assembler if assembler.stages else None,
     )
     log.feed = feed
     accum = context.accum
     try:
-        delivered = call_steps(context, epoch, feed, log, skip, events, agreement)
+        delivered = call_steps(context, epoch, feed, log, assembler, events, agreement)
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
             context.commit(_zeroed_accumulator(context.current()))

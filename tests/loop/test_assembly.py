@@ -1,0 +1,232 @@
+"""Blocks assembled on the prefetch pass's own thread (issue 26, item 7).
+
+A pass with threads of its own groups, stacks and (on an accelerator) places its
+blocks on its in-order thread, so the loop is handed one staged block per call; a
+pass read on the consumer is grouped by the loop with the same assembler. Either
+way training is bitwise the same.
+"""
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+from experiments import StopsAtStep, Tiny, make_batches
+
+import jaxnitro as nx
+import jaxnitro.loop.feed as feed
+from jaxnitro.errors import ConfigError
+from jaxnitro.loop.assembly import (
+    Block,
+    BlockAssembler,
+    BlockSettings,
+    PassEnd,
+)
+
+
+class Indexed:
+    """The fan-out trait over a list of built batches: several workers build."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        return (self.batch_at(i) for i in range(len(self)))
+
+    def begin_epoch(self):
+        return None
+
+    def batch_at(self, i, plan=None):
+        return self.batches[i]
+
+
+class Threaded(Tiny):
+    """Tiny through the fan-out: 7 batches of 16 built by 2 workers."""
+
+    n_train: int = 16 * 7
+
+    def build_data(self, dist):
+        return {
+            "train": nx.data.PrefetchIterator(
+                Indexed(make_batches(self.n_train, 16)), workers=2
+            )
+        }
+
+
+def weights(nitro):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nitro.train_state.weights)]
+
+
+def assert_same(a, b):
+    for x, y in zip(weights(a), weights(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def settings(**kw):
+    base = dict(
+        fields=("x", "y"),
+        expected=16,
+        epoch=1,
+        skip=0,
+        accum=1,
+        per_call=4,
+        on_device=False,
+    )
+    return BlockSettings(**(base | kw))
+
+
+def assembled(batches, stages=False, **kw):
+    assembler = BlockAssembler(settings(**kw), batches, stages)
+    items = []
+    for batch in batches:
+        if stages:
+            items += assembler(batch)
+        else:
+            block = assembler.add(batch, {k: batch[k] for k in ("x", "y")})
+            items += [] if block is None else [block]
+    return items + assembler.finish()
+
+
+def test_blocks_are_cut_at_the_epochs_end_and_count_what_was_delivered():
+    # Small batches: a block holds 8 steps (blocks.BLOCK_STEPS), at least per_call.
+    items = assembled(make_batches(16 * 11, 16), per_call=4)
+    blocks, end = items[:-1], items[-1]
+    assert [(b.steps, b.delivered, b.plan.size) for b in blocks] == [
+        (8, 8, 8),
+        (3, 11, 8),
+    ]
+    assert [index for _, _, index in blocks[1].batches] == [8, 9, 10]
+    assert end == PassEnd(11)
+    assert all(b.stacked is None for b in blocks)  # the loop stacks them
+
+
+def test_a_resumed_epoch_passes_over_its_trained_batches_and_counts_them():
+    items = assembled(make_batches(16 * 11, 16), skip=5, per_call=4)
+    (block, end) = items
+    assert [index for _, _, index in block.batches] == [5, 6, 7, 8, 9, 10]
+    assert (block.steps, block.delivered, end.delivered) == (6, 11, 11)
+
+
+def test_a_source_that_runs_short_ends_in_its_whole_steps():
+    class Short(list):
+        def __len__(self):  # says 8 batches, holds 5
+            return 8
+
+    items = assembled(Short(make_batches(16 * 5, 16)), per_call=2, accum=2)
+    blocks, end = items[:-1], items[-1]
+    # A block of 4 steps was under way: its 2 whole steps (batches 0-3) train,
+    # batch 4 alone, half a step, does not.
+    assert [b.steps for b in blocks] == [2]
+    assert end.delivered == 5
+
+
+def test_a_thread_stacks_each_block_and_on_an_accelerator_places_it():
+    batches = make_batches(16 * 5, 16)
+    (block, _) = assembled(batches, stages=True, on_device=True)
+    assert isinstance(block.stacked["x"], jax.Array)
+    # A block cut short (5 steps of 8) travels unpadded, padded on the device.
+    assert block.steps == 5 and block.stacked["x"].shape == (8, 16, 8)
+    placed = np.asarray(block.stacked["x"])
+    np.testing.assert_array_equal(placed[4], batches[4]["x"])
+    assert not placed[5:].any()
+    (host, _) = assembled(batches, stages=True, on_device=False)
+    assert isinstance(host.stacked["x"], np.ndarray)
+
+
+def test_a_batch_of_another_size_is_refused_naming_it():
+    batches = make_batches(16 * 3, 16)
+    batches[2] = {k: v[:8] for k, v in batches[2].items()}
+    with pytest.raises(ConfigError, match="Train batch 2 of epoch 1 holds 8 samples"):
+        assembled(batches)
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_a_threaded_pass_hands_the_loop_blocks_its_thread_staged(
+    monkeypatch, accelerator
+):
+    monkeypatch.setattr(feed, "stages_on_device", lambda: accelerator)
+    made = []
+    complete = BlockAssembler._complete
+
+    def recorded(self, steps):
+        block = complete(self, steps)
+        made.append((threading.current_thread().name, block))
+        return block
+
+    monkeypatch.setattr(BlockAssembler, "_complete", recorded)
+    base = nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=1)
+    base.train()
+    made.clear()
+    got = nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=4)
+    got.train()
+    assert_same(base, got)
+    # Per epoch one block of 7 steps (called 4 + 3), assembled on the transfer
+    # thread, stacked there and, on an accelerator, placed there.
+    assert [b.steps for _, b in made] == [7, 7]
+    assert {name for name, _ in made} == {"jaxnitro-prefetch-train-transfer"}
+    kind = jax.Array if accelerator else np.ndarray
+    assert all(isinstance(b.stacked["x"], kind) for _, b in made)
+
+
+def test_on_a_cpu_at_one_step_a_call_the_loop_groups_a_threaded_pass_itself(
+    monkeypatch,
+):
+    monkeypatch.setattr(feed, "stages_on_device", lambda: False)
+    threads = []
+    add = BlockAssembler.add
+
+    def recorded(self, host, routed):
+        threads.append(threading.current_thread().name)
+        return add(self, host, routed)
+
+    monkeypatch.setattr(BlockAssembler, "add", recorded)
+    nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=1).train()
+    assert set(threads) == {"MainThread"}  # a thread would add a hand-off a step
+
+
+def test_a_stop_and_resume_on_a_threaded_pass_train_as_one_run(tmp_path):
+    straight = nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=1)
+    straight.train()
+    stopper = StopsAtStep(2)
+    first = nx.Nitro(
+        Threaded(),
+        run_dir=str(tmp_path),
+        logger=stopper,
+        log_every_n_steps=1,
+        steps_per_call=3,
+    )
+    stopper.nitro = first
+    first.train()
+    assert (first.current_epoch, first.current_step) == (1, 6)
+    again = nx.Nitro(
+        Threaded(), run_dir=str(tmp_path), logger=None, resume="auto", steps_per_call=3
+    )
+    again.train()  # batch 6 of epoch 1, then epoch 2: 7 batches
+    assert again.current_step == 14
+    assert_same(straight, again)
+
+
+def test_a_batch_that_changes_shape_on_a_threaded_pass_is_refused_by_name():
+    batches = make_batches(16 * 7, 16)
+    batches[5] = {**batches[5], "x": batches[5]["x"][:, :4]}
+
+    class Changing(Threaded):
+        def build_data(self, dist):
+            return {"train": nx.data.PrefetchIterator(Indexed(batches), workers=2)}
+
+    nitro = nx.Nitro(Changing(), logger=None, checkpointer=None, steps_per_call=4)
+    with pytest.raises(
+        nx.ConfigError, match="Batch 5 of split `train` .*changes the shape"
+    ):
+        nitro.train()
+    assert nitro.current_step == 0  # its block never reached a call
+
+
+def test_a_block_is_a_staged_item_the_stream_frees():
+    stacked = {"x": jax.numpy.ones((2, 3))}
+    block = Block([], 2, None, 2, stacked)
+    assert block.device is stacked and block.host == ()
+    assert Block([], 2, None, 2).device == {} and PassEnd(3).device == {}
