@@ -230,3 +230,49 @@ def test_a_block_is_a_staged_item_the_stream_frees():
     block = Block([], 2, None, 2, stacked)
     assert block.device is stacked and block.host == ()
     assert Block([], 2, None, 2).device == {} and PassEnd(3).device == {}
+
+
+def test_a_host_block_several_calls_read_is_placed_once(monkeypatch):
+    import jaxnitro.loop.calls as calls
+
+    monkeypatch.setattr(feed, "stages_on_device", lambda: False)
+    placed = []
+    real = calls.transfer
+
+    def counted(batches, *args, **kw):
+        placed.append(batches["x"].shape)
+        return real(batches, *args, **kw)
+
+    monkeypatch.setattr(calls, "transfer", counted)
+    nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=3).train()
+    # Each epoch's block of 7 steps (padded to 8 on the host by the thread) is read
+    # by calls of 3, 3 and 1 steps: placed once, not sent with each call.
+    assert placed == [(8, 16, 8), (8, 16, 8)]
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
+    monkeypatch, accelerator
+):
+    monkeypatch.setattr(feed, "stages_on_device", lambda: accelerator)
+    made = []
+    complete = BlockAssembler._complete
+
+    def recorded(self, steps):
+        block = complete(self, steps)
+        made.append(block)
+        return block
+
+    monkeypatch.setattr(BlockAssembler, "_complete", recorded)
+    kw = {"logger": None, "checkpointer": None, "n_devs": 2, "accum": 2}
+    base = nx.Nitro(Threaded(n_train=16 * 8), steps_per_call=1, **kw)
+    base.train()
+    made.clear()
+    got = nx.Nitro(Threaded(n_train=16 * 8), steps_per_call=2, **kw)
+    got.train()
+    assert_same(base, got)
+    assert [b.steps for b in made] == [4, 4]
+    if accelerator:  # (K, accum, B, ...) split along B over the 2 devices
+        x = made[0].stacked["x"]  # freed by now: its calls have run
+        assert x.shape == (8, 2, 16, 8) and x.is_deleted()
+        assert x.sharding.shard_shape(x.shape) == (8, 2, 8, 8)

@@ -358,10 +358,8 @@ class _EpochCalls:
             self.made = (held[1], None, held[3])
 
     def _staged(self, block: Block) -> dict[str, Any]:
-        """A block's batches stacked, placed where several calls read it (unless
-        the feed's thread staged it already)."""
-        if block.stacked is not None:
-            return block.stacked
+        """A block's batches stacked (unless the feed's thread stacked them), placed
+        where several calls read it."""
         # Read whole by one call, a block's host arrays go to that call's
         # executable, which places them itself (a separate transfer cost a TPU host
         # a dispatch, 100-170 us a block). Read by several calls (steps_per_call
@@ -375,6 +373,11 @@ class _EpochCalls:
         several = (
             self.per_call < steps or min(self.event, self.agree_at) - self.step < steps
         )
+        stacked = block.stacked
+        if stacked is not None:  # on an accelerator placed there, else padded
+            if self.on_device or not several:
+                return stacked
+            return transfer(stacked, self.block_sharding, wait=False)
         short = steps < size
         placed = several or (short and self.on_device) or self.across_processes
         routed = [r for _, r, _ in block.batches]
