@@ -250,6 +250,7 @@ def test_a_host_block_several_calls_read_is_placed_once(monkeypatch):
     assert placed == [(8, 16, 8), (8, 16, 8)]
 
 
+@pytest.mark.needs_devices(2)
 @pytest.mark.parametrize("accelerator", [False, True])
 def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
     monkeypatch, accelerator
