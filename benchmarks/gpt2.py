@@ -41,6 +41,14 @@ as well as the framework's cost, and the exactness lines show the two attentions
 rounding apart. "flash" is the Pallas TPU flash attention kernel: off a TPU the
 script stops before any side runs, naming the backend.
 
+`--loss-chunks N` computes the jaxnitro sides' training loss in N chunks of
+positions (`nn_xent`: the experiment's `loss_chunks` field, the run file's `--set
+loss-chunks=N`): the head's logits one chunk at a time, recomputed in the backward
+pass, so the whole [batch, seq, vocab] logits never exist at once. N divides the
+context; 0 (the default) is the whole logits. The reference stays the plain loop
+with the whole logits, so each ratio to it holds the option's gain (or loss) beside
+the framework's cost, and the exactness lines the two sums' rounding.
+
 `--max-batch` measures memory instead of speed: for each side (`--sides`, all three by
 default) the largest batch that fits, found by doubling from `--batch` up to
 `--max-batch-cap` (256), then bisecting between the largest batch that fitted and the
@@ -59,6 +67,7 @@ with the uninterrupted run, bit for bit.
     python benchmarks/gpt2.py --config gpt2-small --resume-check     # an accelerator
     python benchmarks/gpt2.py --config gpt2-small --max-batch --remat blocks
     python benchmarks/gpt2.py --config gpt2-small --attention flash   # a TPU
+    python benchmarks/gpt2.py --config gpt2-small --loss-chunks 4
 
 GPT-2 small's data (2048 windows of 1025 tokens below 50304) is written on first
 use with `examples/runfiles/make_data.py --gpt2` (a few seconds); the tiny windows
@@ -120,6 +129,9 @@ class Workload:
     remat: str = "none"
     attention: str = "xla"
     """The jaxnitro sides' attention; the reference's is always "xla"."""
+    loss_chunks: int = 0
+    """The jaxnitro sides' chunks of the training loss (0: the whole logits); the
+    reference always takes the whole logits."""
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -133,6 +145,25 @@ class Workload:
         if self.attention == "xla":
             return "attention xla"
         return f"attention {self.attention} (the reference's: xla)"
+
+    def loss_line(self) -> str:
+        """The loss chunks as the report's workload line names them."""
+        if not self.loss_chunks:
+            return "loss chunks 0"
+        return f"loss chunks {self.loss_chunks} (the reference's: 0)"
+
+    def target(self) -> str:
+        """The tokens/s ratio's target, or why there is none: a jaxnitro option
+        the reference does not take makes the ratio measure the option too."""
+        differ = []
+        if self.attention != "xla":
+            differ.append(f"{self.attention} attention against the reference's xla")
+        if self.loss_chunks:
+            differ.append(
+                f"loss in {self.loss_chunks} chunks against the reference's whole "
+                "logits"
+            )
+        return f"no target: {'; '.join(differ)}" if differ else "target >= 0.98"
 
     @property
     def tokens_per_step(self) -> int:
@@ -149,6 +180,7 @@ class Workload:
             "precision": f":{self.precision}",
             "remat": f":{self.remat}",
             "attention": f":{self.attention}",
+            "loss-chunks": self.loss_chunks,
             "seed": self.seed,
             "lr": self.lr,
         }
@@ -457,6 +489,7 @@ def python_api(
         lr=work.lr,
         remat=work.remat,
         attention=work.attention,
+        loss_chunks=work.loss_chunks,
         train=source,
     )
     blocks = len(source.blocks)
@@ -559,7 +592,8 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
     print(
         f"workload: {work.config}, {n / 1e6:.1f}M parameters, batch {work.batch} x "
         f"{work.sizes['seq']} tokens, {work.steps} steps in blocks of {work.cadence}, "
-        f"{work.precision}, remat {work.remat}, {work.attention_line()}"
+        f"{work.precision}, remat {work.remat}, {work.attention_line()}, "
+        f"{work.loss_line()}"
     )
     for name in SIDES:
         rates = [work.tokens_per_step / run[name].step_seconds for run in runs]
@@ -577,11 +611,7 @@ def report(work: Workload, runs: list[dict[str, Side]]) -> None:
             by_formula = formula / side.step_seconds / peak
             line += f"; MFU {xla:.1%} by XLA's analysis, {by_formula:.1%} by formula"
         print(line)
-    target = (
-        "target >= 0.98"
-        if work.attention == "xla"
-        else f"no target: {work.attention} attention against the reference's xla"
-    )
+    target = work.target()
     for name in SIDES[1:]:
         ratios = [
             run["reference"].step_seconds / run[name].step_seconds for run in runs
@@ -712,7 +742,8 @@ def max_batch(
 
     print(
         f"largest batch: {work.config}, {work.sizes['seq']} tokens a window, "
-        f"{work.precision}, remat {work.remat}, {work.attention_line()}; from "
+        f"{work.precision}, remat {work.remat}, {work.attention_line()}, "
+        f"{work.loss_line()}; from "
         f"{work.batch}, doubling to "
         f"{cap} then bisecting, at most {probes} probes a side, 2 steps each",
         flush=True,
@@ -773,6 +804,19 @@ def refuse_attention(work: Workload) -> None:
         raise SystemExit(str(error)) from None
 
 
+def refuse_loss_chunks(work: Workload) -> None:
+    """Stop before any side runs when `--loss-chunks` is not 0 or a divisor of
+    the configuration's context, with the module's message."""
+    from jaxnitro.runfile.nn_xent import check_loss_chunks
+
+    try:
+        check_loss_chunks(
+            work.loss_chunks, work.sizes["seq"], "--loss-chunks", "--loss-chunks {}"
+        )
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=("tiny", "gpt2-small"), default="tiny")
@@ -803,6 +847,14 @@ def main() -> None:
         "only); the reference's stays xla",
     )
     parser.add_argument(
+        "--loss-chunks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the jaxnitro sides' training loss in N chunks of positions (N divides "
+        "the context; 0: the whole logits); the reference's stays whole",
+    )
+    parser.add_argument(
         "--max-batch",
         action="store_true",
         help="find each side's largest batch instead of timing --steps",
@@ -824,6 +876,7 @@ def main() -> None:
         precision=args.precision,
         remat=args.remat,
         attention=args.attention,
+        loss_chunks=args.loss_chunks,
     )
     sides = [s.strip().replace("-", " ") for s in args.sides.split(",")]
     if args.max_batch and set(sides) - set(SIDES):
@@ -835,6 +888,7 @@ def main() -> None:
 
     print(banner())
     refuse_attention(work)
+    refuse_loss_chunks(work)
     folder = tempfile.mkdtemp(prefix="gpt2-bench-")
     try:
         path = prepare_folder(folder, args.config)

@@ -3,6 +3,7 @@ in bf16 on token windows from a JSONL file.
 
     python examples/gpt2.py [--config tiny|gpt2-small] [--steps N] [--batch B]
                             [--remat none|blocks|dots] [--attention xla|flash]
+                            [--loss-chunks N]
 
 The model is `jaxnitro.runfile.nn_modules.GPT`, the module behind the run file's
 `gpt` (examples/runfiles/gpt2.sx trains the same one): learned token and position
@@ -29,6 +30,14 @@ and the gradient are the same; a larger batch fits.
 writes it out in JAX, which XLA compiles on any backend; "flash" calls the Pallas TPU
 flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles for a TPU only:
 off a TPU, `build_model` refuses it (ConfigError) before anything compiles.
+
+`loss_chunks` (0, the default, or a divisor of `seq`) computes the training loss in
+that many chunks of positions (`jaxnitro.runfile.nn_xent`): in training `forward`
+returns the head's input and weight instead of the logits, and `loss` multiplies
+one chunk by the head at a time, recomputing it in the backward pass, so the whole
+[batch, seq, vocab] logits (3.3 GB in float32 at GPT-2 small) never exist at once.
+The loss and the gradient are the same up to rounding; evaluation, prediction and
+export see the logits as before.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from flax import nnx
 import jaxnitro as nx
 from jaxnitro.runfile.nn_flash import check_attention_backend
 from jaxnitro.runfile.nn_modules import GPT, check_attention, check_remat
+from jaxnitro.runfile.nn_xent import check_loss_chunks, token_cross_entropy
 
 RUNFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runfiles")
 
@@ -107,6 +117,11 @@ class GPT2(nx.Experiment):
     """How the blocks compute their causal attention: "xla" (written out in JAX, on
     any backend) or "flash" (the Pallas TPU flash attention kernel, on a TPU only);
     see `nn_modules.ATTENTIONS`."""
+    loss_chunks: nx.GraphConst[int] = 0
+    """How many chunks of positions the training loss computes the head's logits
+    in, one at a time (`nn_xent.token_cross_entropy`): 0 (all at once, the logits
+    [batch, seq, vocab]) or a divisor of `seq`. Training only: evaluation,
+    prediction and export see the logits."""
     batch: int = 16
     """Windows a step (read only when `train` is None)."""
     lr: float = 6e-4
@@ -123,6 +138,9 @@ class GPT2(nx.Experiment):
         try:
             check_remat(self.remat, f"{name}.remat", 'remat="dots"')
             check_attention(self.attention, f"{name}.attention", 'attention="xla"')
+            check_loss_chunks(
+                self.loss_chunks, self.seq, f"{name}.loss_chunks", "loss_chunks={}"
+            )
         except ValueError as error:
             raise nx.ConfigError(str(error)) from None
 
@@ -152,19 +170,21 @@ class GPT2(nx.Experiment):
             self.seq,
             remat=self.remat,
             attention=self.attention,
+            loss_chunks=self.loss_chunks,
             rngs=nnx.Rngs(params=rng),
         )
         graphdef, params = nnx.split(module)
         return graphdef, params, {}
 
     def forward(self, model: Any, params: Any, state: Any, *, tokens: Any) -> Any:
-        logits = nnx.merge(model, params)(tokens[:, :-1])
+        module, inputs = nnx.merge(model, params), tokens[:, :-1]
+        # In training with loss_chunks, `nn_xent.ChunkedLogits` in their place.
+        logits = module.loss_logits(inputs) if nx.training() else module(inputs)
         return (logits, tokens[:, 1:]), state
 
     def loss(self, outputs: Any) -> Any:
         logits, targets = outputs
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        return losses.mean()
+        return token_cross_entropy(logits, targets).mean()
 
     def optimizer(self) -> Any:
         return functools.partial(
@@ -193,13 +213,18 @@ def main() -> None:
     parser.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
     parser.add_argument("--remat", choices=("none", "blocks", "dots"), default="none")
     parser.add_argument("--attention", choices=("xla", "flash"), default="xla")
+    parser.add_argument("--loss-chunks", type=int, default=0, metavar="N")
     args = parser.parse_args()
     if not os.path.exists(DATA[args.config]):
         raise SystemExit(
             f"{DATA[args.config]} is missing: write it with "
             f"`python examples/runfiles/make_data.py --gpt2`"
         )
-    fields: dict[str, Any] = {"remat": args.remat, "attention": args.attention}
+    fields: dict[str, Any] = {
+        "remat": args.remat,
+        "attention": args.attention,
+        "loss_chunks": args.loss_chunks,
+    }
     if args.batch is not None:
         fields["batch"] = args.batch
     nitro = nx.Nitro(

@@ -124,8 +124,19 @@ RUNS = (
     ),
     Run(
         "gpt2.py",
-        ("--config", "tiny", "--steps", "8", "--cadence", "4", "--yardstick"),
+        (
+            "--config",
+            "tiny",
+            "--steps",
+            "8",
+            "--cadence",
+            "4",
+            "--yardstick",
+            "--loss-chunks",
+            "4",
+        ),
         (  # two blocks
+            r"workload: tiny, .*, attention xla, loss chunks 4 \(the reference's: 0\)",
             rf"python api / reference tokens/s: {F} stepping .*",
             rf"run file / reference tokens/s: {F} stepping .*",
             r"run file vs reference: loss at \d+ logged steps within .*",

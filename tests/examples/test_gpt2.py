@@ -5,6 +5,7 @@ losses on the same batches, and a resumed Python-API run continues bit for bit."
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -164,6 +165,90 @@ def test_the_benchmark_sets_the_attention_on_the_jaxnitro_sides_only(bench):
     assert plain.attention_line() == "attention xla"
 
 
+def test_loss_chunks_is_a_checked_graphconst_of_the_experiment(gpt2):
+    from flax import nnx
+
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    assert gpt2.GPT2(**sizes).loss_chunks == 0
+    assert gpt2.GPT2.config_metadata()["loss_chunks"].kind == "graphconst"
+    with pytest.raises(nx.ConfigError) as caught:
+        gpt2.GPT2(**sizes, loss_chunks=5)
+    assert str(caught.value) == (
+        "GPT2.loss_chunks must be 0 (off) or a positive integer dividing the context "
+        "64, got 5: it is the number of chunks the training loss cuts the positions "
+        "into, computing the head's logits one chunk at a time. Pass a divisor of "
+        "64, e.g. loss_chunks=4, or 0 for the whole logits at once."
+    )
+    model, params, _ = gpt2.GPT2(**sizes, loss_chunks=4).build_model(jax.random.key(0))
+    assert nnx.merge(model, params).loss_chunks == 4
+
+
+def test_the_benchmark_sets_the_loss_chunks_on_the_jaxnitro_sides_only(bench):
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, loss_chunks=4)
+    assert ("loss-chunks", "4") in work.selection().sets
+    assert work.loss_line() == "loss chunks 4 (the reference's: 0)"
+    assert work.target() == (
+        "no target: loss in 4 chunks against the reference's whole logits"
+    )
+    both = dataclasses.replace(work, attention="flash")
+    assert both.target() == (
+        "no target: flash attention against the reference's xla; loss in 4 chunks "
+        "against the reference's whole logits"
+    )
+    plain = bench.Workload("tiny", batch=4, steps=8, cadence=4)
+    assert ("loss-chunks", "0") in plain.selection().sets
+    assert plain.loss_line() == "loss chunks 0"
+    assert plain.target() == "target >= 0.98"
+    # The benchmark stops before any side runs, with the module's message.
+    bench.refuse_loss_chunks(work)
+    with pytest.raises(SystemExit, match="^--loss-chunks must be 0 .* got 5: .* e.g. "):
+        bench.refuse_loss_chunks(dataclasses.replace(work, loss_chunks=5))
+
+
+def test_loss_chunks_compile_their_own_step_train_the_same_and_predict_logits(
+    gpt2, bench, folder, tmp_path
+):
+    work = bench.Workload("tiny", batch=4, steps=4, cadence=4, precision="f32")
+    _, tokens = bench.run_batches(folder, work)
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    # Two windows a batch: the remat test's programs (four) stay uncompiled.
+    batches = [{"tokens": t[:2]} for t in tokens]
+    trained, predicted = {}, {}
+    for chunks in (0, 4):
+        experiment = gpt2.GPT2(**sizes, loss_chunks=chunks, train=batches)
+
+        def train(experiment=experiment, chunks=chunks):
+            nitro = nx.Nitro(
+                experiment,
+                seed=1,
+                max_epochs=1,
+                precision="f32",
+                run_dir=str(tmp_path / str(chunks)),
+                logger=None,
+                checkpointer=None,
+            ).train()
+            # Prediction is forward in eval mode: the logits, chunked or not.
+            logits, _ = nitro.predict(batches[0])
+            predicted[chunks] = logits
+            nitro.release()
+            trained[chunks] = nitro
+
+        assert "train_step" in kinds_compiled(train)  # a key of its own
+    plain, chunked = trained[0], trained[4]
+    loss, expected = chunked.history[-1]["train_loss"], plain.history[-1]["train_loss"]
+    params = bench.by_name(chunked.train_state.params)
+    expected_params = bench.by_name(plain.train_state.params)
+    # Measured (f32, 4 steps): the epoch's loss within 6.4e-8 (relative), the
+    # parameters within 1.2e-7 (one float32 ulp of a norm scale near 1); the
+    # attention key biases, which get rounding noise only (Adam scales it up:
+    # bench.NO_GRADIENT), within 1.2e-6; the predicted logits within 2.4e-7.
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    assert bench.largest_difference(params, expected_params)[0] < 1e-6
+    assert bench.largest_difference(params, expected_params, noise=True)[0] < 1e-5
+    assert predicted[4].shape == predicted[0].shape == (2, 64, 256)
+    np.testing.assert_allclose(predicted[4], predicted[0], rtol=1e-5, atol=1e-5)
+
+
 def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
     gpt2, bench, folder, tmp_path
 ):
@@ -301,7 +386,7 @@ def test_the_benchmark_runs_the_tiny_configuration(bench, monkeypatch, capsys):
     assert "python api / reference tokens/s: " in out
     assert "run file / reference tokens/s: " in out
     assert "MFU unknown: no peak on record for 'cpu'" in out
-    assert ", bf16, remat none, attention xla\n" in out
+    assert ", bf16, remat none, attention xla, loss chunks 0\n" in out
     assert "by the wall clock (target >= 0.98)" in out
     assert "run file resumed at step 4: final parameters bitwise equal" in out
 

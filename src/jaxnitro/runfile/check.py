@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..experiment.modes import training_mode
 from .bounds import PARAMETERS_MAX
 from .contract import contract_errors, fits
 from .evaluator import Evaluated, Evaluator
@@ -210,7 +211,10 @@ def _trace(path: str, result: Evaluated) -> list[Diagnostic]:
             )
 
         try:
-            jax.eval_shape(step, params, loader.batch_shapes())
+            # The objective as the train program traces it: in train mode (a
+            # `gpt :loss-chunks` prediction is then `nn_xent.ChunkedLogits`).
+            with training_mode(what == "objective"):
+                jax.eval_shape(step, params, loader.batch_shapes())
         except RunfileError as error:
             found += error.diagnostics
         except SkippedError:

@@ -31,6 +31,7 @@ from typing import Any
 
 import jaxnitro as nx
 
+from ..experiment.modes import training_mode
 from .cadence import CadencePlan, cadence_plan
 from .evaluator import Evaluated, Evaluator
 from .knobs import Selection
@@ -303,7 +304,8 @@ def graph_key(result: Evaluated) -> str:
     digest = hashlib.sha256(repr(model).encode())
 
     def train_loss(p: Any, batch: Any) -> Any:
-        return probe.objective(*probe.parts(p, batch, train=True))
+        with training_mode(True):  # as the train program traces it
+            return probe.objective(*probe.parts(p, batch, train=True))
 
     def eval_metrics(p: Any, batch: Any) -> Any:
         return probe.evaluate(*probe.parts(p, batch, train=False))

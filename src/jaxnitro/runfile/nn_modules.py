@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .nn_flash import flash_causal_attention
+from .nn_xent import ChunkedLogits, check_chunked_time, check_loss_chunks
 
 ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
     "gelu": jax.nn.gelu,
@@ -243,10 +244,22 @@ class GPT(nnx.Module):
     compiling, as the fronts do when they build the parameters, or the compile
     fails in Pallas's lowering.
 
+    `loss_chunks` (0, the default, or a divisor of `context`) says how the
+    training loss reads the head: `loss_logits` gives the logits when it is 0, and
+    otherwise `nn_xent.ChunkedLogits` (the head's input and weight), which
+    `nn_xent.token_cross_entropy` turns into the loss `loss_chunks` chunks of
+    positions at a time, never holding the whole [batch, time, vocab] logits. Only
+    what training computes differs (the loss and the gradient are equal up to
+    rounding): `__call__`, which evaluation, prediction and export call, always
+    gives the logits.
+
         >>> import jax.numpy as jnp
         >>> from flax import nnx
         >>> model = GPT(32, 2, 16, 2, 8, remat="blocks", rngs=nnx.Rngs(0))
         >>> model(jnp.zeros((1, 8), jnp.int32)).shape
+        (1, 8, 32)
+        >>> chunked = GPT(32, 2, 16, 2, 8, loss_chunks=4, rngs=nnx.Rngs(0))
+        >>> chunked.loss_logits(jnp.zeros((1, 8), jnp.int32)).logits_shape
         (1, 8, 32)
     """
 
@@ -260,11 +273,15 @@ class GPT(nnx.Module):
         *,
         remat: str = "none",
         attention: str = "xla",
+        loss_chunks: int = 0,
         rngs: nnx.Rngs,
     ):
         self.remat = check_remat(remat, "GPT(remat=...)", 'remat="dots"')
         self.attention = check_attention(
             attention, "GPT(attention=...)", 'attention="xla"'
+        )
+        self.loss_chunks = check_loss_chunks(
+            loss_chunks, context, "GPT(loss_chunks=...)", "loss_chunks={}"
         )
         residual_std = GPT_STD / (2 * layers) ** 0.5
         self.embed = Embeddings(vocab, context, dim, rngs=rngs)
@@ -285,6 +302,30 @@ class GPT(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, time] integer tokens -> [batch, time, vocab] logits."""
+        return self.head(self.features(tokens))
+
+    def loss_logits(self, tokens: jax.Array) -> jax.Array | ChunkedLogits:
+        """What the training loss reads of [batch, time] integer tokens: the
+        logits [batch, time, vocab] when `loss_chunks` is 0, else `ChunkedLogits`
+        of the features and the head's weight (`nn_xent.token_cross_entropy`
+        takes either).
+
+        Raises:
+            ValueError: `loss_chunks` does not divide `time` (UNEVEN_CHUNKS).
+        """
+        if not self.loss_chunks:
+            return self(tokens)
+        check_chunked_time(
+            tokens.shape[1], self.loss_chunks, "GPT.loss_chunks", "loss_chunks={}"
+        )
+        hidden = self.features(tokens)
+        kernel = self.head.kernel[...]
+        compute = jnp.result_type(hidden, kernel).name
+        return ChunkedLogits(hidden, kernel, self.loss_chunks, compute)
+
+    def features(self, tokens: jax.Array) -> jax.Array:
+        """[batch, time] integer tokens -> [batch, time, dim]: the final norm's
+        output, the head's input."""
         x = self.embed(tokens)
         call = _call_block
         if self.remat != "none":
@@ -294,7 +335,7 @@ class GPT(nnx.Module):
             call = nnx.remat(_call_block, policy=REMAT_POLICIES[self.remat])
         for block in self.blocks:
             x = call(block, x)
-        return self.head(self.norm(x))
+        return self.norm(x)
 
 
 def _call_block(block: Block, x: jax.Array) -> jax.Array:

@@ -45,6 +45,13 @@ REMAT = ("none", "blocks", "dots")
 ATTENTION = ("xla", "flash")
 """What `gpt :attention` takes (`nn_modules.ATTENTIONS` describes them)."""
 
+LOSS_CHUNKS_UNEVEN = (
+    "`gpt` with :loss-chunks {chunks} cuts the {time} positions of a training batch "
+    "into {chunks} chunks, which {chunks} does not divide"
+)
+"""E-SHAPE-013's message when a training batch's positions are not a multiple of
+`:loss-chunks` (the run file's form of `nn_xent.UNEVEN_CHUNKS`)."""
+
 FLASH_OFF_TPU = (
     "`:attention :flash` of `gpt` is the Pallas TPU flash attention kernel, which "
     "compiles for a TPU only, and this run's JAX backend is {backend}"
@@ -59,7 +66,10 @@ class GPTSpec(ModelSpec):
     MLP whose linear layers carry biases) and an untied head. `4 + 14 * layers`
     parameter arrays. `remat` (one of REMAT) rematerialises each block in the
     backward pass; `attention` (one of ATTENTION) picks how the blocks compute
-    their attention; each changes the program, never the parameters."""
+    their attention; `loss_chunks` (0, or a divisor of `context`) makes the
+    training prediction `nn_xent.ChunkedLogits`, which `cross-entropy` computes
+    that many chunks of positions at a time (evaluation still sees the logits);
+    each changes the program, never the parameters."""
 
     vocab: int
     layers: int
@@ -68,6 +78,7 @@ class GPTSpec(ModelSpec):
     context: int
     remat: str = "none"
     attention: str = "xla"
+    loss_chunks: int = 0
     name = "gpt"
 
     def probe(self) -> ModelSpec:
@@ -99,6 +110,7 @@ class GPTSpec(ModelSpec):
             self.context,
             remat=self.remat,
             attention=self.attention,
+            loss_chunks=self.loss_chunks,
             rngs=rngs,
         )
 
@@ -127,7 +139,9 @@ class GPTSpec(ModelSpec):
         return self.vocab
 
     def forward(self, module: Any, inputs: Any, span: Any, where: str = "") -> Any:
-        """Logits `[batch, time, vocab]` of integer tokens `[batch, time]`."""
+        """Logits `[batch, time, vocab]` of integer tokens `[batch, time]`; in
+        training (`jaxnitro.training()`) with `loss_chunks`, `nn_xent.ChunkedLogits`
+        standing for them (E-SHAPE-013 when the chunks do not divide `time`)."""
         if not is_tokens(inputs) or len(inputs.shape) != 2:
             raise fail(
                 "E-SHAPE-002",
@@ -145,7 +159,28 @@ class GPTSpec(ModelSpec):
                 span,
                 f"pass :context {time} or more",
             )
+        if self.loss_chunks and _training():
+            from .nn_xent import divisor_near
+
+            if time % self.loss_chunks:
+                raise fail(
+                    "E-SHAPE-013",
+                    LOSS_CHUNKS_UNEVEN.format(chunks=self.loss_chunks, time=time),
+                    span,
+                    "train on windows of a length :loss-chunks divides (the whole "
+                    f":context {self.context} is one), or write :loss-chunks "
+                    f"{divisor_near(self.loss_chunks, time)}",
+                )
+            return module.loss_logits(inputs)
         return module(inputs)
+
+
+def _training() -> bool:
+    """The trace-time mode (`jaxnitro.training()`): the engine traces its train
+    program, `check` and the graph key the objective, in train mode."""
+    from ..experiment.modes import training
+
+    return training()
 
 
 def _positive(kwargs: dict[str, Any], key: str, builtin: str, span: Span) -> int:
@@ -206,6 +241,7 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         context,
         remat=remat,
         attention=attention,
+        loss_chunks=_loss_chunks(kwargs, context, span),
     )
     if spec.dim % spec.heads:
         raise fail(
@@ -215,6 +251,38 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
             "pick :heads dividing :dim",
         )
     return spec
+
+
+def _loss_chunks(kwargs: dict[str, Any], context: int, span: Span) -> int:
+    """`gpt`'s `:loss-chunks`: 0 (the default: the whole logits) or a divisor of
+    `context`; E-EVAL-007 for a value that is no whole number of chunks,
+    E-SHAPE-013 for one that does not divide `context`."""
+    value = expect(
+        kwargs.get("loss-chunks", 0),
+        int,
+        "`:loss-chunks` of `gpt`",
+        span.at("loss-chunks"),
+        "0 (the whole logits at once) or a positive integer",
+    )
+    if value < 0:
+        raise fail(
+            "E-EVAL-007",
+            f"`:loss-chunks` of `gpt` must be 0 or positive, got {value}",
+            span.at("loss-chunks"),
+            "write :loss-chunks 4 to compute the training loss in 4 chunks of "
+            "positions, or leave it out (0: the whole logits at once)",
+        )
+    if value and context % value:
+        from .nn_xent import divisor_near
+
+        raise fail(
+            "E-SHAPE-013",
+            f"`:loss-chunks {value}` of `gpt` does not divide its :context {context}",
+            span.at("loss-chunks"),
+            f"write :loss-chunks {divisor_near(value, context)} (a divisor of "
+            f"{context}), or leave it out (0: the whole logits at once)",
+        )
+    return int(value)
 
 
 def _keyword_choice(
@@ -319,6 +387,16 @@ def _sequential(
                 span.at(index),
                 "pass layers such as (linear :in 16 :out 32)",
             )
+    for index, layer in enumerate(values[:-1]):
+        if isinstance(layer, GPTSpec) and layer.loss_chunks:
+            raise fail(
+                "E-SHAPE-013",
+                f"layer {index} of `sequential` is a `gpt` with :loss-chunks "
+                f"{layer.loss_chunks}, whose training prediction only "
+                "`cross-entropy` reads, and another layer follows it",
+                span.at(index),
+                "leave :loss-chunks out of a `gpt` that other layers follow",
+            )
     for index in range(1, len(values)):
         before, layer = values[index - 1], values[index]
         wanted = layer.takes()
@@ -363,17 +441,20 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _cross_entropy(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any:
     import jax.numpy as jnp
-    import optax
+
+    from .nn_xent import ChunkedLogits, token_cross_entropy
 
     logits, targets = values
-    if not hasattr(logits, "shape") or not hasattr(targets, "shape"):
+    chunked = isinstance(logits, ChunkedLogits)
+    if not (chunked or hasattr(logits, "shape")) or not hasattr(targets, "shape"):
         raise fail(
             "E-EVAL-007",
             f"`cross-entropy` takes arrays, got "
             f"{kind_of(logits)} and {kind_of(targets)}",
             span,
         )
-    if tuple(logits.shape[:-1]) != tuple(targets.shape) or not jnp.issubdtype(
+    shape = logits.logits_shape if chunked else logits.shape
+    if tuple(shape[:-1]) != tuple(targets.shape) or not jnp.issubdtype(
         targets.dtype, jnp.integer
     ):
         raise fail(
@@ -384,7 +465,8 @@ def _cross_entropy(values: list[Any], kwargs: dict[str, Any], span: Span) -> Any
             span,
             "the targets are the inputs shifted by one: (slice tokens 1 1 n)",
         )
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    # `gpt :loss-chunks`'s training prediction is computed a chunk at a time.
+    losses = token_cross_entropy(logits, targets)
     reduce = kwargs.get("reduce", Keyword("mean"))
     if reduce not in (Keyword("mean"), Keyword("sum"), Keyword("none")):
         raise fail(
@@ -405,7 +487,16 @@ def exports() -> dict[str, Builtin]:
             "gpt",
             _gpt,
             (0, 0),
-            ("vocab", "layers", "dim", "heads", "context", "remat", "attention"),
+            (
+                "vocab",
+                "layers",
+                "dim",
+                "heads",
+                "context",
+                "remat",
+                "attention",
+                "loss-chunks",
+            ),
             ("vocab", "layers", "dim", "heads"),
             "(gpt :vocab 32 :layers 2 :dim 32 :heads 2)",
         ),
