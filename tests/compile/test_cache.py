@@ -171,8 +171,9 @@ def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatc
     previous = jax.config.jax_compilation_cache_dir
     try:
         jax.config.update("jax_compilation_cache_dir", None)
-        assert cache.configure_persistent_cache() == str(tmp_path / "xla")
-        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+        kept = str(tmp_path / "xla" / f"cpus-{cache.usable_cpus()}")
+        assert cache.configure_persistent_cache() == kept
+        assert jax.config.jax_compilation_cache_dir == kept
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
 
@@ -204,7 +205,8 @@ def test_the_persistent_cache_is_on_before_build_model_runs(tmp_path, monkeypatc
     finally:
         jax.config.update("jax_compilation_cache_dir", previous[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
-    assert seen == {"dir": str(tmp_path / "xla"), "min": 0.01}
+    kept = str(tmp_path / "xla" / f"cpus-{cache.usable_cpus()}")
+    assert seen == {"dir": kept, "min": 0.01}
 
 
 def test_compile_options_are_part_of_every_program_key():
@@ -246,3 +248,54 @@ def test_a_mesh_run_keys_its_programs_by_the_devices_and_compiles_them_once():
         "eval_loss",
         "train_step",
     ]
+
+
+_PINNED_CHILD = """
+import os, sys
+if sys.argv[1] == "one":
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+import jax, jax.numpy as jnp
+from jaxnitro.compile import cache
+cache.configure_persistent_cache()
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+step = jax.jit(lambda a, b: jnp.maximum(a * 0.9 + b * 0.1, 0.0))
+x = jnp.ones((784, 1024))
+text = step.lower(x, x).compile().as_text()
+print("split" if "outer_dimension_partitions" in text else "unsplit")
+"""
+
+
+@pytest.mark.needs_processes
+def test_a_program_compiled_on_one_cpu_is_not_served_to_a_process_with_more(
+    tmp_path,
+):
+    """XLA's CPU compiler splits an elementwise loop over the CPUs the process may
+    use; JAX's persistent cache key does not hold that count, so the cache is kept
+    per count (`cpus-N`): a pinned run must not leave its one-thread programs to
+    the processes after it."""
+    import os
+    import subprocess
+    import sys
+
+    from jaxnitro.compile.cache import usable_cpus
+
+    if usable_cpus() < 2:
+        pytest.skip("this machine lets the tests use one CPU: nothing to split over")
+    env = {**os.environ, "JAXNITRO_COMPILATION_CACHE": str(tmp_path)}
+
+    def child(cpus):
+        done = subprocess.run(
+            [sys.executable, "-c", _PINNED_CHILD, cpus],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return done.stdout.split()[-1]
+
+    assert child("one") == "unsplit"  # pinned: its loops run on one thread
+    assert child("all") == "split"  # not the pinned process's program
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"cpus-1", f"cpus-{usable_cpus()}"}
+    )

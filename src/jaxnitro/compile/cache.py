@@ -7,7 +7,12 @@ What a key holds, and why every static a program captures belongs in it, is
 JAX's persistent compilation cache is configured too (by setup, before any hook runs),
 so a second process skips XLA compilation of every program and eager op that took 10
 ms or more to compile: `JAXNITRO_COMPILATION_CACHE` moves it (a directory) or switches
-it off ("0", "off", "false").
+it off ("0", "off", "false"). Its entries are kept apart by the CPUs the process may
+use (`cpus-N` under the directory): XLA's CPU compiler splits each elementwise loop
+over that many threads when it compiles, and JAX's key does not hold the count, so a
+program compiled in a process pinned to one core ran its loops on one thread in
+every later process (a compute-bound MLP's CPU step 6% slower, found in
+benchmarks/steps_per_call.py after a `--cores 1` run).
 """
 
 from __future__ import annotations
@@ -102,8 +107,23 @@ _PERSISTENT_LOCK = threading.Lock()
 _persistent_configured = False
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), what XLA's CPU compiler
+    splits a program's loops over.
+
+    >>> usable_cpus() >= 1
+    True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def configure_persistent_cache() -> str | None:
-    """Point JAX's persistent compilation cache at the jaxnitro cache directory.
+    """Point JAX's persistent compilation cache at the jaxnitro cache directory:
+    `JAXNITRO_COMPILATION_CACHE` or `~/.cache/jaxnitro/xla`, in its `cpus-N`
+    folder for the CPUs this process may use (module docstring).
 
     Leaves a directory the user configured alone. Returns the directory in effect.
     """
@@ -116,11 +136,12 @@ def configure_persistent_cache() -> str | None:
         setting = os.environ.get("JAXNITRO_COMPILATION_CACHE", "")
         if setting.lower() in ("0", "off", "false", "no"):
             return None
-        directory = setting or os.path.join(
+        base = setting or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
             "jaxnitro",
             "xla",
         )
+        directory = os.path.join(base, f"cpus-{usable_cpus()}")
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update(
             "jax_persistent_cache_min_compile_time_secs", PERSISTENT_MIN_COMPILE_SECS
