@@ -154,8 +154,8 @@ def _persistent_cache(directory: str | None) -> None:
     from jaxnitro.compile.cache import configure_persistent_cache
 
     os.environ["JAXNITRO_COMPILATION_CACHE"] = directory
-    configure_persistent_cache()
-    assert jax.config.values["jax_compilation_cache_dir"] == directory
+    configure_persistent_cache()  # in its folder for this process's CPU count
+    assert jax.config.values["jax_compilation_cache_dir"].startswith(directory)
 
 
 COMPILED = re.compile(r"Finished XLA compilation of (.+) in ([0-9.e-]+) sec")
