@@ -219,3 +219,42 @@ def test_a_call_that_fails_after_taking_the_state_keeps_its_own_error(
     )
     with pytest.raises(RuntimeError, match="ran out of memory"):
         nitro.train()
+
+
+def test_a_first_unpack_waits_until_the_epochs_last_losses_are_read(
+    tmp_path, monkeypatch, packing_on
+):
+    """Dispatched before the epoch's last read, the unpack runs on the device while
+    the host waits for the losses, but only once its program is compiled: on a
+    process's first epoch its compile would hold the losses back (in a one-step
+    epoch, the first step's)."""
+    import jaxnitro.loop.settling as settling
+
+    order = []
+    real_unpack, real_settle = carried.unpack_program, calls.settle_calls
+    monkeypatch.setattr(carried, "_UNPACKED", set())
+
+    def unpacking(packing):
+        program = real_unpack(packing)
+        return lambda flats: order.append("unpack") or program(flats)
+
+    def settling_calls(log, unread, accum):
+        if unread:
+            order.append("read")
+        return real_settle(log, unread, accum)
+
+    monkeypatch.setattr(carried, "unpack_program", unpacking)
+    monkeypatch.setattr(calls, "settle_calls", settling_calls)
+    assert settling.settle_calls is real_settle
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 6, max_epochs=2),
+        run_dir=str(tmp_path / "run"),
+        checkpointer=None,
+        steps_per_call=4,
+    ).on_epoch_end(lambda *_: order.append("end"))
+    nitro.train()
+    # (A progress bar's refresh may read losses mid-epoch too: only the ends count.)
+    first = order[: order.index("end")]
+    second = order[len(first) + 1 : -1]
+    assert first[-2:] == ["read", "unpack"]  # its last losses, then the compile
+    assert second[-2:] == ["unpack", "read"]  # compiled: the device unpacks meanwhile

@@ -78,6 +78,7 @@ from .carried import (
     carry_out,
     same_trees,
     state_trees,
+    unpacks_at_once,
 )
 from .context import EpochContext
 from .epoch_log import EpochLog, StepEvents
@@ -282,12 +283,15 @@ class _EpochCalls:
                     break
                 self._release(block)
             # The state unpacked before the last losses are read: the device runs
-            # the unpack while the host waits for them.
-            reached = carry_out(self.start, self.carry, self.step, self.packing)
+            # the unpack while the host waits for them. Not while its program has
+            # yet to compile (a process's first epoch): the compile would hold the
+            # losses back, in a one-step epoch the first step's.
+            if unpacks_at_once(self.packing):
+                reached = carry_out(self.start, self.carry, self.step, self.packing)
             self._read_all()
             self._time_steady()
         finally:
-            if reached is None:  # left early: by a stop, an event or an error
+            if reached is None:  # left early (a stop, an event, an error), or unpacked
                 reached = carry_out(self.start, self.carry, self.step, self.packing)
             self._leave_for_the_next_epoch(reached)
         return self.delivered

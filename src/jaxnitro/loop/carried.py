@@ -91,6 +91,16 @@ def carry_in(state: Any, packed: bool) -> tuple[Packing | None, tuple[Any, Any, 
     return packing, carry
 
 
+_UNPACKED: set[Packing] = set()
+"""The packings whose unpack program has run in this process (it compiled)."""
+
+
+def unpacks_at_once(packing: Packing | None) -> bool:
+    """Whether `carry_out` hands the state back without compiling anything: the
+    state is not packed, or its unpack program has run before in this process."""
+    return packing is None or packing in _UNPACKED
+
+
 def carry_out(
     start: Any, carry: tuple[Any, Any, Any], step: int, packing: Packing | None
 ) -> Any:
@@ -103,4 +113,5 @@ def carry_out(
         # as an unpacked call's would be; unpacking now would hide the failure.
         return current_state(start, *state_trees(start), step)
     weights, model_state, accumulator = unpack_program(packing)(carry[0])
+    _UNPACKED.add(packing)
     return current_state(start, weights, model_state, accumulator, step)
