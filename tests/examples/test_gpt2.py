@@ -205,6 +205,19 @@ def test_the_benchmark_sets_the_loss_chunks_on_the_jaxnitro_sides_only(bench):
         bench.refuse_loss_chunks(dataclasses.replace(work, loss_chunks=5))
 
 
+def _trained_f32(experiment, run_dir):
+    """`experiment` trained one epoch in f32 from seed 1, nothing written."""
+    return nx.Nitro(
+        experiment,
+        seed=1,
+        max_epochs=1,
+        precision="f32",
+        run_dir=str(run_dir),
+        logger=None,
+        checkpointer=None,
+    ).train()
+
+
 def test_loss_chunks_compile_their_own_step_train_the_same_and_predict_logits(
     gpt2, bench, folder, tmp_path
 ):
@@ -218,15 +231,7 @@ def test_loss_chunks_compile_their_own_step_train_the_same_and_predict_logits(
         experiment = gpt2.GPT2(**sizes, loss_chunks=chunks, train=batches)
 
         def train(experiment=experiment, chunks=chunks):
-            nitro = nx.Nitro(
-                experiment,
-                seed=1,
-                max_epochs=1,
-                precision="f32",
-                run_dir=str(tmp_path / str(chunks)),
-                logger=None,
-                checkpointer=None,
-            ).train()
+            nitro = _trained_f32(experiment, tmp_path / str(chunks))
             # Prediction is forward in eval mode: the logits, chunked or not.
             logits, _ = nitro.predict(batches[0])
             predicted[chunks] = logits
@@ -262,15 +267,7 @@ def test_each_remat_policy_compiles_its_own_step_and_trains_the_same(
         )
 
         def train(experiment=experiment, remat=remat):
-            nitro = nx.Nitro(
-                experiment,
-                seed=1,
-                max_epochs=1,
-                precision="f32",
-                run_dir=str(tmp_path / remat),
-                logger=None,
-                checkpointer=None,
-            ).train()
+            nitro = _trained_f32(experiment, tmp_path / remat)
             nitro.release()
             trained[remat] = nitro
 

@@ -65,6 +65,21 @@ def assert_same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.fixture
+def made(monkeypatch):
+    """Each block an assembler completes: (the thread that completed it, block)."""
+    completed = []
+    complete = BlockAssembler._complete
+
+    def recorded(self, steps):
+        block = complete(self, steps)
+        completed.append((threading.current_thread().name, block))
+        return block
+
+    monkeypatch.setattr(BlockAssembler, "_complete", recorded)
+    return completed
+
+
 def settings(**kw):
     base = dict(
         fields=("x", "y"),
@@ -145,18 +160,9 @@ def test_a_batch_of_another_size_is_refused_naming_it():
 
 @pytest.mark.parametrize("accelerator", [False, True])
 def test_a_threaded_pass_hands_the_loop_blocks_its_thread_staged(
-    monkeypatch, accelerator
+    monkeypatch, made, accelerator
 ):
     monkeypatch.setattr(feed, "stages_on_device", lambda: accelerator)
-    made = []
-    complete = BlockAssembler._complete
-
-    def recorded(self, steps):
-        block = complete(self, steps)
-        made.append((threading.current_thread().name, block))
-        return block
-
-    monkeypatch.setattr(BlockAssembler, "_complete", recorded)
     base = nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=1)
     base.train()
     made.clear()
@@ -253,18 +259,9 @@ def test_a_host_block_several_calls_read_is_placed_once(monkeypatch):
 @pytest.mark.needs_devices(2)
 @pytest.mark.parametrize("accelerator", [False, True])
 def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
-    monkeypatch, accelerator
+    monkeypatch, made, accelerator
 ):
     monkeypatch.setattr(feed, "stages_on_device", lambda: accelerator)
-    made = []
-    complete = BlockAssembler._complete
-
-    def recorded(self, steps):
-        block = complete(self, steps)
-        made.append(block)
-        return block
-
-    monkeypatch.setattr(BlockAssembler, "_complete", recorded)
     kw = {"logger": None, "checkpointer": None, "n_devs": 2, "accum": 2}
     base = nx.Nitro(Threaded(n_train=16 * 8), steps_per_call=1, **kw)
     base.train()
@@ -272,8 +269,8 @@ def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
     got = nx.Nitro(Threaded(n_train=16 * 8), steps_per_call=2, **kw)
     got.train()
     assert_same(base, got)
-    assert [b.steps for b in made] == [4, 4]
+    assert [b.steps for _, b in made] == [4, 4]
     if accelerator:  # (K, accum, B, ...) split along B over the 2 devices
-        x = made[0].stacked["x"]  # freed by now: its calls have run
+        x = made[0][1].stacked["x"]  # freed by now: its calls have run
         assert x.shape == (8, 2, 16, 8) and x.is_deleted()
         assert x.sharding.shard_shape(x.shape) == (8, 2, 8, 8)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from gpt_params import TINY, random_params, tokens
+from gpt_params import TINY, assert_gradients_close, random_params, tokens
 
 from jaxnitro.compile.precision import cast_floating, compute_dtype
 from jaxnitro.experiment.modes import training_mode
@@ -118,13 +118,7 @@ def test_the_chunks_give_the_whole_logits_loss_and_gradient(chunks):
     # is zero in exact arithmetic, differ by rounding alone (6.5e-10 at 64 chunks).
     # One chunk is the whole-logits program to the bit (XLA unrolls the loop).
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
-    assert grads.keys() == expected_grads.keys()
-    for name, grad in grads.items():
-        want = expected_grads[name]
-        scale = float(jnp.abs(want).max())
-        np.testing.assert_allclose(
-            grad, want, rtol=1e-5, atol=max(1e-5 * scale, 1e-8), err_msg=name
-        )
+    assert_gradients_close(grads, expected_grads)
 
 
 @pytest.mark.parametrize("chunks", [4, 64])

@@ -41,3 +41,18 @@ def loss_fn(spec: GPTSpec) -> Any:
         ).mean()
 
     return loss
+
+
+def assert_gradients_close(grads: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Each gradient of `grads` within 1e-5 of `expected`'s, relative, or 1e-5 of
+    that gradient's largest entry (float32 work summed in another order)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    assert grads.keys() == expected.keys()
+    for name, grad in grads.items():
+        want = expected[name]
+        scale = float(jnp.abs(want).max())
+        np.testing.assert_allclose(
+            grad, want, rtol=1e-5, atol=max(1e-5 * scale, 1e-8), err_msg=name
+        )
