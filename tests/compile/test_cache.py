@@ -10,6 +10,7 @@ from compile_counts import kinds_compiled
 from experiments import HostBuilt, QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
+from jaxnitro.keys.host_cpus import usable_cpus
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
@@ -171,7 +172,7 @@ def test_persistent_cache_directory_follows_the_environment(tmp_path, monkeypatc
     previous = jax.config.jax_compilation_cache_dir
     try:
         jax.config.update("jax_compilation_cache_dir", None)
-        kept = str(tmp_path / "xla" / f"cpus-{cache.usable_cpus()}")
+        kept = str(tmp_path / "xla" / f"cpus-{usable_cpus()}")
         assert cache.configure_persistent_cache() == kept
         assert jax.config.jax_compilation_cache_dir == kept
     finally:
@@ -205,7 +206,7 @@ def test_the_persistent_cache_is_on_before_build_model_runs(tmp_path, monkeypatc
     finally:
         jax.config.update("jax_compilation_cache_dir", previous[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])
-    kept = str(tmp_path / "xla" / f"cpus-{cache.usable_cpus()}")
+    kept = str(tmp_path / "xla" / f"cpus-{usable_cpus()}")
     assert seen == {"dir": kept, "min": 0.01}
 
 
@@ -276,8 +277,6 @@ def test_a_program_compiled_on_one_cpu_is_not_served_to_a_process_with_more(
     import os
     import subprocess
     import sys
-
-    from jaxnitro.compile.cache import usable_cpus
 
     if usable_cpus() < 2:
         pytest.skip("this machine lets the tests use one CPU: nothing to split over")

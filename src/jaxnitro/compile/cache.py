@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from ..keys.host_cpus import usable_cpus
 from ..keys.program_key import ProgramKey
 
 
@@ -105,19 +106,6 @@ PERSISTENT_MIN_COMPILE_SECS = 0.01
 
 _PERSISTENT_LOCK = threading.Lock()
 _persistent_configured = False
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity), what XLA's CPU compiler
-    splits a program's loops over.
-
-    >>> usable_cpus() >= 1
-    True
-    """
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def configure_persistent_cache() -> str | None:

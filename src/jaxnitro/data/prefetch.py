@@ -21,7 +21,6 @@ batches or a `NoPrefetch` split inline where nothing is staged on a device.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
@@ -30,6 +29,7 @@ import jax
 import numpy as np
 
 from ..errors import ConfigError, NitroWarning, RoutingError
+from ..keys.host_cpus import usable_cpus
 from .grain_adapter import as_indexed
 from .padding import pad_batch
 from .pipeline import Prepare
@@ -61,11 +61,7 @@ def default_prefetch_workers() -> int:
         >>> 3 <= default_prefetch_workers() <= 8
         True
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return min(8, cores + 2)
+    return min(8, usable_cpus() + 2)
 
 
 def _count(name: str, value: Any, minimum: int, extra: str = "") -> int:
