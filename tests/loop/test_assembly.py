@@ -14,7 +14,9 @@ import pytest
 from experiments import StopsAtStep, Tiny, make_batches
 
 import jaxnitro as nx
+import jaxnitro.loop.assembly as assembly
 import jaxnitro.loop.feed as feed
+from jaxnitro.data.transfer import transfer
 from jaxnitro.errors import ConfigError
 from jaxnitro.loop.assembly import (
     Block,
@@ -138,17 +140,38 @@ def test_a_source_that_runs_short_ends_in_its_whole_steps():
     assert end.delivered == 5
 
 
-def test_a_thread_stacks_each_block_and_on_an_accelerator_places_it():
-    batches = make_batches(16 * 5, 16)
-    (block, _) = assembled(batches, stages=True, on_device=True)
-    assert isinstance(block.stacked["x"], jax.Array)
-    # A block cut short (5 steps of 8) travels unpadded, padded on the device.
-    assert block.steps == 5 and block.stacked["x"].shape == (8, 16, 8)
-    placed = np.asarray(block.stacked["x"])
-    np.testing.assert_array_equal(placed[4], batches[4]["x"])
-    assert not placed[5:].any()
-    (host, _) = assembled(batches, stages=True, on_device=False)
+def test_a_thread_stacks_each_block_and_on_an_accelerator_starts_its_copy(
+    monkeypatch,
+):
+    waits = []
+
+    def recorded(arrays, sharding=None, **kw):
+        waits.append(kw.get("wait", True))
+        return transfer(arrays, sharding, **kw)
+
+    monkeypatch.setattr(assembly, "transfer", recorded)
+    batches = make_batches(16 * 11, 16)
+    (full, short, _) = assembled(batches, stages=True, on_device=True)
+    assert isinstance(full.stacked["x"], jax.Array)
+    # The thread does not wait for the copies: an accelerator runs each in order
+    # behind the calls queued, so a wait would hold the next block until it drained.
+    assert waits == [False, False]
+    # A block cut short (3 steps of 8) travels unpadded, padded on the device.
+    assert short.steps == 3 and short.stacked["x"].shape == (8, 16, 8)
+    placed = np.asarray(short.stacked["x"])
+    np.testing.assert_array_equal(placed[2], batches[10]["x"])
+    assert not placed[3:].any()
+    (host, _, _) = assembled(batches, stages=True, on_device=False)
     assert isinstance(host.stacked["x"], np.ndarray)
+
+
+def test_a_block_never_holds_more_steps_than_the_epoch():
+    # A one-batch epoch (a first step) and an epoch shorter than steps_per_call:
+    # one block of the epoch's length, nothing padded (no padding program).
+    (one, _) = assembled(make_batches(16, 16), stages=True, on_device=True, per_call=1)
+    assert (one.steps, one.plan.size, one.stacked["x"].shape) == (1, 1, (1, 16, 8))
+    (five, _) = assembled(make_batches(16 * 5, 16), per_call=16)
+    assert (five.steps, five.plan.size) == (5, 5)
 
 
 def test_a_batch_of_another_size_is_refused_naming_it():
@@ -251,9 +274,9 @@ def test_a_host_block_several_calls_read_is_placed_once(monkeypatch):
 
     monkeypatch.setattr(calls, "transfer", counted)
     nx.Nitro(Threaded(), logger=None, checkpointer=None, steps_per_call=3).train()
-    # Each epoch's block of 7 steps (padded to 8 on the host by the thread) is read
-    # by calls of 3, 3 and 1 steps: placed once, not sent with each call.
-    assert placed == [(8, 16, 8), (8, 16, 8)]
+    # Each epoch's one block of 7 steps (the epoch's length) is read by calls of
+    # 3, 3 and 1 steps: placed once, not sent with each call.
+    assert placed == [(7, 16, 8), (7, 16, 8)]
 
 
 @pytest.mark.needs_devices(2)
@@ -270,7 +293,7 @@ def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
     got.train()
     assert_same(base, got)
     assert [b.steps for _, b in made] == [4, 4]
-    if accelerator:  # (K, accum, B, ...) split along B over the 2 devices
+    if accelerator:  # (steps, accum, B, ...) split along B over the 2 devices
         x = made[0][1].stacked["x"]  # freed by now: its calls have run
-        assert x.shape == (8, 2, 16, 8) and x.is_deleted()
-        assert x.sharding.shard_shape(x.shape) == (8, 2, 8, 8)
+        assert x.shape == (4, 2, 16, 8) and x.is_deleted()
+        assert x.sharding.shard_shape(x.shape) == (4, 2, 8, 8)

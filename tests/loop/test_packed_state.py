@@ -27,21 +27,16 @@ from jaxnitro.compile.packed import packing_of
 
 @pytest.fixture
 def packing_on(monkeypatch):
-    """Pack as on an accelerator, and count the pack programs run."""
+    """Pack as on an accelerator, and count the states packed."""
     monkeypatch.setattr(calls, "packs_state", lambda: True)
     counted = {"pack": 0}
-    real = packed.pack_program
+    real = carried.packed_flats
 
-    def counting(packing):
-        program = real(packing)
+    def counting(packing, trees):
+        counted["pack"] += 1
+        return real(packing, trees)
 
-        def run(trees):
-            counted["pack"] += 1
-            return program(trees)
-
-        return run
-
-    monkeypatch.setattr(carried, "pack_program", counting)
+    monkeypatch.setattr(carried, "packed_flats", counting)
     carried.CARRIED.clear()
     yield counted
     carried.CARRIED.clear()
@@ -65,6 +60,30 @@ def test_a_tree_of_several_dtypes_round_trips_bit_for_bit():
     for name in ("w", "h", "count", "mask", "v"):
         assert back[name].dtype == np.asarray(tree[name]).dtype
         np.testing.assert_array_equal(np.asarray(back[name]), tree[name])
+
+
+def test_a_small_state_is_packed_through_the_host_without_a_program(monkeypatch):
+    tree = {
+        "w": jnp.arange(12, dtype=jnp.float32).reshape(3, 4) / 7,
+        "h": jnp.ones(5, jnp.bfloat16) / 3,
+        "n": jnp.int32(9),
+    }
+    packing = packing_of(tree)
+    by_program = packed.pack_program(packing)(tree)
+    compiled = []
+    monkeypatch.setattr(
+        carried, "pack_program", lambda p: compiled.append(p) or packed.pack_program(p)
+    )
+    by_host = carried.packed_flats(packing, tree)
+    assert compiled == []  # no program compiled for the first step of a process
+    for host, device in zip(by_host, by_program, strict=True):
+        assert isinstance(host, jax.Array) and host.devices() == device.devices()
+        assert host.dtype == device.dtype
+        np.testing.assert_array_equal(np.asarray(host), np.asarray(device))
+    # A larger state goes through the program (reading it back would cost more).
+    monkeypatch.setattr(carried, "HOST_PACK_BYTES", packing.nbytes - 1)
+    carried.packed_flats(packing, tree)
+    assert compiled == [packing]
 
 
 def test_what_is_not_packed(monkeypatch):

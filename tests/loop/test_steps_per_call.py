@@ -130,7 +130,9 @@ def test_a_short_block_travels_without_its_padding(tmp_path, monkeypatch, accum)
     import jaxnitro.loop.calls as calls
     import jaxnitro.loop.feed as feed
 
-    steps = 2 * 10 // accum  # two epochs of 10 (or 5) steps: blocks of 8, then 2
+    # Two epochs of 10 steps (blocks of 8, then 2) or of 5 (one block of 5: a
+    # block never holds more steps than the epoch).
+    steps = 2 * 10 // accum
     kw = {"accum": accum, "schedules": schedules(steps)}
     base, _ = train(tmp_path, "k1", Everything(), steps_per_call=1, **kw)
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
@@ -149,7 +151,7 @@ def test_a_short_block_travels_without_its_padding(tmp_path, monkeypatch, accum)
     assert_same_state(base, got)
     x = (16, 8) if accum == 1 else (2, 16, 8)
     per_epoch = (
-        [(8, {8}, (8, *x)), (8, {2}, (8, *x))] if accum == 1 else [(8, {5}, (8, *x))]
+        [(8, {8}, (8, *x)), (8, {2}, (8, *x))] if accum == 1 else [(5, {5}, (5, *x))]
     )
     assert sent == 2 * per_epoch
 

@@ -85,6 +85,24 @@ class Packing:
             jnp.concatenate(part) if len(part) > 1 else part[0] for part in parts
         )
 
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """The bytes of the flat buffers."""
+        sizes = [0] * len(self.dtypes)
+        for buffer, _, shape in self.slots:
+            sizes[buffer] += math.prod(shape)
+        return sum(n * d.itemsize for n, d in zip(sizes, self.dtypes, strict=True))
+
+    def pack_on_host(self, tree: Any) -> tuple[np.ndarray, ...]:
+        """The flat buffers of `tree` as host arrays, the bits `pack` gives (each
+        leaf read back from the device)."""
+        parts: list[list[Any]] = [[] for _ in self.dtypes]
+        for leaf, (buffer, _, _) in zip(
+            jax.tree_util.tree_leaves(tree), self.slots, strict=True
+        ):
+            parts[buffer].append(np.asarray(leaf).ravel())
+        return tuple(np.concatenate(part) for part in parts)
+
     def unpack(self, flats: tuple[Any, ...]) -> Any:
         """The tree whose flat buffers are `flats`."""
         leaves = [

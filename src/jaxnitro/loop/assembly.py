@@ -11,13 +11,18 @@ batches of a pass are numbered, checked and grouped into those blocks, by one
   block whether a call reads it whole (`calls.py`);
 - on the prefetch pass's one in-order thread (the fan-out's transfer thread, or
   the single producer: `open_feed(assembler=...)`), where the pass has threads of
-  its own: the thread also stacks the block and, on an accelerator, places it and
-  waits for its copy, so the consumer is handed one staged block per `size` steps
+  its own: the thread also stacks the block and, on an accelerator, starts its
+  copy, so the consumer is handed one staged block per `size` steps
   (a hand-off between threads cost a TPU host more than a tutorial step, and a
   hand-off per batch made the threaded paths 0.54x-0.58x of batches already on the
-  device: issue 26, item 7). Such a pass holds up to `device_batches + 2` blocks on
-  the device: one in the channel per `device_batches`, one in the thread's hand, one
-  in the consumer's.
+  device: issue 26, item 7). The thread does not wait for the copy: the copy is a
+  program (`data/transfer.py`), which an accelerator runs in order behind the calls
+  already queued, so a wait there held the next block back until the device had
+  drained (on the TPU the threaded paths fell to 0.29x-0.33x of batches on the
+  device, the loader fan-out's data_wait_frac from 4% to 57%, GPT-2's from 0% to
+  29%: 2026-12-06); the call that reads the block is queued after its copy. Such a
+  pass holds up to `device_batches + 2` blocks on the device: one in the channel per
+  `device_batches`, one in the thread's hand, one in the consumer's.
 
 Either way the blocks are the same: a block holds `size` steps, fewer at the
 epoch's end (and where a source ran short, its whole steps); the batches a resumed
@@ -168,6 +173,11 @@ class BlockAssembler:
             # it itself: on a CPU a block buys nothing, and a large batch's stack
             # costs more than the transfers it saves.
             size = 1
+        # Never more steps than the epoch holds: a one-batch epoch (a first step)
+        # reads its batch as it is, and an epoch shorter than steps_per_call is one
+        # block of its own length, with no padding (a short block's padding is a
+        # program, compiled for each short length: 0.24 s of a TPU first step).
+        size = min(size, max(count // s.accum, 1))
         return BlockPlan(count, batch_signature(routed), size)
 
     def _complete(self, steps: int) -> Block:
@@ -177,8 +187,8 @@ class BlockAssembler:
         return Block(reading, steps, self.plan, reading[-1][2] + 1, stacked)
 
     def _stacked(self, reading: list[Any], steps: int) -> dict[str, Any]:
-        """The block stacked, and on an accelerator placed with its copy done (a
-        block cut short padded on the device)."""
+        """The block stacked, and on an accelerator its copy started (a block cut
+        short padded on the device): not waited for, see the module's note."""
         s = self.settings
         assert self.plan is not None
         size = self.plan.size
@@ -195,4 +205,4 @@ class BlockAssembler:
             raise
         if not s.on_device:
             return stacked
-        return transfer(stacked, s.sharding, rows=size)
+        return transfer(stacked, s.sharding, wait=False, rows=size)
