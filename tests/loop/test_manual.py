@@ -308,6 +308,9 @@ def test_a_resume_from_a_stop_mid_epoch_equals_an_uninterrupted_run_bitwise(
         run_dir=str(tmp_path / "b"),
         logger=stopper,
         log_every_n_steps=1,
+        # A stop lands at a call's end: one step a call, where an accelerator's
+        # default ("auto") would run the epoch's 4 steps in one.
+        steps_per_call=1,
     )
     stopper.nitro = first
     first.train()

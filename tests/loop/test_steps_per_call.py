@@ -381,7 +381,7 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
 ):
     """The first call of a handle's first epoch compiles its program (width 29: no
     other test compiled it): "auto" chooses from the steps after it, once."""
-    import jaxnitro.run.training as training
+    import jaxnitro.loop.calls as calls
 
     asked = []
 
@@ -389,7 +389,7 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
         asked.append((setting, seconds))
         return steps_per_call(setting, seconds)
 
-    monkeypatch.setattr(training, "steps_per_call", spy)
+    monkeypatch.setattr(calls, "steps_per_call", spy)
     nitro, _ = train(
         tmp_path,
         "auto",
@@ -401,6 +401,30 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
     first = nitro.history[1]["seconds"] / 7  # epoch 1: its compile included
     assert 0 < measured[0] < first / 2
     assert nitro.status.auto_steps_per_call == steps_per_call("auto", measured[0])
+
+
+def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(
+    tmp_path, monkeypatch
+):
+    """A second handle of the same experiment in the process runs the same train
+    program: it takes the count chosen for it, though its own first epoch timed
+    differently (here: as if on the other side of a power of two)."""
+    import jaxnitro.loop.calls as calls
+
+    counts = iter([4, 2])
+    monkeypatch.setattr(calls, "steps_per_call", lambda setting, s: next(counts))
+
+    def auto(name):
+        exp = Tiny(n_train=16 * 8, max_epochs=3, width=31)  # compiled by no other
+        return train(tmp_path, name, exp, steps_per_call="auto")[0]
+
+    first = auto("first")
+    assert first.status.auto_steps_per_call == 4
+    before = nx.cache_stats()
+    second = auto("second")
+    assert second.status.auto_steps_per_call == 4
+    assert nx.cache_stats()["misses"] == before["misses"]
+    assert_same_state(first, second)
 
 
 def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path):

@@ -56,6 +56,7 @@ at validations, which fall on call boundaries. A `set_device` made while a call 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,24 @@ def steps_per_call(setting: int | str, step_seconds: float | None) -> int:
         return 1
     fits = min(AUTO_MOST, max(1, int(AUTO_CALL_SECONDS / seconds)))
     return 1 << (fits.bit_length() - 1)
+
+
+_AUTO_CHOSEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""steps_per_call="auto"'s count per train program it timed (the compiled program of
+the measured epoch, which the compile cache shares between handles)."""
+
+
+def auto_steps_per_call(measured: Any, step_seconds: float) -> int:
+    """`steps_per_call("auto", step_seconds)`, chosen once per program `measured`
+    (None: not remembered): a later handle of an equal experiment in the process
+    runs the same program and takes the same count, so it compiles nothing more
+    (its own step time could fall on the other side of a power of two)."""
+    chosen = None if measured is None else _AUTO_CHOSEN.get(measured)
+    if chosen is None:
+        chosen = steps_per_call("auto", step_seconds)
+        if measured is not None:
+            _AUTO_CHOSEN[measured] = chosen
+    return chosen
 
 
 def call_length(steps_per_call: int, left: int, until_event: int) -> int:

@@ -45,7 +45,7 @@ from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..loop.cadence import StepCadence
-from ..loop.calls import steps_per_call
+from ..loop.calls import auto_steps_per_call, steps_per_call
 from ..loop.context import EpochContext
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
@@ -75,6 +75,15 @@ NOTHING_TO_TRAIN = (
     "longer, continue the run with a new handle: "
     'Nitro(e, resume="auto", {limit}=N) ({limit} is fixed when a handle is built).'
 )
+
+
+def _train_program(run: RunParts) -> Any:
+    """The train program the handle's epochs have run so far (the first: "auto"
+    times one epoch), or None."""
+    for kind, executable in run.executables.compiled():
+        if kind in ("train_step", "manual_step"):
+            return executable
+    return None
 
 
 def epoch_context(run: RunParts) -> EpochContext:
@@ -285,7 +294,9 @@ class _Training:
             and status.auto_steps_per_call is None
             and log.steady_step_seconds is not None
         ):  # chosen once, from steps that compiled nothing
-            status.auto_steps_per_call = steps_per_call("auto", log.steady_step_seconds)
+            status.auto_steps_per_call = auto_steps_per_call(
+                _train_program(run), log.steady_step_seconds
+            )
         stepped = values.state.step - steps_before
         if stepped:  # the loop read each step's loss back: the device is done
             seconds = time.perf_counter() - started

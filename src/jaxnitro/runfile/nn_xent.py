@@ -172,13 +172,13 @@ def token_cross_entropy(logits: Any, targets: jax.Array) -> jax.Array:
     Raises:
         ValueError: `ChunkedLogits` whose chunks do not divide the positions.
 
-    Example (every logit equal: each loss is log 3):
+    Example (every logit equal: each loss is log 3, to a TPU's exp and log):
 
         >>> import jax.numpy as jnp
         >>> head = ChunkedLogits(jnp.ones((1, 4, 2)), jnp.ones((2, 3)), 2, "float32")
         >>> losses = token_cross_entropy(head, jnp.zeros((1, 4), jnp.int32))
-        >>> losses.shape, round(float(losses[0, 3]), 4)
-        ((1, 4), 1.0986)
+        >>> losses.shape, round(float(losses[0, 3]), 3)
+        ((1, 4), 1.099)
     """
     if not isinstance(logits, ChunkedLogits):
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
