@@ -12,6 +12,7 @@ import pytest
 from experiments import QuietLogger, TinyMetrics
 
 import jaxnitro as nx
+import jaxnitro.loop.calls as calls
 from jaxnitro.observe import progress as progress_module
 from jaxnitro.observe import progress_summary
 from jaxnitro.observe.progress import Progress, progress_reporter
@@ -134,7 +135,12 @@ def test_a_real_run_off_a_terminal_writes_progress_lines_between_epochs(monkeypa
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     monkeypatch.setattr(nx.progress_summary_reporter, "_interval", 1e-9)
-    nitro = nx.Nitro(TinyMetrics(max_epochs=2), **quiet())
+    # The loop reads a loss back for the line every BAR_SECONDS: at every call here,
+    # so the lines of a few fast steps (their programs compiled by an earlier test)
+    # show one; one step a call (an accelerator's default "auto" would run epoch
+    # 2's 4 steps in one call: one line, with no rate window).
+    monkeypatch.setattr(calls, "BAR_SECONDS", 0.0)
+    nitro = nx.Nitro(TinyMetrics(max_epochs=2), **quiet(steps_per_call=1))
     nitro.train()
     lines = stderr.getvalue().split(nitro.binding_report() + "\n")[1].splitlines()
     progress = [line for line in lines if not re.fullmatch(EPOCH_LINE, line)]
