@@ -297,3 +297,32 @@ def test_on_a_mesh_a_threaded_pass_places_its_blocks_split_over_the_devices(
         x = made[0][1].stacked["x"]  # freed by now: its calls have run
         assert x.shape == (4, 2, 16, 8) and x.is_deleted()
         assert x.sharding.shard_shape(x.shape) == (4, 2, 8, 8)
+
+
+def test_a_block_of_device_batches_is_stacked_on_the_device_in_one_call(monkeypatch):
+    from jaxnitro.loop import blocks
+
+    host = make_batches(16 * 5, 16)
+    device = [{k: jax.device_put(v) for k, v in b.items()} for b in host]
+    stacks = []
+    real = blocks._device_stacker
+
+    def counted(pad, accum):
+        program = real(pad, accum)
+        return lambda fields: stacks.append(sorted(fields)) or program(fields)
+
+    monkeypatch.setattr(blocks, "_device_stacker", counted)
+    got = blocks.stacked_block(device, 5, 1, 8)
+    assert stacks == [["x", "y"]]  # both fields, one program
+    want = blocks.stacked_block(host, 5, 1, 8)  # padded with the last batch
+    for name in ("x", "y"):
+        assert isinstance(got[name], jax.Array) and got[name].shape[0] == 8
+        np.testing.assert_array_equal(np.asarray(got[name]), want[name])
+    # A one-step block of device batches stays there (no copy back to the host).
+    one = blocks.stacked_block(device[:1], 1, 1, 1)
+    assert isinstance(one["x"], jax.Array) and one["x"].shape == (1, 16, 8)
+    # Under accumulation: (steps, accum, B, ...), as the host stack is.
+    paired = blocks.stacked_block(device[:4], 2, 2, 2)
+    np.testing.assert_array_equal(
+        np.asarray(paired["x"]), blocks.stacked_block(host[:4], 2, 2, 2)["x"]
+    )

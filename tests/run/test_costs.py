@@ -115,6 +115,7 @@ def test_every_epoch_logs_its_speed_and_mfu_where_the_peak_is_known(
     assert last["steps_per_sec"] == pytest.approx(1 / seconds)
     assert last["samples_per_sec"] == pytest.approx(16 / seconds)
     # The last epoch's program (the second where "auto" is the default, on a TPU).
-    program = [p for kind, p in nitro.executables.compiled() if kind == "train_step"][-1]
+    trains = [p for kind, p in nitro.executables.compiled() if kind == "train_step"]
+    program = trains[-1]
     flops = program.cost_analysis()["flops"]
     assert last["mfu"] == pytest.approx(flops / seconds / 197e12)

@@ -9,6 +9,7 @@ a block whose batches changed a field's shape or dtype.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,27 +62,52 @@ def stacked_block(
     padded to 8 sent 3.2 MB more, about 1.3 ms of a 6 ms epoch).
 
     Raises ValueError when a field's batches differ in shape or dtype."""
-    if size == steps == accum == 1:  # a view of the one batch: no copy
+    devices = {
+        name
+        for name in routed[0]
+        if all(isinstance(batch[name], jax.Array) for batch in routed)
+    }
+    if size == steps == accum == 1 and not devices:  # a view of the one batch
         return {name: np.asarray(value)[None] for name, value in routed[0].items()}
-    out = {}
+    out: dict[str, Any] = {}
+    on_device: dict[str, list[Any]] = {}
     for name in routed[0]:
         arrays = [batch[name] for batch in routed]
-        on_device = all(isinstance(a, jax.Array) for a in arrays)
-        if not on_device:
+        if name not in devices:
             arrays = [np.asarray(a) for a in arrays]
         if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
             raise ValueError(f"field {name} holds several dtypes")
-        pad = (size - steps) * accum if on_device or pad_host else 0
-        stack: Any = (  # a field on the device already stays there
-            jax.numpy.stack(arrays + arrays[-1:] * pad)
-            if on_device
-            else np.stack(arrays + arrays[-1:] * pad)
-        )
-        rows = stack.shape[0] // accum
-        out[name] = (
-            stack if accum == 1 else stack.reshape((rows, accum, *stack.shape[1:]))
-        )
-    return out
+        if name in devices:  # a field on the device already stays there
+            on_device[name] = arrays
+            continue
+        pad = (size - steps) * accum if pad_host else 0
+        out[name] = _by_step(np.stack(arrays + arrays[-1:] * pad), accum)
+    if on_device:
+        out.update(_device_stacker((size - steps) * accum, accum)(on_device))
+    return {name: out[name] for name in routed[0]}
+
+
+def _by_step(stack: Any, accum: int) -> Any:
+    """A stack of micro-batches `(steps * accum, B, ...)` as `(steps, accum, B, ...)`
+    under accumulation."""
+    if accum == 1:
+        return stack
+    return stack.reshape((stack.shape[0] // accum, accum, *stack.shape[1:]))
+
+
+@functools.lru_cache(maxsize=32)
+def _device_stacker(pad: int, accum: int) -> Any:
+    """The stack of a block's device fields as one program (`pad` copies of each
+    field's last batch after it): stacked op by op, 8 batches of two fields took
+    155 us on a 2-core CPU host, against 12 us for this one call."""
+
+    def stack(fields: dict[str, list[Any]]) -> dict[str, Any]:
+        return {
+            name: _by_step(jax.numpy.stack(arrays + arrays[-1:] * pad), accum)
+            for name, arrays in fields.items()
+        }
+
+    return jax.jit(stack)
 
 
 def refuse_changed(pending: list[Any], signature: Any, epoch: int) -> None:
