@@ -537,14 +537,12 @@ def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
     assert every16 == [losses[s - 1] for s in steps]  # the same values, read late
 
 
-def test_on_an_accelerator_the_default_is_auto_and_on_a_cpu_one(monkeypatch):
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    on_cpu = nx.Nitro(Tiny(), logger=None, checkpointer=None)
-    assert on_cpu.config.steps_per_call == 1
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    accelerated = nx.Nitro(Tiny(), logger=None, checkpointer=None)
-    assert accelerated.config.steps_per_call == "auto"
-    assert "steps_per_call auto (default)" in accelerated.binding_report()
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_the_default_is_auto_on_a_cpu_as_on_an_accelerator(monkeypatch, backend):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    default = nx.Nitro(Tiny(), logger=None, checkpointer=None)
+    assert default.config.steps_per_call == "auto"
+    assert "steps_per_call auto (default)" in default.binding_report()
     kept = nx.Nitro(Tiny(), logger=None, checkpointer=None, steps_per_call=1)
     assert kept.config.steps_per_call == 1
 
