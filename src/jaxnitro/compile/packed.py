@@ -94,12 +94,11 @@ class Packing:
         return sum(n * d.itemsize for n, d in zip(sizes, self.dtypes, strict=True))
 
     def pack_on_host(self, tree: Any) -> tuple[np.ndarray, ...]:
-        """The flat buffers of `tree` as host arrays, the bits `pack` gives (each
-        leaf read back from the device)."""
+        """The flat buffers of `tree` as host arrays, the bits `pack` gives (the
+        leaves read back from the device together: their copies overlap)."""
         parts: list[list[Any]] = [[] for _ in self.dtypes]
-        for leaf, (buffer, _, _) in zip(
-            jax.tree_util.tree_leaves(tree), self.slots, strict=True
-        ):
+        leaves = jax.device_get(jax.tree_util.tree_leaves(tree))
+        for leaf, (buffer, _, _) in zip(leaves, self.slots, strict=True):
             parts[buffer].append(np.asarray(leaf).ravel())
         return tuple(np.concatenate(part) for part in parts)
 

@@ -457,7 +457,10 @@ def batch_stream(
     """
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
-        return [Staged(host, transfer(routed_fields(host, fields, name), sharding))]
+        # The copy is started, not waited for: the device runs it in order behind
+        # the work already queued (`loop/assembly.py`'s note).
+        routed = routed_fields(host, fields, name)
+        return [Staged(host, transfer(routed, sharding, wait=False))]
 
     return prepared_stream(split, prepare, epoch=epoch, name=name)
 
@@ -479,7 +482,10 @@ def eval_stream(
     """
     width = _count("width", width, 1)
     prepare = eval_prepare(
-        lambda keys: fields, width, name, lambda part: transfer(part, sharding)
+        lambda keys: fields,
+        width,
+        name,
+        lambda part: transfer(part, sharding, wait=False),
     )
     return prepared_stream(split, prepare, epoch=0, name=name)
 
