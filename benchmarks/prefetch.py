@@ -346,6 +346,7 @@ class Prebuilt:
 
 def part_b(epochs: int) -> None:
     import jaxnitro as nx
+    import jaxnitro.loop.assembly as assembly
     import jaxnitro.loop.feed as feed
 
     samples = tutorial_samples()
@@ -357,12 +358,19 @@ def part_b(epochs: int) -> None:
         host = numpy_batches(samples)  # the same samples, batched in order
     device = [jax.device_put(b) for b in host]
     backend_default = feed.stages_on_device
+    started_copy = assembly.transfer
 
-    def loop(split, stage=False):
+    def waited_copy(arrays, sharding=None, **kw):
+        return started_copy(arrays, sharding, **(kw | {"wait": True}))
+
+    def loop(split, stage=False, wait=False):
+        """`wait`: the prefetch thread waits for each block's copy, as it did
+        before 2026-12-06's evening (the copy ran behind the queued calls)."""
         exp = make_experiment(WIDTHS, split)
 
         def run(n_epochs: int) -> list[float]:
             feed.stages_on_device = (lambda: True) if stage else backend_default
+            assembly.transfer = waited_copy if wait else started_copy
             try:
                 nitro = nx.Nitro(
                     exp(max_epochs=n_epochs + 1), logger=None, checkpointer=None
@@ -370,6 +378,7 @@ def part_b(epochs: int) -> None:
                 nitro.train()
             finally:
                 feed.stages_on_device = backend_default
+                assembly.transfer = started_copy
             return [row["seconds"] for row in nitro.history[2:]]
 
         return run
@@ -387,6 +396,9 @@ def part_b(epochs: int) -> None:
         ),
         "fan-out, 2 workers, staged": loop(
             nx.data.PrefetchIterator(Prebuilt(host), workers=2), stage=True
+        ),
+        "one producer, staged, copy waited": loop(
+            nx.data.PrefetchIterator(Prebuilt(host), workers=1), stage=True, wait=True
         ),
     }
     walls: dict[str, list[float]] = {name: [] for name in sides}

@@ -193,6 +193,7 @@ RUNS = (
             rf"    fan-out, workers=2\s+data_wait_frac\s+{F}%\s+\d+ steps/s",
             rf"    one producer\s+{F}x\s+{F} ms/step",
             rf"    fan-out, 2 workers, staged\s+{F}x\s+{F} ms/step",
+            rf"    one producer, staged, copy waited\s+{F}x\s+{F} ms/step",
             GRAIN_ROW,
         ),
     ),
