@@ -1,6 +1,7 @@
 """Placing a host batch on a device."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -23,3 +24,22 @@ def test_transfer_places_on_the_sharding_or_device_it_is_given(clean):
     assert transfer({"a": np.zeros(2)}, jax.devices()[2])["a"].devices() == {
         jax.devices()[2]
     }
+
+
+def test_a_copy_is_not_waited_for_behind_the_work_queued_on_the_device(clean):
+    """The copy is a program the device runs after what is queued: transfer returns
+    while a long program still runs (a wait would last until it ended), and a
+    program reading the arrays sees them."""
+
+    @jax.jit
+    def long(x):
+        return jax.lax.fori_loop(0, 40, lambda i, x: jnp.tanh(x @ x) * 0.5, x)
+
+    x = jnp.ones((768, 768), jnp.float32)
+    long(x).block_until_ready()  # compiled
+    transfer({"a": np.zeros(3, np.float32)})  # the identity compiled
+    running = long(x)
+    placed = transfer({"a": np.arange(3.0, dtype=np.float32)})
+    assert not running.is_ready()
+    np.testing.assert_array_equal(np.asarray(placed["a"] * 2), [0.0, 2.0, 4.0])
+    running.block_until_ready()

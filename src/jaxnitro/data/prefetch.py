@@ -457,10 +457,7 @@ def batch_stream(
     """
 
     def prepare(host: Mapping[str, Any]) -> list[Staged]:
-        # The copy is started, not waited for: the device runs it in order behind
-        # the work already queued (`loop/assembly.py`'s note).
-        routed = routed_fields(host, fields, name)
-        return [Staged(host, transfer(routed, sharding, wait=False))]
+        return [Staged(host, transfer(routed_fields(host, fields, name), sharding))]
 
     return prepared_stream(split, prepare, epoch=epoch, name=name)
 
@@ -482,10 +479,7 @@ def eval_stream(
     """
     width = _count("width", width, 1)
     prepare = eval_prepare(
-        lambda keys: fields,
-        width,
-        name,
-        lambda part: transfer(part, sharding, wait=False),
+        lambda keys: fields, width, name, lambda part: transfer(part, sharding)
     )
     return prepared_stream(split, prepare, epoch=0, name=name)
 

@@ -7,6 +7,12 @@ argument donated it returns the transferred buffers themselves, with no second c
 Measured on 2 cores for a tutorial batch (float32[100, 784] and float32[100, 10]):
 70-85 us against 200-340 us for `jax.device_put`, and no slower for a 12 MB batch.
 
+The copy is started, never waited for here: being a program, it runs on the device
+in order behind the work already queued there, so a wait for it lasted until the
+device drained (on 2 CPU cores 459 ms while a 475 ms program ran, 0.1 ms not
+waited for; on the TPU it held a prefetch thread's next block back every block,
+2026-12-06). A program that reads the arrays is queued after their copy.
+
     >>> import numpy as np
     >>> placed = transfer({"x": np.ones((2, 3), np.float32)})
     >>> type(placed["x"]).__name__, placed["x"].shape
@@ -62,11 +68,10 @@ def transfer(
     arrays: Mapping[str, Any],
     sharding: Any = None,
     *,
-    wait: bool = True,
     rows: int | None = None,
 ) -> dict[str, jax.Array]:
-    """`arrays` (field -> array, batch first) on the device, the copy finished
-    (`wait=False`: under way; a program that reads them waits on the device).
+    """`arrays` (field -> array, batch first) on the device, their copy under way
+    (a program that reads them waits for it on the device).
 
     Host arrays go through the identity program; an array already on the device is
     placed with `jax.device_put` (the same object when it is already there), never
@@ -105,9 +110,6 @@ def transfer(
     if host:
         program = _identity(placement) if rows is None else _padding(placement, rows)
         placed.update(program(host))
-    if wait:
-        for array in placed.values():
-            array.block_until_ready()
     return {k: placed[k] for k in arrays}
 
 

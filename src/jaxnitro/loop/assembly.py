@@ -15,13 +15,10 @@ batches of a pass are numbered, checked and grouped into those blocks, by one
   copy, so the consumer is handed one staged block per `size` steps
   (a hand-off between threads cost a TPU host more than a tutorial step, and a
   hand-off per batch made the threaded paths 0.54x-0.58x of batches already on the
-  device: issue 26, item 7). The thread does not wait for the copy: the copy is a
-  program (`data/transfer.py`), which the device runs in order behind the calls
-  already queued, so a wait there held the next block back until the device had
-  drained (on a 2-core CPU a waited copy took 459 ms while a 475 ms program ran, 0.1
-  ms not waited for; on the TPU the threaded paths fell to 0.29x-0.33x of batches
-  on the device, the loader fan-out's data_wait_frac from 4% to 57%, GPT-2's from
-  0% to 29%: 2026-12-06); the call that reads the block is queued after its copy. Such a
+  device: issue 26, item 7). The thread does not wait for the copy
+  (`data/transfer.py` says why: while it did, on the TPU the threaded paths fell to
+  0.29x-0.33x of batches on the device, the loader fan-out's data_wait_frac from 4%
+  to 57%, GPT-2's from 0% to 29%, 2026-12-06). Such a
   pass holds up to `device_batches + 2` blocks on the device: one in the channel per
   `device_batches`, one in the thread's hand, one in the consumer's.
 
@@ -189,7 +186,7 @@ class BlockAssembler:
 
     def _stacked(self, reading: list[Any], steps: int) -> dict[str, Any]:
         """The block stacked, and on an accelerator its copy started (a block cut
-        short padded on the device): not waited for, see the module's note."""
+        short padded on the device)."""
         s = self.settings
         assert self.plan is not None
         size = self.plan.size
@@ -206,4 +203,4 @@ class BlockAssembler:
             raise
         if not s.on_device:
             return stacked
-        return transfer(stacked, s.sharding, wait=False, rows=size)
+        return transfer(stacked, s.sharding, rows=size)

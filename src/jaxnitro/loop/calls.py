@@ -400,7 +400,7 @@ class _EpochCalls:
         if stacked is not None:  # on an accelerator placed there, else padded
             if self.on_device or not several:
                 return stacked
-            return transfer(stacked, self.block_sharding, wait=False)
+            return transfer(stacked, self.block_sharding)
         short = steps < size
         placed = several or (short and self.on_device) or self.across_processes
         routed = [r for _, r, _ in block.batches]
@@ -413,7 +413,7 @@ class _EpochCalls:
             raise
         if not placed:
             return batches
-        return transfer(batches, self.block_sharding, wait=False, rows=size)
+        return transfer(batches, self.block_sharding, rows=size)
 
     def _release(self, block: Block) -> None:
         """A block whose last call is dispatched: what the feed staged for it is

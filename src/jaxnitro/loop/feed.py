@@ -104,8 +104,6 @@ def open_eval_feed(
     """
     on_device = stages_on_device()
     sharding = _batch_sharding(placement)
-    # The copy is not waited for on the thread: an accelerator runs it in order
-    # behind the forwards already queued (`loop/assembly.py`'s note).
-    place = (lambda part: transfer(part, sharding, wait=False)) if on_device else _as_is
+    place = (lambda part: transfer(part, sharding)) if on_device else _as_is
     prepare = eval_prepare(select, width, name, place)
     return open_pass(split, prepare, epoch=0, name=name, stage=on_device)
