@@ -18,7 +18,8 @@ from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
-from jaxnitro.loop.calls import call_length, steps_per_call
+from jaxnitro.loop.call_count import steps_per_call
+from jaxnitro.loop.calls import call_length
 from jaxnitro.loop.step_programs import call_inputs
 from jaxnitro.run.training import epoch_context
 
@@ -381,7 +382,7 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
 ):
     """The first call of a handle's first epoch compiles its program (width 29: no
     other test compiled it): "auto" chooses from the steps after it, once."""
-    import jaxnitro.loop.calls as calls
+    import jaxnitro.loop.call_count as call_count
 
     asked = []
 
@@ -389,7 +390,7 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
         asked.append((setting, seconds))
         return steps_per_call(setting, seconds)
 
-    monkeypatch.setattr(calls, "steps_per_call", spy)
+    monkeypatch.setattr(call_count, "steps_per_call", spy)
     nitro, _ = train(
         tmp_path,
         "auto",
@@ -409,10 +410,10 @@ def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(
     """A second handle of the same experiment in the process runs the same train
     program: it takes the count chosen for it, though its own first epoch timed
     differently (here: as if on the other side of a power of two)."""
-    import jaxnitro.loop.calls as calls
+    import jaxnitro.loop.call_count as call_count
 
     counts = iter([4, 2])
-    monkeypatch.setattr(calls, "steps_per_call", lambda setting, s: next(counts))
+    monkeypatch.setattr(call_count, "steps_per_call", lambda setting, s: next(counts))
 
     def auto(name):
         exp = Tiny(n_train=16 * 8, max_epochs=3, width=31)  # compiled by no other

@@ -230,7 +230,7 @@ STEPS_PER_CALL_VALUE = (
 
 
 def _check_steps_per_call(value: Any, source: str) -> int | Literal["auto"]:
-    """A count of steps per dispatch, or "auto" (`loop.calls.steps_per_call`)."""
+    """A count of steps per dispatch, or "auto" (`loop.call_count.steps_per_call`)."""
     if isinstance(value, str) and value == "auto":
         return "auto"
     if not isinstance(value, int | np.integer) or isinstance(value, bool):

@@ -45,7 +45,7 @@ from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..loop.cadence import StepCadence
-from ..loop.calls import auto_steps_per_call, steps_per_call
+from ..loop.call_count import auto_steps_per_call, steps_per_call
 from ..loop.context import EpochContext
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
