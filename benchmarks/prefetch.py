@@ -361,7 +361,9 @@ def part_b(epochs: int) -> None:
     started_copy = assembly.transfer
 
     def waited_copy(arrays, sharding=None, **kw):
-        return started_copy(arrays, sharding, **(kw | {"wait": True}))
+        placed = started_copy(arrays, sharding, **kw)
+        jax.block_until_ready(placed)
+        return placed
 
     def loop(split, stage=False, wait=False):
         """`wait`: the prefetch thread waits for each block's copy, as it did
