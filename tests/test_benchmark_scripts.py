@@ -57,6 +57,17 @@ def server_stopped(stdout: str) -> None:
         socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=5).close()
 
 
+def same_programs(stdout: str, sides: tuple[str, ...]) -> None:
+    """one_epoch.py: the jaxnitro `sides` compiled as many programs (a call cut
+    short at the epoch's end runs the same train program)."""
+    counts = {
+        side: re.search(rf"  jaxnitro {side} .* (\d+) programs compiled", stdout)
+        for side in sides
+    }
+    assert all(counts.values()), stdout
+    assert len({m.group(1) for m in counts.values() if m}) == 1, stdout
+
+
 if importlib.util.find_spec("grain") is not None:
     GRAIN_ROW = rf"    the tutorial Grain loader, fan-out 2\s+{F}x\s+{F} ms/step .*"
 else:
@@ -170,6 +181,17 @@ RUNS = (
             rf"{F}, calls {F}, tail {F}, around {F} us",
             rf"cProfile, steps_per_call=1: {F} us a step",
         ),
+    ),
+    Run(
+        "one_epoch.py",
+        ("--quick",),
+        (
+            rf"  hand-written loop\s+{F} s\s+{F} steps/s\s+1\.000x of the hand-written "
+            r"loop\s+\d+ programs compiled .*",
+            rf"  jaxnitro, no keyword\s+{F} s\s+{F} steps/s\s+{F}x .*",
+            rf"tutorial_mlp one epoch: k=8 over k=1 {F}x, no keyword over k=1 {F}x .*",
+        ),
+        check=lambda stdout: same_programs(stdout, ("k=1", "k=8")),
     ),
     Run(
         "optimizer_features.py",
