@@ -373,6 +373,10 @@ def test_auto_picks_the_steps_per_call_from_the_measured_step_time():
     assert epoch_context(parts_of(nitro)).steps_per_call == 1  # nothing measured
     picked = {s: steps_per_call("auto", s) for s in (10e-3, 3e-3, 1e-3, 450e-6, 1e-4)}
     assert picked == {10e-3: 1, 3e-3: 2, 1e-3: 8, 450e-6: 16, 1e-4: 16}
+    # An epoch keeps at least two calls, the second block's copy overlapping the
+    # first call: a 12-step epoch runs calls of 8 and 4, not one of 12.
+    short = {n: steps_per_call("auto", 1e-4, n) for n in (64, 17, 16, 12, 9, 3, 2, 1)}
+    assert short == {64: 16, 17: 16, 16: 8, 12: 8, 9: 8, 3: 2, 2: 1, 1: 1}
     nitro.status.auto_steps_per_call = 8  # chosen: every later epoch keeps it
     assert epoch_context(parts_of(nitro)).steps_per_call == 8
 
@@ -386,9 +390,9 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
 
     asked = []
 
-    def spy(setting, seconds):
-        asked.append((setting, seconds))
-        return steps_per_call(setting, seconds)
+    def spy(setting, seconds, epoch_steps=None):
+        asked.append((setting, seconds, epoch_steps))
+        return steps_per_call(setting, seconds, epoch_steps)
 
     monkeypatch.setattr(call_count, "steps_per_call", spy)
     nitro, _ = train(
@@ -397,11 +401,14 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
         Tiny(n_train=16 * 7, max_epochs=3, width=29),
         steps_per_call="auto",
     )
-    measured = [s for setting, s in asked if s is not None]
+    measured = [(s, n) for setting, s, n in asked if s is not None]
     assert len(measured) == 1  # chosen after the first epoch, then kept
+    ((seconds, epoch_steps),) = measured
     first = nitro.history[1]["seconds"] / 7  # epoch 1: its compile included
-    assert 0 < measured[0] < first / 2
-    assert nitro.status.auto_steps_per_call == steps_per_call("auto", measured[0])
+    assert 0 < seconds < first / 2
+    assert epoch_steps == 7  # the epoch's steps, so that it keeps two calls
+    chosen = nitro.status.auto_steps_per_call
+    assert chosen == steps_per_call("auto", seconds, 7) and chosen < 7
 
 
 def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(
@@ -413,7 +420,7 @@ def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(
     import jaxnitro.loop.call_count as call_count
 
     counts = iter([4, 2])
-    monkeypatch.setattr(call_count, "steps_per_call", lambda setting, s: next(counts))
+    monkeypatch.setattr(call_count, "steps_per_call", lambda *asked: next(counts))
 
     def auto(name):
         exp = Tiny(n_train=16 * 8, max_epochs=3, width=31)  # compiled by no other

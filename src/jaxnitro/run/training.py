@@ -295,7 +295,9 @@ class _Training:
             and log.steady_step_seconds is not None
         ):  # chosen once, from steps that compiled nothing
             status.auto_steps_per_call = auto_steps_per_call(
-                _train_program(run), log.steady_step_seconds
+                _train_program(run),
+                log.steady_step_seconds,
+                run.config.accumulation.steps(len(run.data["train"])),
             )
         stepped = values.state.step - steps_before
         if stepped:  # the loop read each step's loss back: the device is done
