@@ -177,6 +177,24 @@ REFUSALS = [
         nx.HookError,
         "ema must be None or an EMA(beta, ...); got 0.99.",
     ),
+    (  # None would have switched the divergence check off unnoticed
+        {"check_divergence": None},
+        nx.ConfigError,
+        "check_divergence must be True or False, got None (from the keyword). Pass "
+        "check_divergence=True or check_divergence=False.",
+    ),
+    (
+        {"eval_loss": "yes"},
+        nx.ConfigError,
+        "eval_loss must be True or False, got 'yes' (from the keyword). Pass "
+        "eval_loss=True or eval_loss=False.",
+    ),
+    (
+        {"load_ema": 2},
+        nx.ConfigError,
+        "load_ema must be True or False, got 2 (from the keyword). Pass "
+        "load_ema=True or load_ema=False.",
+    ),
     (
         {"eval_weights": "best"},
         nx.ConfigError,
@@ -314,6 +332,17 @@ def test_plain_keywords_read_keyword_or_default():
     )
     assert (config.weights, config.sources["weights"]) == (None, "default")
     assert (config.resume, config.sources["resume"]) == (False, "default")
+    # None asks for the default, as leaving the keyword out does.
+    nones = nx.Nitro(Tiny(), steps_per_call=None, precision=None, **quiet()).config
+    assert (nones.steps_per_call, nones.sources["steps_per_call"]) == (
+        "auto",
+        "default",
+    )
+    assert (nones.precision, nones.sources["precision"]) == ("f32", "default")
+    assert (
+        nx.Nitro(Tiny(), check_divergence=np.False_, **quiet()).config.check_divergence
+        is False
+    )
     assert dict(config.compile_options) == {}
     assert (config.eval_weights, config.sources["eval_weights"]) == ("raw", "default")
     with_ema = nx.Nitro(Tiny(), ema=nx.EMA(0.9), **quiet()).config

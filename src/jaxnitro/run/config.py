@@ -242,8 +242,24 @@ def _check_options(value: Any, source: str) -> Mapping[str, bool | int | float |
     return MappingProxyType(check_compile_options(value))
 
 
-def _flag(value: Any, source: str) -> bool:
-    return bool(value)
+FLAG_REQUIRED = (
+    "{name} must be True or False, got {value!r} (from the {source}). Pass "
+    "{name}=True or {name}=False."
+)
+
+
+def _flag(name: str) -> Callable[[Any, str], bool]:
+    """A switch: True or False (or the whole numbers 1 and 0), never a value that
+    only reads as one (None would have turned check_divergence off unnoticed)."""
+
+    def check(value: Any, source: str) -> bool:
+        if isinstance(value, bool | np.bool_) or (
+            isinstance(value, int | np.integer) and value in (0, 1)
+        ):
+            return bool(value)
+        raise ConfigError(FLAG_REQUIRED.format(name=name, value=value, source=source))
+
+    return check
 
 
 # Each field's check, in the order a construction reports the first bad value: the
@@ -260,16 +276,16 @@ _CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "seed": _check_seed,
     "run_dir": _check_run_dir,
     "gradient_clip_norm": _check_clip,
-    "check_divergence": _flag,
-    "autolog_schedules": _flag,
-    "eval_loss": _flag,
+    "check_divergence": _flag("check_divergence"),
+    "autolog_schedules": _flag("autolog_schedules"),
+    "eval_loss": _flag("eval_loss"),
     "checkpointer": _check_checkpointer,
     "compile_options": _check_options,
     "sharding": check_sharding,
     "ema": lambda value, source: check_ema(value),
-    "restore_optimizer": _flag,
-    "resume_changed_data": _flag,
-    "load_ema": _flag,
+    "restore_optimizer": _flag("restore_optimizer"),
+    "resume_changed_data": _flag("resume_changed_data"),
+    "load_ema": _flag("load_ema"),
     "profile": lambda value, source: check_profile(value),
     "precision": lambda value, source: check_precision(value),
     "steps_per_call": _check_steps_per_call,
@@ -513,9 +529,9 @@ class RunConfig:
         for name in PLAIN_KEYWORDS:
             if name in NOT_FIELDS or name == "smoke":
                 continue
-            given = keywords.get(name, _PLAIN_DEFAULTS[name])
-            passed = name in keywords and given is not None
-            values[name] = given
+            given = keywords.get(name)
+            passed = given is not None  # None asks for the default, as not passing
+            values[name] = given if passed else _PLAIN_DEFAULTS[name]
             sources[name] = "keyword" if passed else "default"
         if values["eval_weights"] is None:  # the EMA, checked above, decides
             values["eval_weights"] = "ema" if values["ema"] is not None else "raw"
