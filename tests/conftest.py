@@ -93,6 +93,19 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(autouse=True)
+def _auto_counts_per_test(monkeypatch):
+    """Each test starts with no count "auto" remembers (`loop.call_count`): a
+    handle's first epoch runs one step a call unless the test itself trained its
+    train program's family before, as in a fresh process."""
+    import collections
+
+    import jaxnitro.loop.call_count as call_count
+
+    monkeypatch.setattr(call_count, "_AUTO_CHOSEN", collections.OrderedDict())
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _staged(request, monkeypatch):
     """With --staged, the accelerator's data path runs on the CPU (CI runs both)."""
     if request.config.getoption("--staged"):

@@ -435,6 +435,38 @@ def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(
     assert_same_state(first, second)
 
 
+def test_a_later_handle_of_the_family_runs_the_count_from_its_first_epoch(
+    tmp_path, monkeypatch
+):
+    """A sweep's next trial (an equal experiment, other Device values) runs the
+    count "auto" chose for the first from its first epoch: one train program, the
+    one the first handle compiled for its later epochs; an epoch of another length
+    is another family, timed afresh."""
+    import jaxnitro.loop.call_count as call_count
+
+    # Whatever this machine's step time (staged on a CPU it can pick 1): 4.
+    monkeypatch.setattr(call_count, "steps_per_call", lambda *asked: 4)
+
+    def auto(name, n_train, temperature):  # width 41: a family no other test trained
+        exp = Tiny(n_train=n_train, max_epochs=2, width=41, temperature=temperature)
+        return train(tmp_path, name, exp, steps_per_call="auto")[0]
+
+    def train_programs(nitro):
+        return [k for k, _ in nitro.executables.compiled()].count("train_step")
+
+    first = auto("first", 16 * 9, 1.0)
+    chosen = first.status.auto_steps_per_call
+    assert chosen == 4
+    assert train_programs(first) == 2  # one step a call, then the chosen count
+    misses = nx.cache_stats()["misses"]
+    trial = auto("trial", 16 * 9, 2.0)
+    assert trial.status.auto_steps_per_call == chosen
+    assert train_programs(trial) == 1
+    assert nx.cache_stats()["misses"] == misses  # its one program was compiled
+    other = auto("other", 16 * 5, 1.0)  # 5 steps an epoch: not the same family
+    assert train_programs(other) == 2
+
+
 def test_auto_trains_its_first_epoch_step_by_step_then_in_calls_bitwise(tmp_path):
     base, base_dir = train(tmp_path, "k1", Tiny(n_train=16 * 7, max_epochs=3))
     got, run_dir = train(

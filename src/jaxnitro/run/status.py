@@ -34,7 +34,9 @@ class RunStatus:
             trained (its stepping only, not its validation); None before one.
         auto_steps_per_call: the count steps_per_call="auto" chose from the
             handle's first epoch of more than one call (its steps after the first
-            call, timed by the loop), kept for the handle: a new count may compile
+            call, timed by the loop), or took at its first train() from a handle
+            of the same train program that ran it in the process
+            (`loop.call_count`); kept for the handle: a new count may compile
             another program. None before, and with a count set.
         profiler: the `profile=` trace of chosen steps, made by the first
             `train()`; None without the keyword.

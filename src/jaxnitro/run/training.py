@@ -45,7 +45,13 @@ from ..errors import ConfigError, NitroWarning
 from ..logging import protocol as logproto
 from ..logging.values import flatten
 from ..loop.cadence import StepCadence
-from ..loop.call_count import auto_steps_per_call, steps_per_call
+from ..loop.call_count import (
+    auto_steps_per_call,
+    ran_steps_per_call,
+    remembered_steps_per_call,
+    steps_per_call,
+    train_family,
+)
 from ..loop.context import EpochContext
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
@@ -77,13 +83,23 @@ NOTHING_TO_TRAIN = (
 )
 
 
-def _train_program(run: RunParts) -> Any:
-    """The train program the handle's epochs have run so far (the first: "auto"
-    times one epoch), or None."""
-    for kind, executable in run.executables.compiled():
-        if kind in ("train_step", "manual_step"):
-            return executable
-    return None
+def _train_family(run: RunParts) -> Any:
+    """The family of the run's train program, which "auto"'s count is remembered
+    by in the process (`loop.call_count.train_family`)."""
+    epoch_steps = run.config.accumulation.steps(len(run.data["train"]))
+    return train_family(run.prepared, run.config.accum, epoch_steps)
+
+
+def _adopt_remembered_count(run: RunParts) -> None:
+    """With "auto" and no count chosen yet: the count this process chose for the
+    run's train program family, if any, from this train()'s first epoch."""
+    status = run.status
+    if (
+        run.config.steps_per_call == "auto"
+        and status.auto_steps_per_call is None
+        and jax.process_count() == 1  # across processes "auto" is 1
+    ):
+        status.auto_steps_per_call = remembered_steps_per_call(_train_family(run))
 
 
 def epoch_context(run: RunParts) -> EpochContext:
@@ -200,6 +216,8 @@ class _Training:
             else StepEvents(nitro, run, self.cadence, self.stops)
         )
         self.skip = 0
+        # Whether an epoch of this train() ran at the count "auto" chose.
+        self.ran_chosen = run.config.steps_per_call != "auto"
 
     def has_work(self) -> bool:
         """Whether the run is short of max_steps and max_epochs; else it warns."""
@@ -228,6 +246,7 @@ class _Training:
     def train(self) -> None:
         run = self.run
         run.stops.begin()  # a pending stop request is honoured, not reset
+        _adopt_remembered_count(run)
         # The optimizer state, the EMA and the accumulator, restored or allocated.
         values, prepared = run.values, run.prepared
         assert prepared.plan is not None
@@ -289,13 +308,17 @@ class _Training:
         )
         epoch = _Epoch(number, log, started)
         status = run.status
+        chosen = status.auto_steps_per_call
+        if not self.ran_chosen and context.steps_per_call == chosen:
+            ran_steps_per_call(_train_family(run), chosen)  # its program compiled
+            self.ran_chosen = True
         if (
             run.config.steps_per_call == "auto"
             and status.auto_steps_per_call is None
             and log.steady_step_seconds is not None
         ):  # chosen once, from steps that compiled nothing
             status.auto_steps_per_call = auto_steps_per_call(
-                _train_program(run),
+                _train_family(run),
                 log.steady_step_seconds,
                 run.config.accumulation.steps(len(run.data["train"])),
             )
