@@ -40,10 +40,7 @@ from typing import Any
 from _common import (
     WORKLOADS,
     BannerOnce,
-    apply,
     backend_info,
-    cross_entropy,
-    init_params,
     make_experiment,
     run_child_json,
     synthetic_batches,
@@ -53,27 +50,14 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def _reference(widths: tuple[int, ...], batches: list[dict]) -> None:
-    """The hand-written loop over one epoch (`throughput.py`'s step), from its
+    """The hand-written loop over one epoch (`throughput.py`'s), from its
     parameters' initialization to the last loss on the host."""
-    import jax
-    import optax
+    from throughput import reference_loop
 
-    tx = optax.radam(1e-3)
-
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(lambda p: cross_entropy(apply(p, x), y))(
-            params
-        )
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    jitted = jax.jit(step, donate_argnums=(0, 1))
-    params = init_params(widths)
-    opt_state, loss = tx.init(params), None
-    for b in batches:
-        params, opt_state, loss = jitted(params, opt_state, b["x"], b["y"])
-    assert loss is not None
-    loss.block_until_ready()
+    run_epochs, first_step = reference_loop(widths, batches)
+    first_step()  # the parameters, `tx.init` and batch 0
+    if len(batches) > 1:
+        run_epochs(1, start=1)  # the epoch's other batches
 
 
 def _jaxnitro(

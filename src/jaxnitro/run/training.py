@@ -83,11 +83,15 @@ NOTHING_TO_TRAIN = (
 )
 
 
+def _epoch_steps(run: RunParts) -> int:
+    """The optimizer steps of a whole epoch of the train split."""
+    return run.config.accumulation.steps(len(run.data["train"]))
+
+
 def _train_family(run: RunParts) -> Any:
     """The family of the run's train program, which "auto"'s count is remembered
     by in the process (`loop.call_count.train_family`)."""
-    epoch_steps = run.config.accumulation.steps(len(run.data["train"]))
-    return train_family(run.prepared, run.config.accum, epoch_steps)
+    return train_family(run.prepared, run.config.accum, _epoch_steps(run))
 
 
 def _adopt_remembered_count(run: RunParts) -> None:
@@ -318,9 +322,7 @@ class _Training:
             and log.steady_step_seconds is not None
         ):  # chosen once, from steps that compiled nothing
             status.auto_steps_per_call = auto_steps_per_call(
-                _train_family(run),
-                log.steady_step_seconds,
-                run.config.accumulation.steps(len(run.data["train"])),
+                _train_family(run), log.steady_step_seconds, _epoch_steps(run)
             )
         stepped = values.state.step - steps_before
         if stepped:  # the loop read each step's loss back: the device is done
@@ -506,7 +508,7 @@ def _trained_this_epoch(run: RunParts) -> int:
     if held is not None and held.batches is not None:
         accumulation.refuse_stopped(held.batches, state.epoch)
         return held.batches
-    per_epoch = accumulation.steps(len(run.data["train"]))
+    per_epoch = _epoch_steps(run)
     done = state.step - (state.epoch - 1) * per_epoch
     return accumulation.batches(done) if 0 < done < per_epoch else 0
 
