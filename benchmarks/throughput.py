@@ -114,9 +114,12 @@ def measure_throughput(name: str, reps: int, epochs: int) -> dict:
     batches = synthetic_batches(batch, count)
     exp = make_experiment(widths, batches)
 
+    chosen: list[int | None] = []  # the count "auto" chose, handle by handle
+
     def ours(n_epochs):
         nitro = nx.Nitro(exp(max_epochs=n_epochs + 1), logger=None, checkpointer=None)
         nitro.train()
+        chosen.append(nitro.status.auto_steps_per_call)
         return [row["seconds"] for row in nitro.history[2:]]  # epochs 2 on
 
     def timed(run):
@@ -147,6 +150,7 @@ def measure_throughput(name: str, reps: int, epochs: int) -> dict:
         if side in sides:
             result[f"{side}_paired"] = paired_ratio(sides["reference"], sides[side])
     result["samples_per_epoch"] = batch * count
+    result["chosen"] = sorted(set(chosen), key=str)
     result["backend"] = backend_info()
     return result
 
@@ -217,7 +221,7 @@ def main() -> None:
             line += f"{t['keras_paired']:.3f}x paired"
         else:
             line += ")"
-        print(line)
+        print(f'{line}; steps_per_call "auto" chose {t["chosen"]}')
         ours = subprocess_json("--internal", "first", name, "jaxnitro")
         ref = subprocess_json("--internal", "first", name, "reference")
         print(

@@ -6,6 +6,7 @@ one program per step.
 """
 
 import json
+import time
 
 import grain
 import jax
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from experiments import StopsAtStep, Tiny, make_batches, samples
+from experiments import QuietLogger, StopsAtStep, Tiny, make_batches, samples
 from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 
@@ -409,6 +410,49 @@ def test_auto_times_the_steps_after_the_first_call_and_chooses_once(
     assert epoch_steps == 7  # the epoch's steps, so that it keeps two calls
     chosen = nitro.status.auto_steps_per_call
     assert chosen == steps_per_call("auto", seconds, 7) and chosen < 7
+
+
+class CompilesAtOneLine(QuietLogger):
+    """At one train line, compiles a program whose trace takes `seconds`: the
+    first epoch of a process, where the small programs the loop meets first
+    compile (on a TPU 60-800 ms each)."""
+
+    def __init__(self, step, seconds):
+        self.step, self.seconds = step, seconds
+
+    def log_metrics(self, metrics, *, step, epoch, context, **kw):
+        if context == "train" and step == self.step:
+
+            def slow_to_trace(x):
+                time.sleep(self.seconds)
+                return x + 1
+
+            jax.jit(slow_to_trace)(jnp.zeros(3)).block_until_ready()
+
+
+def test_auto_leaves_the_compiles_inside_its_timed_steps_out(tmp_path, monkeypatch):
+    """A compile in the first epoch's timed steps is not the loop's step time:
+    with it counted, a 0.6 s trace over 7 steps read as 86 ms a step, and "auto"
+    chose one step a call where the steps themselves fit several."""
+    import jaxnitro.loop.call_count as call_count
+
+    asked = []
+
+    def spy(setting, seconds, epoch_steps=None):
+        asked.append(seconds)
+        return steps_per_call(setting, seconds, epoch_steps)
+
+    monkeypatch.setattr(call_count, "steps_per_call", spy)
+    nitro, _ = train(
+        tmp_path,
+        "auto",
+        Tiny(n_train=16 * 8, max_epochs=1, width=43),  # compiled by no other test
+        steps_per_call="auto",
+        logger=CompilesAtOneLine(step=4, seconds=0.6),
+    )
+    (seconds,) = [s for s in asked if s is not None]
+    assert 0 < seconds < 0.6 / 7 / 4  # the trace's 86 ms a step left out
+    assert nitro.status.auto_steps_per_call == steps_per_call("auto", seconds, 8)
 
 
 def test_an_equal_experiment_takes_the_count_auto_chose_and_compiles_nothing(

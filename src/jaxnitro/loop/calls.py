@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ..compile.compile_clock import compile_seconds
 from ..compile.packed import packs_state
 from ..compile.scanned import RING_HEAD, TrainCallArgs
 from ..data.transfer import transfer
@@ -230,8 +231,10 @@ class _EpochCalls:
         self.delivered: int | None = 0
         self.event = NEVER if events is None else events.next_after(self.step)
         self.agree_at = NEVER if agreement is None else agreement.next_at
-        self.steady: tuple[float, int] | None = None  # (time, step) after call 1
-        self.event_seconds = 0.0  # spent in mid-epoch events since then
+        # (time, step, compile seconds) after call 1: the loop's own step time is
+        # timed from there, without mid-epoch events nor the programs compiled.
+        self.steady: tuple[float, int, float] | None = None
+        self.event_seconds = 0.0  # spent in mid-epoch events since, but compiling
 
     def run(self) -> int | None:
         """Train the epoch's blocks call by call; commit the state reached."""
@@ -446,7 +449,7 @@ class _EpochCalls:
         )
         self.step = step + length
         if self.steady is None:  # the steps from here on time the loop itself
-            self.steady = (time.perf_counter(), self.step)
+            self.steady = (time.perf_counter(), self.step, compile_seconds())
         advance_progress_counter(length)
         if self.bar is not None:  # the call's micro-batches, in one event
             self.bar.steps(len(micro))
@@ -498,9 +501,10 @@ class _EpochCalls:
         self._read_all()
         context.commit(carry_out(self.start, self.carry, self.step, self.packing))
         committed = state_trees(context.current())
-        fired = time.perf_counter()
+        fired, compiled = time.perf_counter(), compile_seconds()
         leave = events.fire(self.step, self.log)
         self.event_seconds += time.perf_counter() - fired
+        self.event_seconds -= compile_seconds() - compiled  # counted with the rest
         self.event = events.next_after(self.step)
         self.made = None  # a validation may have moved a Plateau's rate
         now = context.current()  # the events only read it
@@ -523,10 +527,14 @@ class _EpochCalls:
 
     def _time_steady(self) -> None:
         """The epoch's step time after its first call, for steps_per_call="auto"
-        (`EpochLog.steady_step_seconds`)."""
+        (`EpochLog.steady_step_seconds`), without the host's time in mid-epoch
+        events and in compiling (`compile_clock.py`: in a process's first epoch the
+        small programs the loop meets first compile inside it)."""
         if self.steady is not None and self.step > self.steady[1]:
-            elapsed = time.perf_counter() - self.steady[0] - self.event_seconds
-            self.log.steady_step_seconds = elapsed / (self.step - self.steady[1])
+            started, step, compiled = self.steady
+            elapsed = time.perf_counter() - started - self.event_seconds
+            elapsed -= compile_seconds() - compiled
+            self.log.steady_step_seconds = max(elapsed, 0.0) / (self.step - step)
 
     def _leave_for_the_next_epoch(self, reached: Any) -> None:
         """Commit the state `reached`; keep the flat buffers and the ring it left
