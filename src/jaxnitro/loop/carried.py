@@ -16,7 +16,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..compile.packed import Packing, pack_program, packing_of, unpack_program
+from ..compile.packed import (
+    PACK_MOST_BYTES,
+    Packing,
+    pack_program,
+    packing_of,
+    unpack_program,
+)
 from ..compile.scanned import call_positions, new_ring
 from ..devices.placement import Placement
 from .step_programs import current_state
@@ -57,11 +63,12 @@ def carried_positions(size: int, placement: Placement | None) -> tuple[Any, ...]
     return held[1]
 
 
-HOST_PACK_BYTES = 4 * 2**20
-"""A state of at most this many bytes on one device is packed through the host:
-the pack program compiles on its first use in a process (0.18 s of a TPU v5e
-tutorial MLP's first step), where reading back and placing a few megabytes takes
-milliseconds, and a state is packed about once a `train()`."""
+HOST_PACK_BYTES = PACK_MOST_BYTES
+"""A state of at most this many bytes on one device (every state packed there) is
+packed through the host: the pack program compiles on its first use in a process,
+0.18 s of a TPU v5e tutorial MLP's first step and 0.42 s of the compute-bound
+MLP's (a 22 MB state), where reading back and placing tens of megabytes takes tens
+of milliseconds, and a state is packed about once a `train()`."""
 
 
 def packed_flats(packing: Packing, trees: Any) -> tuple[Any, ...]:
