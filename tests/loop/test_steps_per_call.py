@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnitro as nx
 from jaxnitro.loop.call_count import steps_per_call
 from jaxnitro.loop.calls import call_length
-from jaxnitro.loop.step_programs import call_inputs
+from jaxnitro.loop.step_programs import call_inputs, call_program
 from jaxnitro.run.training import epoch_context
 
 
@@ -700,3 +700,41 @@ def test_the_train_program_is_declared_once_for_every_epoch_of_a_setup(monkeypat
     del nitro
     gc.collect()
     assert declared[0] not in step_programs._DECLARED
+
+
+def test_a_train_keys_its_program_once_and_the_next_train_checks_it_again(
+    monkeypatch,
+):
+    """An epoch's first call finds the program an earlier epoch of its train()
+    found for calls taking the same arguments; "auto" switching to its count takes
+    other arguments (a longer block) and looks its program up; the next train()
+    looks it up again, so the optimizer's constants are checked again there."""
+    import jaxnitro.loop.call_count as call_count
+    import jaxnitro.loop.calls as calls
+
+    looked_up = []
+
+    def counting(context, args, inputs, **kw):
+        looked_up.append(args.block["x"].shape[0])  # the steps a block holds
+        return call_program(context, args, inputs, **kw)
+
+    monkeypatch.setattr(calls, "call_program", counting)
+    monkeypatch.setattr(call_count, "steps_per_call", lambda *asked: 4)
+    stopper = StopsAtStep(step=20)  # in epoch 3 of 8 steps each
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 8, max_epochs=4, width=47),  # compiled by no other test
+        logger=stopper,
+        checkpointer=None,
+        steps_per_call="auto",
+        log_every_n_steps=1,
+    )
+    stopper.nitro = nitro
+    nitro.train()
+    assert nitro.stop_reason == "requested"
+    assert nitro.status.auto_steps_per_call == 4
+    # Epoch 1 at one step a call (blocks of one step), epochs 2 and 3 at 4 (over
+    # blocks of the epoch's 8): one lookup each.
+    assert looked_up == [1, 8]
+    nitro.train()  # the rest of epoch 3, and epoch 4
+    assert looked_up == [1, 8, 8]
+    assert len(nitro.history) == 4

@@ -17,8 +17,8 @@ and writes, which `run/evaluation.py` builds from the handle's parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..compile.executables import Executables
@@ -63,6 +63,11 @@ class EpochContext:
         current: the training state its owner holds now.
         commit: hand the owner a new training state (on every exit of the loop,
             a raising one included: the old state's buffers were donated).
+        programs: the train programs this `train()` found, by what their calls
+            take: a later epoch's first call finds its program here (`calls.py`)
+            instead of keying it again, which cost a short epoch about 80 us on a
+            CPU host; one dict per `train()`, so the optimizer's constants a
+            program was declared from are checked again at each `train()`.
     """
 
     accum: int
@@ -83,6 +88,7 @@ class EpochContext:
     device_values: Callable[[], dict[str, Any]]
     current: Callable[[], TrainState]
     commit: Callable[[TrainState], None]
+    programs: dict[Hashable, Any] = field(default_factory=dict)
 
 
 class EvalSettings(Protocol):

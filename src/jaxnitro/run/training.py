@@ -35,6 +35,7 @@ import contextlib
 import os
 import time
 import warnings
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -106,9 +107,12 @@ def _adopt_remembered_count(run: RunParts) -> None:
         status.auto_steps_per_call = remembered_steps_per_call(_train_family(run))
 
 
-def epoch_context(run: RunParts) -> EpochContext:
+def epoch_context(
+    run: RunParts, programs: dict[Hashable, Any] | None = None
+) -> EpochContext:
     """What the epoch about to run reads of the run (`loop/context.py`); its
-    steps_per_call resolved now ("auto": 1 until the handle has chosen)."""
+    steps_per_call resolved now ("auto": 1 until the handle has chosen);
+    `programs`: the train programs its `train()` found so far (a new dict: none)."""
     config, values = run.config, run.values
     chosen = run.status.auto_steps_per_call
     return EpochContext(
@@ -130,6 +134,7 @@ def epoch_context(run: RunParts) -> EpochContext:
         device_values=lambda: values.device_values,
         current=lambda: values.state,
         commit=values.commit,
+        programs={} if programs is None else programs,
     )
 
 
@@ -222,6 +227,8 @@ class _Training:
         self.skip = 0
         # Whether an epoch of this train() ran at the count "auto" chose.
         self.ran_chosen = run.config.steps_per_call != "auto"
+        # The train programs this train()'s epochs found (`EpochContext.programs`).
+        self.programs: dict[Hashable, Any] = {}
 
     def has_work(self) -> bool:
         """Whether the run is short of max_steps and max_epochs; else it warns."""
@@ -301,7 +308,7 @@ class _Training:
         run.phase.enter(phases.TrainStepping(), epoch_started=number)
         started, steps_before = time.perf_counter(), values.state.step
         events_before = events.seconds if events is not None else 0.0
-        context = epoch_context(run)  # what the epoch reads of the run
+        context = epoch_context(run, self.programs)  # what the epoch reads of the run
         log = run_epoch(
             context,
             number,
