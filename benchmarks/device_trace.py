@@ -150,14 +150,16 @@ def summary(path: str, wall: float, steps: int, top: int) -> list[str]:
                 if events:
                     hosts.append((sum(e.duration_ns for e in events), name, events))
     for _, name, events in sorted(hosts, key=lambda h: -h[0])[:HOST_LINES_SHOWN]:
-        # The profiler's own start and stop are traced too: left out.
-        kept = [
-            e
-            for e in events
-            if "profiler.py" not in e.name and "device_trace.py" not in e.name
-        ]
+        # The profiler's own start and stop are traced too: left out, after each
+        # event's own time is taken, so that the frames around the start (the
+        # epoch-end hook that starts it) do not take its time as theirs.
+        kept = {
+            event: times
+            for event, times in self_times(events).items()
+            if "profiler.py" not in event and "device_trace.py" not in event
+        }
         out.append(f"    host thread {name[:60]} (own time, nested events apart):")
-        out += _top(self_times(kept), top, steps)
+        out += _top(kept, top, steps)
     return out
 
 
