@@ -6,7 +6,7 @@
 #   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
 #
 # The tier in three calls (each within the device tool's 10 minutes; on 2026-12-06
-# the first took 237 s, the second 196 s, the third 236 s with NITRO_TEST_LIMIT=480;
+# the first took 237 s, the second 196-240 s, the third 236 s with NITRO_TEST_LIMIT=480;
 # `env.sh test` takes 40-80 s of each call before them, on a machine still warm from
 # the last call a few seconds):
 #
