@@ -715,7 +715,7 @@ def test_a_train_keys_its_program_once_and_the_next_train_checks_it_again(
     looked_up = []
 
     def counting(context, args, inputs, **kw):
-        looked_up.append(args.block["x"].shape[0])  # the steps a block holds
+        looked_up.append(kw["single"])  # one step a call, or several
         return call_program(context, args, inputs, **kw)
 
     monkeypatch.setattr(calls, "call_program", counting)
@@ -732,9 +732,8 @@ def test_a_train_keys_its_program_once_and_the_next_train_checks_it_again(
     nitro.train()
     assert nitro.stop_reason == "requested"
     assert nitro.status.auto_steps_per_call == 4
-    # Epoch 1 at one step a call (blocks of one step), epochs 2 and 3 at 4 (over
-    # blocks of the epoch's 8): one lookup each.
-    assert looked_up == [1, 8]
+    # Epoch 1 at one step a call, epochs 2 and 3 at 4: one lookup each.
+    assert looked_up == [True, False]
     nitro.train()  # the rest of epoch 3, and epoch 4
-    assert looked_up == [1, 8, 8]
+    assert looked_up == [True, False, False]
     assert len(nitro.history) == 4
