@@ -419,7 +419,13 @@ class _EpochCalls:
             # (Its batches need no check against the signature: they were stacked,
             # which refuses a changed shape or dtype, or it is the one batch the
             # signature was read from.)
-            self.program = self.log.program = self._program(args, inputs)
+            self.program = self.log.program = call_program(
+                self.context,
+                args,
+                inputs,
+                single=self.per_call == 1,
+                packing=self.packing,
+            )
         try:
             first_arg, second, third, reported, self.ring = self.program(*args)
             self.carry = (first_arg, second, third)
@@ -451,28 +457,6 @@ class _EpochCalls:
         last = done_in_block + length == block.steps and self.delivered == self.count
         self._plan_read(logged, last)
         return length
-
-    def _program(self, args: TrainCallArgs, inputs: CallInputs) -> Any:
-        """The train program for calls taking `args`: the one an earlier epoch of
-        this `train()` found for calls taking the same (`EpochContext.programs`),
-        else looked up (`call_program`)."""
-        single = self.per_call == 1
-        takes = (
-            tuple((k, v.shape, v.dtype) for k, v in args.block.items()),
-            self.accum,
-            inputs.layout,
-            args.ring.shape,
-            jax.tree.structure(args.weights),
-            single,
-            self.packing,
-        )
-        programs = self.context.programs
-        program = programs.get(takes)
-        if program is None:
-            program = programs[takes] = call_program(
-                self.context, args, inputs, single=single, packing=self.packing
-            )
-        return program
 
     def _plan_read(self, logged: bool, last: bool) -> None:
         """Read back what the call before this one left, if it was asked for, and

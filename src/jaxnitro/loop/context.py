@@ -64,10 +64,11 @@ class EpochContext:
         commit: hand the owner a new training state (on every exit of the loop,
             a raising one included: the old state's buffers were donated).
         programs: the train programs this `train()` found, by what their calls
-            take: a later epoch's first call finds its program here (`calls.py`)
-            instead of keying it again, which cost a short epoch about 80 us on a
-            CPU host; one dict per `train()`, so the optimizer's constants a
-            program was declared from are checked again at each `train()`.
+            take: a later epoch's first call finds its program here
+            (`step_programs.call_program`) instead of keying it again, which
+            cost a short epoch about 80 us on a CPU host; one dict per
+            `train()`, so the optimizer's constants a program was declared from
+            are checked again at each `train()`.
     """
 
     accum: int

@@ -281,19 +281,41 @@ def call_program(
     the automatic step, or in manual mode the experiment's own `train_step`;
     `inputs`: the block's inputs `args` holds (their layout keys the program);
     `single`: every call runs one step (steps_per_call=1); `packing`: the state
-    travels packed (`compile/packed.py`)."""
-    ctx = context.prepared.ctx
-    accum = context.accum
-    program, body = _declared(context.prepared, accum, inputs.layout, single, packing)
+    travels packed (`compile/packed.py`). An earlier epoch of the same `train()`
+    found it already for calls taking the same (`EpochContext.programs`): keying
+    it again cost a short epoch about 80 us on a CPU host."""
     shapes = tuple((k, v.shape, str(v.dtype)) for k, v in args.block.items())
     # The manual optimizer states' transformations live in the Weights' tree
     # structure: the memo sees them there, as the compile key does.
     structure = jax.tree.structure(args.weights)
+    varying = (shapes, context.accum, inputs.layout, args.ring.shape, structure)
+    takes = (varying, single, packing)
+    found = context.programs.get(takes)
+    if found is None:
+        found = context.programs[takes] = _looked_up(
+            context, args, inputs, varying, single=single, packing=packing
+        )
+    return found
+
+
+def _looked_up(
+    context: EpochContext,
+    args: TrainCallArgs,
+    inputs: CallInputs,
+    varying: Hashable,
+    *,
+    single: bool,
+    packing: Packing | None,
+) -> Any:
+    """`call_program`'s program from the handle's memo or the compile cache, the
+    program declared from the optimizer's constants of now."""
+    accum = context.accum
+    program, body = _declared(context.prepared, accum, inputs.layout, single, packing)
     return program.executable(
         context.executables,
-        ctx,
+        context.prepared.ctx,
         args,
-        (shapes, accum, inputs.layout, args.ring.shape, structure),
+        varying,
         body,
         accum,
         inputs.layout,
