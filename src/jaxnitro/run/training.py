@@ -89,24 +89,6 @@ def _epoch_steps(run: RunParts) -> int:
     return run.config.accumulation.steps(len(run.data["train"]))
 
 
-def _train_family(run: RunParts) -> Any:
-    """The family of the run's train program, which "auto"'s count is remembered
-    by in the process (`loop.call_count.train_family`)."""
-    return train_family(run.prepared, run.config.accum, _epoch_steps(run))
-
-
-def _adopt_remembered_count(run: RunParts) -> None:
-    """With "auto" and no count chosen yet: the count this process chose for the
-    run's train program family, if any, from this train()'s first epoch."""
-    status = run.status
-    if (
-        run.config.steps_per_call == "auto"
-        and status.auto_steps_per_call is None
-        and jax.process_count() == 1  # across processes "auto" is 1
-    ):
-        status.auto_steps_per_call = remembered_steps_per_call(_train_family(run))
-
-
 def epoch_context(
     run: RunParts, programs: dict[Hashable, Any] | None = None
 ) -> EpochContext:
@@ -227,8 +209,32 @@ class _Training:
         self.skip = 0
         # Whether an epoch of this train() ran at the count "auto" chose.
         self.ran_chosen = run.config.steps_per_call != "auto"
+        self._family: Any = None  # the train program's family, once "auto" needs it
         # The train programs this train()'s epochs found (`EpochContext.programs`).
         self.programs: dict[Hashable, Any] = {}
+
+    def family(self) -> Any:
+        """The family of the run's train program, which "auto"'s count is
+        remembered by in the process (`loop.call_count.train_family`): keyed once
+        a train(), its parts fixed for the handle."""
+        if self._family is None:
+            run = self.run
+            self._family = train_family(
+                run.prepared, run.config.accum, _epoch_steps(run)
+            )
+        return self._family
+
+    def _adopt_remembered_count(self) -> None:
+        """With "auto" and no count chosen yet: the count this process chose for
+        the run's train program family, if any, from this train()'s first epoch."""
+        run = self.run
+        status = run.status
+        if (
+            run.config.steps_per_call == "auto"
+            and status.auto_steps_per_call is None
+            and jax.process_count() == 1  # across processes "auto" is 1
+        ):
+            status.auto_steps_per_call = remembered_steps_per_call(self.family())
 
     def has_work(self) -> bool:
         """Whether the run is short of max_steps and max_epochs; else it warns."""
@@ -257,7 +263,7 @@ class _Training:
     def train(self) -> None:
         run = self.run
         run.stops.begin()  # a pending stop request is honoured, not reset
-        _adopt_remembered_count(run)
+        self._adopt_remembered_count()
         # The optimizer state, the EMA and the accumulator, restored or allocated.
         values, prepared = run.values, run.prepared
         assert prepared.plan is not None
@@ -321,7 +327,7 @@ class _Training:
         status = run.status
         chosen = status.auto_steps_per_call
         if not self.ran_chosen and context.steps_per_call == chosen:
-            ran_steps_per_call(_train_family(run), chosen)  # its program compiled
+            ran_steps_per_call(self.family(), chosen)  # its program compiled
             self.ran_chosen = True
         if (
             run.config.steps_per_call == "auto"
@@ -329,7 +335,7 @@ class _Training:
             and log.steady_step_seconds is not None
         ):  # chosen once, from steps that compiled nothing
             status.auto_steps_per_call = auto_steps_per_call(
-                _train_family(run), log.steady_step_seconds, _epoch_steps(run)
+                self.family(), log.steady_step_seconds, _epoch_steps(run)
             )
         stepped = values.state.step - steps_before
         if stepped:  # the loop read each step's loss back: the device is done
