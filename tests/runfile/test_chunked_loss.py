@@ -122,30 +122,34 @@ def test_the_chunks_give_the_whole_logits_loss_and_gradient(chunks):
 
 
 @pytest.mark.parametrize("chunks", [4, 64])
-def test_in_bf16_the_chunks_give_the_whole_logits_loss_and_gradient(chunks):
+def test_in_bf16_the_chunks_are_as_close_to_float32_as_the_whole_logits(chunks):
     params, batch = random_params(TINY, 3), tokens()
+    exact = jax.jit(jax.grad(train_loss(TINY)))(params, batch)
     whole = jax.jit(jax.value_and_grad(train_loss(TINY, "bf16")))
     split = jax.jit(jax.value_and_grad(train_loss(chunked(chunks), "bf16")))
-    (loss, grads), (expected, expected_grads) = (
-        split(params, batch),
-        whole(params, batch),
-    )
-    # Measured (bf16, 2 CPU cores): the loss within 4.9e-7 (relative; the same
-    # bfloat16 products, the float32 cross-entropy summed in another order);
-    # each gradient within 3.8e-3 (4 chunks) and 9.4e-3 (64) of its largest entry,
-    # about one bfloat16 rounding; the head's within 3.8e-3 at both, its chunks'
-    # gradients being summed in float32 (4.9e-2 at 64 chunks when they were summed
-    # in bfloat16). The key biases hold rounding noise alone (1.7e-5).
+    (loss, grads), (expected, whole_grads) = split(params, batch), whole(params, batch)
+    # Both bf16 programs are judged against the float32 gradient, each leaf's error
+    # relative to its largest entry, since how far bf16 falls from float32 is up
+    # to XLA: on 2 CPU cores with JAX 0.10.2 the whole-logits head's gradient was
+    # 5.9e-3 off, with JAX 0.11.2 1.7e-1 (the chunked one 5.9e-3 and 5.1e-2). The
+    # chunks' worst leaf against the whole logits' same leaf: 1.05x (0.10.2),
+    # 1.24x (0.11.2). The head's gradient sums its chunks in float32: summed in
+    # bfloat16 it was 4.9e-2 off at 64 chunks (JAX 0.10.2), 8x the whole
+    # logits'. The key biases hold rounding noise alone. The loss: within 4.9e-7
+    # (relative; the same bfloat16 products, the float32 cross-entropy summed in
+    # another order).
     np.testing.assert_allclose(loss, expected, rtol=1e-4)
-    for name, grad in grads.items():
+
+    def error(approx, name):
+        return float(jnp.abs(approx[name] - exact[name]).max() / jnp.abs(exact[name]).max())
+
+    for name in grads:
         if name.endswith(".attn.key.bias"):
             continue
-        want = expected_grads[name]
-        scale = float(jnp.abs(want).max())
-        np.testing.assert_allclose(grad, want, rtol=0, atol=2e-2 * scale, err_msg=name)
+        ours, theirs = error(grads, name), error(whole_grads, name)
+        assert ours <= 1.5 * theirs + 5e-3, (name, ours, theirs)
     head = "model.head.weight"
-    scale = float(jnp.abs(expected_grads[head]).max())
-    assert float(jnp.abs(grads[head] - expected_grads[head]).max()) < 8e-3 * scale
+    assert error(grads, head) <= 1.05 * error(whole_grads, head) + 1e-4
 
 
 def test_a_training_prediction_is_chunked_and_an_evaluation_one_the_logits():
