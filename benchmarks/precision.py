@@ -7,7 +7,7 @@ bf16 accuracy within 0.5 points of f32; on a CPU bf16 is usually slower, since X
 emulates much of bfloat16 there, so the step time is reported, not judged.
 
 The tutorial needs flax, grain and scikit-learn (`pip install -e .[examples]`; on the
-TPU machine `source scripts/tpu/env.sh test` with the carried wheels).
+device machine `source scripts/device/env.sh test` with the carried wheels).
 
     python benchmarks/precision.py [--epochs N]
 """

@@ -5,9 +5,10 @@ compile (LLVM at -O0, the classic emitters) took a third off the default tier bu
 would test another code generator than the one that ships.
 
 JAX_PLATFORMS and XLA_FLAGS are defaults: a value in the environment wins
-(scripts/tpu/tests.sh runs the tier on a TPU with JAX_PLATFORMS=tpu,cpu). A test
-marked `needs_sockets`, `needs_devices(n)` or `needs_processes` is skipped, with the
-reason, where the machine lacks it (tests/support/capabilities.py).
+(scripts/device/tests.sh runs the tier on a TPU or a GPU with JAX_PLATFORMS=tpu,cpu
+or cuda,cpu). A test marked `needs_sockets`, `needs_devices(n)` or `needs_processes`
+is skipped, with the reason, where the machine lacks it
+(tests/support/capabilities.py).
 """
 
 import os
@@ -25,10 +26,10 @@ from capabilities import missing  # noqa: E402
 _STARTED = pytest.StashKey[float]()
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-if jax.default_backend() == "tpu":
-    # A TPU multiplies float32 matrices in bfloat16 passes by default; the tests
-    # compare numbers with NumPy and Optax at float32 tolerances, so they ask for
-    # full precision. Users keep JAX's default.
+if jax.default_backend() != "cpu":
+    # A TPU multiplies float32 matrices in bfloat16 passes by default, a recent
+    # NVIDIA GPU in TF32; the tests compare numbers with NumPy and Optax at float32
+    # tolerances, so they ask for full precision. Users keep JAX's default.
     jax.config.update("jax_default_matmul_precision", "highest")
 
 
@@ -69,7 +70,7 @@ def pytest_addoption(parser):
         default=None,
         metavar="SECONDS",
         help="start no test after SECONDS from the session's start; the run stops "
-        "as interrupted, with the summary of what ran (scripts/tpu/tests.sh)",
+        "as interrupted, with the summary of what ran (scripts/device/tests.sh)",
     )
 
 

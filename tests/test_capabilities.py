@@ -186,7 +186,7 @@ def test_the_collection_hook_skips_with_the_reason_what_is_missing(machine, requ
 
 
 def test_past_the_time_limit_no_further_test_starts(request):
-    """scripts/tpu/tests.sh passes --time-limit: the run stops between tests, as
+    """scripts/device/tests.sh passes --time-limit: the run stops between tests, as
     interrupted, rather than by a signal a training test would take for Ctrl+C."""
     conftest = the_conftest(request.config)
     limits = {"--time-limit": 60.0}

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs benchmarks one after another on the TPU machine, from the repository root, after
-# `source scripts/tpu/env.sh runtime`:
+# Runs benchmarks one after another on the device machine (a TPU or a GPU), from the
+# repository root, after `source scripts/device/env.sh runtime`:
 #
-#   bash scripts/tpu/bench.sh "steps_per_call.py --reps 5" "throughput.py --quick"
+#   bash scripts/device/bench.sh "steps_per_call.py --reps 5" "throughput.py --quick"
 #
 # Each argument is a script in benchmarks/ with its flags. The scripts run one at a
-# time, never two at once (only one process can open the chip; throughput.py and
-# first_step.py start their own children one at a time), each with PYTHONUNBUFFERED=1,
+# time, never two at once (only one process can open a TPU chip, and two would share
+# a GPU; throughput.py and first_step.py start their own children one at a time), each with PYTHONUNBUFFERED=1,
 # 5 seconds apart (a chip just let go can refuse the next process for a moment). With
 # $OUT set, each script's output (stdout and stderr) is teed to $OUT/<script>.log
 # (`throughput.log`; `throughput-2.log` for a second run of it). After each script, and
@@ -14,15 +14,15 @@
 # stop the others; the whole exits 1 if any failed.
 #
 # Needs beyond `env.sh runtime`: runfile.py wants flax, precision.py flax, grain and
-# scikit-learn: `source scripts/tpu/env.sh test` with .whl-tpu carried (grain is not
-# in the machine's index). prefetch.py leaves its Grain row out without grain.
+# scikit-learn: `source scripts/device/env.sh test` with .whl-tpu or .whl-gpu
+# carried (grain is on neither machine). prefetch.py leaves its Grain row out without grain.
 # data_parallel.py runs on the host's CPU there (it forces 4 CPU devices for itself).
 # The device tool brings back at most 8 files from $OUT: 8 scripts a call at most.
 # PYTHON picks the interpreter (default python3).
 set -u
 
 if [ $# -eq 0 ]; then
-    echo "usage: bash scripts/tpu/bench.sh \"SCRIPT.py [FLAGS]\" ..." >&2
+    echo "usage: bash scripts/device/bench.sh \"SCRIPT.py [FLAGS]\" ..." >&2
     exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -1,30 +1,31 @@
 #!/usr/bin/env bash
-# Runs the default test tier on the TPU machine, in one process, from the repository
-# root (where the device tool runs a command; pass carry=[".whl-tpu"]):
+# Runs the default test tier on the device machine (a TPU or a GPU), in one process,
+# from the repository root (where the device tool runs a command; pass
+# carry=[".whl-tpu"] or [".whl-gpu"]):
 #
-#   bash scripts/tpu/tests.sh                            # the whole default tier
-#   bash scripts/tpu/tests.sh tests/devices tests/loop   # a part of it
+#   bash scripts/device/tests.sh                            # the whole default tier
+#   bash scripts/device/tests.sh tests/devices tests/loop   # a part of it
 #
-# The tier in three calls (each within the device tool's 10 minutes; on 2026-12-06
-# the first took 237 s, the second 196-240 s, the third 236 s with NITRO_TEST_LIMIT=480;
-# `env.sh test` takes 40-80 s of each call before them, on a machine still warm from
-# the last call a few seconds):
+# On the TPU, the tier in three calls (each within the device tool's 10 minutes; on
+# 2026-12-06 the first took 237 s, the second 196-240 s, the third 236 s with
+# NITRO_TEST_LIMIT=480; `env.sh test` takes 40-80 s of each call before them, on a
+# machine still warm from the last call a few seconds):
 #
-#   bash scripts/tpu/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
+#   bash scripts/device/tests.sh tests/agent tests/checkpoint tests/compile tests/data \
 #       tests/devices tests/examples tests/experiment tests/export tests/keys
-#   bash scripts/tpu/tests.sh tests/logging tests/loop tests/observe tests/optim \
+#   bash scripts/device/tests.sh tests/logging tests/loop tests/observe tests/optim \
 #       tests/run
-#   bash scripts/tpu/tests.sh tests/runfile tests/docs tests/test_*.py src/jaxnitro
+#   bash scripts/device/tests.sh tests/runfile tests/docs tests/test_*.py src/jaxnitro
 #
-# It sources scripts/tpu/env.sh test first (the test dependencies into
-# .tpu-scratch/site-test, from the machine's index and the carried wheels), unless
-# that folder is on PYTHONPATH already (env.sh test sourced earlier in the same
-# command), and waits 5 s (the
-# chip env.sh's version check opened can refuse the next process for a moment).
-# Then `python3 -m pytest` with the project's addopts
-# (`-m 'not slow and not tf and not wandb'`, strict markers, the doctests) and
-# JAX_PLATFORMS=tpu,cpu: the tests run on the chip, the conftest's four fake CPU
-# devices beside it. Arguments go to pytest as they are.
+# It sources scripts/device/env.sh test first (the test dependencies into
+# .device-scratch/site-<kind>-test, from the carried wheels and on the TPU the
+# machine's index), unless that folder is on PYTHONPATH already (env.sh test sourced
+# earlier in the same command), and waits 5 s (the chip env.sh's version check
+# opened can refuse the next process for a moment). Then `python3 -m pytest` with
+# the project's addopts (`-m 'not slow and not tf and not wandb'`, strict markers,
+# the doctests) and JAX_PLATFORMS=tpu,cpu or cuda,cpu: the tests run on the
+# accelerator, the conftest's four fake CPU devices beside it. Arguments go to
+# pytest as they are.
 #
 # Tests marked needs_sockets, needs_devices(n) or needs_processes are skipped there
 # with the reason (no sockets, one chip, one process on it); pytest's -ra summary
@@ -42,15 +43,15 @@ set -u
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 case ":${PYTHONPATH:-}:" in
-*/.tpu-scratch/site-test:*) ;;
+*/.device-scratch/site-*-test:*) ;;
 *)
-    # shellcheck source=scripts/tpu/env.sh
-    source scripts/tpu/env.sh test
+    # shellcheck source=scripts/device/env.sh
+    source scripts/device/env.sh test
     ;;
 esac
 sleep 5
 python=${PYTHON:-python3}
-export JAX_PLATFORMS=tpu,cpu
+export JAX_PLATFORMS=${NITRO_JAX_PLATFORMS:?scripts/device/env.sh test sets it}
 export PYTHONUNBUFFERED=1
 limit=${NITRO_TEST_LIMIT:-540}
 

@@ -165,7 +165,7 @@ def test_flash_gives_the_written_out_loss_and_gradient():
 
 @pytest.mark.skipif(
     jax.default_backend() != "tpu",
-    reason="the compiled kernel runs on a TPU only (scripts/tpu/tests.sh)",
+    reason="the compiled kernel runs on a TPU only (scripts/device/tests.sh)",
 )
 @pytest.mark.parametrize("remat", ["none", "blocks"])
 def test_on_a_tpu_the_compiled_kernel_gives_the_written_out_loss_and_gradient(remat):

@@ -86,7 +86,7 @@ def test_the_backward_pass_keeps_less_under_each_policy():
     jax.default_backend() == "cpu",
     reason="XLA:CPU drops the optimization barriers and schedules the recomputed "
     "forward pass early, so its temporaries are the same under every policy "
-    "(measured); scripts/tpu/tests.sh runs this on a TPU",
+    "(measured); scripts/device/tests.sh runs this on a TPU",
 )
 def test_blocks_need_fewer_temporaries_in_the_compiled_step():
     # A context long enough for the attention weights [batch, heads, time, time]
