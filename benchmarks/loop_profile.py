@@ -221,9 +221,14 @@ def profile(exp, per_call: int, top: int, count: int, *, scratch: str) -> None:
     """A cProfile of `EPOCHS` epochs after a first one: own time in us a step."""
 
     profiler = cProfile.Profile()
+    enabled = []
 
     def after(nitro, epoch, observations):
-        profiler.enable()  # from the end of the first epoch (its compile) on
+        # From the end of the first epoch (its compile) on; once: from Python 3.12
+        # enabling a running profiler raises.
+        if not enabled:
+            profiler.enable()
+            enabled.append(epoch)
 
     nitro = handle(exp, per_call, scratch)
     nitro.on_epoch_end(after)
