@@ -52,6 +52,13 @@ esac
 sleep 5
 python=${PYTHON:-python3}
 export JAX_PLATFORMS=${NITRO_JAX_PLATFORMS:?scripts/device/env.sh test sets it}
+if [ "$NITRO_DEVICE_KIND" = gpu ]; then
+    # The tests compare runs bit for bit (a resume, K steps a call against one); a
+    # GPU's scatter-adds and some reductions use atomics, whose order varies from
+    # run to run unless XLA is asked for deterministic ops. The four fake CPU
+    # devices the conftest would ask for stay.
+    export XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=4} --xla_gpu_deterministic_ops=true"
+fi
 export PYTHONUNBUFFERED=1
 limit=${NITRO_TEST_LIMIT:-540}
 
