@@ -178,6 +178,11 @@ class BlockAssembler:
         size = min(size, max(count // s.accum, 1))
         return BlockPlan(count, batch_signature(routed), size)
 
+    def staged(self, block: Block) -> Block:
+        """`block` stacked and, on an accelerator, its copy started, as this
+        assembler's thread would have handed it (`loop/read_ahead.py`)."""
+        return block._replace(stacked=self._stacked(block.batches, block.steps))
+
     def _complete(self, steps: int) -> Block:
         reading, self.reading = self.reading, []
         assert self.plan is not None

@@ -56,8 +56,8 @@ at validations, which fall on call boundaries. A `set_device` made while a call 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
@@ -125,6 +125,8 @@ def call_steps(
     assembler: BlockAssembler,
     events: StepEvents | None = None,
     agreement: StopAgreement | None = None,
+    *,
+    read_ahead: ReadAheadPlan | None = None,
 ) -> int | None:
     """The hot loop of one epoch in calls, from the state `context.current()`
     holds: the state reached is committed (`context.commit`) on every exit, a
@@ -135,8 +137,22 @@ def call_steps(
     own thread ran it when it `stages`, else the loop runs it on the feed's items.
     Across processes (`agreement` given) every rank stops at the same step: a call
     ends at each agreement point (`agreement.next_at`), where every rank votes, and
-    the stop check reads the agreed flag."""
-    return _EpochCalls(context, epoch, feed, log, assembler, events, agreement).run()
+    the stop check reads the agreed flag. `read_ahead`: the epoch's first items
+    read ahead by the epoch before (`read_ahead.py`), and what to read ahead for
+    the next once this epoch's last call is dispatched."""
+    return _EpochCalls(
+        context, epoch, feed, log, assembler, events, agreement, read_ahead
+    ).run()
+
+
+class ReadAheadPlan(NamedTuple):
+    """The calls loop's side of reading ahead (`read_ahead.py`): the items this
+    epoch's pass had read before it began, whether they end the pass, and what
+    stages the next epoch's first block (None: nothing to read ahead)."""
+
+    items: list[Block | PassEnd]
+    ended: bool
+    next_epoch: Callable[[], None] | None
 
 
 def epoch_assembler(
@@ -184,8 +200,10 @@ class _EpochCalls:
         assembler: BlockAssembler,
         events: StepEvents | None,
         agreement: StopAgreement | None,
+        read_ahead: ReadAheadPlan | None = None,
     ) -> None:
         self.context, self.epoch, self.feed, self.log = context, epoch, feed, log
+        self.read_ahead = read_ahead
         self.assembler, self.events, self.agreement = assembler, events, agreement
         self.skip = assembler.settings.skip
         self.per_call = context.steps_per_call
@@ -257,6 +275,9 @@ class _EpochCalls:
             # losses back, in a one-step epoch the first step's.
             if unpacks_at_once(self.packing):
                 reached = carry_out(self.start, self.carry, self.step, self.packing)
+            reader = None if self.read_ahead is None else self.read_ahead.next_epoch
+            if self.delivered is not None and reader is not None:
+                reader()  # the next epoch's first block, while the device works
             self._read_all()
             self._time_steady()
         finally:
@@ -279,8 +300,13 @@ class _EpochCalls:
             yield item
 
     def _assembled(self) -> Iterator[Block | PassEnd]:
-        """The feed's blocks: as its thread assembled them, or assembled here."""
+        """The feed's blocks: as its thread assembled them, or assembled here
+        (after those read ahead by the epoch before)."""
         feed, assembler = self.feed, self.assembler
+        if self.read_ahead is not None:
+            yield from self.read_ahead.items
+            if self.read_ahead.ended:
+                return
         if assembler.stages:
             yield from feed
             return

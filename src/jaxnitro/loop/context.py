@@ -25,6 +25,7 @@ from ..compile.executables import Executables
 from ..observe import phases
 from ..observe.profiling import StepProfiler
 from .prepared import Prepared
+from .read_ahead import ReadAhead
 from .state import TrainState
 
 
@@ -69,6 +70,9 @@ class EpochContext:
             cost a short epoch about 80 us on a CPU host; one dict per
             `train()`, so the optimizer's constants a program was declared from
             are checked again at each `train()`.
+        read_ahead: where an epoch leaves the next one's first block, read while
+            it ends (`read_ahead.py`); None: each epoch reads its own (the run
+            decides, `run/training.py`).
     """
 
     accum: int
@@ -90,6 +94,7 @@ class EpochContext:
     current: Callable[[], TrainState]
     commit: Callable[[TrainState], None]
     programs: dict[Hashable, Any] = field(default_factory=dict)
+    read_ahead: ReadAhead | None = None
 
 
 class EvalSettings(Protocol):

@@ -11,17 +11,24 @@ other than len() batches refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
+from ..data.prefetch import prefetch_config
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError
 from ..logging import protocol as logproto
-from .calls import call_steps, epoch_assembler
+from .assembly import BlockAssembler
+from .calls import ReadAheadPlan, call_steps, epoch_assembler
 from .epoch_log import EpochLog, StepEvents
 from .feed import open_feed, threads_assemble
+from .read_ahead import read_first_block
+
+LISTED = "materialized"
+"""The prefetch path of a list of built batches: the one read ahead."""
 
 if TYPE_CHECKING:
     from .context import EpochContext
@@ -55,18 +62,29 @@ def run_epoch(
     bar = context.bar
     if bar is not None:
         bar.begin("train", len(source), epoch=epoch, max_epochs=context.max_epochs)
-    assembler = epoch_assembler(context, epoch, skip, threads_assemble(source))
-    feed = open_feed(
-        source,
-        epoch=epoch - 1,
-        fields=context.prepared.routing.train_fields,
-        name="train",
-        assembler=assembler if assembler.stages else None,
-    )
+    threads = threads_assemble(source)
+    assembler = epoch_assembler(context, epoch, skip, threads)
+    ahead = context.read_ahead
+    held = None
+    if ahead is not None and not skip and not assembler.stages:
+        held = ahead.take(epoch, source, assembler.settings)
+    if held is not None:  # the epoch before read this one's first block
+        feed, assembler = held.feed, held.assembler
+    else:
+        feed = _open(context, epoch, assembler)
     log.feed = feed
+    plan = None
+    if ahead is not None:
+        plan = ReadAheadPlan(
+            [] if held is None else held.items,
+            held is not None and held.ended,
+            _reader(context, epoch + 1, threads),
+        )
     accum = context.accum
     try:
-        delivered = call_steps(context, epoch, feed, log, assembler, events, agreement)
+        delivered = call_steps(
+            context, epoch, feed, log, assembler, events, agreement, read_ahead=plan
+        )
     except BaseException:
         if accum > 1:  # it may have raised partway through an optimizer step
             context.commit(_zeroed_accumulator(context.current()))
@@ -79,6 +97,43 @@ def run_epoch(
             context.commit(_zeroed_accumulator(context.current()))
         _check_epoch_length(source, delivered, epoch)
     return log
+
+
+def _open(context: EpochContext, epoch: int, assembler: BlockAssembler) -> Any:
+    """Epoch `epoch`'s train pass, run by `assembler` where it stages."""
+    return open_feed(
+        context.source,
+        epoch=epoch - 1,
+        fields=context.prepared.routing.train_fields,
+        name="train",
+        assembler=assembler if assembler.stages else None,
+    )
+
+
+def _reader(
+    context: EpochContext, epoch: int, threads: bool
+) -> Callable[[], None] | None:
+    """What reads epoch `epoch`'s first block ahead into `context.read_ahead`
+    (`read_ahead.py`), or None where there is no such epoch or its batches are not
+    a list read on this thread and staged on an accelerator (a pass with threads
+    of its own, a `NoPrefetch` source, whose `set_epoch` another pass over it may
+    call meanwhile, a CPU, several processes)."""
+    ahead = context.read_ahead
+    if ahead is None or epoch > context.max_epochs or threads:
+        return None
+    if jax.process_count() > 1 or prefetch_config(context.source).path != LISTED:
+        return None
+
+    def read() -> None:
+        assembler = epoch_assembler(context, epoch, 0, threads)
+        if assembler.stages or not assembler.settings.on_device:
+            return
+        feed = _open(context, epoch, assembler)
+        block = read_first_block(epoch, context.source, feed, assembler)
+        if block is not None:
+            ahead.put(block)
+
+    return read
 
 
 def _zeroed_accumulator(state: TrainState) -> TrainState:

@@ -54,6 +54,7 @@ from ..loop.call_count import (
     train_family,
 )
 from ..loop.context import EpochContext
+from ..loop.read_ahead import ReadAhead
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
 from ..observe import phases
@@ -90,11 +91,14 @@ def _epoch_steps(run: RunParts) -> int:
 
 
 def epoch_context(
-    run: RunParts, programs: dict[Hashable, Any] | None = None
+    run: RunParts,
+    programs: dict[Hashable, Any] | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> EpochContext:
     """What the epoch about to run reads of the run (`loop/context.py`); its
     steps_per_call resolved now ("auto": 1 until the handle has chosen);
-    `programs`: the train programs its `train()` found so far (a new dict: none)."""
+    `programs`: the train programs its `train()` found so far (a new dict: none);
+    `read_ahead`: where it finds its first block and leaves the next epoch's."""
     config, values = run.config, run.values
     chosen = run.status.auto_steps_per_call
     return EpochContext(
@@ -117,6 +121,7 @@ def epoch_context(
         current=lambda: values.state,
         commit=values.commit,
         programs={} if programs is None else programs,
+        read_ahead=read_ahead,
     )
 
 
@@ -212,6 +217,9 @@ class _Training:
         self._family: Any = None  # the train program's family, once "auto" needs it
         # The train programs this train()'s epochs found (`EpochContext.programs`).
         self.programs: dict[Hashable, Any] = {}
+        # An epoch's first block, staged while the epoch before ends, unless an
+        # on_epoch_end hook could change the data in between (loop/read_ahead.py).
+        self.ahead = None if run.epoch_end_hooks else ReadAhead()
 
     def family(self) -> Any:
         """The family of the run's train program, which "auto"'s count is
@@ -280,6 +288,8 @@ class _Training:
             _fail(run, error, finalize=True)
             raise
         finally:
+            if self.ahead is not None:  # a block no epoch took
+                self.ahead.close()
             _stop_profile(run)
         self._finish(reason)
 
@@ -314,7 +324,12 @@ class _Training:
         run.phase.enter(phases.TrainStepping(), epoch_started=number)
         started, steps_before = time.perf_counter(), values.state.step
         events_before = events.seconds if events is not None else 0.0
-        context = epoch_context(run, self.programs)  # what the epoch reads of the run
+        # What the epoch reads of the run; it reads the next one's first block
+        # ahead once its steps a call are known ("auto" measures the first epoch).
+        known = run.config.steps_per_call != "auto" or (
+            run.status.auto_steps_per_call is not None
+        )
+        context = epoch_context(run, self.programs, self.ahead if known else None)
         log = run_epoch(
             context,
             number,

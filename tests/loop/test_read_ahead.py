@@ -1,0 +1,158 @@
+"""The next epoch's first block, staged while an epoch ends (loop/read_ahead.py).
+
+On an accelerator (here: the CPU made to stage its batches, as `--staged` does), a
+list of built batches has each epoch's first block read, stacked and placed by the
+epoch before, once its last call is dispatched; the training is the same to the
+bit, and where reading ahead would not be safe nothing is read ahead.
+"""
+
+import jax
+import numpy as np
+import pytest
+from experiments import Tiny
+
+import jaxnitro as nx
+import jaxnitro.loop.feed as feed
+import jaxnitro.loop.steps as steps
+import jaxnitro.run.training as training
+from jaxnitro.loop.read_ahead import ReadAhead
+
+
+class Recorded(ReadAhead):
+    """The train()'s holder, kept for the test to read."""
+
+    made: list["Recorded"] = []
+
+    def __init__(self):
+        super().__init__()
+        Recorded.made.append(self)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    Recorded.made = []
+    monkeypatch.setattr(training, "ReadAhead", Recorded)
+    return Recorded.made
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    monkeypatch.setattr(feed, "stages_on_device", lambda: True)
+
+
+def reads(monkeypatch):
+    """The epochs whose first block was read ahead, in order."""
+    read = []
+    real = steps.read_first_block
+
+    def spy(epoch, source, pass_, assembler):
+        read.append(epoch)
+        return real(epoch, source, pass_, assembler)
+
+    monkeypatch.setattr(steps, "read_first_block", spy)
+    return read
+
+
+def trained(tmp_path, name, **kw):
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 10, max_epochs=3),
+        run_dir=str(tmp_path / name),
+        checkpointer=None,
+        **kw,
+    )
+    nitro.train()
+    return nitro
+
+
+def weights(nitro):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(nitro.train_state.weights)]
+
+
+@pytest.mark.parametrize("per_call", [1, 4])
+def test_each_epoch_starts_from_the_block_the_one_before_read(
+    tmp_path, monkeypatch, staged, recorded, per_call
+):
+    read = reads(monkeypatch)
+    ahead = trained(tmp_path, "ahead", steps_per_call=per_call)
+    assert read == [2, 3]  # the last epoch has none to read
+    [holder] = recorded
+    assert (holder.taken, holder.dropped) == (2, 0)
+    # The same training without it, to the bit.
+    monkeypatch.setattr(training, "ReadAhead", lambda: None)
+    read.clear()
+    plain = trained(tmp_path, "plain", steps_per_call=per_call)
+    assert read == []
+    for x, y in zip(weights(ahead), weights(plain), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert [r["train_loss"] for r in ahead.history] == [
+        r["train_loss"] for r in plain.history
+    ]
+
+
+def test_an_epoch_end_hook_turns_it_off(tmp_path, monkeypatch, staged, recorded):
+    # A hook may change the data between epochs: each epoch reads its own.
+    read = reads(monkeypatch)
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 10, max_epochs=3),
+        run_dir=str(tmp_path / "hooked"),
+        checkpointer=None,
+        steps_per_call=4,
+    )
+    nitro.on_epoch_end(lambda nitro, epoch, observations: None)
+    nitro.train()
+    assert (read, recorded) == ([], [])
+
+
+def test_on_a_cpu_the_loop_reads_nothing_ahead(tmp_path, monkeypatch, recorded):
+    # A CPU takes its host batches as they are: there is no copy to start early.
+    monkeypatch.setattr(feed, "stages_on_device", lambda: False)  # even --staged
+    read = reads(monkeypatch)
+    trained(tmp_path, "cpu", steps_per_call=4)
+    assert read == []
+    assert (recorded[0].taken, recorded[0].dropped) == (0, 0)
+
+
+def test_a_block_no_epoch_takes_is_dropped_at_the_end(
+    tmp_path, monkeypatch, staged, recorded
+):
+    # The run stops after the first epoch (a stop asked for at its end): the
+    # second epoch's block, read while the first ended, is closed with the train().
+    read = reads(monkeypatch)
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 10, max_epochs=3),
+        run_dir=str(tmp_path / "stopped"),
+        checkpointer=None,
+        steps_per_call=4,
+    )
+    closed = []
+    real_close = ReadAhead.close
+
+    def close(self):
+        closed.append(self._held is not None)
+        real_close(self)
+
+    monkeypatch.setattr(ReadAhead, "close", close)
+    real_summary = training.EpochLog.log_summary
+
+    def stop_at_the_end(self, step):
+        real_summary(self, step)
+        nitro.request_stop()
+
+    monkeypatch.setattr(training.EpochLog, "log_summary", stop_at_the_end)
+    nitro.train()
+    assert nitro.current_epoch == 1
+    assert read == [2]
+    [holder] = recorded
+    assert (holder.taken, holder.dropped) == (0, 1)
+    assert closed[-1] and closed.count(True) == 1  # at the train()'s end, once
+
+
+def test_auto_reads_ahead_once_it_has_chosen(tmp_path, monkeypatch, staged, recorded):
+    # "auto" times its first epoch at one step a call and may then choose another
+    # count: nothing is read ahead until the count is known.
+    read = reads(monkeypatch)
+    nitro = trained(tmp_path, "auto", steps_per_call="auto")
+    chosen = nitro.status.auto_steps_per_call
+    assert chosen is not None
+    assert read == [3]
+    assert (recorded[0].taken, recorded[0].dropped) == (1, 0)
