@@ -99,21 +99,30 @@ def reference_scan(widths, batches, per_call: int):
 
 
 def measure(
-    name: str, per_call: int, reps: int, scratch: str, unpacked: bool = False
+    name: str,
+    per_call: int,
+    reps: int,
+    scratch: str,
+    unpacked: bool = False,
+    no_read_ahead: bool = False,
 ) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
     the paired ratios reference / jaxnitro; with `unpacked`, jaxnitro at both again
-    with its state passed leaf by leaf (what packing it gains or costs here).
+    with its state passed leaf by leaf (what packing it gains or costs here); with
+    `no_read_ahead`, again with each epoch reading its own first block
+    (`loop/read_ahead.py`: on an accelerator an epoch reads the next one's).
     jaxnitro's run directories (its logs) go in the folder `scratch`."""
     import jaxnitro as nx
     import jaxnitro.loop.calls as calls_module
+    import jaxnitro.run.training as training_module
 
     packs = calls_module.packs_state
+    read_ahead = training_module.ReadAhead
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
 
-    def ours(k: int, packed: bool = True) -> float:
+    def ours(k: int, packed: bool = True, ahead: bool = True) -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
@@ -122,10 +131,12 @@ def measure(
             steps_per_call=k,
         )
         calls_module.packs_state = packs if packed else lambda: False
+        training_module.ReadAhead = read_ahead if ahead else lambda: None
         try:
             nitro.train()
         finally:
             calls_module.packs_state = packs
+            training_module.ReadAhead = read_ahead
         # Epochs 2 on (the history slices by epoch number): the first carries the
         # once-per-train() work.
         return statistics.median(row["seconds"] for row in nitro.history[2:])
@@ -155,6 +166,8 @@ def measure(
     if unpacked:
         sides["k=1 unpacked"], sides[f"k={per_call} unpacked"] = [], []
         ours(1, packed=False), ours(per_call, packed=False)
+    if no_read_ahead:
+        sides["k=1 no read-ahead"], sides[f"k={per_call} no read-ahead"] = [], []
     for _ in range(reps):
         sides["reference"].append(timed(lambda: ref_epochs(1)))
         sides["reference scan"].append(timed(scan_epoch))
@@ -163,6 +176,9 @@ def measure(
         if unpacked:
             sides["k=1 unpacked"].append(ours(1, packed=False))
             sides[f"k={per_call} unpacked"].append(ours(per_call, packed=False))
+        if no_read_ahead:
+            sides["k=1 no read-ahead"].append(ours(1, ahead=False))
+            sides[f"k={per_call} no read-ahead"].append(ours(per_call, ahead=False))
     result = {side: statistics.median(times) for side, times in sides.items()}
     for side in sides:
         if side == "reference":
@@ -188,6 +204,12 @@ def main() -> None:
         help="also time jaxnitro with its state passed leaf by leaf (off a CPU the "
         "calls loop packs a small state into one buffer per dtype)",
     )
+    parser.add_argument(
+        "--no-read-ahead",
+        action="store_true",
+        help="also time jaxnitro with each epoch reading its own first block (on an "
+        "accelerator an epoch reads the next one's while it ends)",
+    )
     args = parser.parse_args()
     if args.cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
@@ -197,7 +219,7 @@ def main() -> None:
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
         with tempfile.TemporaryDirectory(prefix="nitro-spc-") as scratch:
-            r = measure(name, k, args.reps, scratch, args.unpacked)
+            r = measure(name, k, args.reps, scratch, args.unpacked, args.no_read_ahead)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
@@ -211,6 +233,13 @@ def main() -> None:
                 f"{name}: unpacked state: k=1 {r['k=1 unpacked paired']:.3f}x, "
                 f"k={k} {r[f'k={k} unpacked paired']:.3f}x (s/epoch medians "
                 f"{r['k=1 unpacked']:.4f}, {r[f'k={k} unpacked']:.4f})"
+            )
+        if args.no_read_ahead:
+            print(
+                f"{name}: each epoch reading its own first block: k=1 "
+                f"{r['k=1 no read-ahead paired']:.3f}x, k={k} "
+                f"{r[f'k={k} no read-ahead paired']:.3f}x (s/epoch medians "
+                f"{r['k=1 no read-ahead']:.4f}, {r[f'k={k} no read-ahead']:.4f})"
             )
 
 
