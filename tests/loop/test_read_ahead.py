@@ -68,19 +68,30 @@ def weights(nitro):
     return [np.asarray(leaf) for leaf in jax.tree.leaves(nitro.train_state.weights)]
 
 
-@pytest.mark.parametrize("per_call", [1, 4])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"steps_per_call": 1},
+        {"steps_per_call": 4},
+        {"steps_per_call": 2, "accum": 2},  # blocks of micro-batches
+        pytest.param(
+            {"steps_per_call": 4, "n_devs": 2}, marks=pytest.mark.needs_devices(2)
+        ),  # blocks split over a mesh
+    ],
+    ids=["k1", "k4", "accum2", "mesh"],
+)
 def test_each_epoch_starts_from_the_block_the_one_before_read(
-    tmp_path, monkeypatch, staged, recorded, per_call
+    tmp_path, monkeypatch, staged, recorded, kw
 ):
     read = reads(monkeypatch)
-    ahead = trained(tmp_path, "ahead", steps_per_call=per_call)
+    ahead = trained(tmp_path, "ahead", **kw)
     assert read == [2, 3]  # the last epoch has none to read
     [holder] = recorded
     assert (holder.taken, holder.dropped) == (2, 0)
     # The same training without it, to the bit.
     monkeypatch.setattr(training, "ReadAhead", lambda: None)
     read.clear()
-    plain = trained(tmp_path, "plain", steps_per_call=per_call)
+    plain = trained(tmp_path, "plain", **kw)
     assert read == []
     for x, y in zip(weights(ahead), weights(plain), strict=True):
         np.testing.assert_array_equal(x, y)
