@@ -6,10 +6,12 @@ epoch before, once its last call is dispatched; the training is the same to the
 bit, and where reading ahead would not be safe nothing is read ahead.
 """
 
+import collections
+
 import jax
 import numpy as np
 import pytest
-from experiments import Tiny
+from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -167,3 +169,62 @@ def test_auto_reads_ahead_once_it_has_chosen(tmp_path, monkeypatch, staged, reco
     assert chosen is not None
     assert read == [3]
     assert (recorded[0].taken, recorded[0].dropped) == (1, 0)
+
+
+def test_a_list_changed_after_the_block_was_read_is_read_again(
+    tmp_path, monkeypatch, staged, recorded
+):
+    # Code outside a hook (here a logger) replaces the list's first batch between
+    # epochs 1 and 2, after epoch 1 read epoch 2's first block: epoch 2 trains on
+    # the new batch, as a run that read nothing ahead does.
+    def run(name):
+        train = make_batches(16 * 10, 16)
+
+        class Shared(Tiny):
+            def build_data(self, dist):
+                return {**super().build_data(dist), "train": train}
+
+        class Replaces(QuietLogger):
+            def log_metrics(self, metrics, *, step, epoch, context, **kw):
+                if context == "train_epoch" and epoch == 1:
+                    train[0] = {"x": train[0]["x"] * 2, "y": train[0]["y"]}
+
+        nitro = nx.Nitro(
+            Shared(max_epochs=3),
+            run_dir=str(tmp_path / name),
+            checkpointer=None,
+            logger=Replaces(),
+            steps_per_call=4,
+        )
+        nitro.train()
+        return nitro
+
+    ahead = run("ahead")
+    [holder] = recorded
+    assert (holder.taken, holder.dropped) == (1, 1)  # epoch 2's dropped, 3's taken
+    monkeypatch.setattr(training, "ReadAhead", lambda: None)
+    plain = run("plain")
+    for x, y in zip(weights(ahead), weights(plain), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_list_of_named_tuples_is_read_ahead_too(
+    tmp_path, monkeypatch, staged, recorded
+):
+    # Each epoch makes a dict of a named tuple batch anew: the block read ahead is
+    # recognised by its arrays.
+    Batch = collections.namedtuple("Batch", "x y")
+
+    class Tuples(Tiny):
+        def build_data(self, dist):
+            data = super().build_data(dist)
+            return {**data, "train": [Batch(b["x"], b["y"]) for b in data["train"]]}
+
+    nx.Nitro(
+        Tuples(n_train=16 * 10, max_epochs=3),
+        run_dir=str(tmp_path / "tuples"),
+        checkpointer=None,
+        steps_per_call=4,
+    ).train()
+    [holder] = recorded
+    assert (holder.taken, holder.dropped) == (2, 0)

@@ -18,17 +18,22 @@ a call takes known (not "auto" still measuring) and an epoch to come; the run
 decides the last four (`run/training.py`). The next epoch takes the block only if
 it reads the same split with the same block settings, else the pass read ahead is
 closed and the epoch reads its batches again; one that no epoch takes (the run
-stopped after the epoch) is closed at the `train()`'s end. A batch the pass read
+stopped after the epoch) is closed at the `train()`'s end. So is one whose list
+changed meanwhile (its length, or one of the first block's batches replaced), which
+only code outside a hook could do (a logger, another thread). A batch the pass read
 ahead that the epoch would refuse (another batch size, a field missing) is not
 refused early: the pass is dropped and the epoch refuses it in its own turn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..data.protocol import unwrap_source
 from ..data.stream import InlinePass
+from ..experiment.routing import as_batch
 from .assembly import Block, BlockAssembler, BlockSettings, PassEnd
 
 
@@ -43,6 +48,7 @@ class AheadBlock:
         assembler: the epoch's assembler, past the first block.
         items: the first block (placed: `Block.stacked`), and the pass's end if
             the pass held no more.
+        length: how many batches the list held when the pass began.
     """
 
     epoch: int
@@ -50,15 +56,47 @@ class AheadBlock:
     feed: InlinePass
     assembler: BlockAssembler
     items: list[Block | PassEnd]
+    length: int
 
     @property
     def settings(self) -> BlockSettings:
         return self.assembler.settings
 
+    def read_from(self, source: Any) -> bool:
+        """Whether `source` still holds what the pass read: as many batches, the
+        first block's the same objects (a batch that is no mapping, such as a named
+        tuple, the same arrays)."""
+        batches = unwrap_source(source)
+        if len(batches) != self.length:
+            return False
+        for item in self.items:
+            if not isinstance(item, Block):
+                continue
+            for host, _, index in item.batches:
+                if not _same_batch(batches[index], host):
+                    return False
+        return True
+
     @property
     def ended(self) -> bool:
         """The pass is read to its end: nothing follows `items`."""
         return bool(self.items) and isinstance(self.items[-1], PassEnd)
+
+
+def _same_batch(now: Any, read: Mapping[str, Any]) -> bool:
+    """Whether the list's batch `now` is the batch the pass `read` (the same object,
+    or for a batch that is no mapping, one whose fields are the same arrays)."""
+    if now is read:
+        return True
+    if isinstance(now, Mapping):
+        return False
+    try:
+        fields = as_batch(now, "")
+    except Exception:  # not a batch any more: the epoch refuses it in its turn
+        return False
+    return len(fields) == len(read) and all(
+        value is read.get(name) for name, value in fields.items()
+    )
 
 
 class ReadAhead:
@@ -85,7 +123,12 @@ class ReadAhead:
         held, self._held = self._held, None
         if held is None:
             return None
-        if held.epoch == epoch and held.source is source and held.settings == settings:
+        if (
+            held.epoch == epoch
+            and held.source is source
+            and held.settings == settings
+            and held.read_from(source)
+        ):
             self.taken += 1
             return held
         held.feed.close()
@@ -107,6 +150,7 @@ def read_first_block(
     as a prefetch thread would (`BlockAssembler.staged`); None, with the pass
     closed, where reading it raised (the epoch reads it again and raises then)."""
     items: list[Block | PassEnd] = []
+    length = len(unwrap_source(source))
     try:
         for full, routed in feed:
             block = assembler.add(full, routed)
@@ -121,4 +165,4 @@ def read_first_block(
     except Exception:
         feed.close()
         return None
-    return AheadBlock(epoch, source, feed, assembler, items)
+    return AheadBlock(epoch, source, feed, assembler, items, length)
