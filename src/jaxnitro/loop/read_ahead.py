@@ -15,14 +15,16 @@ would read: a list of built batches (the same batches every epoch, read on the
 loop's thread: no prefetch thread runs ahead), in one process, with batches staged
 on an accelerator, no `on_epoch_end` hook (one could change the data), the steps
 a call takes known (not "auto" still measuring) and an epoch to come; the run
-decides the last four (`run/training.py`). The next epoch takes the block only if
-it reads the same split with the same block settings, else the pass read ahead is
-closed and the epoch reads its batches again; one that no epoch takes (the run
-stopped after the epoch) is closed at the `train()`'s end. So is one whose list
-changed meanwhile (its length, or one of the first block's batches replaced), which
-only code outside a hook could do (a logger, another thread). A batch the pass read
-ahead that the epoch would refuse (another batch size, a field missing) is not
-refused early: the pass is dropped and the epoch refuses it in its own turn.
+decides the hook and the count (`run/training.py`), the epoch the rest
+(`steps.py`). The next epoch takes the block only if it reads the same split with
+the same block settings, else the pass read ahead is closed and the epoch reads its
+batches again; one that no epoch takes (the run stopped after the epoch) is closed
+at the `train()`'s end. So is one whose list changed meanwhile (its length, or one
+of the first block's batches replaced), which only code outside a hook could do (a
+logger, another thread); an array written in place is not seen, as a batch a
+prefetch thread staged is not. A batch the pass read ahead that the epoch would
+refuse (another batch size, a field missing) is not refused early: the pass is
+dropped and the epoch refuses it in its own turn.
 """
 
 from __future__ import annotations
