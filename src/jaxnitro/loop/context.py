@@ -25,7 +25,6 @@ from ..compile.executables import Executables
 from ..observe import phases
 from ..observe.profiling import StepProfiler
 from .prepared import Prepared
-from .read_ahead import ReadAhead
 from .state import TrainState
 
 
@@ -38,6 +37,15 @@ class StopControl(Protocol):
 
     @property
     def preempted(self) -> bool: ...
+
+
+class AheadHolder(Protocol):
+    """Where an epoch leaves the next one's first block, read while it ends, and
+    where the next epoch finds it (`read_ahead.ReadAhead`)."""
+
+    def put(self, ahead: Any) -> None: ...
+
+    def take(self, epoch: int, source: Any, settings: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ class EpochContext:
     current: Callable[[], TrainState]
     commit: Callable[[TrainState], None]
     programs: dict[Hashable, Any] = field(default_factory=dict)
-    read_ahead: ReadAhead | None = None
+    read_ahead: AheadHolder | None = None
 
 
 class EvalSettings(Protocol):
