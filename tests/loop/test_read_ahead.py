@@ -55,13 +55,18 @@ def reads(monkeypatch):
     return read
 
 
-def trained(tmp_path, name, **kw):
-    nitro = nx.Nitro(
+def handle(tmp_path, name, **kw):
+    """A Nitro on Tiny, three epochs of 10 batches, no checkpointer."""
+    return nx.Nitro(
         Tiny(n_train=16 * 10, max_epochs=3),
         run_dir=str(tmp_path / name),
         checkpointer=None,
         **kw,
     )
+
+
+def trained(tmp_path, name, **kw):
+    nitro = handle(tmp_path, name, **kw)
     nitro.train()
     return nitro
 
@@ -105,12 +110,7 @@ def test_each_epoch_starts_from_the_block_the_one_before_read(
 def test_an_epoch_end_hook_turns_it_off(tmp_path, monkeypatch, staged, recorded):
     # A hook may change the data between epochs: each epoch reads its own.
     read = reads(monkeypatch)
-    nitro = nx.Nitro(
-        Tiny(n_train=16 * 10, max_epochs=3),
-        run_dir=str(tmp_path / "hooked"),
-        checkpointer=None,
-        steps_per_call=4,
-    )
+    nitro = handle(tmp_path, "hooked", steps_per_call=4)
     nitro.on_epoch_end(lambda nitro, epoch, observations: None)
     nitro.train()
     assert (read, recorded) == ([], [])
@@ -131,12 +131,7 @@ def test_a_block_no_epoch_takes_is_dropped_at_the_end(
     # The run stops after the first epoch (a stop asked for at its end): the
     # second epoch's block, read while the first ended, is closed with the train().
     read = reads(monkeypatch)
-    nitro = nx.Nitro(
-        Tiny(n_train=16 * 10, max_epochs=3),
-        run_dir=str(tmp_path / "stopped"),
-        checkpointer=None,
-        steps_per_call=4,
-    )
+    nitro = handle(tmp_path, "stopped", steps_per_call=4)
     closed = []
     real_close = ReadAhead.close
 
