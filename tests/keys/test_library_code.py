@@ -124,7 +124,8 @@ def test_without_top_level_txt_the_top_levels_are_read_from_the_record(tmp_path)
         "__pycache__/single_module.cpython-311.pyc,,",
     ]
     (info / "RECORD").write_text("\n".join(rows) + "\n")
-    assert _top_levels(PathDistribution(info)) == {"wheelish", "single_module", "fast"}
+    provided = _top_levels(PathDistribution(info), editable=False)
+    assert provided == {"wheelish", "single_module", "fast"}
 
 
 @pytest.mark.parametrize("top_level", [True, False], ids=["top_level.txt", "pth only"])

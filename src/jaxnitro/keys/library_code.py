@@ -174,11 +174,9 @@ def _editable_source(dist: importlib.metadata.Distribution) -> str | None:
     return os.path.realpath(urllib.request.url2pathname(url.path))
 
 
-def _top_levels(
-    dist: importlib.metadata.Distribution, *, editable: bool | None = None
-) -> set[str]:
+def _top_levels(dist: importlib.metadata.Distribution, *, editable: bool) -> set[str]:
     """The top-level module names a distribution provides; `editable`: whether it
-    is an editable install, when the caller has read that already."""
+    is an editable install (`_editable_source`)."""
     declared = dist.read_text("top_level.txt")
     if declared is not None:
         names = {line.strip().partition("/")[0] for line in declared.splitlines()}
@@ -190,8 +188,6 @@ def _top_levels(
             top, slash, _ = path.partition("/")
             if top != "..":
                 names.add(top if slash else inspect.getmodulename(top) or "")
-    if editable is None:
-        editable = _editable_source(dist) is not None
     if editable:  # the packages in the folders its .pth adds
         for folder in _pth_folders(dist):
             names.update(_modules_in(folder))
