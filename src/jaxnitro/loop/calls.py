@@ -147,11 +147,11 @@ def call_steps(
 
 class ReadAheadPlan(NamedTuple):
     """The calls loop's side of reading ahead (`read_ahead.py`): the items this
-    epoch's pass had read before it began, whether they end the pass, and what
-    stages the next epoch's first block (None: nothing to read ahead)."""
+    epoch's pass had read before it began (ending with a `PassEnd` where they are
+    the whole pass), and what stages the next epoch's first block (None: nothing
+    to read ahead)."""
 
     items: list[Block | PassEnd]
-    ended: bool
     next_epoch: Callable[[], None] | None
 
 
@@ -303,10 +303,10 @@ class _EpochCalls:
         """The feed's blocks: as its thread assembled them, or assembled here
         (after those read ahead by the epoch before)."""
         feed, assembler = self.feed, self.assembler
-        if self.read_ahead is not None:
-            yield from self.read_ahead.items
-            if self.read_ahead.ended:
-                return
+        ahead = [] if self.read_ahead is None else self.read_ahead.items
+        yield from ahead
+        if ahead and isinstance(ahead[-1], PassEnd):  # the whole pass, read ahead
+            return
         if assembler.stages:
             yield from feed
             return

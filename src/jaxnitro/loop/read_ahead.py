@@ -79,11 +79,6 @@ class AheadBlock:
                     return False
         return True
 
-    @property
-    def ended(self) -> bool:
-        """The pass is read to its end: nothing follows `items`."""
-        return bool(self.items) and isinstance(self.items[-1], PassEnd)
-
 
 def _same_batch(now: Any, read: Mapping[str, Any]) -> bool:
     """Whether the list's batch `now` is the batch the pass `read` (the same object,

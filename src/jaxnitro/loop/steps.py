@@ -21,6 +21,7 @@ from ..data.prefetch import prefetch_config
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError
 from ..logging import protocol as logproto
+from . import feed as feeds
 from .assembly import BlockAssembler
 from .calls import ReadAheadPlan, call_steps, epoch_assembler
 from .epoch_log import EpochLog, StepEvents
@@ -66,7 +67,7 @@ def run_epoch(
     assembler = epoch_assembler(context, epoch, skip, threads)
     ahead = context.read_ahead
     held = None
-    if ahead is not None and not skip and not assembler.stages:
+    if ahead is not None and not skip:
         held = ahead.take(epoch, source, assembler.settings)
     if held is not None:  # the epoch before read this one's first block
         feed, assembler = held.feed, held.assembler
@@ -76,9 +77,7 @@ def run_epoch(
     plan = None
     if ahead is not None:
         plan = ReadAheadPlan(
-            [] if held is None else held.items,
-            held is not None and held.ended,
-            _reader(context, epoch + 1, threads),
+            [] if held is None else held.items, _reader(context, epoch + 1, threads)
         )
     accum = context.accum
     try:
@@ -123,11 +122,11 @@ def _reader(
         return None
     if jax.process_count() > 1 or prefetch_config(context.source).path != LISTED:
         return None
+    if not feeds.stages_on_device():  # a CPU: host batches go as they are
+        return None
 
     def read() -> None:
         assembler = epoch_assembler(context, epoch, 0, threads)
-        if assembler.stages or not assembler.settings.on_device:
-            return
         feed = _open(context, epoch, assembler)
         block = read_first_block(epoch, context.source, feed, assembler)
         if block is not None:
