@@ -241,7 +241,10 @@ def test_early_stopping_and_plateau_decide_at_the_same_steps(tmp_path):
     assert lines(tmp_path / "k4", "validate") == lines(tmp_path / "k1", "validate")
 
 
-def test_a_divergence_names_its_own_step_inside_a_call():
+@pytest.mark.parametrize("per_call", [4, 1])
+def test_a_divergence_names_its_own_step_inside_a_call(per_call):
+    # At one step a call the losses of the calls between two reads are settled
+    # together; a non-finite one among them is then settled call by call.
     batches = make_batches(16 * 7, 16)
     batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
 

@@ -257,7 +257,7 @@ class InlinePass:
             seek(epoch)
         self._batches = epoch_batches(split, epoch)
         self._prepare = prepare
-        self._ready: Iterator[Any] = iter(())
+        self._ready: list[Any] = []  # the rest of a batch cut into items, reversed
         self._finished = False
         self.wait_seconds = 0.0
 
@@ -265,21 +265,21 @@ class InlinePass:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            for item in self._ready:  # the rest of a batch cut into chunks
-                return item
+        while not self._ready:
             if self._finished:
                 raise StopIteration
             started = time.perf_counter()
-            try:
-                host = next(self._batches)
-            except StopIteration:  # what the prepare held back comes last
+            host = next(self._batches, None)  # (a batch is a mapping, never None)
+            self.wait_seconds += time.perf_counter() - started
+            if host is None:  # what the prepare held back comes last
                 self._finished = True
-                self._ready = iter(finished_items(self._prepare))
+                self._ready = list(reversed(finished_items(self._prepare)))
                 continue
-            finally:
-                self.wait_seconds += time.perf_counter() - started
-            self._ready = iter(self._prepare(host))
+            items = self._prepare(host)
+            if len(items) == 1:  # the common case: a batch is one item
+                return items[0]
+            self._ready = list(reversed(items))
+        return self._ready.pop()
 
     def release(self, device: Any) -> None:
         """Nothing to free: the executable placed the host arrays itself."""

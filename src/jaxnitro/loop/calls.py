@@ -244,6 +244,9 @@ class _EpochCalls:
         self.settle_at = SETTLE_EVERY  # unread micro-batches that force a read
         self.unread: list[UnreadCall] = []  # dispatched, losses not read back yet
         self.unread_micro = 0
+        # Dispatched micro-batches the progress bar has yet to count: it counts
+        # them at each read (a few times a second with a bar), not call by call.
+        self.unshown = 0
         self.due = False  # the last call's ring is being copied: read after the next
         self.last_read = time.perf_counter()
         self.delivered: int | None = 0
@@ -426,11 +429,12 @@ class _EpochCalls:
         step, accum = self.step, self.accum
         until = min(self.event, self.agree_at) - step  # a call ends at each
         length = call_length(self.per_call, block.steps - done_in_block, until)
-        if self.context.profiler is not None:
+        profiler = self.context.profiler
+        if profiler is not None:
             for at in range(step, step + length):
-                self.context.profiler.at_step(at, self.carry[0])
+                profiler.at_step(at, self.carry[0])
         inputs = self._inputs(block.steps, step - done_in_block)
-        args = TrainCallArgs(
+        args = (  # a TrainCallArgs's fields (a plain tuple costs a call less)
             inputs.values_shared,
             inputs.values_steps,
             *self.carry,
@@ -447,7 +451,7 @@ class _EpochCalls:
             # signature was read from.)
             self.program = self.log.program = call_program(
                 self.context,
-                args,
+                TrainCallArgs(*args),
                 inputs,
                 single=self.per_call == 1,
                 packing=self.packing,
@@ -461,13 +465,15 @@ class _EpochCalls:
         first_micro = done_in_block * accum
         micro = block.batches[first_micro : first_micro + length * accum]
         every = self.log.every
-        lines = [
-            self.plan.scheduled_log(inputs.schedule_values[done_in_block + i])
-            if self.autolog and (step + i + 1) % every == 0
-            else None
-            for i in range(length)
-        ]
         logged = self.log.logging and (step + length) // every > step // every
+        lines = None  # the schedules' values on the call's logged steps
+        if logged and self.autolog:
+            lines = [
+                self.plan.scheduled_log(inputs.schedule_values[done_in_block + i])
+                if (step + i + 1) % every == 0
+                else None
+                for i in range(length)
+            ]
         self.unread.append(
             UnreadCall(
                 reported, step, [(f, at) for f, _, at in micro], lines, self.ring
@@ -477,8 +483,7 @@ class _EpochCalls:
         if self.steady is None:  # the steps from here on time the loop itself
             self.steady = (time.perf_counter(), self.step, compile_seconds())
         advance_progress_counter(length)
-        if self.bar is not None:  # the call's micro-batches, in one event
-            self.bar.steps(len(micro))
+        self.unshown += len(micro)
         self.unread_micro += length * accum
         last = done_in_block + length == block.steps and self.delivered == self.count
         self._plan_read(logged, last)
@@ -540,6 +545,7 @@ class _EpochCalls:
 
     def _read_all(self) -> None:
         settle_calls(self.log, self.unread, self.accum)
+        self._show_progress()
         self.unread, self.unread_micro, self.due = [], 0, False
         self.last_read = time.perf_counter()
 
@@ -547,9 +553,17 @@ class _EpochCalls:
         # The calls before the one just dispatched: the device keeps that one queued.
         done, self.unread = self.unread[:-1], self.unread[-1:]
         settle_calls(self.log, done, self.accum)
+        self._show_progress()
         self.unread_micro = len(self.unread[0].batches) if self.unread else 0
         self.due = False
         self.last_read = time.perf_counter()
+
+    def _show_progress(self) -> None:
+        """The micro-batches dispatched since the last read, on the progress bar
+        in one event."""
+        if self.unshown and self.bar is not None:
+            self.bar.steps(self.unshown)
+        self.unshown = 0
 
     def _time_steady(self) -> None:
         """The epoch's step time after its first call, for steps_per_call="auto"

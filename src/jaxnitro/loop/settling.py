@@ -11,8 +11,7 @@ in order, as one call a step would have.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -22,14 +21,14 @@ from ..compile.scanned import ring_losses
 from .epoch_log import EpochLog, InFlight, Stacked, sliced
 
 
-@dataclass
-class UnreadCall:
+class UnreadCall(NamedTuple):
     """A dispatched call whose losses have not been read back yet."""
 
     reported: StepOutputs  # every leaf stacked (K, ...) or (K, accum, ...)
     first: int  # the optimizer steps done before it
     batches: list[tuple[Mapping[str, Any], int]]  # each micro-batch: (host, index)
-    lines: list[dict[str, float] | None]  # each step's schedule line, when logged
+    lines: list[dict[str, float] | None] | None
+    """Each step's schedule line where it is logged; None: no step is logged."""
     ring: Any  # the counter and loss ring as this call left it
 
 
@@ -39,41 +38,88 @@ def settle_calls(log: EpochLog, calls: list[UnreadCall], accum: int) -> None:
     if not calls:
         return
     ring = ring_losses(calls[-1].ring)
-    size = ring.shape[0]
+    run: list[UnreadCall] = []  # consecutive calls carrying only their losses
     for call in calls:
-        reported = call.reported
-        terms, stats = reported.terms, reported.stats
-        count = len(call.batches)
-        if (
-            not terms
-            and not stats
-            and reported.outputs is None
-            and not (
-                log.logging
-                and (call.first + count // accum) // log.every > call.first // log.every
-            )
-        ):  # losses only, no train line: settled together
-            at = (call.first * accum + np.arange(count)) % size
-            if log.settle_losses(ring[at].tolist()):
-                continue
-        outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
-        for j, (host, index) in enumerate(call.batches):
-            step, micro = divmod(j, accum)
-            at = (step,) if accum == 1 else (step, micro)
-            ends = micro == accum - 1
-            log.settle(
-                InFlight(
-                    ring[((call.first + step) * accum + micro) % size],
-                    Stacked(terms, at) if terms else terms,
-                    Stacked(stats, at) if stats else stats,
-                    None if outputs is None else sliced(outputs, at),
-                    host,
-                    call.first + step + 1,
-                    index,
-                    ends,
-                    call.lines[step] if ends else None,
-                )
-            )
-        if stats and log.logging:  # for the epoch's means: once a call, unread
-            log.means.add_call(stats, len(call.batches) // accum, accum)
+        joins = _losses_only(call, log, accum)
+        if run and not (joins and call.first == _after(run[-1], accum)):
+            _settle_run(log, run, ring, accum)
+            run = []
+        if joins:
+            run.append(call)
+        else:
+            _settle_each(log, call, ring, accum)
+    _settle_run(log, run, ring, accum)
     log.show_latest()
+
+
+def _after(call: UnreadCall, accum: int) -> int:
+    """The optimizer steps done once `call` is."""
+    return call.first + len(call.batches) // accum
+
+
+def _losses_only(call: UnreadCall, log: EpochLog, accum: int) -> bool:
+    """Whether `call` reported nothing but its losses, and no train line falls in it."""
+    reported = call.reported
+    if reported.terms or reported.stats or reported.outputs is not None:
+        return False
+    if not log.logging:
+        return True
+    return _after(call, accum) // log.every == call.first // log.every
+
+
+def _settle_run(
+    log: EpochLog, run: list[UnreadCall], ring: np.ndarray, accum: int
+) -> None:
+    """Consecutive calls carrying only their losses, settled together (at one step
+    a call, the calls between two reads): one slice of the ring, one
+    `settle_losses`; one by one where the divergence check refuses a loss."""
+    if not run:
+        return
+    count = sum(len(call.batches) for call in run)
+    if log.settle_losses(ring_slice(ring, run[0].first * accum, count)):
+        return
+    for call in run:
+        _settle_each(log, call, ring, accum)
+
+
+def ring_slice(ring: np.ndarray, start: int, count: int) -> list[float]:
+    """The `count` losses of the ring from micro-batch `start` on, wrapping round.
+
+    >>> ring_slice(np.arange(4.0), 3, 3)
+    [3.0, 0.0, 1.0]
+    """
+    size = ring.shape[0]
+    start %= size
+    end = start + count
+    if end <= size:
+        return ring[start:end].tolist()
+    if count <= size:
+        return ring[start:].tolist() + ring[: end - size].tolist()
+    return ring[(start + np.arange(count)) % size].tolist()
+
+
+def _settle_each(log: EpochLog, call: UnreadCall, ring: np.ndarray, accum: int) -> None:
+    """One call's micro-batches settled one by one (`EpochLog.settle`)."""
+    reported = call.reported
+    terms, stats = reported.terms, reported.stats
+    size = ring.shape[0]
+    outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
+    for j, (host, index) in enumerate(call.batches):
+        step, micro = divmod(j, accum)
+        at = (step,) if accum == 1 else (step, micro)
+        ends = micro == accum - 1
+        log.settle(
+            InFlight(
+                ring[((call.first + step) * accum + micro) % size],
+                Stacked(terms, at) if terms else terms,
+                Stacked(stats, at) if stats else stats,
+                None if outputs is None else sliced(outputs, at),
+                host,
+                call.first + step + 1,
+                index,
+                ends,
+                call.lines[step] if ends and call.lines is not None else None,
+            )
+        )
+    if stats and log.logging:  # for the epoch's means: once a call, unread
+        log.means.add_call(stats, len(call.batches) // accum, accum)
