@@ -252,7 +252,9 @@ def test_a_divergence_names_its_own_step_inside_a_call(per_call):
         def build_data(self, dist):
             return {"train": batches}
 
-    nitro = nx.Nitro(Poisoned(), logger=None, checkpointer=None, steps_per_call=4)
+    nitro = nx.Nitro(
+        Poisoned(), logger=None, checkpointer=None, steps_per_call=per_call
+    )
     with pytest.raises(
         nx.DivergenceError, match=r"at step 5 of epoch 1 \(batch 4 .*already non-finite"
     ):
@@ -566,8 +568,9 @@ def test_one_program_serves_every_steps_per_call_up_to_the_block():
 
 def test_a_blocks_float_step_inputs_travel_as_one_array():
     """Every rule field is a step input, scheduled or not: the float32 scalars of a
-    block (two groups' learning rates and Adam fields here) reach the program as
-    one `(K, n)` array, one transfer and one argument, not one each."""
+    block (two groups' learning rates and Adam fields here, and each parameter
+    leaf's no-decay mask) reach the program as one `(K, n)` array, one transfer
+    and one argument, not one each."""
 
     class Groups(Tiny):
         def param_group(self, keypath):
@@ -584,7 +587,10 @@ def test_a_blocks_float_step_inputs_travel_as_one_array():
         for leaf in jax.tree.leaves(plan.step_inputs(0))
         if not isinstance(leaf, jax.Array)
     ]
-    assert len(scalars) == 2 * 5  # learning_rate, b1, b2, eps, eps_root per group
+    leaves = len(jax.tree.leaves(nitro.train_state.weights.params))
+    # learning_rate, b1, b2, eps, eps_root per group; a mask value per leaf
+    assert len(scalars) == 2 * 5 + leaves
+    assert inputs.hp_shared == []  # no argument of its own per parameter leaf
     (packed,) = inputs.hp_steps
     assert packed.shape == (4, len(scalars)) and packed.dtype == np.float32
     np.testing.assert_array_equal(np.asarray(packed)[0], np.float32(scalars))

@@ -233,16 +233,14 @@ def build_plan(
 
 def _decays_mask(e: Any, params: Any) -> Any:
     """Per leaf, 1.0 where weight decay applies and 0.0 where `no_decay` (or the
-    default rule) excludes it, as float32 device scalars."""
+    default rule) excludes it, as NumPy float32 scalars (`leaf_mask`)."""
     no_decay = _method(e, "no_decay")
     excluded = leaf_mask(
         params,
         (lambda k, x: no_decay(e, k, x)) if no_decay is not None else default_no_decay,
         "no_decay",
     )
-    # On the host: `1.0 - m` on a device scalar compiles an eager program (about
-    # 20 ms on a CPU) before the first step.
-    return jax.tree.map(lambda m: jax.device_put(np.float32(1.0 - float(m))), excluded)
+    return jax.tree.map(lambda m: np.float32(1.0 - m), excluded)
 
 
 def _bindable(
@@ -307,7 +305,7 @@ def _perturb_masks(e: Any, params: Any) -> dict[str, Any]:
     adaptive = _method(e, "adaptive_perturb")
     return {
         "perturb": jax.tree.map(
-            lambda m: 1.0 - m,
+            lambda m: np.float32(1.0 - m),
             leaf_mask(
                 params,
                 (lambda k, x: no_perturb(e, k, x))
