@@ -33,13 +33,14 @@ Device memory is XLA's analysis of each step program (arguments + outputs - alia
 the module (`nn_modules.REMAT_POLICIES`: the reference builds `GPT(remat=...)`, the
 Python API sets the experiment's `remat` field, the run file `--set remat=:...`).
 
-`--attention xla|flash` picks how the jaxnitro sides' blocks compute their causal
+`--attention xla|flash|cudnn` picks how the jaxnitro sides' blocks compute their causal
 attention (`nn_modules.ATTENTIONS`: the experiment's `attention` field, the run file's
 `--set attention=:...`); the reference stays the plain hand-written loop with the
-attention written out ("xla"), so under "flash" each ratio to it is the kernel's gain
-as well as the framework's cost, and the exactness lines show the two attentions'
-rounding apart. "flash" is the Pallas TPU flash attention kernel: off a TPU the
-script stops before any side runs, naming the backend.
+attention written out ("xla"), so under "flash" or "cudnn" each ratio to it is the
+kernel's gain as well as the framework's cost, and the exactness lines show the two
+attentions' rounding apart. "flash" is the Pallas TPU flash attention kernel,
+"cudnn" cuDNN's fused attention (an NVIDIA GPU, bf16): on another backend the script
+stops before any side runs, naming the backend.
 
 `--loss-chunks N` computes the jaxnitro sides' training loss in N chunks of
 positions (`nn_xent`: the experiment's `loss_chunks` field, the run file's `--set
@@ -67,6 +68,7 @@ with the uninterrupted run, bit for bit.
     python benchmarks/gpt2.py --config gpt2-small --resume-check     # an accelerator
     python benchmarks/gpt2.py --config gpt2-small --max-batch --remat blocks
     python benchmarks/gpt2.py --config gpt2-small --attention flash   # a TPU
+    python benchmarks/gpt2.py --config gpt2-small --attention cudnn   # a GPU
     python benchmarks/gpt2.py --config gpt2-small --loss-chunks 4
 
 GPT-2 small's data (2048 windows of 1025 tokens below 50304) is written on first
@@ -795,8 +797,9 @@ def max_batch(
 
 def refuse_attention(work: Workload) -> None:
     """Stop before any side runs when the jaxnitro sides' attention does not
-    compile on this backend (flash off a TPU), with the module's message."""
-    from jaxnitro.runfile.nn_flash import check_attention_backend
+    compile on this backend (flash off a TPU, cudnn off a GPU), with the module's
+    message."""
+    from jaxnitro.runfile.nn_attention import check_attention_backend
 
     try:
         check_attention_backend(work.attention, "--attention", "--attention xla")
@@ -841,10 +844,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--attention",
-        choices=("xla", "flash"),
+        choices=("xla", "flash", "cudnn"),
         default="xla",
         help="the jaxnitro sides' attention (flash: the Pallas TPU kernel, a TPU "
-        "only); the reference's stays xla",
+        "only; cudnn: cuDNN's fused attention, an NVIDIA GPU only); the "
+        "reference's stays xla",
     )
     parser.add_argument(
         "--loss-chunks",

@@ -2,7 +2,8 @@
 in bf16 on token windows from a JSONL file.
 
     python examples/gpt2.py [--config tiny|gpt2-small] [--steps N] [--batch B]
-                            [--remat none|blocks|dots] [--attention xla|flash]
+                            [--remat none|blocks|dots]
+                            [--attention xla|flash|cudnn]
                             [--loss-chunks N]
 
 The model is `jaxnitro.runfile.nn_modules.GPT`, the module behind the run file's
@@ -28,8 +29,10 @@ and the gradient are the same; a larger batch fits.
 
 `attention` picks how the blocks compute their causal attention: "xla" (the default)
 writes it out in JAX, which XLA compiles on any backend; "flash" calls the Pallas TPU
-flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles for a TPU only:
-off a TPU, `build_model` refuses it (ConfigError) before anything compiles.
+flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles for a TPU only;
+"cudnn" calls cuDNN's fused attention (`jaxnitro.runfile.nn_cudnn`), on an NVIDIA GPU
+only and in bf16. On another backend `build_model` refuses either (ConfigError)
+before anything compiles.
 
 `loss_chunks` (0, the default, or a divisor of `seq`) computes the training loss in
 that many chunks of positions (`jaxnitro.runfile.nn_xent`): in training `forward`
@@ -54,7 +57,7 @@ import optax
 from flax import nnx
 
 import jaxnitro as nx
-from jaxnitro.runfile.nn_flash import check_attention_backend
+from jaxnitro.runfile.nn_attention import check_attention_backend
 from jaxnitro.runfile.nn_modules import GPT, check_attention, check_remat
 from jaxnitro.runfile.nn_xent import check_loss_chunks, token_cross_entropy
 
@@ -115,8 +118,9 @@ class GPT2(nx.Experiment):
     too); see `nn_modules.REMAT_POLICIES`."""
     attention: nx.GraphConst[str] = "xla"
     """How the blocks compute their causal attention: "xla" (written out in JAX, on
-    any backend) or "flash" (the Pallas TPU flash attention kernel, on a TPU only);
-    see `nn_modules.ATTENTIONS`."""
+    any backend), "flash" (the Pallas TPU flash attention kernel, on a TPU only) or
+    "cudnn" (cuDNN's fused attention, on an NVIDIA GPU in bf16); see
+    `nn_modules.ATTENTIONS`."""
     loss_chunks: nx.GraphConst[int] = 0
     """How many chunks of positions the training loss computes the head's logits
     in, one at a time (`nn_xent.token_cross_entropy`): 0 (all at once, the logits
@@ -212,7 +216,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
     parser.add_argument("--remat", choices=("none", "blocks", "dots"), default="none")
-    parser.add_argument("--attention", choices=("xla", "flash"), default="xla")
+    parser.add_argument("--attention", choices=("xla", "flash", "cudnn"), default="xla")
     parser.add_argument("--loss-chunks", type=int, default=0, metavar="N")
     args = parser.parse_args()
     if not os.path.exists(DATA[args.config]):

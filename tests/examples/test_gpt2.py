@@ -123,10 +123,11 @@ def test_attention_is_a_checked_graphconst_of_the_experiment(gpt2):
     with pytest.raises(nx.ConfigError) as caught:
         gpt2.GPT2(**sizes, attention="splash")
     assert str(caught.value) == (
-        "GPT2.attention must be one of 'xla', 'flash', got 'splash': it names how "
-        'each block computes its causal attention ("xla": written out in JAX, on '
-        'any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
-        'only). Pass one of them, e.g. attention="xla".'
+        "GPT2.attention must be one of 'xla', 'flash', 'cudnn', got 'splash': it "
+        'names how each block computes its causal attention ("xla": written out in '
+        'JAX, on any backend; "flash": the Pallas TPU flash attention kernel, on a '
+        'TPU only; "cudnn": cuDNN\'s fused attention, on an NVIDIA GPU only). Pass '
+        'one of them, e.g. attention="xla".'
     )
     assert gpt2.GPT2(**sizes, attention="flash").attention == "flash"  # any backend
     # The run file's knob reaches its `gpt` the same way.
@@ -154,6 +155,25 @@ def test_flash_is_refused_off_a_tpu_when_the_model_is_built(gpt2, bench, capsys)
     with pytest.raises(SystemExit, match='^--attention is "flash": .* Pass '):
         bench.refuse_attention(work)
     bench.refuse_attention(bench.Workload("tiny", batch=4, steps=8, cadence=4))
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "gpu", reason="cuDNN's attention runs on a GPU"
+)
+def test_cudnn_is_refused_off_a_gpu_when_the_model_is_built(gpt2, bench):
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    experiment = gpt2.GPT2(**sizes, attention="cudnn")  # any backend
+    with pytest.raises(nx.ConfigError) as caught:
+        experiment.build_model(jax.random.key(0))
+    assert str(caught.value) == (
+        'GPT2.attention is "cudnn": cuDNN\'s fused attention, which runs on an '
+        f"NVIDIA GPU only, and this run's JAX backend is {jax.default_backend()!r}. "
+        'Pass attention="xla" (the same attention written out in JAX, which XLA '
+        "compiles on any backend), or run on an NVIDIA GPU."
+    )
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention="cudnn")
+    with pytest.raises(SystemExit, match='^--attention is "cudnn": .* Pass '):
+        bench.refuse_attention(work)
 
 
 def test_the_benchmark_sets_the_attention_on_the_jaxnitro_sides_only(bench):

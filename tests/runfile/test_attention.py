@@ -24,7 +24,8 @@ from jaxnitro.runfile import nn_flash
 from jaxnitro.runfile.check import check_file
 from jaxnitro.runfile.engine import compile_run, graph_key
 from jaxnitro.runfile.evaluator import evaluate_file
-from jaxnitro.runfile.nn_flash import check_attention_backend, flash_causal_attention
+from jaxnitro.runfile.nn_attention import check_attention_backend
+from jaxnitro.runfile.nn_flash import flash_causal_attention
 from jaxnitro.runfile.nn_modules import ATTENTIONS, GPT, check_attention
 from jaxnitro.runfile.source import RunfileError
 from jaxnitro.runfile.stdlib_nn import ATTENTION
@@ -54,7 +55,7 @@ def written_out(q, k, v):
 
 
 def test_the_attentions_are_the_run_files():
-    assert tuple(ATTENTIONS) == ATTENTION == ("xla", "flash")
+    assert tuple(ATTENTIONS) == ATTENTION == ("xla", "flash", "cudnn")
     assert TINY.attention == "xla"
     assert GPT(32, 1, 8, 2, 4, rngs=nnx.Rngs(0)).attention == "xla"
 
@@ -187,10 +188,11 @@ def test_the_module_refuses_an_unknown_attention():
     with pytest.raises(ValueError) as caught:
         GPT(32, 1, 8, 2, 4, attention="splash", rngs=nnx.Rngs(0))
     assert str(caught.value) == (
-        "GPT(attention=...) must be one of 'xla', 'flash', got 'splash': it names "
-        'how each block computes its causal attention ("xla": written out in JAX, '
-        'on any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
-        'only). Pass one of them, e.g. attention="xla".'
+        "GPT(attention=...) must be one of 'xla', 'flash', 'cudnn', got 'splash': "
+        'it names how each block computes its causal attention ("xla": written '
+        'out in JAX, on any backend; "flash": the Pallas TPU flash attention '
+        'kernel, on a TPU only; "cudnn": cuDNN\'s fused attention, on an NVIDIA '
+        'GPU only). Pass one of them, e.g. attention="xla".'
     )
     assert check_attention("flash", "x", "y") == "flash"
     with pytest.raises(ValueError, match="E.attention must be one of .* got None"):
@@ -251,8 +253,8 @@ def test_the_run_file_refuses_an_unknown_attention(write, value, shown):
     assert caught.value.codes == ["E-EVAL-007"]
     message = str(caught.value)
     assert (
-        "`:attention` of `gpt` is :xla, :flash (how each block computes its causal "
-        f"attention), got {shown}"
+        "`:attention` of `gpt` is :xla, :flash, :cudnn (how each block computes its "
+        f"causal attention), got {shown}"
     ) in message
     assert "write :attention :flash for the Pallas TPU flash attention kernel" in (
         message

@@ -17,6 +17,7 @@ from .contract import contract_errors, fits
 from .evaluator import Evaluated, Evaluator
 from .knobs import Selection
 from .names import undefined_names
+from .nn_cudnn import shapes_only
 from .reader import read_file
 from .source import Diagnostic, RunfileError, Span, counted, fail
 from .stdlib_data import Batch, LoaderSpec, RunSpec, finite_train_loader
@@ -212,8 +213,9 @@ def _trace(path: str, result: Evaluated) -> list[Diagnostic]:
 
         try:
             # The objective as the train program traces it: in train mode (a
-            # `gpt :loss-chunks` prediction is then `nn_xent.ChunkedLogits`).
-            with training_mode(what == "objective"):
+            # `gpt :loss-chunks` prediction is then `nn_xent.ChunkedLogits`);
+            # shapes only, so `gpt :attention :cudnn` traces where cuDNN is not.
+            with training_mode(what == "objective"), shapes_only():
                 jax.eval_shape(step, params, loader.batch_shapes())
         except RunfileError as error:
             found += error.diagnostics

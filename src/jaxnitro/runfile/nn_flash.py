@@ -12,10 +12,8 @@ memory), returns the inputs' dtype, and differentiates through its own backward
 kernels (a `jax.custom_vjp`).
 
 The kernel compiles for a TPU only: Pallas lowers it through Mosaic, and on any other
-backend the lowering fails. The fronts call `check_attention_backend` when they build
-a model's parameters, before anything compiles. Asking for the backend starts it, so
-neither building nor tracing the module asks: a run file is checked and its programs
-traced before the run's processes join (`nitro launch`), when no backend may start.
+backend the lowering fails. The fronts refuse it off a TPU when they build a model's
+parameters (`nn_attention.check_attention_backend`), before anything compiles.
 
 Pallas's TPU interpret mode (`jax.experimental.pallas.tpu.force_tpu_interpret_mode`)
 runs the kernel on a CPU, slowly; the tests compare it with the XLA attention there.
@@ -43,33 +41,6 @@ FLASH_OFF_TPU = (
 )
 """The message of "flash" off a TPU; `owner` names the field or argument, `fix` the
 same setting with "xla"."""
-
-
-def flash_unavailable() -> str | None:
-    """The run's backend (the one `setup_devices` pinned, else JAX's default) when
-    the kernel does not compile for it, else None. It starts the backend: call it
-    when a model's parameters are built, not while a run file is checked."""
-    # The engine's public face, as everywhere in the run-file package;
-    # `setup_devices()` without arguments only reports (joining the run first
-    # under a launcher, so even an early call breaks nothing).
-    import jaxnitro as nx
-
-    backend = str(nx.setup_devices()["backend"])
-    return None if backend in FLASH_BACKENDS else backend
-
-
-def check_attention_backend(attention: str, owner: str, fix: str) -> None:
-    """Refuse "flash" where the kernel does not compile; any other `attention`
-    passes without asking for the backend.
-
-    Raises:
-        ValueError: FLASH_OFF_TPU, naming `owner`, the backend and `fix`.
-    """
-    if attention != "flash":
-        return
-    backend = flash_unavailable()
-    if backend is not None:
-        raise ValueError(FLASH_OFF_TPU.format(owner=owner, backend=backend, fix=fix))
 
 
 def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

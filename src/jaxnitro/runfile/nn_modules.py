@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .nn_cudnn import cudnn_causal_attention
 from .nn_flash import flash_causal_attention
 from .nn_xent import ChunkedLogits, check_chunked_time, check_loss_chunks
 
@@ -103,14 +104,22 @@ ATTENTIONS: dict[str, str] = {
     "softmax), which XLA compiles on any backend",
     "flash": "the Pallas TPU flash attention kernel (`nn_flash`), which never "
     "holds the [time, time] scores in memory; it compiles for a TPU only",
+    "cudnn": "cuDNN's fused attention (`nn_cudnn`), which never holds the "
+    "[time, time] scores in memory either; on an NVIDIA GPU only, in bfloat16 or "
+    "float16",
 }
 """How `GPT`'s blocks compute their causal attention. The parameters, the function
 and (up to rounding) the values are the same; only the program differs."""
 
 
+FUSED = {"flash": flash_causal_attention, "cudnn": cudnn_causal_attention}
+"""The attentions computed by a kernel of their own, [batch, time, heads, head_dim]
+in and out."""
+
+
 def check_attention(value: object, owner: str, example: str) -> str:
     """`value` if it names an attention in ATTENTIONS (whatever the backend:
-    `nn_flash.check_attention_backend` asks that when the parameters are built).
+    `nn_attention.check_attention_backend` asks that when the parameters are built).
 
     Raises:
         ValueError: any other value, naming `owner`, the value and the choices.
@@ -121,7 +130,8 @@ def check_attention(value: object, owner: str, example: str) -> str:
         owner,
         "how each block computes its causal attention",
         '"xla": written out in JAX, on any backend; "flash": the Pallas TPU flash '
-        "attention kernel, on a TPU only",
+        'attention kernel, on a TPU only; "cudnn": cuDNN\'s fused attention, on an '
+        "NVIDIA GPU only",
         example,
     )
 
@@ -176,8 +186,8 @@ class Attention(nnx.Module):
         head_dim = dim // self.heads
         split = (batch, time, self.heads, head_dim)
         q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
-        if self.attention == "flash":  # in tiles, never the [time, time] scores
-            mixed = flash_causal_attention(q, k, v)
+        if self.attention in FUSED:  # in tiles, never the [time, time] scores
+            mixed = FUSED[self.attention](q, k, v)
             return self.out(mixed.reshape(batch, time, dim))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
         causal = jnp.tril(jnp.ones((time, time), bool))[None, None]
@@ -237,12 +247,13 @@ class GPT(nnx.Module):
 
     `attention` (a name in ATTENTIONS) says how each block computes its causal
     attention: "xla" (the default) writes it out in JAX; "flash" calls the Pallas
-    TPU flash attention kernel (`nn_flash`). The parameters are the same, the loss
-    and the gradient equal up to rounding. The kernel compiles for a TPU only, and
+    TPU flash attention kernel (`nn_flash`), "cudnn" cuDNN's fused attention
+    (`nn_cudnn`). The parameters are the same, the loss and the gradient equal up
+    to rounding. Each kernel compiles on one backend (a TPU; an NVIDIA GPU), and
     constructing the module does not ask for the backend (a run file builds it
-    before its processes join): call `nn_flash.check_attention_backend` before
+    before its processes join): call `nn_attention.check_attention_backend` before
     compiling, as the fronts do when they build the parameters, or the compile
-    fails in Pallas's lowering.
+    fails in the kernel's lowering.
 
     `loss_chunks` (0, the default, or a divisor of `context`) says how the
     training loss reads the head: `loss_logits` gives the logits when it is 0, and

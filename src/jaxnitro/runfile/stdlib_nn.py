@@ -42,7 +42,7 @@ ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 REMAT = ("none", "blocks", "dots")
 """What `gpt :remat` takes (`nn_modules.REMAT_POLICIES` holds the policies)."""
 
-ATTENTION = ("xla", "flash")
+ATTENTION = ("xla", "flash", "cudnn")
 """What `gpt :attention` takes (`nn_modules.ATTENTIONS` describes them)."""
 
 LOSS_CHUNKS_UNEVEN = (
@@ -52,11 +52,20 @@ LOSS_CHUNKS_UNEVEN = (
 """E-SHAPE-013's message when a training batch's positions are not a multiple of
 `:loss-chunks` (the run file's form of `nn_xent.UNEVEN_CHUNKS`)."""
 
-FLASH_OFF_TPU = (
-    "`:attention :flash` of `gpt` is the Pallas TPU flash attention kernel, which "
-    "compiles for a TPU only, and this run's JAX backend is {backend}"
-)
-"""E-RUN-012's message: the run file's form of `nn_flash.FLASH_OFF_TPU`."""
+OFF_BACKEND = {
+    "flash": (
+        "`:attention :flash` of `gpt` is the Pallas TPU flash attention kernel, which "
+        "compiles for a TPU only, and this run's JAX backend is {backend}",
+        "run on a TPU",
+    ),
+    "cudnn": (
+        "`:attention :cudnn` of `gpt` is cuDNN's fused attention, which runs on an "
+        "NVIDIA GPU only, and this run's JAX backend is {backend}",
+        "run on an NVIDIA GPU",
+    ),
+}
+"""E-RUN-012's message and the end of its fix, per attention: the run file's form
+of `nn_flash.FLASH_OFF_TPU` and `nn_cudnn.CUDNN_OFF_GPU`."""
 
 
 @dataclass(frozen=True)
@@ -115,21 +124,23 @@ class GPTSpec(ModelSpec):
         )
 
     def check_backend(self, span: Span | None) -> None:
-        """Refuse `:attention :flash` off a TPU (E-RUN-012), pointing at `span`.
+        """Refuse `:attention :flash` off a TPU and `:attention :cudnn` off a GPU
+        (E-RUN-012), pointing at `span`.
 
         Raises:
             RunfileError: E-RUN-012.
         """
-        from .nn_flash import flash_unavailable
+        from .nn_attention import attention_unavailable
 
-        backend = flash_unavailable() if self.attention == "flash" else None
+        backend = attention_unavailable(self.attention)
         if backend is not None:
+            message, elsewhere = OFF_BACKEND[self.attention]
             raise fail(
                 "E-RUN-012",
-                FLASH_OFF_TPU.format(backend=backend),
+                message.format(backend=backend),
                 span,
                 "write :attention :xla (the same attention written out in JAX, "
-                "which XLA compiles on any backend), or run on a TPU",
+                f"which XLA compiles on any backend), or {elsewhere}",
             )
 
     def takes(self) -> int | None:
@@ -230,7 +241,8 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         ATTENTION,
         "how each block computes its causal attention",
         "write :attention :flash for the Pallas TPU flash attention kernel (a "
-        "TPU only), or leave it out (:xla, written out in JAX, any backend)",
+        "TPU only), :cudnn for cuDNN's fused attention (an NVIDIA GPU only), or "
+        "leave it out (:xla, written out in JAX, any backend)",
         span,
     )
     spec = GPTSpec(
