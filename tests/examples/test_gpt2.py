@@ -511,3 +511,47 @@ def test_the_benchmark_finds_each_sides_largest_batch(bench, monkeypatch, capsys
     )
     assert "python api / reference largest batch: 0.750 (target >= 0.95)" in out
     assert "run file" not in out.split("largest batch: tiny")[1]
+
+
+def test_cudnn_trains_a_bf16_run_as_the_written_out_attention(
+    gpt2, bench, folder, tmp_path, monkeypatch
+):
+    """The Python API's bf16 run reaches cuDNN's attention with bfloat16 heads and
+    trains as the written-out attention; a float32 run is refused when its step is
+    traced. JAX traces cuDNN's kernel only where cuDNN is found: a stand-in answers
+    for it with JAX's written-out form (the function the kernel computes)."""
+    from jaxnitro.runfile import nn_cudnn
+
+    asked = []
+    real = jax.nn.dot_product_attention
+
+    def stand_in(q, k, v, **kwargs):
+        asked.append((q.dtype, kwargs["implementation"]))
+        return real(q, k, v, **{**kwargs, "implementation": "xla"})
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
+    monkeypatch.setattr(nn_cudnn, "CUDNN_BACKENDS", (jax.default_backend(),))
+    work = bench.Workload("tiny", batch=4, steps=4, cadence=4)
+    _, tokens = bench.run_batches(folder, work)
+    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
+    batches = [{"tokens": t[:2]} for t in tokens]
+
+    def trained(attention, precision):
+        return nx.Nitro(
+            gpt2.GPT2(**sizes, attention=attention, train=batches),
+            seed=1,
+            max_epochs=1,
+            precision=precision,
+            run_dir=str(tmp_path / f"{attention}-{precision}"),
+            logger=None,
+            checkpointer=None,
+        ).train()
+
+    cudnn = trained("cudnn", "bf16")
+    assert asked and set(asked) == {(np.dtype("bfloat16"), "cudnn")}
+    plain = trained("xla", "bf16")
+    np.testing.assert_allclose(
+        cudnn.history[-1]["train_loss"], plain.history[-1]["train_loss"], rtol=2e-2
+    )
+    with pytest.raises(ValueError, match='attention "cudnn" .* in float32'):
+        trained("cudnn", "f32")
