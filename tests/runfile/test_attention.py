@@ -172,7 +172,7 @@ def test_flash_gives_the_written_out_loss_and_gradient():
 def test_on_a_tpu_the_compiled_kernel_gives_the_written_out_loss_and_gradient(remat):
     params, batch = random_params(TINY, 3), tokens(2)
     found = {}
-    for attention in ATTENTION:
+    for attention in ("xla", "flash"):
         spec = dataclasses.replace(TINY, attention=attention, remat=remat)
         found[attention] = jax.jit(jax.value_and_grad(loss_fn(spec)))(params, batch)
     (loss, grads), (expected, expected_grads) = found["flash"], found["xla"]

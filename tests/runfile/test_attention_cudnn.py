@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gpt_params import TINY, random_params, tokens
+from gpt_params import TINY, loss_fn, random_params, tokens
 
 from jaxnitro.cli import main
 from jaxnitro.runfile import nn_cudnn
@@ -137,3 +137,31 @@ def test_run_refuses_cudnn_off_a_gpu_where_check_accepts_it(tmp_path, capsys):
         f"{jax.default_backend()}"
     ) in err
     assert "or run on an NVIDIA GPU" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="cuDNN's compiled kernel runs on an NVIDIA GPU only "
+    "(scripts/device/tests.sh)",
+)
+def test_on_a_gpu_the_kernel_gives_the_written_out_loss_and_gradient():
+    params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), random_params(TINY, 3))
+    batch = tokens(2)
+    found = {}
+    for attention in ("xla", "cudnn"):
+        spec = dataclasses.replace(TINY, attention=attention)
+        loss = loss_fn(spec)
+        found[attention] = jax.jit(
+            jax.value_and_grad(lambda p, t, loss=loss: loss(p, t).astype(jnp.float32))
+        )(params, batch)
+    (loss, grads), (expected, expected_grads) = found["cudnn"], found["xla"]
+    # Loose on purpose: bf16 heads, and each attention rounds its own way; a wrong
+    # layout, mask or scale is off by far more.
+    np.testing.assert_allclose(float(loss), float(expected), rtol=2e-2)
+    flat = jnp.concatenate(
+        [grads[n].astype(jnp.float32).ravel() for n in sorted(grads)]
+    )
+    want = jnp.concatenate(
+        [expected_grads[n].astype(jnp.float32).ravel() for n in sorted(grads)]
+    )
+    assert float(jnp.linalg.norm(flat - want) / jnp.linalg.norm(want)) < 5e-2
