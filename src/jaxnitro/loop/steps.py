@@ -20,7 +20,6 @@ import jax.numpy as jnp
 from ..data.prefetch import prefetch_config
 from ..devices.agreement import StopAgreement
 from ..errors import ConfigError
-from ..logging import protocol as logproto
 from . import feed as feeds
 from .assembly import BlockAssembler
 from .calls import ReadAheadPlan, call_steps, epoch_assembler
@@ -90,7 +89,6 @@ def run_epoch(
         raise
     finally:
         feed.close()
-    logproto.flush(context.logger)  # the epoch's train lines, before validation
     if delivered is not None:
         if delivered % accum:  # a source that ran short or long ended mid-step
             context.commit(_zeroed_accumulator(context.current()))

@@ -366,8 +366,11 @@ class _Training:
             )
         waited = log.feed.wait_seconds if log.feed is not None else 0.0
         epoch.data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
-        # The epoch's train summary line, whatever the train line's cadence.
+        # The epoch's train summary line, whatever the train line's cadence; the
+        # logger writes it with the train lines it held (one write for both, where
+        # a flush of them before it was a write of its own), before validation.
         log.log_summary(values.state.step)
+        logproto.flush(run.config.logger)
         values.sync_scheduled_devices()
         return epoch
 
