@@ -27,8 +27,9 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-CUDNN_BACKENDS: tuple[str, ...] = ("gpu",)
-"""The JAX backends cuDNN's fused attention runs on."""
+CUDNN_BACKENDS: tuple[str, ...] = ("gpu", "cuda")
+"""The JAX backends cuDNN's fused attention runs on: JAX's default on an NVIDIA GPU
+("gpu"), or CUDA pinned by name (`setup_devices(backend="cuda")`)."""
 
 CUDNN_OFF_GPU = (
     '{owner} is "cudnn": cuDNN\'s fused attention, which runs on an NVIDIA GPU '
