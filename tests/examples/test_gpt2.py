@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from compile_counts import kinds_compiled
 from example_scripts import example_module
+from gpt_params import OFF_BACKEND
 
 import jaxnitro as nx
 from jaxnitro.runfile.check import check_file
@@ -136,44 +137,28 @@ def test_attention_is_a_checked_graphconst_of_the_experiment(gpt2):
     assert evaluate_file(str(RUN_FILE)).value("model").attention == "xla"
 
 
-@pytest.mark.skipif(
-    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+@pytest.mark.parametrize(
+    ("attention", "module", "backends", "what", "where"), OFF_BACKEND
 )
-def test_flash_is_refused_off_a_tpu_when_the_model_is_built(gpt2, bench, capsys):
+def test_a_kernel_is_refused_off_its_backend_when_the_model_is_built(
+    gpt2, bench, attention, module, backends, what, where
+):
+    del module, backends  # the backends the flash and cudnn tests widen
     sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
-    with pytest.raises(nx.ConfigError) as caught:
-        gpt2.GPT2(**sizes, attention="flash").build_model(jax.random.key(0))
-    backend = jax.default_backend()
-    assert str(caught.value) == (
-        'GPT2.attention is "flash": the Pallas TPU flash attention kernel, which '
-        f"compiles for a TPU only, and this run's JAX backend is {backend!r}. Pass "
-        'attention="xla" (the same attention written out in JAX, which XLA compiles '
-        "on any backend), or run on a TPU."
-    )
-    # The benchmark stops before any side runs, with the module's message.
-    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention="flash")
-    with pytest.raises(SystemExit, match='^--attention is "flash": .* Pass '):
-        bench.refuse_attention(work)
-    bench.refuse_attention(bench.Workload("tiny", batch=4, steps=8, cadence=4))
-
-
-@pytest.mark.skipif(
-    jax.default_backend() == "gpu", reason="cuDNN's attention runs on a GPU"
-)
-def test_cudnn_is_refused_off_a_gpu_when_the_model_is_built(gpt2, bench):
-    sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
-    experiment = gpt2.GPT2(**sizes, attention="cudnn")  # any backend
+    experiment = gpt2.GPT2(**sizes, attention=attention)  # any backend
     with pytest.raises(nx.ConfigError) as caught:
         experiment.build_model(jax.random.key(0))
+    backend = jax.default_backend()
     assert str(caught.value) == (
-        'GPT2.attention is "cudnn": cuDNN\'s fused attention, which runs on an '
-        f"NVIDIA GPU only, and this run's JAX backend is {jax.default_backend()!r}. "
-        'Pass attention="xla" (the same attention written out in JAX, which XLA '
-        "compiles on any backend), or run on an NVIDIA GPU."
+        f'GPT2.attention is "{attention}": {what}, and this run\'s JAX backend is '
+        f'{backend!r}. Pass attention="xla" (the same attention written out in JAX, '
+        f"which XLA compiles on any backend), or run on {where}."
     )
-    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention="cudnn")
-    with pytest.raises(SystemExit, match='^--attention is "cudnn": .* Pass '):
+    # The benchmark stops before any side runs, with the module's message.
+    work = bench.Workload("tiny", batch=4, steps=8, cadence=4, attention=attention)
+    with pytest.raises(SystemExit, match=f'^--attention is "{attention}": .* Pass '):
         bench.refuse_attention(work)
+    bench.refuse_attention(bench.Workload("tiny", batch=4, steps=8, cadence=4))
 
 
 def test_the_benchmark_sets_the_attention_on_the_jaxnitro_sides_only(bench):

@@ -15,12 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from gpt_params import TINY, assert_gradients_close, loss_fn, random_params, tokens
+from gpt_params import (
+    OFF_BACKEND,
+    TINY,
+    assert_gradients_close,
+    loss_fn,
+    random_params,
+    tokens,
+)
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jcore
 
 from jaxnitro.cli import main
-from jaxnitro.runfile import nn_flash
 from jaxnitro.runfile.check import check_file
 from jaxnitro.runfile.engine import compile_run, graph_key
 from jaxnitro.runfile.evaluator import evaluate_file
@@ -199,25 +205,26 @@ def test_the_module_refuses_an_unknown_attention():
         check_attention(None, "E.attention", 'attention="xla"')
 
 
-@pytest.mark.skipif(
-    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+@pytest.mark.parametrize(
+    ("attention", "module", "backends", "what", "where"), OFF_BACKEND
 )
-def test_flash_is_refused_off_a_tpu_when_asked_and_only_then(monkeypatch):
+def test_a_kernel_is_refused_off_its_backend_when_asked_and_only_then(
+    monkeypatch, attention, module, backends, what, where
+):
     # Building the module asks nothing (a run file builds it before its processes
     # join); the fronts ask when they build the parameters.
-    assert GPT(32, 1, 8, 2, 4, attention="flash", rngs=nnx.Rngs(0)).attention
+    assert GPT(32, 1, 8, 2, 4, attention=attention, rngs=nnx.Rngs(0)).attention
     check_attention_backend("xla", "GPT(attention=...)", 'attention="xla"')
     with pytest.raises(ValueError) as caught:
-        check_attention_backend("flash", "GPT(attention=...)", 'attention="xla"')
+        check_attention_backend(attention, "GPT(attention=...)", 'attention="xla"')
     backend = jax.default_backend()
     assert str(caught.value) == (
-        'GPT(attention=...) is "flash": the Pallas TPU flash attention kernel, '
-        f"which compiles for a TPU only, and this run's JAX backend is {backend!r}. "
-        'Pass attention="xla" (the same attention written out in JAX, which XLA '
-        "compiles on any backend), or run on a TPU."
+        f'GPT(attention=...) is "{attention}": {what}, and this run\'s JAX backend '
+        f'is {backend!r}. Pass attention="xla" (the same attention written out in '
+        f"JAX, which XLA compiles on any backend), or run on {where}."
     )
-    monkeypatch.setattr(nn_flash, "FLASH_BACKENDS", ("tpu", backend))
-    check_attention_backend("flash", "GPT(attention=...)", 'attention="xla"')
+    monkeypatch.setattr(module, backends, (*getattr(module, backends), backend))
+    check_attention_backend(attention, "GPT(attention=...)", 'attention="xla"')
 
 
 def with_model(text: str) -> str:
@@ -271,13 +278,17 @@ def test_attention_moves_the_graph_key(write):
     assert graph_key(evaluate_file(write(MINIMAL, "plain.sx"))) == keys["xla"]
 
 
-@pytest.mark.skipif(
-    jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+@pytest.mark.parametrize(
+    ("attention", "module", "backends", "what", "where"), OFF_BACKEND
 )
-def test_run_refuses_flash_off_a_tpu_where_check_accepts_it(tmp_path, capsys):
-    path = tmp_path / "flash.sx"
+def test_run_refuses_a_kernel_off_its_backend_where_check_accepts_it(
+    tmp_path, capsys, attention, module, backends, what, where
+):
+    path = tmp_path / f"{attention}.sx"
     path.write_text(
-        with_model("(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :flash)")
+        with_model(
+            f"(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :{attention})"
+        )
     )
     (tmp_path / "data").mkdir()
     shutil.copy(EXAMPLES / "data" / "tiny-train.jsonl.gz", tmp_path / "data")
@@ -288,8 +299,8 @@ def test_run_refuses_flash_off_a_tpu_where_check_accepts_it(tmp_path, capsys):
     line = next(n for n, text in enumerate(MINIMAL.splitlines(), 1) if "gpt :" in text)
     assert err.startswith(f"{path}:{line}:9: E-RUN-012 ")
     assert (
-        "E-RUN-012 `:attention :flash` of `gpt` is the Pallas TPU flash attention "
-        "kernel, which compiles for a TPU only, and this run's JAX backend is "
-        f"{jax.default_backend()}"
+        f"E-RUN-012 `:attention :{attention}` of `gpt` is {what}, and this run's JAX "
+        f"backend is {jax.default_backend()}"
     ) in err
-    assert "fix: write :attention :xla" in err and "Traceback" not in err
+    assert "fix: write :attention :xla" in err and f"or run on {where}" in err
+    assert "Traceback" not in err

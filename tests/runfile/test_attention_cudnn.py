@@ -1,14 +1,13 @@
 """`gpt`'s `attention="cudnn"` (`nn_cudnn`): the call it makes to JAX's fused
 attention, checked through a stand-in that computes JAX's written-out form (JAX
-traces cuDNN's kernel only where cuDNN is found, never on a CPU); its refusals (off
-a GPU when the parameters are built, float32 inputs when traced); a run file that
-names it checks anywhere."""
+traces cuDNN's kernel only where cuDNN is found, never on a CPU); its float32
+refusal; the shapes-only trace a run file's check makes anywhere; on a GPU, the
+compiled kernel. Its refusal off a GPU is tested with the flash kernel's, in
+test_attention.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,15 +15,9 @@ import numpy as np
 import pytest
 from gpt_params import TINY, loss_fn, random_params, tokens
 
-from jaxnitro.cli import main
-from jaxnitro.runfile import nn_cudnn
-from jaxnitro.runfile.check import check_file
-from jaxnitro.runfile.nn_attention import check_attention_backend
 from jaxnitro.runfile.nn_cudnn import cudnn_causal_attention, shapes_only
 
-from .test_attention import with_model, written_out
-
-EXAMPLES = Path(__file__).parents[2] / "examples" / "runfiles"
+from .test_attention import written_out
 
 not_on_a_gpu = pytest.mark.skipif(
     jax.default_backend() == "gpu", reason="a GPU runs cuDNN's kernel itself"
@@ -103,40 +96,6 @@ def test_only_a_shapes_trace_runs_without_cudnn():
         assert traced(q) == jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)
         f32 = heads(0, jnp.float32)
         assert traced(f32) == jax.ShapeDtypeStruct(q.shape, jnp.float32)
-
-
-@not_on_a_gpu
-def test_cudnn_is_refused_off_a_gpu_when_asked_and_only_then(monkeypatch):
-    with pytest.raises(ValueError) as caught:
-        check_attention_backend("cudnn", "GPT(attention=...)", 'attention="xla"')
-    backend = jax.default_backend()
-    assert str(caught.value) == (
-        'GPT(attention=...) is "cudnn": cuDNN\'s fused attention, which runs on an '
-        f"NVIDIA GPU only, and this run's JAX backend is {backend!r}. Pass "
-        'attention="xla" (the same attention written out in JAX, which XLA '
-        "compiles on any backend), or run on an NVIDIA GPU."
-    )
-    monkeypatch.setattr(nn_cudnn, "CUDNN_BACKENDS", ("gpu", backend))
-    check_attention_backend("cudnn", "GPT(attention=...)", 'attention="xla"')
-
-
-@not_on_a_gpu
-def test_run_refuses_cudnn_off_a_gpu_where_check_accepts_it(tmp_path, capsys):
-    path = tmp_path / "cudnn.sx"
-    path.write_text(
-        with_model("(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :cudnn)")
-    )
-    (tmp_path / "data").mkdir()
-    shutil.copy(EXAMPLES / "data" / "tiny-train.jsonl.gz", tmp_path / "data")
-    assert check_file(str(path)).parameters == 32  # traced here, cuDNN or not
-    assert main(["run", str(path), "--run-dir", str(tmp_path / "runs")]) == 1
-    err = capsys.readouterr().err
-    assert (
-        "E-RUN-012 `:attention :cudnn` of `gpt` is cuDNN's fused attention, which "
-        "runs on an NVIDIA GPU only, and this run's JAX backend is "
-        f"{jax.default_backend()}"
-    ) in err
-    assert "or run on an NVIDIA GPU" in err and "Traceback" not in err
 
 
 @pytest.mark.skipif(

@@ -1,5 +1,6 @@
 """The tiny `gpt` the run-file model tests train: its spec, random parameters,
-tokens and the next-token loss, shared by the remat, attention and model tests."""
+tokens and the next-token loss, shared by the remat, attention and model tests; the
+attention kernels' refusals off their backends (`OFF_BACKEND`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import jax
 import optax
+import pytest
 
+from jaxnitro.runfile import nn_cudnn, nn_flash
 from jaxnitro.runfile.stdlib_nn import GPTSpec
 
 TINY = GPTSpec(vocab=256, layers=2, dim=64, heads=2, context=64)
@@ -56,3 +59,29 @@ def assert_gradients_close(grads: dict[str, Any], expected: dict[str, Any]) -> N
         np.testing.assert_allclose(
             grad, want, rtol=1e-5, atol=max(1e-5 * scale, 1e-8), err_msg=name
         )
+
+
+OFF_BACKEND = [
+    pytest.param(
+        "flash",
+        nn_flash,
+        "FLASH_BACKENDS",
+        "the Pallas TPU flash attention kernel, which compiles for a TPU only",
+        "a TPU",
+        marks=pytest.mark.skipif(
+            jax.default_backend() == "tpu", reason="the kernel compiles on a TPU"
+        ),
+    ),
+    pytest.param(
+        "cudnn",
+        nn_cudnn,
+        "CUDNN_BACKENDS",
+        "cuDNN's fused attention, which runs on an NVIDIA GPU only",
+        "an NVIDIA GPU",
+        marks=pytest.mark.skipif(
+            jax.default_backend() == "gpu", reason="cuDNN's attention runs on a GPU"
+        ),
+    ),
+]
+"""Each kernel off its backend: its name, its module and the backends' name there,
+what its refusal calls it, and where it runs."""
