@@ -58,11 +58,12 @@ def resolve_all(lines: Sequence[DeferredMetrics]) -> list[dict[str, Any]]:
     """
     if not lines:
         return []
-    trees = [line.device for line in lines]
+    leaves, structure = jax.tree.flatten([line.device for line in lines])
     # Lines with nothing on the device (train lines without loss terms or device
     # train_metrics, the usual ones) skip JAX: at an epoch's end, with the cold
     # caches of a loop that has just drained, an empty `device_get` cost a CPU
     # host about 60 us.
-    if any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(trees)):
-        trees = jax.device_get(trees)
-    return [line.build(values) for line, values in zip(lines, trees, strict=True)]
+    if any(isinstance(leaf, jax.Array) for leaf in leaves):
+        leaves = jax.device_get(leaves)  # one transfer for every line
+    fetched = jax.tree.unflatten(structure, leaves)
+    return [line.build(values) for line, values in zip(lines, fetched, strict=True)]
