@@ -366,6 +366,38 @@ def test_train_lines_wait_in_memory_until_flush_secs_pass_or_another_line(tmp_pa
     quick.close()
 
 
+def test_an_epochs_data_line_is_written_with_its_epoch_line(tmp_path, monkeypatch):
+    path = tmp_path / "m.jsonl"
+    logger = nx.JSONLogger(path, flush_secs=3600)
+    logger.log_metrics({"data_wait_frac": 0.1}, step=4, epoch=1, context="data")
+    assert not path.exists()  # held for the epoch line
+    logger.log_epoch({"epoch": 1, "step": 4, "train_loss": 0.5})
+    assert [x["type"] for x in read_lines(path)] == ["metrics", "epoch"]
+    logger.log_metrics({"data_wait_frac": 0.2}, step=8, epoch=2, context="data")
+    logger.close()  # a data line held at close is written too
+    assert read_lines(path)[-1]["data_wait_frac"] == 0.2
+
+    # A run: per epoch, the summary line is one write, the data and epoch lines
+    # another (and the first train line, written at once, one more).
+    writes = []
+    real = nx.JSONLogger.flush
+
+    def counted(self):
+        writes.append(
+            [entry if isinstance(entry, dict) else entry[0] for entry in self._held]
+        )
+        real(self)
+
+    monkeypatch.setattr(nx.JSONLogger, "flush", counted)
+    nitro = nx.Nitro(
+        Tiny(max_epochs=2), run_dir=str(tmp_path / "run"), checkpointer=None
+    )
+    nitro.train()
+    kinds = [[line.get("context", line["type"]) for line in held] for held in writes]
+    ends = [held for held in kinds if "data" in held]
+    assert ends == [["data", "epoch"], ["data", "epoch"]]
+
+
 def test_deferred_lines_are_read_back_when_written(tmp_path):
     path = tmp_path / "m.jsonl"
     logger = nx.JSONLogger(path, flush_secs=3600)

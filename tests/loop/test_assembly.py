@@ -313,3 +313,38 @@ def test_a_block_of_device_batches_is_stacked_on_the_device_in_one_call(monkeypa
     np.testing.assert_array_equal(
         np.asarray(paired["x"]), blocks.stacked_block(host[:4], 2, 2, 2)["x"]
     )
+
+
+def test_a_host_block_is_its_batches_in_order_padded_with_the_last():
+    from jaxnitro.loop import blocks
+
+    host = make_batches(16 * 5, 16)
+    got = blocks.stacked_block(host, 5, 1, 8)
+    for name in ("x", "y"):
+        want = np.stack([b[name] for b in host] + [host[-1][name]] * 3)
+        np.testing.assert_array_equal(got[name], want)
+        assert got[name].dtype == host[0][name].dtype
+    unpadded = blocks.stacked_block(host, 5, 1, 8, pad_host=False)
+    assert unpadded["x"].shape == (5, 16, 8)
+    paired = blocks.stacked_block(host[:4], 2, 2, 2)  # (steps, accum, B, ...)
+    np.testing.assert_array_equal(paired["y"][1, 0], host[2]["y"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda x: x[:1],  # would broadcast into a row: still refused
+        lambda x: x[:, :4],
+        lambda x: x.astype(np.float64),
+    ],
+    ids=["one-row", "narrower", "float64"],
+)
+def test_a_host_block_whose_batches_differ_is_refused(change):
+    # The calls loop and the assembler turn the ValueError into the refusal that
+    # names the batch (refuse_changed).
+    from jaxnitro.loop import blocks
+
+    host = make_batches(16 * 3, 16)
+    host[2] = {**host[2], "x": change(host[2]["x"])}
+    with pytest.raises(ValueError, match="field x holds several"):
+        blocks.stacked_block(host, 3, 1, 8)

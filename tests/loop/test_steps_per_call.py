@@ -261,6 +261,59 @@ def test_a_divergence_names_its_own_step_inside_a_call(per_call):
         nitro.train()
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_train_line_inside_a_call_is_the_line_of_one_step_a_call(tmp_path, accum):
+    # A call of 4 steps carrying only losses, with a logged step among them: its
+    # other steps settle together, the logged one alone (loop/settling.py). The
+    # lines and the epochs' means are bitwise those of one step a call.
+    got = {}
+    for per_call in (1, 4):
+        run_dir = tmp_path / f"k{per_call}"
+        nitro = nx.Nitro(
+            Tiny(n_train=16 * 14, max_epochs=2),
+            run_dir=str(run_dir),
+            checkpointer=None,
+            log_every_n_steps=3,
+            accum=accum,
+            steps_per_call=per_call,
+        )
+        nitro.train()
+        got[per_call] = (
+            lines(run_dir, "train"),
+            [row["train_loss"] for row in nitro.history],
+        )
+    train_lines, means = got[4]
+    steps = 2 * 14 // accum
+    assert [line["step"] for line in train_lines] == list(range(3, steps + 1, 3))
+    assert got[4] == got[1]
+    assert all(np.isfinite(means))
+
+
+def test_a_divergence_between_logged_steps_of_a_call_names_its_own_step(tmp_path):
+    # Step 5 diverges in a call of steps 5-8 whose step 6 is logged: the steps
+    # before the logged one, settled together, refuse the value and settle one by
+    # one, which names step 5; the line of step 3 (the call before) is written.
+    batches = make_batches(16 * 8, 16)
+    batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
+
+    class Poisoned(Tiny):
+        def build_data(self, dist):
+            return {"train": batches}
+
+    nitro = nx.Nitro(
+        Poisoned(),
+        run_dir=str(tmp_path),
+        checkpointer=None,
+        log_every_n_steps=3,
+        steps_per_call=4,
+    )
+    with pytest.raises(
+        nx.DivergenceError, match=r"at step 5 of epoch 1 \(batch 4 .*already non-finite"
+    ):
+        nitro.train()
+    assert [line["step"] for line in lines(tmp_path, "train")] == [3]
+
+
 @pytest.mark.parametrize(
     ("change", "first", "changed"),
     [("shape", 5, [5]), ("dtype", 5, [5]), ("dtype", 4, [4, 5, 6])],

@@ -35,14 +35,15 @@ memory, their device values unread (`log_deferred_metrics`), and written togethe
 read back in one transfer, by the first line logged `flush_secs` seconds (5 by
 default) or more after the last write: the lines held at any moment were logged
 within less than `flush_secs` of each other (the first deferred one is written at
-once, so a metric named like a line key is refused at the first logged step). Every
-other line (params, validate,
-data, resume, finish...) is written and flushed at once, with whatever was held
-before it, and so is everything held at `flush()`, `finish()` and `close()`. A run
-writes its data line at the end of every epoch and finishes its logger on every exit,
-a raising one included, so a process killed outright (SIGKILL; the file is flushed to
-the operating system, not fsynced) loses only the train lines it held: less than
-`flush_secs` seconds of them, all from the epoch it was in.
+once, so a metric named like a line key is refused at the first logged step). A data
+line waits for the epoch line the run logs right after it: one write for both. Every
+other line (params, validate, epoch, resume, finish...) is written and flushed at
+once, with whatever was held before it, and so is everything held at `flush()`,
+`finish()` and `close()`. A run writes its data and epoch lines at the end of every
+epoch and finishes its logger on every exit, a raising one included, so a process
+killed outright (SIGKILL; the file is flushed to the operating system, not fsynced)
+loses only the train lines it held, less than `flush_secs` seconds of them, all from
+the epoch it was in (and a data line, killed between it and its epoch line).
 
 The file is opened in append mode, so a resumed run extends the same file. A crash
 can leave its last line partial; the next open repairs it: a fragment that is not a
@@ -110,6 +111,12 @@ def _check_metric_keys(metrics: Any, context: str) -> None:
                     context=context, key=key, keys=", ".join(METRIC_LINE_KEYS)
                 )
             )
+
+
+HELD_CONTEXTS = ("train", "data")
+"""The metrics lines held rather than written at once: train lines (up to
+`flush_secs`), and an epoch's data line, written with the epoch line the run logs
+right after it (one write an epoch fewer)."""
 
 
 class JSONLogger:
@@ -232,15 +239,15 @@ class JSONLogger:
         **kwargs: Any,
     ) -> None:
         """One metrics line under `context` ("train", "train_epoch", "validate",
-        ...); a train line may wait up to `flush_secs`, any other is written at
-        once."""
+        ...); a train line may wait up to `flush_secs`, a data line for the epoch
+        line logged right after it, any other is written at once."""
         _check_metric_keys(metrics, context)
         head = self._head("metrics") | {
             "context": context,
             "epoch": epoch,
             "step": step,
         }
-        self._hold(head | dict(metrics), now=context != "train")
+        self._hold(head | dict(metrics), now=context not in HELD_CONTEXTS)
 
     def log_deferred_metrics(
         self, line: DeferredMetrics, *, step: int, epoch: int, context: str

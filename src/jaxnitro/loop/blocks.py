@@ -66,27 +66,43 @@ def stacked_block(
         (batch,) = routed
         if all(type(value) is np.ndarray for value in batch.values()):
             return {name: value[None] for name, value in batch.items()}  # views
-    devices = {
-        name
-        for name in routed[0]
-        if all(isinstance(batch[name], jax.Array) for batch in routed)
-    }
+    pad = (size - steps) * accum if pad_host else 0
     out: dict[str, Any] = {}
     on_device: dict[str, list[Any]] = {}
     for name in routed[0]:
         arrays = [batch[name] for batch in routed]
-        if name not in devices:
-            arrays = [np.asarray(a) for a in arrays]
-        if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
-            raise ValueError(f"field {name} holds several dtypes")
-        if name in devices:  # a field on the device already stays there
+        if all(type(a) is np.ndarray for a in arrays):  # the usual host field
+            out[name] = _by_step(_filled(name, arrays, pad), accum)
+        elif all(isinstance(a, jax.Array) for a in arrays):  # stays on the device
+            if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
+                raise ValueError(f"field {name} holds several dtypes")
             on_device[name] = arrays
-            continue
-        pad = (size - steps) * accum if pad_host else 0
-        out[name] = _by_step(np.stack(arrays + arrays[-1:] * pad), accum)
+        else:
+            arrays = [np.asarray(a) for a in arrays]
+            out[name] = _by_step(_filled(name, arrays, pad), accum)
     if on_device:
         out.update(_device_stacker((size - steps) * accum, accum)(on_device))
     return {name: out[name] for name in routed[0]}
+
+
+def _filled(name: str, arrays: list[np.ndarray], pad: int) -> np.ndarray:
+    """`arrays` stacked, then `pad` copies of the last: one allocation filled row by
+    row (`np.stack` cost a tiny MLP's block of 8 batches 7 us a field against 3 us,
+    its per-array views and checks). Raises ValueError, as `np.stack` would, where
+    they differ in shape, and where they differ in dtype (a stack would promote)."""
+    first = arrays[0]
+    shape, dtype = first.shape, first.dtype
+    for array in arrays:
+        if array.shape != shape:  # a row would broadcast it, not refuse it
+            raise ValueError(f"field {name} holds several shapes")
+        if array.dtype != dtype:
+            raise ValueError(f"field {name} holds several dtypes")
+    stacked = np.empty((len(arrays) + pad, *shape), dtype)
+    for row, array in enumerate(arrays):
+        stacked[row] = array
+    if pad:
+        stacked[len(arrays) :] = arrays[-1]
+    return stacked
 
 
 def _by_step(stack: Any, accum: int) -> Any:

@@ -29,8 +29,9 @@ the latest every `SETTLE_EVERY` micro-batches, so the divergence check runs whil
 the device keeps its queue. A read is planned a call ahead: the call holding what is
 needed starts its ring's copy to the host as it is dispatched, and the host reads it
 after dispatching the next call (a blocking read of a fresh result cost a TPU step
-about 400 us). Settling goes through `EpochLog` as if each step were read alone (a
-call that carries only losses in one pass, others micro-batch by micro-batch): the
+about 400 us). Settling goes through `EpochLog` as if each step were read alone (the
+steps of calls that carry only losses in one pass, but a logged step's, which
+writes its train line; other calls micro-batch by micro-batch): the
 same running loss sum in the same order, the same train lines at the same steps with
 the same values whatever the steps per call, a divergence named at its own step
 (found at the next read, up to `SETTLE_EVERY` micro-batches later, with no
@@ -241,6 +242,7 @@ class _EpochCalls:
         self.size = 0  # the steps a block holds
         self.positions: tuple[Any, ...] = ()
         self.ring: Any = None
+        self.copies_ring = True  # the ring lives off the host: a read copies it
         self.settle_at = SETTLE_EVERY  # unread micro-batches that force a read
         self.unread: list[UnreadCall] = []  # dispatched, losses not read back yet
         self.unread_micro = 0
@@ -349,6 +351,9 @@ class _EpochCalls:
         # Room for what may stay unread, and the calls dispatched meanwhile.
         losses = max(TALLY_SIZE, 4 * (self.settle_at + size * accum))
         self.ring = carried_ring(self.context.seed, self.step, losses, placement)
+        # A ring in host memory (the CPU backend) is read where it is: starting its
+        # copy to the host would only cost the call (about 4 us on a CPU).
+        self.copies_ring = any(d.platform != "cpu" for d in self.ring.devices())
         held = CARRIED.get("inputs")
         if (
             self.constant
@@ -504,7 +509,7 @@ class _EpochCalls:
                 and time.perf_counter() - self.last_read > BAR_SECONDS
             )
         )
-        if self.due or last:
+        if (self.due or last) and self.copies_ring:
             # Read after the next call, or the epoch's last call, read once it is
             # done: its copy starts now (a blocking read of a fresh result cost a
             # TPU host about 250 us more).

@@ -46,6 +46,8 @@ def settle_calls(log: EpochLog, calls: list[UnreadCall], accum: int) -> None:
             run = []
         if joins:
             run.append(call)
+        elif _plain(call):  # a train line among its steps: settled around it
+            _settle_logged(log, call, ring, accum)
         else:
             _settle_each(log, call, ring, accum)
     _settle_run(log, run, ring, accum)
@@ -57,10 +59,15 @@ def _after(call: UnreadCall, accum: int) -> int:
     return call.first + len(call.batches) // accum
 
 
+def _plain(call: UnreadCall) -> bool:
+    """Whether `call` reported nothing but its losses."""
+    reported = call.reported
+    return not (reported.terms or reported.stats or reported.outputs is not None)
+
+
 def _losses_only(call: UnreadCall, log: EpochLog, accum: int) -> bool:
     """Whether `call` reported nothing but its losses, and no train line falls in it."""
-    reported = call.reported
-    if reported.terms or reported.stats or reported.outputs is not None:
+    if not _plain(call):
         return False
     if not log.logging:
         return True
@@ -98,13 +105,50 @@ def ring_slice(ring: np.ndarray, start: int, count: int) -> list[float]:
     return ring[(start + np.arange(count)) % size].tolist()
 
 
-def _settle_each(log: EpochLog, call: UnreadCall, ring: np.ndarray, accum: int) -> None:
-    """One call's micro-batches settled one by one (`EpochLog.settle`)."""
+def _settle_logged(
+    log: EpochLog, call: UnreadCall, ring: np.ndarray, accum: int
+) -> None:
+    """A call that carries only its losses and holds a logged step: its other
+    steps settled together (`EpochLog.settle_losses`, one by one where the
+    divergence check refuses one), each logged step micro-batch by micro-batch,
+    which writes its train line."""
+    steps = len(call.batches) // accum
+    done = 0  # the call's steps settled
+    for step in range(steps):
+        if (call.first + step + 1) % log.every == 0:
+            _settle_steps(log, call, ring, accum, done, step)
+            _settle_each(log, call, ring, accum, step, step + 1)
+            done = step + 1
+    _settle_steps(log, call, ring, accum, done, steps)
+
+
+def _settle_steps(
+    log: EpochLog, call: UnreadCall, ring: np.ndarray, accum: int, start: int, stop: int
+) -> None:
+    """The call's steps `start` to `stop` (none logged) settled together."""
+    count = (stop - start) * accum
+    at = (call.first + start) * accum
+    if count and not log.settle_losses(ring_slice(ring, at, count)):
+        _settle_each(log, call, ring, accum, start, stop)
+
+
+def _settle_each(
+    log: EpochLog,
+    call: UnreadCall,
+    ring: np.ndarray,
+    accum: int,
+    start: int = 0,
+    stop: int | None = None,
+) -> None:
+    """One call's micro-batches settled one by one (`EpochLog.settle`): those of
+    its steps `start` to `stop` (all by default)."""
     reported = call.reported
     terms, stats = reported.terms, reported.stats
     size = ring.shape[0]
     outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
-    for j, (host, index) in enumerate(call.batches):
+    first = start * accum
+    last = len(call.batches) if stop is None else stop * accum
+    for j, (host, index) in enumerate(call.batches[first:last], first):
         step, micro = divmod(j, accum)
         at = (step,) if accum == 1 else (step, micro)
         ends = micro == accum - 1
