@@ -23,6 +23,11 @@ directory setting, same minimum compile time), so "warm" compares like with like
     python benchmarks/first_step.py --phases        # jaxnitro's phases, one process
     python benchmarks/first_step.py --imports       # python -X importtime, summed
     python benchmarks/first_step.py --before /tmp/old/src   # an A/B of two builds
+    python benchmarks/first_step.py --phases --unpacked   # + jaxnitro cold, unpacked
+
+`--unpacked` adds, to `--phases`, one cold process of jaxnitro with its state passed
+leaf by leaf (`compile/packed.py`'s packing off), so the compile seconds of its
+train step show what the packing costs the compiler.
 
 The phase split comes from timers this script wraps around jaxnitro's setup
 functions (no timer lives in the package) and from JAX's own compile events
@@ -216,6 +221,11 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
         exp = make_experiment(widths, batches)
         import jaxnitro.loop.steps as steps
 
+        if os.environ.get("FIRST_STEP_UNPACKED"):
+            import jaxnitro.loop.calls as calls
+
+            calls.packs_state = lambda: False  # the state passed leaf by leaf
+
         settle, settle_losses = steps.EpochLog.settle, steps.EpochLog.settle_losses
         first_loss: list[float] = []
         first_cpu: list[float] = []
@@ -273,9 +283,13 @@ def _run(
     cache: str | None,
     phases: bool = False,
     src: str | None = None,
+    unpacked: bool = False,
 ) -> dict:
     env = dict(os.environ)
     env.pop("FIRST_STEP_CACHE", None)
+    env.pop("FIRST_STEP_UNPACKED", None)
+    if unpacked:
+        env["FIRST_STEP_UNPACKED"] = "1"
     if src is not None:  # another build of jaxnitro: its `src` folder first
         env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     if cache is None:
@@ -345,44 +359,50 @@ def report(times: dict[str, list[float]]) -> None:
             print(f"    {side}: warm / first {warm}; warm / cold {off}")
 
 
-def show_phases(name: str) -> None:
-    """Each side's phases in three fresh processes: cold, first, warm."""
-    for side in ("jaxnitro", "reference"):
-        with tempfile.TemporaryDirectory() as cache:
-            for label, where in (("cold", None), ("first", cache), ("warm", cache)):
-                out = _run(name, side, where, phases=True)
-                print(f"{name} {side} {label}: first step {out['first_step']:.3f} s")
-                before = ", ".join(
-                    f"{k} {v:.3f}" for k, v in out["before_clock"].items()
-                )
-                print(f"  before the clock: {before}")
-                if side == "jaxnitro":
-                    print(
-                        f"  setup {out['setup']:.3f} s, train() returned at "
-                        f"{out['train_returned']:.3f} s"
-                    )
-                    # A timer that never ran wraps a name jaxnitro no longer calls
-                    # through that module: its time went to no phase.
-                    never = [x for *_, x in SETUP_TIMERS if x not in out["phases"]]
-                    if never:
-                        print(f"  never timed (stale SETUP_TIMERS): {', '.join(never)}")
-                counts = out["counts"]
-                for key, seconds in sorted(
-                    out["phases"].items(), key=lambda kv: -kv[1]
-                ):
-                    n = f" x{counts[key]}" if key in counts else ""
-                    print(f"    {key:20s} {seconds:.3f}{n}")
-                if "cache hits" in counts:
-                    print(f"    cache hits {counts['cache hits']}")
-                compiled = sorted(out["compiled"], key=lambda c: -c[1])
-                total = sum(sec for _, sec in compiled)
-                shown = ", ".join(f"{n} {sec:.3f}" for n, sec in compiled[:8])
-                more = len(compiled) - 8
+def show_phases(name: str, unpacked: bool = False) -> None:
+    """Each side's phases in three fresh processes: cold, first, warm; with
+    `unpacked`, a cold jaxnitro process with its state unpacked too."""
+    runs = [
+        (side, label, label != "cold", False)
+        for side in ("jaxnitro", "reference")
+        for label in ("cold", "first", "warm")
+    ]
+    if unpacked:
+        runs.insert(3, ("jaxnitro", "cold, unpacked", False, True))
+    with tempfile.TemporaryDirectory() as parent:
+        for side, label, cached, leaves in runs:
+            where = os.path.join(parent, side) if cached else None
+            if where is not None:
+                os.makedirs(where, exist_ok=True)
+            out = _run(name, side, where, phases=True, unpacked=leaves)
+            print(f"{name} {side} {label}: first step {out['first_step']:.3f} s")
+            before = ", ".join(f"{k} {v:.3f}" for k, v in out["before_clock"].items())
+            print(f"  before the clock: {before}")
+            if side == "jaxnitro":
                 print(
-                    f"  compiled before the first step: {len(compiled)} programs, "
-                    f"{total:.3f} s: {shown or 'nothing'}"
-                    + (f" and {more} more" if more > 0 else "")
+                    f"  setup {out['setup']:.3f} s, train() returned at "
+                    f"{out['train_returned']:.3f} s"
                 )
+                # A timer that never ran wraps a name jaxnitro no longer calls
+                # through that module: its time went to no phase.
+                never = [x for *_, x in SETUP_TIMERS if x not in out["phases"]]
+                if never:
+                    print(f"  never timed (stale SETUP_TIMERS): {', '.join(never)}")
+            counts = out["counts"]
+            for key, seconds in sorted(out["phases"].items(), key=lambda kv: -kv[1]):
+                n = f" x{counts[key]}" if key in counts else ""
+                print(f"    {key:20s} {seconds:.3f}{n}")
+            if "cache hits" in counts:
+                print(f"    cache hits {counts['cache hits']}")
+            compiled = sorted(out["compiled"], key=lambda c: -c[1])
+            total = sum(sec for _, sec in compiled)
+            shown = ", ".join(f"{n} {sec:.3f}" for n, sec in compiled[:8])
+            more = len(compiled) - 8
+            print(
+                f"  compiled before the first step: {len(compiled)} programs, "
+                f"{total:.3f} s: {shown or 'nothing'}"
+                + (f" and {more} more" if more > 0 else "")
+            )
 
 
 def show_imports() -> None:
@@ -415,6 +435,11 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true")
     parser.add_argument("--imports", action="store_true")
     parser.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="with --phases: also jaxnitro cold with its state unpacked",
+    )
+    parser.add_argument(
         "--before", help="another build's src folder, measured beside this one"
     )
     parser.add_argument("--internal", nargs=2, help=argparse.SUPPRESS)
@@ -428,7 +453,7 @@ def main() -> None:
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     for name in names:
         if args.phases:
-            show_phases(name)
+            show_phases(name, args.unpacked)
             continue
         times = rounds(name, args.rounds, args.before)
         print(f"{name}:")
