@@ -116,9 +116,10 @@ RUNS = (
     ),
     Run(
         "first_step.py",
-        ("--phases", "--workload", "tutorial_mlp"),
+        ("--phases", "--unpacked", "--workload", "tutorial_mlp"),
         (
             rf"tutorial_mlp jaxnitro cold: first step {F} s",
+            rf"tutorial_mlp jaxnitro cold, unpacked: first step {F} s",
             rf"    step program\s+{F}",  # a timer inside the training loop
             rf"    xla compile\s+{F} x\d+",
             rf"  compiled before the first step: \d+ programs, {F} s: "
