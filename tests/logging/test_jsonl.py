@@ -366,36 +366,67 @@ def test_train_lines_wait_in_memory_until_flush_secs_pass_or_another_line(tmp_pa
     quick.close()
 
 
-def test_an_epochs_data_line_is_written_with_its_epoch_line(tmp_path, monkeypatch):
+def test_an_epochs_summary_and_data_lines_are_written_with_its_epoch_line(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "m.jsonl"
     logger = nx.JSONLogger(path, flush_secs=3600)
+    logger.log_metrics({"loss": 0.5}, step=4, epoch=1, context="train_epoch")
     logger.log_metrics({"data_wait_frac": 0.1}, step=4, epoch=1, context="data")
     assert not path.exists()  # held for the epoch line
     logger.log_epoch({"epoch": 1, "step": 4, "train_loss": 0.5})
-    assert [x["type"] for x in read_lines(path)] == ["metrics", "epoch"]
+    assert [x.get("context", x["type"]) for x in read_lines(path)] == [
+        "train_epoch",
+        "data",
+        "epoch",
+    ]
     logger.log_metrics({"data_wait_frac": 0.2}, step=8, epoch=2, context="data")
-    logger.close()  # a data line held at close is written too
+    logger.close()  # a line held at close is written too
     assert read_lines(path)[-1]["data_wait_frac"] == 0.2
 
-    # A run: per epoch, the summary line is one write, the data and epoch lines
-    # another (and the first train line, written at once, one more).
+    # In a run, each write (a flush of what the logger held) by its lines' kinds.
     writes = []
     real = nx.JSONLogger.flush
 
     def counted(self):
-        writes.append(
-            [entry if isinstance(entry, dict) else entry[0] for entry in self._held]
-        )
+        held = [e if isinstance(e, dict) else e[0] for e in self._held]
+        kinds = [line.get("context", line["type"]) for line in held]
+        if {"train_epoch", "validate", "data"} & set(kinds):
+            writes.append(kinds)
         real(self)
 
     monkeypatch.setattr(nx.JSONLogger, "flush", counted)
-    nitro = nx.Nitro(
-        Tiny(max_epochs=2), run_dir=str(tmp_path / "run"), checkpointer=None
+
+    class NoVal(Tiny):
+        def build_data(self, dist):
+            return {"train": Tiny.build_data(self, dist)["train"]}
+
+    for name, experiment in (("plain", NoVal), ("validated", Tiny)):
+        writes.clear()
+        run_dir = tmp_path / name
+        nx.Nitro(
+            experiment(max_epochs=2), run_dir=str(run_dir), checkpointer=None
+        ).train()
+        if name == "plain":  # nothing between them: one write an epoch
+            assert writes == [["train_epoch", "data", "epoch"]] * 2
+        else:  # the summary goes out before the validation runs
+            assert writes == [["train_epoch"], ["validate"], ["data", "epoch"]] * 2
+        kinds = [
+            x.get("context", x["type"]) for x in read_lines(run_dir / "metrics.jsonl")
+        ]
+        assert kinds.count("train_epoch") == kinds.count("epoch") == 2
+
+    # An on_epoch_end hook (user code, of any length) finds the summary written.
+    seen = []
+    hooked = nx.Nitro(NoVal(max_epochs=1), run_dir=str(tmp_path / "hooked"))
+    log = tmp_path / "hooked" / "metrics.jsonl"
+    hooked.on_epoch_end(
+        lambda nitro, epoch, observations: seen.append(
+            [x.get("context") for x in read_lines(log)].count("train_epoch")
+        )
     )
-    nitro.train()
-    kinds = [[line.get("context", line["type"]) for line in held] for held in writes]
-    ends = [held for held in kinds if "data" in held]
-    assert ends == [["data", "epoch"], ["data", "epoch"]]
+    hooked.train()
+    assert seen == [1]
 
 
 def test_deferred_lines_are_read_back_when_written(tmp_path):

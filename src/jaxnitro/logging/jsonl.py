@@ -35,15 +35,18 @@ memory, their device values unread (`log_deferred_metrics`), and written togethe
 read back in one transfer, by the first line logged `flush_secs` seconds (5 by
 default) or more after the last write: the lines held at any moment were logged
 within less than `flush_secs` of each other (the first deferred one is written at
-once, so a metric named like a line key is refused at the first logged step). A data
-line waits for the epoch line the run logs right after it: one write for both. Every
+once, so a metric named like a line key is refused at the first logged step). An
+epoch's summary ("train_epoch") and data lines wait for its epoch line: one write for
+the three, where nothing runs between them but the run's own bookkeeping (a run
+flushes its logger before a validation and before its on_epoch_end hooks). Every
 other line (params, validate, epoch, resume, finish...) is written and flushed at
 once, with whatever was held before it, and so is everything held at `flush()`,
 `finish()` and `close()`. A run writes its data and epoch lines at the end of every
 epoch and finishes its logger on every exit, a raising one included, so a process
 killed outright (SIGKILL; the file is flushed to the operating system, not fsynced)
 loses only the train lines it held, less than `flush_secs` seconds of them, all from
-the epoch it was in (and a data line, killed between it and its epoch line).
+the epoch it was in (and its summary and data lines, if killed in the moment between
+them and the epoch line).
 
 The file is opened in append mode, so a resumed run extends the same file. A crash
 can leave its last line partial; the next open repairs it: a fragment that is not a
@@ -113,10 +116,11 @@ def _check_metric_keys(metrics: Any, context: str) -> None:
             )
 
 
-HELD_CONTEXTS = ("train", "data")
+HELD_CONTEXTS = ("train", "train_epoch", "data")
 """The metrics lines held rather than written at once: train lines (up to
-`flush_secs`), and an epoch's data line, written with the epoch line the run logs
-right after it (one write an epoch fewer)."""
+`flush_secs`), and an epoch's summary and data lines, written with the epoch line the
+run logs after them (one write an epoch where there were three), or before the
+validation or the on_epoch_end hook that comes between (the run flushes there)."""
 
 
 class JSONLogger:

@@ -20,9 +20,10 @@ Two more are optional, for a logger that keeps lines in memory before writing th
 (`JSONLogger` does): `log_deferred_metrics(line, *, step, epoch, context)` takes a
 train line whose values are still on the device (`deferred.DeferredMetrics`), to read
 back later with the others it holds; without it the line is resolved and passed to
-`log_metrics` at once. `flush()` writes what it holds (the loop calls it at the end
-of each epoch's steps). `log_resume(*, step, epoch, run_id, source)` is told where a
-resumed run continues from; without it nothing is logged. `log_epoch(row)` takes the
+`log_metrics` at once. `flush()` writes what it holds (a run calls it once an epoch,
+after the epoch line, and before each validation and on_epoch_end hook).
+`log_resume(*, step, epoch, run_id, source)` is told where a resumed run continues
+from; without it nothing is logged. `log_epoch(row)` takes the
 history row of each epoch trained (the handle's `history` row: epoch, step,
 train_loss, the validation metrics, seconds), so the whole run's history can be read
 back from the log (`nitro history`); without it nothing is logged.

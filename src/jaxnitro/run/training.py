@@ -366,11 +366,11 @@ class _Training:
             )
         waited = log.feed.wait_seconds if log.feed is not None else 0.0
         epoch.data_wait_frac = waited / max(time.perf_counter() - started, 1e-9)
-        # The epoch's train summary line, whatever the train line's cadence; the
-        # logger writes it with the train lines it held (one write for both, where
-        # a flush of them before it was a write of its own), before validation.
+        # The epoch's train summary line, whatever the train line's cadence; a
+        # logger that holds lines writes it with the train lines it held and the
+        # epoch's data and epoch lines (one write), or before a validation or an
+        # on_epoch_end hook starts (`_log_data`, `run_validation`, `_end_epoch`).
         log.log_summary(values.state.step)
-        logproto.flush(run.config.logger)
         values.sync_scheduled_devices()
         return epoch
 
@@ -396,6 +396,8 @@ class _Training:
         requested = stops.stop_requested
         partial = 0 < log.trained < len(run.data["train"])
         validation, here = self._validate(epoch, partial)
+        if run.epoch_end_hooks:  # user code, of any length: what is held goes first
+            logproto.flush(run.config.logger)
         added = _epoch_end_hooks(
             self.nitro, run, epoch.number, log.mean_loss(), validation.flat
         )
@@ -452,16 +454,20 @@ class _Training:
             progress.epoch_summary(row, run.config.max_epochs)
 
     def _log_data(self, epoch: _Epoch) -> None:
-        """The epoch's data line (data wait, speed) and its history row."""
+        """The epoch's data line (data wait, speed) and its history row; the
+        logger flushed (the epoch's one flush: a JSONLogger wrote its held lines
+        with the epoch line)."""
         run = self.run
+        logger = run.config.logger
         logproto.log_metrics(
-            run.config.logger,
+            logger,
             {"data_wait_frac": epoch.data_wait_frac, **epoch.speed},
             step=run.values.state.step,
             epoch=epoch.number,
             context="data",
         )
-        logproto.log_epoch(run.config.logger, run.status.history[-1])
+        logproto.log_epoch(logger, run.status.history[-1])
+        logproto.flush(logger)
 
     def _finish(self, reason: str) -> None:
         """End a train() whose epochs ended for `reason`: the last record marked,

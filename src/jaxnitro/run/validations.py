@@ -61,12 +61,12 @@ def run_validation(run: RunParts, epoch: int, *, decides: bool = True) -> Valida
     every Plateau and the early-stopping policy decide on it.
 
     The one place a validation inside train() is taken, at an epoch's end and
-    mid-epoch alike."""
-    metrics = (
-        evaluate_split(run.evaluation, "val", stoppable=False)
-        if "val" in run.data
-        else {}
-    )
+    mid-epoch alike. A logger holding lines writes them first: an evaluation may
+    run for minutes."""
+    metrics: dict[str, Any] = {}
+    if "val" in run.data:
+        logproto.flush(run.config.logger)
+        metrics = evaluate_split(run.evaluation, "val", stoppable=False)
     flat = flatten(metrics)
     check_monitor(run.prepared.monitor, flat)
     early, scales = (
