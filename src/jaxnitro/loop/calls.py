@@ -479,11 +479,7 @@ class _EpochCalls:
                 else None
                 for i in range(length)
             ]
-        self.unread.append(
-            UnreadCall(
-                reported, step, [(f, at) for f, _, at in micro], lines, self.ring
-            )
-        )
+        self.unread.append(UnreadCall(reported, step, micro, lines, self.ring))
         self.step = step + length
         if self.steady is None:  # the steps from here on time the loop itself
             self.steady = (time.perf_counter(), self.step, compile_seconds())

@@ -26,7 +26,8 @@ class UnreadCall(NamedTuple):
 
     reported: StepOutputs  # every leaf stacked (K, ...) or (K, accum, ...)
     first: int  # the optimizer steps done before it
-    batches: list[tuple[Mapping[str, Any], int]]  # each micro-batch: (host, index)
+    batches: list[tuple[Mapping[str, Any], Any, int]]
+    """Each micro-batch, as its block holds it: (host, routed fields, index)."""
     lines: list[dict[str, float] | None] | None
     """Each step's schedule line where it is logged; None: no step is logged."""
     ring: Any  # the counter and loss ring as this call left it
@@ -148,7 +149,7 @@ def _settle_each(
     outputs = None if reported.outputs is None else jax.device_get(reported.outputs)
     first = start * accum
     last = len(call.batches) if stop is None else stop * accum
-    for j, (host, index) in enumerate(call.batches[first:last], first):
+    for j, (host, _, index) in enumerate(call.batches[first:last], first):
         step, micro = divmod(j, accum)
         at = (step,) if accum == 1 else (step, micro)
         ends = micro == accum - 1
