@@ -241,10 +241,14 @@ def test_early_stopping_and_plateau_decide_at_the_same_steps(tmp_path):
     assert lines(tmp_path / "k4", "validate") == lines(tmp_path / "k1", "validate")
 
 
+@pytest.mark.parametrize("logged", [False, True], ids=["no-logger", "logged"])
 @pytest.mark.parametrize("per_call", [4, 1])
-def test_a_divergence_names_its_own_step_inside_a_call(per_call):
+def test_a_divergence_names_its_own_step_inside_a_call(tmp_path, per_call, logged):
     # At one step a call the losses of the calls between two reads are settled
-    # together; a non-finite one among them is then settled call by call.
+    # together; a non-finite one among them is then settled call by call. Logged
+    # every 3 steps, step 5 diverges in the call of steps 5-8 whose step 6 is
+    # logged: the steps before the logged one, settled together, refuse the value
+    # and settle one by one, which names step 5; step 3's line is written.
     batches = make_batches(16 * 7, 16)
     batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
 
@@ -252,13 +256,16 @@ def test_a_divergence_names_its_own_step_inside_a_call(per_call):
         def build_data(self, dist):
             return {"train": batches}
 
-    nitro = nx.Nitro(
-        Poisoned(), logger=None, checkpointer=None, steps_per_call=per_call
-    )
+    kw = {"run_dir": str(tmp_path), "log_every_n_steps": 3} if logged else {}
+    if not logged:
+        kw["logger"] = None
+    nitro = nx.Nitro(Poisoned(), checkpointer=None, steps_per_call=per_call, **kw)
     with pytest.raises(
         nx.DivergenceError, match=r"at step 5 of epoch 1 \(batch 4 .*already non-finite"
     ):
         nitro.train()
+    if logged:
+        assert [line["step"] for line in lines(tmp_path, "train")] == [3]
 
 
 @pytest.mark.parametrize("accum", [1, 2])
@@ -287,31 +294,6 @@ def test_a_train_line_inside_a_call_is_the_line_of_one_step_a_call(tmp_path, acc
     assert [line["step"] for line in train_lines] == list(range(3, steps + 1, 3))
     assert got[4] == got[1]
     assert all(np.isfinite(means))
-
-
-def test_a_divergence_between_logged_steps_of_a_call_names_its_own_step(tmp_path):
-    # Step 5 diverges in a call of steps 5-8 whose step 6 is logged: the steps
-    # before the logged one, settled together, refuse the value and settle one by
-    # one, which names step 5; the line of step 3 (the call before) is written.
-    batches = make_batches(16 * 8, 16)
-    batches[4] = {**batches[4], "x": np.full_like(batches[4]["x"], np.nan)}
-
-    class Poisoned(Tiny):
-        def build_data(self, dist):
-            return {"train": batches}
-
-    nitro = nx.Nitro(
-        Poisoned(),
-        run_dir=str(tmp_path),
-        checkpointer=None,
-        log_every_n_steps=3,
-        steps_per_call=4,
-    )
-    with pytest.raises(
-        nx.DivergenceError, match=r"at step 5 of epoch 1 \(batch 4 .*already non-finite"
-    ):
-        nitro.train()
-    assert [line["step"] for line in lines(tmp_path, "train")] == [3]
 
 
 @pytest.mark.parametrize(

@@ -243,8 +243,8 @@ class JSONLogger:
         **kwargs: Any,
     ) -> None:
         """One metrics line under `context` ("train", "train_epoch", "validate",
-        ...); a train line may wait up to `flush_secs`, a data line for the epoch
-        line logged right after it, any other is written at once."""
+        ...); a train line may wait up to `flush_secs`, an epoch's summary and
+        data lines for its epoch line, any other is written at once."""
         _check_metric_keys(metrics, context)
         head = self._head("metrics") | {
             "context": context,
