@@ -15,10 +15,17 @@ Each side runs its warm-up epoch (its compiles) untraced, then `--epochs` epochs
   events: transfers, executions, buffer frees).
 
 The workloads are `steps_per_call.py`'s (the two of `throughput.py` and the tiny
-MLP); jaxnitro runs with its default logger and no checkpointer, as there.
+MLP); jaxnitro runs with its default logger and no checkpointer, as there. Its trace
+starts when that logger writes the first epoch's epoch line (an on_epoch_end hook
+would turn the read-ahead off and add a write an epoch). `--source` feeds jaxnitro's
+sides the list of built batches (the default), or a `PrefetchIterator` over them:
+one producer thread (`producer`) or the fan-out's 2 workers (`fanout`), to see where
+the threaded paths' time goes (issue 26, item 7); the hand-written sides always read
+the list.
 
     python benchmarks/device_trace.py --workload compute_bound_mlp
     python benchmarks/device_trace.py --steps-per-call 8 --top 20 --keep /tmp/trace
+    python benchmarks/device_trace.py --source producer --workload tutorial_mlp
 """
 
 from __future__ import annotations
@@ -36,6 +43,42 @@ from steps_per_call import reference_scan, workload
 from throughput import reference_loop
 
 HOST_LINES_SHOWN = 4  # the host threads with the most traced time
+
+
+def _threaded(workers: int) -> Callable[[list], object]:
+    def wrap(batches: list) -> object:
+        import jaxnitro as nx
+
+        return nx.data.PrefetchIterator(Listed(batches), workers=workers)
+
+    return wrap
+
+
+class Listed:
+    """Built batches as a fan-out source (`batch_at`, `begin_epoch`)."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def begin_epoch(self) -> None:
+        """Nothing to plan: the batches are built."""
+
+    def batch_at(self, i: int) -> dict:
+        return self.batches[i]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+SOURCES: dict[str, Callable[[list], object]] = {
+    "list": lambda batches: batches,
+    "producer": _threaded(1),
+    "fanout": _threaded(2),
+}
+"""What feeds jaxnitro's sides (`--source`)."""
 
 
 class Trace:
@@ -172,12 +215,31 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs traced a side")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--keep", metavar="DIR", help="write the traces here")
+    parser.add_argument(
+        "--source",
+        choices=sorted(SOURCES),
+        default="list",
+        help="what feeds jaxnitro's sides",
+    )
     args = parser.parse_args()
     print(banner())
     import jaxnitro as nx
 
     widths, batches = workload(args.workload)
-    exp = make_experiment(widths, batches)
+    exp = make_experiment(widths, SOURCES[args.source](batches))
+
+    class TracingLogger(nx.JSONLogger):
+        """The default logger, which starts `trace` at the first epoch line."""
+
+        def __init__(self, trace: Trace) -> None:
+            super().__init__()
+            self.trace = trace
+
+        def log_epoch(self, row: dict) -> None:
+            super().log_epoch(row)
+            if row["epoch"] == 1:  # its compiles and its first epoch stay untraced
+                self.trace.start()
+
     # The traces (unless --keep keeps them) and jaxnitro's run directories: removed
     # at the end (at the latest when the process exits).
     scratch = tempfile.TemporaryDirectory(prefix="nitro-trace-")
@@ -203,19 +265,13 @@ def main() -> None:
 
     def ours(k: int) -> Callable[[Trace], None]:
         def side(trace: Trace) -> None:
-            nitro = nx.Nitro(
+            nx.Nitro(
                 exp(max_epochs=1 + args.epochs),
                 run_dir=tempfile.mkdtemp(dir=scratch.name),
                 checkpointer=None,
+                logger=TracingLogger(trace),
                 steps_per_call=k,
-            )
-
-            def after_first(nitro, epoch, observations) -> None:
-                if epoch == 1:  # its compiles and its first epoch stay untraced
-                    trace.start()
-
-            nitro.on_epoch_end(after_first)
-            nitro.train()
+            ).train()
 
         return side
 

@@ -85,7 +85,7 @@ RUNS = (
     ),
     Run(
         "device_trace.py",
-        ("--epochs", "1", "--workload", "tiny_mlp", "--top", "3"),
+        ("--epochs", "1", "--workload", "tiny_mlp", "--top", "3", "--source", "fanout"),
         (
             r"tiny_mlp, hand-written loop:",
             r"tiny_mlp, jaxnitro k=8:",
