@@ -30,15 +30,18 @@ def attention_unavailable(attention: str) -> str | None:
     starts the backend: call it when a model's parameters are built, not while a
     run file is checked."""
     requirement = _requirement(attention)
-    if requirement is None:
-        return None
+    return None if requirement is None else _outside(requirement[0])
+
+
+def _outside(backends: tuple[str, ...]) -> str | None:
+    """The run's backend when it is not one of `backends`, else None."""
     # The engine's public face, as everywhere in the run-file package;
     # `setup_devices()` without arguments only reports (joining the run first
     # under a launcher, so even an early call breaks nothing).
     import jaxnitro as nx
 
     backend = str(nx.setup_devices()["backend"])
-    return None if backend in requirement[0] else backend
+    return None if backend in backends else backend
 
 
 def check_attention_backend(attention: str, owner: str, fix: str) -> None:
@@ -49,8 +52,10 @@ def check_attention_backend(attention: str, owner: str, fix: str) -> None:
         ValueError: that attention's message (`nn_flash.FLASH_OFF_TPU`,
             `nn_cudnn.CUDNN_OFF_GPU`), naming `owner`, the backend and `fix`.
     """
-    backend = attention_unavailable(attention)
+    requirement = _requirement(attention)
+    if requirement is None:
+        return
+    backends, message = requirement
+    backend = _outside(backends)
     if backend is not None:
-        requirement = _requirement(attention)
-        assert requirement is not None
-        raise ValueError(requirement[1].format(owner=owner, backend=backend, fix=fix))
+        raise ValueError(message.format(owner=owner, backend=backend, fix=fix))
