@@ -176,6 +176,38 @@ def test_at_the_filesystem_root_no_editable_install_is_the_users(tmp_path, monke
     assert is_library_module("somelib.layers", str(library / "src/somelib/layers.py"))
 
 
+READ_AHEAD_CHILD = """
+import importlib.metadata, json, threading
+import optax
+import jaxnitro
+from jaxnitro.keys.library_code import is_library_module
+
+for thread in threading.enumerate():
+    if thread.name == "jaxnitro-installed":
+        thread.join()
+reads = []
+importlib.metadata.distributions = lambda *a, **k: reads.append(1) or []
+print(json.dumps({"optax": is_library_module("optax", optax.__file__), "reads": reads}))
+"""
+
+
+def test_the_distributions_are_read_on_a_thread_the_import_starts(tmp_path):
+    """`import jaxnitro` reads the installed distributions on a thread (0.13 s of a
+    TPU host's first step when read on the way to it): the first lookup, here after
+    that thread, reads none again, and knows optax for a library."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_AHEAD_CHILD],
+        env=child_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"optax": True, "reads": []}
+
+
 # --- no library function is walked ---------------------------------------------------
 
 WALKER = """

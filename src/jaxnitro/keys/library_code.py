@@ -24,12 +24,16 @@ counts as one however it was installed (site-packages, `pip install --user` or
    lists) is a library; the rest is the user's: a script (`__main__`), a notebook,
    a module made in memory, a package on `sys.path` that no distribution installed.
 
-The distributions are read once per process, on the first lookup, and the working
-directory is the one at that moment; each module's answer is kept.
+The distributions are read once per process, on a thread `import jaxnitro` starts
+(`read_installed_in_background`: a few hundred small file reads, 0.13 s of a TPU
+v5e host's first step when read on the way to it), else on the first lookup, which
+waits for that thread; the working directory is the one at the first lookup. Each
+module's answer is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -41,6 +45,7 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 import types
 import urllib.parse
 import urllib.request
@@ -111,19 +116,65 @@ class _Installed:
     site_roots: tuple[str, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Provides:
+    """One installed distribution: its editable source folder (None if it is no
+    editable install) and the top-level modules it provides."""
+
+    dist: importlib.metadata.Distribution
+    source: str | None
+    tops: frozenset[str]
+
+
+_READING = threading.Lock()  # held while the distributions are read
+
+
+def read_installed_in_background() -> None:
+    """Read the installed distributions on a daemon thread, so the first lookup
+    (the hooks frozen at a `Nitro`'s setup) finds them read; it waits for the
+    thread where it has not finished."""
+    threading.Thread(
+        target=_read_quietly, name="jaxnitro-installed", daemon=True
+    ).start()
+
+
+def _read_quietly() -> None:
+    # A failure is left to the first lookup, which reads again and raises there.
+    with contextlib.suppress(Exception):
+        _distributions()
+
+
+def _distributions() -> tuple[_Provides, ...]:
+    with _READING:
+        return _read_distributions()
+
+
+@functools.cache
+def _read_distributions() -> tuple[_Provides, ...]:
+    """Each distribution's `direct_url.json` and top-level names, read once: the
+    table costs a few hundred small file reads a process, each slow on a sandboxed
+    host."""
+    provides = []
+    for dist in importlib.metadata.distributions():
+        source = _editable_source(dist)
+        tops = _top_levels(dist, editable=source is not None)
+        provides.append(_Provides(dist, source, frozenset(tops)))
+    return tuple(provides)
+
+
 @functools.cache
 def _installed() -> _Installed:
     here = os.path.realpath(os.getcwd())
     cwd = None if here == os.path.dirname(here) else here  # `/`: every folder is in it
     tops: dict[str, list[importlib.metadata.Distribution]] = {}
     user_roots = []
-    for dist in importlib.metadata.distributions():
-        source, provided = _what_it_provides(dist, cwd)
+    for provided in _distributions():
+        source = provided.source
         if source is not None and _is_users_project(source, cwd):
-            user_roots.append(source)
+            user_roots.append(source)  # its modules are the user's
             continue
-        for top in provided:
-            tops.setdefault(top, []).append(dist)
+        for top in provided.tops:
+            tops.setdefault(top, []).append(provided.dist)
     paths = sysconfig.get_paths()
     sites = [paths.get("purelib"), paths.get("platlib"), site.getusersitepackages()]
     sites += getattr(site, "getsitepackages", list)()
@@ -134,20 +185,6 @@ def _installed() -> _Installed:
         stdlib_roots=_real_paths([paths.get("stdlib"), paths.get("platstdlib")]),
         site_roots=_real_paths(sites),
     )
-
-
-def _what_it_provides(
-    dist: importlib.metadata.Distribution, cwd: str | None
-) -> tuple[str | None, set[str]]:
-    """A distribution's editable source folder (None if it is no editable
-    install), and the top-level modules it provides (none read for the user's own
-    project, whose modules are the user's). Its `direct_url.json` is read once:
-    reading the table costs a few hundred small file reads a process, each slow on
-    a sandboxed host (0.16 s of a TPU v5e tutorial MLP's first step)."""
-    source = _editable_source(dist)
-    if source is not None and _is_users_project(source, cwd):
-        return source, set()
-    return source, _top_levels(dist, editable=source is not None)
 
 
 def _is_users_project(source: str, cwd: str | None) -> bool:
@@ -282,6 +319,8 @@ def forget_installed() -> None:
     """Read the installed distributions and the working directory again at the next
     lookup (after an install in a running process; the tests, which move between
     folders)."""
+    with _READING:  # after a read still running, which would store the old table
+        _read_distributions.cache_clear()
     _installed.cache_clear()
     _installed_files.cache_clear()
     is_library_module.cache_clear()
