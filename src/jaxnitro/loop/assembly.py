@@ -46,6 +46,14 @@ from .blocks import (
 )
 from .step_programs import check_batch
 
+AHEAD_ON_HOST_BYTES = 2**20
+"""A block read ahead (`loop/read_ahead.py`) under this many bytes stays on the host
+until the call that reads it, which copies it as it copies any host argument: a
+separate copy is a program dispatch of its own, 150-250 us of a TPU v5e host
+(traced, 2026-12-07: once an epoch, the tiny MLP's 64 steps at steps_per_call=8
+taking 80 us a step), more than a copy this small takes (a 6.4 MB block's stack
+and copy took 2.6 ms there)."""
+
 
 @dataclass(frozen=True)
 class BlockPlan:
@@ -67,8 +75,9 @@ class Block(NamedTuple):
     delivered: int
     """The batches the pass delivered up to this block's last, skipped ones too."""
     stacked: dict[str, Any] | None = None
-    """The block stacked (`stacked_block`), and placed on an accelerator, by the
-    prefetch thread that assembled it; None: the consumer stacks it."""
+    """The block stacked (`stacked_block`) and placed on an accelerator by the
+    prefetch thread that assembled it, or stacked ahead (`staged`: a small block
+    stays on the host); None: the consumer stacks it."""
 
     @property
     def device(self) -> Any:
@@ -180,8 +189,13 @@ class BlockAssembler:
 
     def staged(self, block: Block) -> Block:
         """`block` stacked and, on an accelerator, its copy started, as this
-        assembler's thread would have handed it (`loop/read_ahead.py`)."""
-        return block._replace(stacked=self._stacked(block.batches, block.steps))
+        assembler's thread would have handed it (`loop/read_ahead.py`); a block
+        under AHEAD_ON_HOST_BYTES is stacked on the host (padded there), and the
+        call that reads it copies it."""
+        routed = block.batches[0][1]
+        small = host_bytes(routed) * len(block.batches) < AHEAD_ON_HOST_BYTES
+        stacked = self._stacked(block.batches, block.steps, place=not small)
+        return block._replace(stacked=stacked)
 
     def _complete(self, steps: int) -> Block:
         reading, self.reading = self.reading, []
@@ -189,23 +203,26 @@ class BlockAssembler:
         stacked = self._stacked(reading, steps) if self.stages else None
         return Block(reading, steps, self.plan, reading[-1][2] + 1, stacked)
 
-    def _stacked(self, reading: list[Any], steps: int) -> dict[str, Any]:
-        """The block stacked, and on an accelerator its copy started (a block cut
-        short padded on the device)."""
+    def _stacked(
+        self, reading: list[Any], steps: int, *, place: bool = True
+    ) -> dict[str, Any]:
+        """The block stacked, and on an accelerator (unless not `place`) its copy
+        started (a block cut short padded on the device)."""
         s = self.settings
         assert self.plan is not None
         size = self.plan.size
+        place = place and s.on_device
         try:
             stacked = stacked_block(
                 [r for _, r, _ in reading],
                 steps,
                 s.accum,
                 size,
-                pad_host=not s.on_device,
+                pad_host=not place,
             )
         except ValueError:  # fields of several shapes do not stack
             refuse_changed(reading, self.plan.signature, s.epoch)
             raise
-        if not s.on_device:
+        if not place:
             return stacked
         return transfer(stacked, s.sharding, rows=size)
