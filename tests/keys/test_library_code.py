@@ -208,6 +208,40 @@ def test_the_distributions_are_read_on_a_thread_the_import_starts(tmp_path):
     assert report == {"optax": True, "reads": []}
 
 
+FORK_CHILD = """
+import os, sys
+import jaxnitro.keys.library_code as library_code
+
+library_code.forget_installed()
+library_code._READING.acquire()  # as if the thread were reading at the fork
+pid = os.fork()
+if pid == 0:  # the child reads the table itself, or hangs on the inherited lock
+    import signal
+    signal.alarm(20)  # a hung child ends by itself
+    import optax
+    ok = library_code.is_library_module("optax", optax.__file__)
+    os._exit(0 if ok else 3)
+library_code._READING.release()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_during_the_read_reads_the_table_itself(tmp_path):
+    """A process pool forked right after `import jaxnitro` may fork while the thread
+    holds its lock: the child does not wait for a thread it does not have."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FORK_CHILD],
+        env=child_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "0"
+
+
 # --- no library function is walked ---------------------------------------------------
 
 WALKER = """

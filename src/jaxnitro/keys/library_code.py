@@ -129,6 +129,17 @@ class _Provides:
 _READING = threading.Lock()  # held while the distributions are read
 
 
+def _unlocked_in_child() -> None:
+    """A child forked while the thread was reading (a process pool started right
+    after the import) inherits the lock held, and no thread to release it: it
+    gets its own, and reads the table itself if the parent had not finished."""
+    global _READING
+    _READING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlocked_in_child)
+
+
 def read_installed_in_background() -> None:
     """Read the installed distributions on a daemon thread, so the first lookup
     (the hooks frozen at a `Nitro`'s setup) finds them read; it waits for the
