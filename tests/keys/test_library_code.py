@@ -195,17 +195,22 @@ def test_the_distributions_are_read_on_a_thread_the_import_starts(tmp_path):
     """`import jaxnitro` reads the installed distributions on a thread (0.13 s of a
     TPU host's first step when read on the way to it): the first lookup, here after
     that thread, reads none again, and knows optax for a library."""
+    report = json.loads(_last_line_of(READ_AHEAD_CHILD, tmp_path))
+    assert report == {"optax": True, "reads": []}
+
+
+def _last_line_of(code: str, folder: Path) -> str:
+    """Run `code` in a fresh interpreter in `folder`; its output's last line."""
     done = subprocess.run(
-        [sys.executable, "-c", READ_AHEAD_CHILD],
+        [sys.executable, "-W", "ignore", "-c", code],
         env=child_env(),
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"optax": True, "reads": []}
+    return done.stdout.strip().splitlines()[-1]
 
 
 FORK_CHILD = """
@@ -230,16 +235,7 @@ print(os.waitstatus_to_exitcode(status))
 def test_a_child_forked_during_the_read_reads_the_table_itself(tmp_path):
     """A process pool forked right after `import jaxnitro` may fork while the thread
     holds its lock: the child does not wait for a thread it does not have."""
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", FORK_CHILD],
-        env=child_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "0"
+    assert _last_line_of(FORK_CHILD, tmp_path) == "0"
 
 
 # --- no library function is walked ---------------------------------------------------
