@@ -48,11 +48,12 @@ from .step_programs import check_batch
 
 AHEAD_ON_HOST_BYTES = 2**20
 """A block read ahead (`loop/read_ahead.py`) under this many bytes stays on the host
-until the call that reads it, which copies it as it copies any host argument: a
-separate copy is a program dispatch of its own, 150-250 us of a TPU v5e host
-(traced, 2026-12-07: once an epoch, the tiny MLP's 64 steps at steps_per_call=8
-taking 80 us a step), more than a copy this small takes (a 6.4 MB block's stack
-and copy took 2.6 ms there)."""
+until the call that reads it, which copies it with its other arguments. Placing it
+ahead is a launch of its own, 140-250 us of a TPU v5e host's thread (traced on
+2026-12-07, once an epoch: the tiny MLP's 21 KB block, in an epoch of 64 steps at
+80 us), worth it where the copy it takes off the next epoch's start is long (the
+compute-bound MLP's 6.4 MB block: 2.6 ms of stack and copy there). Between those
+sizes the threshold is a judgement, not a measurement."""
 
 
 @dataclass(frozen=True)
