@@ -213,6 +213,25 @@ def _last_line_of(code: str, folder: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+NO_THREAD_CHILD = """
+import threading
+
+def refuse(self):
+    raise RuntimeError("can't start new thread")
+
+threading.Thread.start = refuse  # a process at its thread limit
+import optax
+import jaxnitro
+from jaxnitro.keys.library_code import is_library_module
+
+print(is_library_module("optax", optax.__file__))
+"""
+
+
+def test_where_no_thread_can_start_the_import_works_and_the_lookup_reads(tmp_path):
+    assert _last_line_of(NO_THREAD_CHILD, tmp_path) == "True"
+
+
 FORK_CHILD = """
 import os, sys
 import jaxnitro.keys.library_code as library_code

@@ -143,10 +143,13 @@ os.register_at_fork(after_in_child=_unlocked_in_child)
 def read_installed_in_background() -> None:
     """Read the installed distributions on a daemon thread, so the first lookup
     (the hooks frozen at a `Nitro`'s setup) finds them read; it waits for the
-    thread where it has not finished."""
-    threading.Thread(
+    thread where it has not finished. Where no thread can start (a process at its
+    thread limit), the first lookup reads them itself."""
+    reader = threading.Thread(
         target=_read_quietly, name="jaxnitro-installed", daemon=True
-    ).start()
+    )
+    with contextlib.suppress(RuntimeError):  # "can't start new thread"
+        reader.start()
 
 
 def _read_quietly() -> None:
