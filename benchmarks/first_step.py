@@ -164,24 +164,29 @@ def _persistent_cache(directory: str | None) -> None:
 
 
 COMPILED = re.compile(r"Finished XLA compilation of (.+) in ([0-9.e-]+) sec")
+TRACED = re.compile(
+    r"Finished tracing (?:\+ transforming )?(.+) for \w+ in ([0-9.e-]+) sec"
+)
 
 
-def _compile_log() -> list[tuple[str, float, float]]:
-    """Each XLA compilation from now on, as `(program, seconds, when it ended)`:
-    JAX's own log lines (`jax_log_compiles`), kept off stderr."""
+def _compile_log() -> list[tuple[str, str, float, float]]:
+    """Each XLA compilation and each trace from now on, as `(kind, program,
+    seconds, when it ended)`, kind "compiled" or "traced": JAX's own log lines
+    (`jax_log_compiles`), kept off stderr."""
     import logging
 
     import jax
 
-    found: list[tuple[str, float, float]] = []
+    found: list[tuple[str, str, float, float]] = []
 
     class Compiled(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            match = COMPILED.search(record.getMessage())
-            if match:
-                found.append(
-                    (match.group(1), float(match.group(2)), time.perf_counter())
-                )
+            message = record.getMessage()
+            for kind, pattern in (("compiled", COMPILED), ("traced", TRACED)):
+                match = pattern.search(message)
+                if match:
+                    seconds, now = float(match.group(2)), time.perf_counter()
+                    found.append((kind, match.group(1), seconds, now))
 
     logger = logging.getLogger("jax")
     logger.addHandler(Compiled())
@@ -272,7 +277,10 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     result["phases"] = dict(clock.seconds)
     result["counts"] = dict(clock.counts)
     first = start + result["first_step"]
-    result["compiled"] = [(n, sec) for n, sec, at in compiles if at <= first]
+    for kind in ("compiled", "traced"):
+        result[kind] = [
+            (n, sec) for was, n, sec, at in compiles if was == kind and at <= first
+        ]
     result["backend"] = backend_info()
     return result
 
@@ -403,6 +411,9 @@ def show_phases(name: str, unpacked: bool = False) -> None:
                 f"{total:.3f} s: {shown or 'nothing'}"
                 + (f" and {more} more" if more > 0 else "")
             )
+            traced = sorted(out["traced"], key=lambda c: -c[1])
+            shown = ", ".join(f"{n} {sec:.3f}" for n, sec in traced[:4])
+            print(f"  traced before the first step, the longest: {shown or 'nothing'}")
 
 
 def show_imports() -> None:
