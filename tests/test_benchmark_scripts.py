@@ -95,6 +95,23 @@ RUNS = (
         ),
     ),
     Run(
+        "compile_parts.py",
+        ("--reps", "1"),
+        (
+            r"tutorial_mlp: the step program's XLA compile seconds, median of 1 .*",
+            *(
+                rf"  {variant}\s+{F} s  \({F}\)"
+                for variant in (
+                    "packed",
+                    "unpacked",
+                    "packed, no loss ring write",
+                    "unpacked, no loss ring write",
+                    "hand-written",
+                )
+            ),
+        ),
+    ),
+    Run(
         "dispatch_costs.py",
         ("--steps", "16", "--reps", "1"),
         (

@@ -1,0 +1,136 @@
+"""Which part of jaxnitro's one-step train program costs its XLA compile, against
+the hand-written step's, in one process.
+
+On a TPU v5e the tutorial MLP's train step compiled in 0.78 s against the
+hand-written `jax.jit` step's 0.44-0.49 s (2026-12-07), where XLA:CPU compiles the two
+in about the same time; the state passed leaf by leaf (not packed) was 0.69 s. Each
+variant here undoes one of jaxnitro's parts, trains one step in a fresh handle with
+the compile caches emptied (jaxnitro's and JAX's in-process ones; run it with the
+persistent cache off, as below) and reports the train program's compile seconds
+from JAX's own log lines (`jax_log_compiles`):
+
+- packed: the state in flat buffers, one per dtype, as jaxnitro passes a small
+  state off a CPU (`compile/packed.py`);
+- unpacked: the state passed leaf by leaf, as on a CPU;
+- each again with the step's loss not written into the loss ring, so that XLA
+  drops the loss's own computation (what the ring and the reported loss cost);
+- hand-written step: `throughput.py`'s reference, compiled fresh each time.
+
+    JAXNITRO_COMPILATION_CACHE=off python benchmarks/compile_parts.py --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import statistics
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from _common import WORKLOADS, banner, make_experiment, synthetic_batches
+from throughput import reference_loop
+
+COMPILED = re.compile(r"Finished XLA compilation of jit\((\w+)\) in ([0-9.e-]+) sec")
+
+
+def compile_log() -> list[tuple[str, float]]:
+    """Each XLA compilation from now on, `(program, seconds)`: JAX's own log lines,
+    kept off stderr."""
+    import jax
+
+    found: list[tuple[str, float]] = []
+
+    class Compiled(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            match = COMPILED.search(record.getMessage())
+            if match:
+                found.append((match.group(1), float(match.group(2))))
+
+    logger = logging.getLogger("jax")
+    logger.addHandler(Compiled())
+    logger.propagate = False
+    jax.config.update("jax_log_compiles", True)
+    return found
+
+
+def unused_loss(ring: Any, *_: Any) -> Any:
+    """`_record_losses` that writes nothing: the ring goes out as it came in."""
+    return ring
+
+
+def measure(name: str, reps: int) -> dict[str, list[float]]:
+    """Each variant's train-program compile seconds, `reps` times, interleaved."""
+    import jax
+
+    import jaxnitro as nx
+    import jaxnitro.compile.scanned as scanned
+    import jaxnitro.loop.calls as calls
+    from jaxnitro.compile.cache import cache_reset
+
+    compiled = compile_log()
+    record, packs = scanned._record_losses, calls.packs_state
+    variants: dict[str, dict[str, Callable[..., Any]]] = {
+        "packed": {"packs": lambda: True},
+        "unpacked": {"packs": lambda: False},
+        "packed, no loss ring write": {"packs": lambda: True, "record": unused_loss},
+        "unpacked, no loss ring write": {"packs": lambda: False, "record": unused_loss},
+    }
+    widths, batch, _ = WORKLOADS[name]
+    batches = synthetic_batches(batch, 1)
+    exp = make_experiment(widths, batches)
+
+    def fresh(program: str, run: Callable[[], None]) -> float:
+        cache_reset()
+        jax.clear_caches()
+        compiled.clear()
+        run()
+        return sum(seconds for kind, seconds in compiled if kind == program)
+
+    def ours(variant: dict[str, Callable[..., Any]]) -> None:
+        scanned._record_losses = variant.get("record", record)
+        calls.packs_state = variant.get("packs", packs)
+        try:
+            with tempfile.TemporaryDirectory(prefix="nitro-parts-") as run_dir:
+                nitro = nx.Nitro(
+                    exp(max_epochs=1),
+                    run_dir=run_dir,
+                    logger=None,
+                    checkpointer=None,
+                    steps_per_call=1,
+                )
+                nitro.train()
+        finally:
+            scanned._record_losses, calls.packs_state = record, packs
+
+    def reference() -> None:
+        _, first = reference_loop(widths, batches)
+        first()
+
+    times: dict[str, list[float]] = {key: [] for key in [*variants, "hand-written"]}
+    for _ in range(reps):
+        for key, variant in variants.items():
+            times[key].append(fresh("train_step", lambda v=variant: ours(v)))
+        times["hand-written"].append(fresh("step", reference))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tutorial_mlp")
+    args = parser.parse_args()
+    print(banner())
+    times = measure(args.workload, args.reps)
+    print(
+        f"{args.workload}: the step program's XLA compile seconds, median of "
+        f"{args.reps} (each run):"
+    )
+    for key, values in times.items():
+        each = ", ".join(f"{v:.3f}" for v in values)
+        print(f"  {key:30s} {statistics.median(values):.3f} s  ({each})")
+
+
+if __name__ == "__main__":
+    main()
