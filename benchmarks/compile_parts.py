@@ -5,9 +5,9 @@ On a TPU v5e the tutorial MLP's train step compiled in 0.78 s against the
 hand-written `jax.jit` step's 0.44-0.49 s (2026-12-07), where XLA:CPU compiles the two
 in about the same time; the state passed leaf by leaf (not packed) was 0.69 s. Each
 variant here undoes one of jaxnitro's parts, trains one step in a fresh handle with
-the compile caches emptied (jaxnitro's and JAX's in-process ones; run it with the
-persistent cache off, as below) and reports the train program's compile seconds
-from JAX's own log lines (`jax_log_compiles`):
+the compile caches emptied (jaxnitro's and JAX's in-process ones; the script turns
+the persistent cache off) and reports the train program's compile seconds from
+JAX's own log lines (`jax_log_compiles`):
 
 - packed: the state in flat buffers, one per dtype, as jaxnitro passes a small
   state off a CPU (`compile/packed.py`);
@@ -16,13 +16,14 @@ from JAX's own log lines (`jax_log_compiles`):
   drops the loss's own computation (what the ring and the reported loss cost);
 - hand-written step: `throughput.py`'s reference, compiled fresh each time.
 
-    JAXNITRO_COMPILATION_CACHE=off python benchmarks/compile_parts.py --reps 3
+    python benchmarks/compile_parts.py --reps 3
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import statistics
 import tempfile
@@ -121,6 +122,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tutorial_mlp")
     args = parser.parse_args()
+    # Every compile is a fresh one: no program read back from disk.
+    os.environ["JAXNITRO_COMPILATION_CACHE"] = "off"
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
     print(banner())
     times = measure(args.workload, args.reps)
     print(
