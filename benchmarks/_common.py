@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -186,3 +187,36 @@ def run_child_json(
             raise RuntimeError(done.stderr)
         attempt += 1
         time.sleep(5)
+
+
+COMPILED = re.compile(r"Finished XLA compilation of (.+) in ([0-9.e-]+) sec")
+TRACED = re.compile(
+    r"Finished tracing (?:\+ transforming )?(.+) for \w+ in ([0-9.e-]+) sec"
+)
+
+
+def jax_compile_log() -> list[tuple[str, str, float, float]]:
+    """Each XLA compilation and each trace from now on, as `(kind, program,
+    seconds, when it ended)`, kind "compiled" or "traced", the program as JAX
+    names it (`jit(train_step)` compiled, `train_step` traced): JAX's own log
+    lines (`jax_log_compiles`), kept off stderr."""
+    import logging
+
+    import jax
+
+    found: list[tuple[str, str, float, float]] = []
+
+    class Compiled(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            for kind, pattern in (("compiled", COMPILED), ("traced", TRACED)):
+                match = pattern.search(message)
+                if match:
+                    seconds, now = float(match.group(2)), time.perf_counter()
+                    found.append((kind, match.group(1), seconds, now))
+
+    logger = logging.getLogger("jax")
+    logger.addHandler(Compiled())
+    logger.propagate = False  # the lines are read here, not printed
+    jax.config.update("jax_log_compiles", True)
+    return found

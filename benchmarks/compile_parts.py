@@ -22,38 +22,20 @@ JAX's own log lines (`jax_log_compiles`):
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import re
 import statistics
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from _common import WORKLOADS, banner, make_experiment, synthetic_batches
+from _common import (
+    WORKLOADS,
+    banner,
+    jax_compile_log,
+    make_experiment,
+    synthetic_batches,
+)
 from throughput import reference_loop
-
-COMPILED = re.compile(r"Finished XLA compilation of jit\((\w+)\) in ([0-9.e-]+) sec")
-
-
-def compile_log() -> list[tuple[str, float]]:
-    """Each XLA compilation from now on, `(program, seconds)`: JAX's own log lines,
-    kept off stderr."""
-    import jax
-
-    found: list[tuple[str, float]] = []
-
-    class Compiled(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            match = COMPILED.search(record.getMessage())
-            if match:
-                found.append((match.group(1), float(match.group(2))))
-
-    logger = logging.getLogger("jax")
-    logger.addHandler(Compiled())
-    logger.propagate = False
-    jax.config.update("jax_log_compiles", True)
-    return found
 
 
 def unused_loss(ring: Any, *_: Any) -> Any:
@@ -70,7 +52,7 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
     import jaxnitro.loop.calls as calls
     from jaxnitro.compile.cache import cache_reset
 
-    compiled = compile_log()
+    compiled = jax_compile_log()
     record, packs = scanned._record_losses, calls.packs_state
     variants: dict[str, dict[str, Callable[..., Any]]] = {
         "packed": {"packs": lambda: True},
@@ -87,7 +69,11 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
         jax.clear_caches()
         compiled.clear()
         run()
-        return sum(seconds for kind, seconds in compiled if kind == program)
+        return sum(
+            seconds
+            for kind, name, seconds, _ in compiled
+            if kind == "compiled" and name == program
+        )
 
     def ours(variant: dict[str, Callable[..., Any]]) -> None:
         scanned._record_losses = variant.get("record", record)
@@ -112,8 +98,8 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {key: [] for key in [*variants, "hand-written"]}
     for _ in range(reps):
         for key, variant in variants.items():
-            times[key].append(fresh("train_step", lambda v=variant: ours(v)))
-        times["hand-written"].append(fresh("step", reference))
+            times[key].append(fresh("jit(train_step)", lambda v=variant: ours(v)))
+        times["hand-written"].append(fresh("jit(step)", reference))
     return times
 
 

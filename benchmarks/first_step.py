@@ -43,7 +43,6 @@ import argparse
 import functools
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from _common import (
     WORKLOADS,
     BannerOnce,
     backend_info,
+    jax_compile_log,
     run_child_json,
     synthetic_batches,
 )
@@ -163,38 +163,6 @@ def _persistent_cache(directory: str | None) -> None:
     assert jax.config.values["jax_compilation_cache_dir"].startswith(directory)
 
 
-COMPILED = re.compile(r"Finished XLA compilation of (.+) in ([0-9.e-]+) sec")
-TRACED = re.compile(
-    r"Finished tracing (?:\+ transforming )?(.+) for \w+ in ([0-9.e-]+) sec"
-)
-
-
-def _compile_log() -> list[tuple[str, str, float, float]]:
-    """Each XLA compilation and each trace from now on, as `(kind, program,
-    seconds, when it ended)`, kind "compiled" or "traced": JAX's own log lines
-    (`jax_log_compiles`), kept off stderr."""
-    import logging
-
-    import jax
-
-    found: list[tuple[str, str, float, float]] = []
-
-    class Compiled(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            for kind, pattern in (("compiled", COMPILED), ("traced", TRACED)):
-                match = pattern.search(message)
-                if match:
-                    seconds, now = float(match.group(2)), time.perf_counter()
-                    found.append((kind, match.group(1), seconds, now))
-
-    logger = logging.getLogger("jax")
-    logger.addHandler(Compiled())
-    logger.propagate = False  # the lines are read here, not printed
-    jax.config.update("jax_log_compiles", True)
-    return found
-
-
 def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     """One cold start in this process; the phases and the clocked total."""
     marks = {"start": time.perf_counter()}
@@ -215,7 +183,7 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
     clock = PhaseClock()
     jax.monitoring.register_event_duration_secs_listener(clock.listen)
     jax.monitoring.register_event_listener(clock.count)
-    compiles = _compile_log() if phases else []
+    compiles = jax_compile_log() if phases else []
     directory = os.environ.get("FIRST_STEP_CACHE")
     result: dict[str, Any] = {}
     if side == "jaxnitro":

@@ -68,6 +68,13 @@ def same_programs(stdout: str, sides: tuple[str, ...]) -> None:
     assert len({m.group(1) for m in counts.values() if m}) == 1, stdout
 
 
+def every_compile_timed(stdout: str) -> None:
+    """compile_parts.py: each variant's program was compiled, not read back from a
+    cache (which logs no compile: 0 s)."""
+    seconds = re.findall(rf"^  \S.*? ({F}) s  \(", stdout, flags=re.MULTILINE)
+    assert len(seconds) == 5 and all(float(s) > 0 for s in seconds), stdout
+
+
 if importlib.util.find_spec("grain") is not None:
     GRAIN_ROW = rf"    the tutorial Grain loader, fan-out 2\s+{F}x\s+{F} ms/step .*"
 else:
@@ -110,6 +117,7 @@ RUNS = (
                 )
             ),
         ),
+        check=every_compile_timed,
     ),
     Run(
         "dispatch_costs.py",
