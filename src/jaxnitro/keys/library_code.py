@@ -97,6 +97,16 @@ def is_library_module(name: str, path: str | None) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Provides:
+    """One installed distribution: its editable source folder (None if it is no
+    editable install) and the top-level modules it provides."""
+
+    dist: importlib.metadata.Distribution
+    source: str | None
+    tops: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class _Installed:
     """What is installed, read once from `importlib.metadata` and `sysconfig`.
 
@@ -110,20 +120,10 @@ class _Installed:
     """
 
     cwd: str | None
-    tops: dict[str, tuple[importlib.metadata.Distribution, ...]]
+    tops: dict[str, tuple[_Provides, ...]]
     user_roots: tuple[str, ...]
     stdlib_roots: tuple[str, ...]
     site_roots: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Provides:
-    """One installed distribution: its editable source folder (None if it is no
-    editable install) and the top-level modules it provides."""
-
-    dist: importlib.metadata.Distribution
-    source: str | None
-    tops: frozenset[str]
 
 
 _READING = threading.Lock()  # held while the distributions are read
@@ -180,7 +180,7 @@ def _read_distributions() -> tuple[_Provides, ...]:
 def _installed() -> _Installed:
     here = os.path.realpath(os.getcwd())
     cwd = None if here == os.path.dirname(here) else here  # `/`: every folder is in it
-    tops: dict[str, list[importlib.metadata.Distribution]] = {}
+    tops: dict[str, list[_Provides]] = {}
     user_roots = []
     for provided in _distributions():
         source = provided.source
@@ -188,7 +188,7 @@ def _installed() -> _Installed:
             user_roots.append(source)  # its modules are the user's
             continue
         for top in provided.tops:
-            tops.setdefault(top, []).append(provided.dist)
+            tops.setdefault(top, []).append(provided)
     paths = sysconfig.get_paths()
     sites = [paths.get("purelib"), paths.get("platlib"), site.getusersitepackages()]
     sites += getattr(site, "getsitepackages", list)()
@@ -306,13 +306,13 @@ def _installed_files(dist: importlib.metadata.Distribution) -> frozenset[str] | 
     return None if files is None else frozenset(str(f) for f in files)
 
 
-def _installed_by(dist: importlib.metadata.Distribution, name: str, real: str) -> bool:
-    """Whether the module `name` at `real` is a file `dist` installed: in its RECORD
-    (by its path below the import root), or under its editable source folder."""
-    source = _editable_source(dist)
-    if source is not None:
-        return _is_under(real, source)
-    files = _installed_files(dist)
+def _installed_by(provided: _Provides, name: str, real: str) -> bool:
+    """Whether the module `name` at `real` is a file the distribution installed: in
+    its RECORD (by its path below the import root), or under its editable source
+    folder."""
+    if provided.source is not None:
+        return _is_under(real, provided.source)
+    files = _installed_files(provided.dist)
     if files is None:  # no RECORD: trust the name
         return True
     parts = name.split(".")
