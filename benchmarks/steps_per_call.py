@@ -16,11 +16,6 @@ tiny MLP 32-16-10 at batch 16, whose CPU step is all dispatch.
     python benchmarks/steps_per_call.py                      # K=8, every workload
     python benchmarks/steps_per_call.py --steps-per-call 4 --reps 9
     python benchmarks/steps_per_call.py --cores 1         # pinned to one core
-
-`--unpacked`, `--no-read-ahead` and `--ahead-placed` add jaxnitro sides, timed in
-the same repetitions, with one of its choices undone: the state passed leaf by leaf,
-each epoch reading its own first block, the block read ahead placed on the device
-however small.
 """
 
 from __future__ import annotations
@@ -110,31 +105,24 @@ def measure(
     scratch: str,
     unpacked: bool = False,
     no_read_ahead: bool = False,
-    ahead_placed: bool = False,
 ) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
     the paired ratios reference / jaxnitro; with `unpacked`, jaxnitro at both again
     with its state passed leaf by leaf (what packing it gains or costs here); with
     `no_read_ahead`, again with each epoch reading its own first block
-    (`loop/read_ahead.py`: on an accelerator an epoch reads the next one's); with
-    `ahead_placed`, again with the block read ahead placed on the device however
-    small (`loop/assembly.py` keeps one under `AHEAD_ON_HOST_BYTES` on the host).
+    (`loop/read_ahead.py`: on an accelerator an epoch reads the next one's).
     jaxnitro's run directories (its logs) go in the folder `scratch`."""
     import jaxnitro as nx
-    import jaxnitro.loop.assembly as assembly_module
     import jaxnitro.loop.calls as calls_module
     import jaxnitro.run.training as training_module
 
     packs = calls_module.packs_state
     read_ahead = training_module.ReadAhead
-    on_host_bytes = assembly_module.AHEAD_ON_HOST_BYTES
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
 
-    def ours(
-        k: int, packed: bool = True, ahead: bool = True, placed: bool = False
-    ) -> float:
+    def ours(k: int, packed: bool = True, ahead: bool = True) -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
@@ -144,13 +132,11 @@ def measure(
         )
         calls_module.packs_state = packs if packed else lambda: False
         training_module.ReadAhead = read_ahead if ahead else lambda: None
-        assembly_module.AHEAD_ON_HOST_BYTES = 0 if placed else on_host_bytes
         try:
             nitro.train()
         finally:
             calls_module.packs_state = packs
             training_module.ReadAhead = read_ahead
-            assembly_module.AHEAD_ON_HOST_BYTES = on_host_bytes
         # Epochs 2 on (the history slices by epoch number): the first carries the
         # once-per-train() work.
         return statistics.median(row["seconds"] for row in nitro.history[2:])
@@ -182,8 +168,6 @@ def measure(
         ours(1, packed=False), ours(per_call, packed=False)
     if no_read_ahead:
         sides["k=1 no read-ahead"], sides[f"k={per_call} no read-ahead"] = [], []
-    if ahead_placed:
-        sides["k=1 ahead placed"], sides[f"k={per_call} ahead placed"] = [], []
     for _ in range(reps):
         sides["reference"].append(timed(lambda: ref_epochs(1)))
         sides["reference scan"].append(timed(scan_epoch))
@@ -195,9 +179,6 @@ def measure(
         if no_read_ahead:
             sides["k=1 no read-ahead"].append(ours(1, ahead=False))
             sides[f"k={per_call} no read-ahead"].append(ours(per_call, ahead=False))
-        if ahead_placed:
-            sides["k=1 ahead placed"].append(ours(1, placed=True))
-            sides[f"k={per_call} ahead placed"].append(ours(per_call, placed=True))
     result = {side: statistics.median(times) for side, times in sides.items()}
     for side in sides:
         if side == "reference":
@@ -229,12 +210,6 @@ def main() -> None:
         help="also time jaxnitro with each epoch reading its own first block (on an "
         "accelerator an epoch reads the next one's while it ends)",
     )
-    parser.add_argument(
-        "--ahead-placed",
-        action="store_true",
-        help="also time jaxnitro with the block read ahead placed on the device "
-        "however small (a small one waits on the host for the call that reads it)",
-    )
     args = parser.parse_args()
     if args.cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
@@ -244,15 +219,7 @@ def main() -> None:
     k = args.steps_per_call
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
         with tempfile.TemporaryDirectory(prefix="nitro-spc-") as scratch:
-            r = measure(
-                name,
-                k,
-                args.reps,
-                scratch,
-                args.unpacked,
-                args.no_read_ahead,
-                args.ahead_placed,
-            )
+            r = measure(name, k, args.reps, scratch, args.unpacked, args.no_read_ahead)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
@@ -273,13 +240,6 @@ def main() -> None:
                 f"{r['k=1 no read-ahead paired']:.3f}x, k={k} "
                 f"{r[f'k={k} no read-ahead paired']:.3f}x (s/epoch medians "
                 f"{r['k=1 no read-ahead']:.4f}, {r[f'k={k} no read-ahead']:.4f})"
-            )
-        if args.ahead_placed:
-            print(
-                f"{name}: the block read ahead placed however small: k=1 "
-                f"{r['k=1 ahead placed paired']:.3f}x, k={k} "
-                f"{r[f'k={k} ahead placed paired']:.3f}x (s/epoch medians "
-                f"{r['k=1 ahead placed']:.4f}, {r[f'k={k} ahead placed']:.4f})"
             )
 
 

@@ -14,11 +14,9 @@ import pytest
 from experiments import QuietLogger, Tiny, make_batches
 
 import jaxnitro as nx
-import jaxnitro.loop.assembly as assembly
 import jaxnitro.loop.feed as feed
 import jaxnitro.loop.steps as steps
 import jaxnitro.run.training as training
-from jaxnitro.loop.assembly import Block
 from jaxnitro.loop.read_ahead import ReadAhead
 
 
@@ -44,18 +42,14 @@ def staged(monkeypatch):
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
 
 
-def reads(monkeypatch, blocks=None):
-    """The epochs whose first block was read ahead, in order; `blocks`, a list, is
-    given each block read ahead."""
+def reads(monkeypatch):
+    """The epochs whose first block was read ahead, in order."""
     read = []
     real = steps.read_first_block
 
     def spy(epoch, source, pass_, assembler):
         read.append(epoch)
-        ahead = real(epoch, source, pass_, assembler)
-        if blocks is not None:
-            blocks.extend(item for item in ahead.items if isinstance(item, Block))
-        return ahead
+        return real(epoch, source, pass_, assembler)
 
     monkeypatch.setattr(steps, "read_first_block", spy)
     return read
@@ -93,20 +87,12 @@ def weights(nitro):
     ],
     ids=["k1", "k4", "accum2", "mesh"],
 )
-@pytest.mark.parametrize("placed", [False, True], ids=["on the host", "placed"])
 def test_each_epoch_starts_from_the_block_the_one_before_read(
-    tmp_path, monkeypatch, staged, recorded, kw, placed
+    tmp_path, monkeypatch, staged, recorded, kw
 ):
-    # Tiny's blocks are small: they wait on the host for the call that reads them,
-    # unless the threshold says otherwise.
-    if placed:
-        monkeypatch.setattr(assembly, "AHEAD_ON_HOST_BYTES", 0)
-    blocks = []
-    read = reads(monkeypatch, blocks)
+    read = reads(monkeypatch)
     ahead = trained(tmp_path, "ahead", **kw)
     assert read == [2, 3]  # the last epoch has none to read
-    on_device = [isinstance(v, jax.Array) for b in blocks for v in b.stacked.values()]
-    assert on_device and set(on_device) == {placed}
     [holder] = recorded
     assert (holder.taken, holder.dropped) == (2, 0)
     # The same training without it, to the bit.

@@ -141,8 +141,6 @@ def test_a_short_block_travels_without_its_padding(tmp_path, monkeypatch, accum)
     kw = {"accum": accum, "schedules": schedules(steps)}
     base, _ = train(tmp_path, "k1", Everything(), steps_per_call=1, **kw)
     monkeypatch.setattr(feed, "stages_on_device", lambda: True)
-    # The block read ahead placed as a prefetch thread would, however small.
-    monkeypatch.setattr(assembly, "AHEAD_ON_HOST_BYTES", 0)
     sent = []
 
     def spy(arrays, sharding=None, **kw):

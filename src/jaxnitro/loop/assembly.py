@@ -46,15 +46,6 @@ from .blocks import (
 )
 from .step_programs import check_batch
 
-AHEAD_ON_HOST_BYTES = 2**20
-"""A block read ahead (`loop/read_ahead.py`) under this many bytes stays on the host
-until the call that reads it, which copies it with its other arguments. Placing it
-ahead is a launch of its own, 140-250 us of a TPU v5e host's thread (traced on
-2026-12-07, once an epoch: the tiny MLP's 21 KB block, in an epoch of 64 steps at
-80 us), worth it where the copy it takes off the next epoch's start is long (the
-compute-bound MLP's 6.4 MB block: 2.6 ms of stack and copy there). Between those
-sizes the threshold is a judgement, not a measurement."""
-
 
 @dataclass(frozen=True)
 class BlockPlan:
@@ -76,9 +67,8 @@ class Block(NamedTuple):
     delivered: int
     """The batches the pass delivered up to this block's last, skipped ones too."""
     stacked: dict[str, Any] | None = None
-    """The block stacked (`stacked_block`) and placed on an accelerator by the
-    prefetch thread that assembled it, or stacked ahead (`staged`: a small block
-    stays on the host); None: the consumer stacks it."""
+    """The block stacked (`stacked_block`), and placed on an accelerator, by the
+    prefetch thread that assembled it; None: the consumer stacks it."""
 
     @property
     def device(self) -> Any:
@@ -190,13 +180,8 @@ class BlockAssembler:
 
     def staged(self, block: Block) -> Block:
         """`block` stacked and, on an accelerator, its copy started, as this
-        assembler's thread would have handed it (`loop/read_ahead.py`); a block
-        under AHEAD_ON_HOST_BYTES is stacked on the host (padded there), and the
-        call that reads it copies it."""
-        routed = block.batches[0][1]
-        small = host_bytes(routed) * len(block.batches) < AHEAD_ON_HOST_BYTES
-        stacked = self._stacked(block.batches, block.steps, place=not small)
-        return block._replace(stacked=stacked)
+        assembler's thread would have handed it (`loop/read_ahead.py`)."""
+        return block._replace(stacked=self._stacked(block.batches, block.steps))
 
     def _complete(self, steps: int) -> Block:
         reading, self.reading = self.reading, []
@@ -204,26 +189,23 @@ class BlockAssembler:
         stacked = self._stacked(reading, steps) if self.stages else None
         return Block(reading, steps, self.plan, reading[-1][2] + 1, stacked)
 
-    def _stacked(
-        self, reading: list[Any], steps: int, *, place: bool = True
-    ) -> dict[str, Any]:
-        """The block stacked, and on an accelerator (unless not `place`) its copy
-        started (a block cut short padded on the device)."""
+    def _stacked(self, reading: list[Any], steps: int) -> dict[str, Any]:
+        """The block stacked, and on an accelerator its copy started (a block cut
+        short padded on the device)."""
         s = self.settings
         assert self.plan is not None
         size = self.plan.size
-        place = place and s.on_device
         try:
             stacked = stacked_block(
                 [r for _, r, _ in reading],
                 steps,
                 s.accum,
                 size,
-                pad_host=not place,
+                pad_host=not s.on_device,
             )
         except ValueError:  # fields of several shapes do not stack
             refuse_changed(reading, self.plan.signature, s.epoch)
             raise
-        if not place:
+        if not s.on_device:
             return stacked
         return transfer(stacked, s.sharding, rows=size)

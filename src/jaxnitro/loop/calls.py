@@ -381,8 +381,8 @@ class _EpochCalls:
             self.per_call < steps or min(self.event, self.agree_at) - self.step < steps
         )
         stacked = block.stacked
-        if stacked is not None:  # placed on an accelerator, else padded on the host
-            if not several or _placed(stacked):
+        if stacked is not None:  # on an accelerator placed there, else padded
+            if self.on_device or not several:
                 return stacked
             return transfer(stacked, self.block_sharding)
         short = steps < size
@@ -589,9 +589,3 @@ class _EpochCalls:
             losses = self.ring.shape[0] - RING_HEAD
             key = (context.seed % 2**32, self.step, losses)
             CARRIED["ring"] = (key, self.ring)
-
-
-def _placed(stacked: dict[str, Any]) -> bool:
-    """Whether a stacked block is on the device already (a prefetch thread's, a
-    large block read ahead), not on the host (a small block read ahead)."""
-    return all(isinstance(v, jax.Array) for v in stacked.values())
