@@ -58,6 +58,7 @@ from . import stragglers
 from .channel import Channel, ChannelClosed
 from .protocol import BATCH_HINT, begin_epoch_checked, call_batch_at
 from .sources import has_iter, pass_batches
+from .threads import PassThread
 
 Prepare = Callable[[Mapping[str, Any]], Sequence[Any]]
 """Host batch -> the items to yield for it (none, while it gathers several), each
@@ -137,20 +138,17 @@ class Pipeline:
         """What the consumer reads (`get()`, and `wake()` once its step is
         dispatched): the device channel, or the fan-out's own items."""
         self.channels: list[Channel[Any] | Coordinator] = [self.device]
-        self.threads: list[threading.Thread] = []
-        self.holder: threading.Thread | None = None
+        self.threads: list[PassThread] = []
+        self.holder: PassThread | None = None
         self.source: Any = None
         """The source the threads read, once known: released only after they end."""
         """The thread that holds device memory (transfer or producer), if any."""
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
-    def spawn(self, role: str, target: Callable[[], None]) -> threading.Thread:
-        thread = threading.Thread(
-            target=self._run,
-            args=(target,),
-            name=f"jaxnitro-prefetch-{self.name}-{role}",
-            daemon=True,
+    def spawn(self, role: str, target: Callable[[], None]) -> PassThread:
+        thread = PassThread(
+            lambda: self._run(target), name=f"jaxnitro-prefetch-{self.name}-{role}"
         )
         self.threads.append(thread)
         return thread
@@ -206,11 +204,12 @@ class Pipeline:
         else:
             waited = [self.holder] if self.holder is not None else []
         for thread in waited:
-            if thread is not me and thread.is_alive():
+            if not thread.runs_on(me) and thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        others = [t for t in self.threads if not t.runs_on(me)]
         if not wait and self.source is not None:  # its release waits for them
-            stragglers.register(self.source, (t for t in self.threads if t is not me))
-        stuck = [t.name for t in waited if t is not me and t.is_alive()]
+            stragglers.register(self.source, others)
+        stuck = [t.name for t in waited if t in others and t.is_alive()]
         if stuck:
             warnings.warn(
                 f"Prefetch thread(s) {', '.join(stuck)} of split `{self.name}` did "

@@ -14,11 +14,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .threads import PassThread
+
 _LOCK = threading.Lock()
-_RUNNING: dict[int, list[threading.Thread]] = {}
+_RUNNING: dict[int, list[PassThread]] = {}
 
 
-def register(source: Any, threads: Iterable[threading.Thread]) -> None:
+def register(source: Any, threads: Iterable[PassThread]) -> None:
     """Record `threads`, alive after their stream closed, as readers of `source`."""
     alive = [t for t in threads if t.is_alive()]
     if not alive:
@@ -40,6 +42,6 @@ def join(source: Any, timeout: float) -> list[str]:
         threads = _RUNNING.pop(id(source), [])
     deadline = time.monotonic() + timeout
     for thread in threads:
-        if thread is not threading.current_thread():
+        if not thread.runs_on(threading.current_thread()):
             thread.join(max(0.0, deadline - time.monotonic()))
     return [t.name for t in threads if t.is_alive()]

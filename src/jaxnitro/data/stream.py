@@ -11,7 +11,6 @@ batches, a `NoPrefetch` split): threads would only add hand-offs.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -34,6 +33,7 @@ from .pipeline import (
 )
 from .protocol import unwrap_source
 from .sources import epoch_batches, pass_batches
+from .threads import PassThread
 
 T = TypeVar("T")
 
@@ -232,8 +232,9 @@ class PrefetchStream(Generic[T]):
         )
 
     @property
-    def threads(self) -> tuple[threading.Thread, ...]:
-        """The stream's threads (none on the `inline` path)."""
+    def threads(self) -> tuple[PassThread, ...]:
+        """The stream's threads (none on the `inline` path), each run by a pooled
+        thread (`threads.py`)."""
         return tuple(self._pipeline.threads) if self._pipeline is not None else ()
 
     def __enter__(self) -> PrefetchStream[T]:

@@ -44,6 +44,7 @@ from .blocks import (
     refuse_changed,
     stacked_block,
 )
+from .host_buffers import HostBuffers
 from .step_programs import check_batch
 
 
@@ -114,10 +115,17 @@ class BlockAssembler:
     `PassEnd`.
     """
 
-    def __init__(self, settings: BlockSettings, source: Any, stages: bool) -> None:
+    def __init__(
+        self,
+        settings: BlockSettings,
+        source: Any,
+        stages: bool,
+        buffers: HostBuffers | None = None,
+    ) -> None:
         self.settings = settings
         self.source = source
         self.stages = stages  # stack (and place) each block here: a prefetch thread
+        self.buffers = buffers  # the train()'s stacking buffers
         self.plan: BlockPlan | None = None
         self.index = 0  # the next batch's index in the epoch
         self.reading: list[tuple[Mapping[str, Any], dict[str, Any], int]] = []
@@ -202,6 +210,7 @@ class BlockAssembler:
                 s.accum,
                 size,
                 pad_host=not s.on_device,
+                buffers=self.buffers,
             )
         except ValueError:  # fields of several shapes do not stack
             refuse_changed(reading, self.plan.signature, s.epoch)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..data.signature import changed_field
 from ..errors import ConfigError
+from .host_buffers import HostBuffers
 
 BLOCK_STEPS = 8
 """The fewest steps a staged block holds: at steps_per_call=1 a block of 8 batches is
@@ -51,6 +52,7 @@ def stacked_block(
     accum: int,
     size: int,
     pad_host: bool = True,
+    buffers: HostBuffers | None = None,
 ) -> dict[str, Any]:
     """A block's routed batches as one: each field `(size, B, ...)`, or `(size,
     accum, B, ...)` under accumulation (one host copy per field; a field whose
@@ -59,7 +61,8 @@ def stacked_block(
     `pad_host` its host fields hold only its own `steps`: the block is about to be
     placed with `transfer(..., rows=size)`, which pads them on the device, so the
     transfer carries no padding (on a TPU host a compute-bound MLP's 4-step tail
-    padded to 8 sent 3.2 MB more, about 1.3 ms of a 6 ms epoch).
+    padded to 8 sent 3.2 MB more, about 1.3 ms of a 6 ms epoch). `buffers`: where
+    the host stacks are allocated (reused once free: `host_buffers.py`).
 
     Raises ValueError when a field's batches differ in shape or dtype."""
     if size == steps == accum == 1:  # one batch (a CPU at one step a call)
@@ -72,20 +75,22 @@ def stacked_block(
     for name in routed[0]:
         arrays = [batch[name] for batch in routed]
         if all(type(a) is np.ndarray for a in arrays):  # the usual host field
-            out[name] = _by_step(_filled(name, arrays, pad), accum)
+            out[name] = _by_step(_filled(name, arrays, pad, buffers), accum)
         elif all(isinstance(a, jax.Array) for a in arrays):  # stays on the device
             if len({a.dtype for a in arrays}) > 1:  # a stack would promote them
                 raise ValueError(f"field {name} holds several dtypes")
             on_device[name] = arrays
         else:
             arrays = [np.asarray(a) for a in arrays]
-            out[name] = _by_step(_filled(name, arrays, pad), accum)
+            out[name] = _by_step(_filled(name, arrays, pad, buffers), accum)
     if on_device:
         out.update(_device_stacker((size - steps) * accum, accum)(on_device))
     return {name: out[name] for name in routed[0]}
 
 
-def _filled(name: str, arrays: list[np.ndarray], pad: int) -> np.ndarray:
+def _filled(
+    name: str, arrays: list[np.ndarray], pad: int, buffers: HostBuffers | None
+) -> np.ndarray:
     """`arrays` stacked, then `pad` copies of the last: one allocation filled row by
     row (`np.stack` cost a tiny MLP's block of 8 batches 7 us a field against 3 us,
     its per-array views and checks). Raises ValueError, as `np.stack` would, where
@@ -97,7 +102,8 @@ def _filled(name: str, arrays: list[np.ndarray], pad: int) -> np.ndarray:
             raise ValueError(f"field {name} holds several shapes")
         if array.dtype != dtype:
             raise ValueError(f"field {name} holds several dtypes")
-    stacked = np.empty((len(arrays) + pad, *shape), dtype)
+    rows = (len(arrays) + pad, *shape)
+    stacked = np.empty(rows, dtype) if buffers is None else buffers.empty(rows, dtype)
     for row, array in enumerate(arrays):
         stacked[row] = array
     if pad:

@@ -185,7 +185,7 @@ def epoch_assembler(
         and jax.process_count() == 1
         and (on_device or context.steps_per_call > 1 or context.accum > 1)
     )
-    return BlockAssembler(settings, context.source, stages)
+    return BlockAssembler(settings, context.source, stages, context.host_buffers)
 
 
 class _EpochCalls:
@@ -390,7 +390,12 @@ class _EpochCalls:
         routed = [r for _, r, _ in block.batches]
         try:
             batches = stacked_block(
-                routed, steps, self.accum, size, pad_host=not placed
+                routed,
+                steps,
+                self.accum,
+                size,
+                pad_host=not placed,
+                buffers=self.context.host_buffers,
             )
         except ValueError:  # fields of several shapes do not stack
             refuse_changed(block.batches, self.signature, self.epoch)

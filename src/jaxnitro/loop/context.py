@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from ..compile.executables import Executables
 from ..observe import phases
 from ..observe.profiling import StepProfiler
+from .host_buffers import HostBuffers
 from .prepared import Prepared
 from .state import TrainState
 
@@ -81,6 +82,9 @@ class EpochContext:
         read_ahead: where an epoch leaves the next one's first block, read while
             it ends (`read_ahead.py`); None: each epoch reads its own (the run
             decides, `run/training.py`).
+        host_buffers: the buffers this `train()` stacks its blocks into, reused
+            once free (`host_buffers.py`); None: each block is stacked into
+            fresh memory.
     """
 
     accum: int
@@ -103,6 +107,7 @@ class EpochContext:
     commit: Callable[[TrainState], None]
     programs: dict[Hashable, Any] = field(default_factory=dict)
     read_ahead: AheadHolder | None = None
+    host_buffers: HostBuffers | None = None
 
 
 class EvalSettings(Protocol):

@@ -54,6 +54,7 @@ from ..loop.call_count import (
     train_family,
 )
 from ..loop.context import EpochContext
+from ..loop.host_buffers import HostBuffers
 from ..loop.read_ahead import ReadAhead
 from ..loop.state import HeldStop
 from ..loop.steps import EpochLog, run_epoch
@@ -94,11 +95,12 @@ def epoch_context(
     run: RunParts,
     programs: dict[Hashable, Any] | None = None,
     read_ahead: ReadAhead | None = None,
+    host_buffers: HostBuffers | None = None,
 ) -> EpochContext:
     """What the epoch about to run reads of the run (`loop/context.py`); its
-    steps_per_call resolved now ("auto": 1 until the handle has chosen);
-    `programs`: the train programs its `train()` found so far (a new dict: none);
-    `read_ahead`: where it finds its first block and leaves the next epoch's."""
+    steps_per_call resolved now ("auto": 1 until the handle has chosen); of its
+    `train()`: the train `programs` found so far (a new dict: none), where it reads
+    ahead (`read_ahead`) and the `host_buffers` it stacks into (None: fresh)."""
     config, values = run.config, run.values
     chosen = run.status.auto_steps_per_call
     return EpochContext(
@@ -122,6 +124,7 @@ def epoch_context(
         commit=values.commit,
         programs={} if programs is None else programs,
         read_ahead=read_ahead,
+        host_buffers=host_buffers,
     )
 
 
@@ -220,6 +223,7 @@ class _Training:
         # An epoch's first block, staged while the epoch before ends, unless an
         # on_epoch_end hook could change the data in between (loop/read_ahead.py).
         self.ahead = None if run.epoch_end_hooks else ReadAhead()
+        self.host_buffers = HostBuffers()  # reused once free: loop/host_buffers.py
 
     def family(self) -> Any:
         """The family of the run's train program, which "auto"'s count is
@@ -329,7 +333,8 @@ class _Training:
         known = run.config.steps_per_call != "auto" or (
             run.status.auto_steps_per_call is not None
         )
-        context = epoch_context(run, self.programs, self.ahead if known else None)
+        ahead = self.ahead if known else None
+        context = epoch_context(run, self.programs, ahead, self.host_buffers)
         log = run_epoch(
             context,
             number,
@@ -424,13 +429,8 @@ class _Training:
             reason = "early_stop"
         elif epoch.number == run.config.max_epochs or reached:
             reason = "completed"
-        write_checkpoint(
-            self.nitro,
-            run,
-            epoch.number,
-            flat,
-            reason if reason != "error" else None,
-        )
+        final = reason if reason != "error" else None
+        write_checkpoint(self.nitro, run, epoch.number, flat, final)
         return reason, requested or validation.early or reached
 
     def _record(self, epoch: _Epoch, flat: dict[str, Any]) -> None:
