@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import subprocess
 import sys
@@ -50,6 +51,18 @@ def test_join_waits_for_the_work_and_is_alive_follows_it():
     assert not work.is_alive()
     with pytest.raises(RuntimeError, match="started twice"):
         work.start()
+
+
+def test_each_work_starts_in_an_empty_context_as_on_a_new_thread():
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var")
+    seen: list[str] = []
+    first = PassThread(lambda: var.set("left by the first"), name="jaxnitro-t-set")
+    first.start()
+    first.join(WAIT)
+    second = PassThread(lambda: seen.append(var.get("unset")), name="jaxnitro-t-read")
+    second.start()
+    second.join(WAIT)
+    assert second.thread is first.thread and seen == ["unset"]
 
 
 def test_a_parked_thread_ends_after_its_idle_time(monkeypatch):

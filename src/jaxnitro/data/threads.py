@@ -18,6 +18,7 @@ named `jaxnitro-idle`; while it runs a pass's work it carries that work's name.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable
@@ -76,7 +77,9 @@ class PassThread:
         self.thread = current
         current.name = self.name
         try:
-            self._target()
+            # In an empty context, as on a new thread: what one work sets in a
+            # context variable is not seen by the next.
+            contextvars.Context().run(self._target)
         finally:
             current.name = IDLE_NAME
             self._done.set()
