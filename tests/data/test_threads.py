@@ -65,25 +65,24 @@ def test_each_work_starts_in_an_empty_context_as_on_a_new_thread():
     assert second.thread is first.thread and seen == ["unset"]
 
 
-def test_a_parked_thread_ends_after_its_idle_time(monkeypatch):
-    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.05)
+@pytest.mark.parametrize(
+    "limit", [("IDLE_SECONDS", 0.05), ("MOST_PARKED", 0)], ids=["idle", "full"]
+)
+def test_a_thread_the_pool_keeps_no_longer_ends_and_is_never_woken(monkeypatch, limit):
+    """Idle past IDLE_SECONDS, or finishing its work with MOST_PARKED threads
+    parked, a thread ends; a later work runs (a dead thread left in the pool would
+    be handed it, and it would never run)."""
+    monkeypatch.setattr(threads, *limit)
     work, _ = ran_on()
     work.start()
     work.join(WAIT)
     assert work.thread is not None
     work.thread.join(WAIT)
     assert not work.thread.is_alive()
-    assert all(p is not work.thread for p in threads._parked)
-
-
-def test_threads_beyond_the_most_parked_end_after_their_work(monkeypatch):
-    monkeypatch.setattr(threads, "MOST_PARKED", 0)
-    work, _ = ran_on()
-    work.start()
-    work.join(WAIT)
-    assert work.thread is not None
-    work.thread.join(WAIT)
-    assert not work.thread.is_alive()
+    later, names = ran_on()
+    later.start()
+    later.join(WAIT)
+    assert names == ["jaxnitro-t-work"]
 
 
 def test_work_that_raises_is_reported_as_a_threads_and_ends_its_thread(monkeypatch):

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from experiments import StopsAtStep, Tiny, make_batches
+from toy_sources import IndexedList
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -24,25 +25,6 @@ from jaxnitro.loop.assembly import (
 )
 
 
-class Indexed:
-    """The fan-out trait over a list of built batches: several workers build."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        return (self.batch_at(i) for i in range(len(self)))
-
-    def begin_epoch(self):
-        return None
-
-    def batch_at(self, i, plan=None):
-        return self.batches[i]
-
-
 class Threaded(Tiny):
     """Tiny through the fan-out: 7 batches of 16 built by 2 workers."""
 
@@ -51,7 +33,7 @@ class Threaded(Tiny):
     def build_data(self, dist):
         return {
             "train": nx.data.PrefetchIterator(
-                Indexed(make_batches(self.n_train, 16)), workers=2
+                IndexedList(make_batches(self.n_train, 16)), workers=2
             )
         }
 
@@ -231,7 +213,7 @@ def test_a_batch_that_changes_shape_on_a_threaded_pass_is_refused_by_name():
 
     class Changing(Threaded):
         def build_data(self, dist):
-            return {"train": nx.data.PrefetchIterator(Indexed(batches), workers=2)}
+            return {"train": nx.data.PrefetchIterator(IndexedList(batches), workers=2)}
 
     nitro = nx.Nitro(Changing(), logger=None, checkpointer=None, steps_per_call=4)
     with pytest.raises(

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from experiments import Tiny, make_batches
+from toy_sources import IndexedList
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -74,25 +75,6 @@ def test_stacked_block_fills_a_reused_buffer_with_the_new_batches():
     np.testing.assert_array_equal(second["x"][:, 0, 0], [2, 3])
 
 
-class Indexed:
-    """The fan-out trait over a list of built batches."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        return (self.batch_at(i) for i in range(len(self)))
-
-    def begin_epoch(self):
-        return None
-
-    def batch_at(self, i, plan=None):
-        return self.batches[i]
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_staged_run_reuses_its_buffers_and_trains_as_with_fresh_ones(
     monkeypatch, workers
@@ -108,7 +90,7 @@ def test_a_staged_run_reuses_its_buffers_and_trains_as_with_fresh_ones(
 
     def run(pool) -> list[np.ndarray]:
         monkeypatch.setattr(training, "HostBuffers", pool)
-        batches = Indexed(make_batches(16 * 12, 16))
+        batches = IndexedList(make_batches(16 * 12, 16))
 
         class Threaded(Tiny):
             def build_data(self, dist):
