@@ -53,6 +53,19 @@ def test_join_waits_for_the_work_and_is_alive_follows_it():
         work.start()
 
 
+def test_a_work_no_thread_could_start_for_is_not_alive(monkeypatch):
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threads, "_parked", [])  # none to wake: a new one is needed
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    work, names = ran_on()
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        work.start()
+    work.join(WAIT)
+    assert not work.is_alive() and names == []
+
+
 def test_each_work_starts_in_an_empty_context_as_on_a_new_thread():
     var: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var")
     seen: list[str] = []

@@ -53,12 +53,16 @@ class PassThread:
         self._started = True
         with _lock:
             parked = _parked.pop() if _parked else None
-        if parked is None:
+        if parked is not None:
+            parked.wake(self)
+            return
+        try:
             threading.Thread(
                 target=_serve, args=(self,), name=self.name, daemon=True
             ).start()
-        else:
-            parked.wake(self)
+        except BaseException:  # no thread could start (the process's limit)
+            self._done.set()  # never to run: not alive, and a join returns
+            raise
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the work has run, at most `timeout` seconds."""
