@@ -3,8 +3,9 @@
 On a TPU v5e host (a gVisor sandbox) a prefetch thread stacked a tutorial MLP's
 block of 16 batches (5 MB) in 5.2 ms into freshly allocated memory, against 1.1 ms
 into memory it had written before (2026-12-07, each block timed on the thread; the
-loop's own thread took 0.8 ms): there a fresh page costs a fault, and the allocator
-hands a thread's freed blocks back to the system. So one `train()` keeps
+loop's own thread took 0.8 ms). The likely cause, not traced further: a fresh page
+costs a fault in the sandbox, and a thread's allocator arena hands freed blocks back
+to the system. So one `train()` keeps
 the buffers its blocks were stacked into and stacks a later block of the same shape
 and dtype into one that nothing else references any more.
 
