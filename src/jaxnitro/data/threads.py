@@ -2,9 +2,10 @@
 
 Every prefetch pass runs threads of its own (one producer, or the fan-out's workers
 and its transfer thread: 9 with the default 8 workers), at every epoch and every
-validation. Starting a thread cost a TPU v5e host (a gVisor sandbox) 1.2 ms, against
-0.1 ms to wake one waiting on an event (2026-12-07), where the tutorial MLP's whole
-epoch of 60 steps runs in 3.4 ms; and a new thread allocates from cold memory.
+validation. Starting and joining a thread cost a TPU v5e host (a gVisor sandbox)
+1.2 ms, against 0.11 ms for a round trip of wake-ups between two waiting threads
+(2026-12-07), where the tutorial MLP's whole epoch of 60 steps runs in 3.4 ms; and
+a new thread's allocations likely start from cold memory (`loop/host_buffers.py`).
 So a pass's thread is a `PassThread`: started, joined and named like a
 `threading.Thread`, its work run by a parked thread of this module's pool, which
 after the work waits `IDLE_SECONDS` for the next and then ends. A parked thread is
