@@ -24,6 +24,11 @@ logs it.
     python benchmarks/prefetch.py            # both parts
     python benchmarks/prefetch.py --quick    # fewer epochs
 
+(c) what every staged path pays before the loop can run: a tutorial batch's copy to
+    the device (one batch, and blocks of 8 and 16 stacked, each waited for alone and
+    8 in flight), and the stack of a block on the loop's thread. On a CPU backend
+    the "copy" is host memory to host memory.
+
 The last row of (b) feeds the tutorial's Grain loader; where `grain` (or one of its
 needs) cannot be imported, that row is left out and the script says why.
 """
@@ -431,6 +436,41 @@ def part_b(epochs: int) -> None:
     )
 
 
+def part_c() -> None:
+    host = numpy_batches(tutorial_samples())
+    device = jax.devices()[0]
+    print("(c) the copy to the device: a tutorial batch, and blocks of batches")
+    for count in (1, 8, 16):
+        block = np.stack([b["x"] for b in host[:count]])
+
+        def alone(block=block) -> None:
+            jax.device_put(block, device).block_until_ready()
+
+        def in_flight(block=block) -> None:
+            jax.block_until_ready([jax.device_put(block, device) for _ in range(8)])
+
+        one, eight = median_seconds(alone), median_seconds(in_flight) / 8
+        mb = block.nbytes / 1e6
+        print(
+            f"    {count:2d} batches ({mb:5.2f} MB): {one * 1e6:8.1f} us alone "
+            f"({block.nbytes / one / 1e9:5.2f} GB/s), {eight * 1e6:8.1f} us each with "
+            f"8 in flight ({block.nbytes / eight / 1e9:5.2f} GB/s)"
+        )
+    rows = [b["x"] for b in host[:16]]
+    stack = median_seconds(lambda: np.stack(rows))
+    print(f"    the stack of 16 batches on this thread: {stack * 1e6:8.1f} us")
+
+
+def median_seconds(fn, reps: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer epochs")
@@ -444,6 +484,7 @@ def main() -> None:
     step = make_step(optimizer)
     part_a(step, optimizer, epochs=3 if args.quick else 9, platform=info["platform"])
     part_b(epochs=3 if args.quick else 10)
+    part_c()
 
 
 if __name__ == "__main__":

@@ -243,6 +243,8 @@ RUNS = (
             rf"    fan-out, 2 workers, staged\s+{F}x\s+{F} ms/step",
             rf"    one producer, staged, copy waited\s+{F}x\s+{F} ms/step",
             GRAIN_ROW,
+            rf"    16 batches \( ?{F} MB\):\s+{F} us alone \( ?{F} GB/s\), .*",
+            rf"    the stack of 16 batches on this thread:\s+{F} us",
         ),
     ),
     Run(
