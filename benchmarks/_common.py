@@ -113,6 +113,16 @@ def make_experiment(widths, batches):
     return Bench
 
 
+def median_seconds(fn, reps: int) -> float:
+    """The median wall time of `reps` calls of `fn` (no warm-up: call it first)."""
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def paired_ratio(reference: Iterable[float], other: Iterable[float]) -> float:
     """The median of reference / other over paired timings (above 1: other is faster).
 

@@ -50,6 +50,7 @@ from _common import (
     cross_entropy,
     init_params,
     make_experiment,
+    median_seconds,
     paired_ratio,
 )
 
@@ -179,12 +180,8 @@ def step_seconds(step, optimizer) -> float:
 def loader_seconds(noise_rows: int) -> float:
     loader = AugmentingLoader(noise_rows=noise_rows)
     plan = loader.begin_epoch()
-    times = []
-    for i in range(40):
-        started = time.perf_counter()
-        loader.batch_at(i, plan)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    indices = iter(range(40))
+    return median_seconds(lambda: loader.batch_at(next(indices), plan), 40)
 
 
 class SimulatedAccelerator:
@@ -449,7 +446,8 @@ def part_c() -> None:
         def in_flight(block=block) -> None:
             jax.block_until_ready([jax.device_put(block, device) for _ in range(8)])
 
-        one, eight = median_seconds(alone), median_seconds(in_flight) / 8
+        alone(), in_flight()  # the first copies of each size: not timed
+        one, eight = median_seconds(alone, 15), median_seconds(in_flight, 15) / 8
         mb = block.nbytes / 1e6
         print(
             f"    {count:2d} batches ({mb:5.2f} MB): {one * 1e6:8.1f} us alone "
@@ -457,18 +455,8 @@ def part_c() -> None:
             f"8 in flight ({block.nbytes / eight / 1e9:5.2f} GB/s)"
         )
     rows = [b["x"] for b in host[:16]]
-    stack = median_seconds(lambda: np.stack(rows))
+    stack = median_seconds(lambda: np.stack(rows), 15)
     print(f"    the stack of 16 batches on this thread: {stack * 1e6:8.1f} us")
-
-
-def median_seconds(fn, reps: int = 15) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

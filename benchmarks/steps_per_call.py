@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 from _common import (
     WORKLOADS,
@@ -33,6 +32,7 @@ from _common import (
     cross_entropy,
     init_params,
     make_experiment,
+    median_seconds,
     paired_ratio,
     synthetic_batches,
 )
@@ -149,12 +149,7 @@ def measure(
     scan_epoch()
 
     def timed(run) -> float:
-        times = []
-        for _ in range(EPOCHS):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return median_seconds(run, EPOCHS)
 
     sides: dict[str, list[float]] = {
         "reference": [],

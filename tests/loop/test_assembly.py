@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from experiments import StopsAtStep, Tiny, make_batches
-from toy_sources import IndexedList
+from toy_sources import FannedOut
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -33,7 +33,7 @@ class Threaded(Tiny):
     def build_data(self, dist):
         return {
             "train": nx.data.PrefetchIterator(
-                IndexedList(make_batches(self.n_train, 16)), workers=2
+                FannedOut(make_batches(self.n_train, 16)), workers=2
             )
         }
 
@@ -213,7 +213,7 @@ def test_a_batch_that_changes_shape_on_a_threaded_pass_is_refused_by_name():
 
     class Changing(Threaded):
         def build_data(self, dist):
-            return {"train": nx.data.PrefetchIterator(IndexedList(batches), workers=2)}
+            return {"train": nx.data.PrefetchIterator(FannedOut(batches), workers=2)}
 
     nitro = nx.Nitro(Changing(), logger=None, checkpointer=None, steps_per_call=4)
     with pytest.raises(

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 from experiments import Tiny, make_batches
-from toy_sources import IndexedList
+from toy_sources import FannedOut
 
 import jaxnitro as nx
 import jaxnitro.loop.feed as feed
@@ -90,7 +90,7 @@ def test_a_staged_run_reuses_its_buffers_and_trains_as_with_fresh_ones(
 
     def run(pool) -> list[np.ndarray]:
         monkeypatch.setattr(training, "HostBuffers", pool)
-        batches = IndexedList(make_batches(16 * 12, 16))
+        batches = FannedOut(make_batches(16 * 12, 16))
 
         class Threaded(Tiny):
             def build_data(self, dist):

@@ -42,25 +42,6 @@ class Indexed:
             yield self.batch_at(i, plan)
 
 
-class IndexedList:
-    """The fan-out trait over a list of built batches: several workers build."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        return (self.batch_at(i) for i in range(len(self)))
-
-    def begin_epoch(self):
-        return None
-
-    def batch_at(self, i, plan=None):
-        return self.batches[i]
-
-
 class Sequential:
     """A sized, restartable iterable without the trait."""
 

@@ -140,9 +140,9 @@ class Pipeline:
         self.channels: list[Channel[Any] | Coordinator] = [self.device]
         self.threads: list[PassThread] = []
         self.holder: PassThread | None = None
+        """The thread that holds device memory (transfer or producer), if any."""
         self.source: Any = None
         """The source the threads read, once known: released only after they end."""
-        """The thread that holds device memory (transfer or producer), if any."""
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
