@@ -33,14 +33,16 @@ Device memory is XLA's analysis of each step program (arguments + outputs - alia
 the module (`nn_modules.REMAT_POLICIES`: the reference builds `GPT(remat=...)`, the
 Python API sets the experiment's `remat` field, the run file `--set remat=:...`).
 
-`--attention xla|flash|cudnn` picks how the jaxnitro sides' blocks compute their causal
-attention (`nn_modules.ATTENTIONS`: the experiment's `attention` field, the run file's
-`--set attention=:...`); the reference stays the plain hand-written loop with the
-attention written out ("xla"), so under "flash" or "cudnn" each ratio to it is the
-kernel's gain as well as the framework's cost, and the exactness lines show the two
-attentions' rounding apart. "flash" is the Pallas TPU flash attention kernel,
-"cudnn" cuDNN's fused attention (an NVIDIA GPU, bf16): on another backend the script
-stops before any side runs, naming the backend.
+`--attention auto|xla|flash|cudnn` picks how the jaxnitro sides' blocks compute their
+causal attention (`nn_modules.ATTENTIONS`: the experiment's `attention` field, the run
+file's `--set attention=:...`); "auto", the default as it is jaxnitro's, compiles to
+"flash" on a TPU and "xla" elsewhere. The reference stays the plain hand-written loop
+with the attention written out ("xla"), so where the jaxnitro sides compile to a
+kernel each ratio to it is the kernel's gain as well as the framework's cost (the
+ratio line says there is no target; `--attention xla` compares like with like), and
+the exactness lines show the two attentions' rounding apart. "flash" is the Pallas
+TPU flash attention kernel, "cudnn" cuDNN's fused attention (an NVIDIA GPU, bf16): on
+another backend the script stops before any side runs, naming the backend.
 
 `--loss-chunks N` computes the jaxnitro sides' training loss in N chunks of
 positions (`nn_xent`: the experiment's `loss_chunks` field, the run file's `--set
@@ -67,7 +69,7 @@ with the uninterrupted run, bit for bit.
     python benchmarks/gpt2.py --config tiny                   # CPU: well under a minute
     python benchmarks/gpt2.py --config gpt2-small --resume-check     # an accelerator
     python benchmarks/gpt2.py --config gpt2-small --max-batch --remat blocks
-    python benchmarks/gpt2.py --config gpt2-small --attention flash   # a TPU
+    python benchmarks/gpt2.py --config gpt2-small --attention xla     # like for like
     python benchmarks/gpt2.py --config gpt2-small --attention cudnn   # a GPU
     python benchmarks/gpt2.py --config gpt2-small --loss-chunks 4
 
@@ -129,8 +131,10 @@ class Workload:
     seed: int = 1
     lr: float = 6e-4
     remat: str = "none"
-    attention: str = "xla"
+    attention: str = "auto"
     """The jaxnitro sides' attention; the reference's is always "xla"."""
+    platform: str = "cpu"
+    """The JAX platform the sides compile for: what "auto" becomes there."""
     loss_chunks: int = 0
     """The jaxnitro sides' chunks of the training loss (0: the whole logits); the
     reference always takes the whole logits."""
@@ -142,11 +146,22 @@ class Workload:
         sizes.pop("batch")
         return sizes
 
+    @property
+    def compiled_attention(self) -> str:
+        """The jaxnitro sides' attention as compiled on `platform`."""
+        from jaxnitro.runfile.nn_attention import compiled_attention
+
+        return compiled_attention(self.attention, self.platform)
+
     def attention_line(self) -> str:
         """The attention as the report's workload line names it."""
-        if self.attention == "xla":
-            return "attention xla"
-        return f"attention {self.attention} (the reference's: xla)"
+        compiled = self.compiled_attention
+        named = self.attention
+        if named != compiled:
+            named = f"{named}: {compiled} on {self.platform}"
+        if compiled == "xla":
+            return f"attention {named}"
+        return f"attention {named} (the reference's: xla)"
 
     def loss_line(self) -> str:
         """The loss chunks as the report's workload line names them."""
@@ -158,8 +173,10 @@ class Workload:
         """The tokens/s ratio's target, or why there is none: a jaxnitro option
         the reference does not take makes the ratio measure the option too."""
         differ = []
-        if self.attention != "xla":
-            differ.append(f"{self.attention} attention against the reference's xla")
+        if self.compiled_attention != "xla":
+            differ.append(
+                f"{self.compiled_attention} attention against the reference's xla"
+            )
         if self.loss_chunks:
             differ.append(
                 f"loss in {self.loss_chunks} chunks against the reference's whole "
@@ -281,6 +298,7 @@ def reference(work: Workload, tokens: list[Any], *, rewritten: bool = False) -> 
     model = GPT(
         **_positional(work.sizes),
         remat=work.remat,
+        attention="xla",
         rngs=nnx.Rngs(params=jax.random.key(work.seed)),
     )
     tx = optax.adamw(
@@ -844,11 +862,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--attention",
-        choices=("xla", "flash", "cudnn"),
-        default="xla",
-        help="the jaxnitro sides' attention (flash: the Pallas TPU kernel, a TPU "
-        "only; cudnn: cuDNN's fused attention, an NVIDIA GPU only); the "
-        "reference's stays xla",
+        choices=("auto", "xla", "flash", "cudnn"),
+        default="auto",
+        help="the jaxnitro sides' attention (auto: flash on a TPU, xla elsewhere; "
+        "flash: the Pallas TPU kernel, a TPU only; cudnn: cuDNN's fused attention, "
+        "an NVIDIA GPU only); the reference's stays xla",
     )
     parser.add_argument(
         "--loss-chunks",
@@ -888,9 +906,11 @@ def main() -> None:
         raise SystemExit(f"--sides takes names among {names}, got {args.sides!r}")
     if work.steps % work.cadence or work.steps < 2 * work.cadence:
         raise SystemExit("--steps must be a multiple of --cadence, two blocks or more")
+    import jax
     from _common import banner
 
     print(banner())
+    work = dataclasses.replace(work, platform=jax.default_backend())
     refuse_attention(work)
     refuse_loss_chunks(work)
     folder = tempfile.mkdtemp(prefix="gpt2-bench-")

@@ -27,12 +27,13 @@ the backward pass (keeping only its input), "dots" keeps the outputs of the line
 layers and recomputes the rest, "none" (the default) recomputes nothing. The loss
 and the gradient are the same; a larger batch fits.
 
-`attention` picks how the blocks compute their causal attention: "xla" (the default)
-writes it out in JAX, which XLA compiles on any backend; "flash" calls the Pallas TPU
-flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles for a TPU only;
-"cudnn" calls cuDNN's fused attention (`jaxnitro.runfile.nn_cudnn`), on an NVIDIA GPU
-only and in bf16. On another backend `build_model` refuses either (ConfigError)
-before anything compiles.
+`attention` picks how the blocks compute their causal attention: "auto" (the default)
+is "flash" on a TPU and "xla" elsewhere, chosen when the program is compiled for its
+backend; "xla" writes it out in JAX, which XLA compiles on any backend; "flash" calls
+the Pallas TPU flash attention kernel (`jaxnitro.runfile.nn_flash`), which compiles
+for a TPU only; "cudnn" calls cuDNN's fused attention (`jaxnitro.runfile.nn_cudnn`),
+on an NVIDIA GPU only and in bf16. On another backend `build_model` refuses either
+kernel named outright (ConfigError) before anything compiles.
 
 `loss_chunks` (0, the default, or a divisor of `seq`) computes the training loss in
 that many chunks of positions (`jaxnitro.runfile.nn_xent`): in training `forward`
@@ -116,10 +117,11 @@ class GPT2(nx.Experiment):
     """What the backward pass keeps of each block: "none" (everything), "blocks"
     (only its input: the rest is recomputed) or "dots" (its linear layers' outputs
     too); see `nn_modules.REMAT_POLICIES`."""
-    attention: nx.GraphConst[str] = "xla"
-    """How the blocks compute their causal attention: "xla" (written out in JAX, on
-    any backend), "flash" (the Pallas TPU flash attention kernel, on a TPU only) or
-    "cudnn" (cuDNN's fused attention, on an NVIDIA GPU in bf16); see
+    attention: nx.GraphConst[str] = "auto"
+    """How the blocks compute their causal attention: "auto" ("flash" on a TPU,
+    "xla" elsewhere, chosen when the program is compiled), "xla" (written out in
+    JAX, on any backend), "flash" (the Pallas TPU flash attention kernel, on a TPU
+    only) or "cudnn" (cuDNN's fused attention, on an NVIDIA GPU in bf16); see
     `nn_modules.ATTENTIONS`."""
     loss_chunks: nx.GraphConst[int] = 0
     """How many chunks of positions the training loss computes the head's logits

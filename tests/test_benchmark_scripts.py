@@ -173,13 +173,26 @@ RUNS = (
             "4",
         ),
         (  # two blocks
-            r"workload: tiny, .*, attention xla, loss chunks 4 \(the reference's: 0\)",
+            r"workload: tiny, .*, attention auto: xla on cpu, loss chunks 4 "
+            r"\(the reference's: 0\)",
             rf"python api / reference tokens/s: {F} stepping .*",
             rf"run file / reference tokens/s: {F} stepping .*",
             r"run file vs reference: loss at \d+ logged steps within .*",
             r"python api data_wait_frac: median \d+\.\d+%, largest .*",
             r"reference vs itself with its cross-entropy through log_softmax, 8 "
             r"bf16 steps \(.*\): loss at 2 logged steps within .*",
+        ),
+    ),
+    Run(
+        "attention.py",
+        ("--quick", "--reps", "2"),
+        (
+            r"causal attention, batch 2 x 256, 4 heads of 64, bf16: the median of 2 "
+            r"calls",
+            rf"  xla \(written out\)\s+forward\s+{F} ms   forward \+ backward\s+{F} "
+            r"ms   largest difference from xla 0",
+            r"  the Pallas kernels' rows left out: they compile for a TPU only, and "
+            r"this backend is 'cpu'",
         ),
     ),
     Run(

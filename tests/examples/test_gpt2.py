@@ -119,22 +119,23 @@ def test_remat_is_a_checked_graphconst_of_the_experiment(gpt2):
 
 def test_attention_is_a_checked_graphconst_of_the_experiment(gpt2):
     sizes = {k: v for k, v in gpt2.CONFIGS["tiny"].items() if k != "batch"}
-    assert gpt2.GPT2(**sizes).attention == "xla"
+    assert gpt2.GPT2(**sizes).attention == "auto"
     assert gpt2.GPT2.config_metadata()["attention"].kind == "graphconst"
     with pytest.raises(nx.ConfigError) as caught:
         gpt2.GPT2(**sizes, attention="splash")
     assert str(caught.value) == (
-        "GPT2.attention must be one of 'xla', 'flash', 'cudnn', got 'splash': it "
-        'names how each block computes its causal attention ("xla": written out in '
-        'JAX, on any backend; "flash": the Pallas TPU flash attention kernel, on a '
-        'TPU only; "cudnn": cuDNN\'s fused attention, on an NVIDIA GPU only). Pass '
+        "GPT2.attention must be one of 'auto', 'xla', 'flash', 'cudnn', got "
+        "'splash': it names how each block computes its causal attention "
+        '("auto": "flash" on a TPU, "xla" elsewhere; "xla": written out in JAX, '
+        'on any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
+        'only; "cudnn": cuDNN\'s fused attention, on an NVIDIA GPU only). Pass '
         'one of them, e.g. attention="xla".'
     )
     assert gpt2.GPT2(**sizes, attention="flash").attention == "flash"  # any backend
     # The run file's knob reaches its `gpt` the same way.
     selection = Selection(variant="tiny", sets=(("attention", ":flash"),))
     assert evaluate_file(str(RUN_FILE), selection).value("model").attention == "flash"
-    assert evaluate_file(str(RUN_FILE)).value("model").attention == "xla"
+    assert evaluate_file(str(RUN_FILE)).value("model").attention == "auto"
 
 
 @pytest.mark.parametrize(
@@ -166,8 +167,16 @@ def test_the_benchmark_sets_the_attention_on_the_jaxnitro_sides_only(bench):
     assert ("attention", ":flash") in work.selection().sets
     assert work.attention_line() == "attention flash (the reference's: xla)"
     plain = bench.Workload("tiny", batch=4, steps=8, cadence=4)
-    assert ("attention", ":xla") in plain.selection().sets
-    assert plain.attention_line() == "attention xla"
+    assert ("attention", ":auto") in plain.selection().sets
+    assert plain.attention_line() == "attention auto: xla on cpu"
+    assert plain.target() == "target >= 0.98"
+    # jaxnitro's default compiles to the kernel on a TPU: no target against xla.
+    tpu = dataclasses.replace(plain, platform="tpu")
+    assert tpu.attention_line() == "attention auto: flash on tpu (the reference's: xla)"
+    assert tpu.target() == "no target: flash attention against the reference's xla"
+    like = dataclasses.replace(tpu, attention="xla")
+    assert like.attention_line() == "attention xla"
+    assert like.target() == "target >= 0.98"
 
 
 def test_loss_chunks_is_a_checked_graphconst_of_the_experiment(gpt2):
@@ -388,7 +397,7 @@ def test_the_benchmark_runs_the_tiny_configuration(bench, monkeypatch, capsys):
     assert "python api / reference tokens/s: " in out
     assert "run file / reference tokens/s: " in out
     assert "MFU unknown: no peak on record for 'cpu'" in out
-    assert ", bf16, remat none, attention xla, loss chunks 0\n" in out
+    assert ", bf16, remat none, attention auto: xla on cpu, loss chunks 0\n" in out
     assert "by the wall clock (target >= 0.98)" in out
     assert "run file resumed at step 4: final parameters bitwise equal" in out
 

@@ -1,5 +1,6 @@
 """`gpt`'s attention (`nn_modules.ATTENTIONS`, `:attention`): "xla" traces the
-written-out program as before; "flash", the Pallas TPU flash attention kernel run
+written-out program as before; "auto", the default, compiles to it on this CPU and
+to the kernel on a TPU; "flash", the Pallas TPU flash attention kernel run
 here through Pallas's TPU interpret mode, gives the written-out values and
 gradients; unknown names are refused, and "flash" off a TPU when the parameters are
 built, never while a run file is checked."""
@@ -25,6 +26,7 @@ from gpt_params import (
 )
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jcore
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxnitro.cli import main
 from jaxnitro.runfile.check import check_file
@@ -32,7 +34,12 @@ from jaxnitro.runfile.engine import compile_run, graph_key
 from jaxnitro.runfile.evaluator import evaluate_file
 from jaxnitro.runfile.nn_attention import check_attention_backend
 from jaxnitro.runfile.nn_flash import flash_causal_attention
-from jaxnitro.runfile.nn_modules import ATTENTIONS, GPT, check_attention
+from jaxnitro.runfile.nn_modules import (
+    ATTENTION_FUNCTIONS,
+    ATTENTIONS,
+    GPT,
+    check_attention,
+)
 from jaxnitro.runfile.source import RunfileError
 from jaxnitro.runfile.stdlib_nn import ATTENTION
 
@@ -61,9 +68,9 @@ def written_out(q, k, v):
 
 
 def test_the_attentions_are_the_run_files():
-    assert tuple(ATTENTIONS) == ATTENTION == ("xla", "flash", "cudnn")
-    assert TINY.attention == "xla"
-    assert GPT(32, 1, 8, 2, 4, rngs=nnx.Rngs(0)).attention == "xla"
+    assert tuple(ATTENTIONS) == ATTENTION == ("auto", "xla", "flash", "cudnn")
+    assert TINY.attention == "auto"
+    assert GPT(32, 1, 8, 2, 4, rngs=nnx.Rngs(0)).attention == "auto"
 
 
 def pallas_calls(attention: str, remat: str = "none") -> int:
@@ -87,22 +94,65 @@ def pallas_calls(attention: str, remat: str = "none") -> int:
     return count(jaxpr.jaxpr)
 
 
-def test_xla_traces_the_written_out_program_and_flash_three_kernels_a_block():
-    # Leaving `attention` out is "xla" exactly, with no kernel in it; under "flash"
-    # each block's attention is the kernel's forward pass and its two backward
-    # ones (dk and dv, then dq).
-    grad = jax.grad(loss_fn(TINY))
-    explicit = jax.grad(loss_fn(dataclasses.replace(TINY, attention="xla")))
-    params, batch = random_params(TINY, 0), tokens(2)
-    assert str(jax.make_jaxpr(explicit)(params, batch)) == str(
-        jax.make_jaxpr(grad)(params, batch)
-    )
+def test_xla_traces_the_written_out_program_and_flash_two_kernels_a_block():
+    # "xla" has no kernel in it; under "flash" each block's attention is the
+    # kernel's forward pass and its fused backward one (dq, dk and dv together);
+    # "auto" traces both, the kernel's branch for a TPU.
     assert pallas_calls("xla") == 0
-    assert pallas_calls("flash") == 3 * TINY.layers
+    assert pallas_calls("flash") == pallas_calls("auto") == 2 * TINY.layers
     # Rematerialised, a block's forward pass runs again in the backward pass, the
     # kernel with it (the interpret mode cannot run under `checkpoint`, so the
     # values of this combination are compared on a TPU only, below).
-    assert pallas_calls("flash", "blocks") == pallas_calls("flash", "dots") == 8
+    assert pallas_calls("flash", "blocks") == pallas_calls("flash", "dots") == 6
+
+
+@pytest.mark.skipif(
+    jax.default_backend() == "tpu", reason="on a TPU, auto compiles to the kernel"
+)
+def test_auto_compiles_to_the_written_out_attention_here_and_to_the_kernel_on_a_tpu():
+    params, batch = random_params(TINY, 2), tokens(2)
+    found = {}
+    for attention in ("xla", "auto"):
+        spec = dataclasses.replace(TINY, attention=attention)
+        step = jax.jit(jax.value_and_grad(loss_fn(spec)))
+        found[attention] = (step(params, batch), step.lower(params, batch))
+    (loss, grads), lowered = found["auto"]
+    (want, want_grads), _ = found["xla"]
+    # The same program once lowered for this backend: equal to the last bit.
+    assert np.asarray(loss) == np.asarray(want)
+    for name in want_grads:
+        np.testing.assert_array_equal(grads[name], want_grads[name], err_msg=name)
+    assert "tpu_custom_call" not in lowered.as_text()
+    # Lowered for a TPU (no TPU needed to lower): the kernel's forward and
+    # backward calls, each one function of the module that every block calls.
+    auto = jax.jit(jax.value_and_grad(loss_fn(TINY)))
+    for_tpu = auto.trace(params, batch).lower(lowering_platforms=("tpu",))
+    assert for_tpu.as_text().count("tpu_custom_call") == 2
+
+
+@pytest.mark.needs_devices(4)
+@pytest.mark.parametrize("attention", ["flash", "auto"])
+def test_under_data_parallelism_each_device_runs_the_kernel_on_its_examples(attention):
+    # XLA cannot partition a Mosaic kernel, and lowering one for several devices
+    # raises; the kernel is mapped over the mesh's batch shards instead. Lowered
+    # for a TPU here (no TPU needed): the module's two kernels, in a shard_map.
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    split = NamedSharding(mesh, PartitionSpec("data"))
+    q, k, v = (
+        jax.device_put(jax.random.normal(key, (8, 128, 2, 16)), split)
+        for key in jax.random.split(jax.random.key(4), 3)
+    )
+    attend = ATTENTION_FUNCTIONS[attention]
+    step = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(attend(*a)), (0, 1, 2)))
+    assert "shard_map" in str(jax.make_jaxpr(step)(q, k, v))
+    lowered = step.trace(q, k, v).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") == 2
+    # A batch of 2 over 4 devices: the kernel runs whole on each, still lowered.
+    two = [
+        jax.device_put(x[:2], NamedSharding(mesh, PartitionSpec())) for x in (q, k, v)
+    ]
+    lowered = step.trace(*two).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") == 2
 
 
 @interpreted
@@ -194,11 +244,12 @@ def test_the_module_refuses_an_unknown_attention():
     with pytest.raises(ValueError) as caught:
         GPT(32, 1, 8, 2, 4, attention="splash", rngs=nnx.Rngs(0))
     assert str(caught.value) == (
-        "GPT(attention=...) must be one of 'xla', 'flash', 'cudnn', got 'splash': "
-        'it names how each block computes its causal attention ("xla": written '
-        'out in JAX, on any backend; "flash": the Pallas TPU flash attention '
-        'kernel, on a TPU only; "cudnn": cuDNN\'s fused attention, on an NVIDIA '
-        'GPU only). Pass one of them, e.g. attention="xla".'
+        "GPT(attention=...) must be one of 'auto', 'xla', 'flash', 'cudnn', got "
+        "'splash': it names how each block computes its causal attention "
+        '("auto": "flash" on a TPU, "xla" elsewhere; "xla": written out in JAX, '
+        'on any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
+        'only; "cudnn": cuDNN\'s fused attention, on an NVIDIA GPU only). Pass '
+        'one of them, e.g. attention="xla".'
     )
     assert check_attention("flash", "x", "y") == "flash"
     with pytest.raises(ValueError, match="E.attention must be one of .* got None"):
@@ -214,7 +265,8 @@ def test_a_kernel_is_refused_off_its_backend_when_asked_and_only_then(
     # Building the module asks nothing (a run file builds it before its processes
     # join); the fronts ask when they build the parameters.
     assert GPT(32, 1, 8, 2, 4, attention=attention, rngs=nnx.Rngs(0)).attention
-    check_attention_backend("xla", "GPT(attention=...)", 'attention="xla"')
+    for anywhere in ("xla", "auto"):
+        check_attention_backend(anywhere, "GPT(attention=...)", 'attention="xla"')
     with pytest.raises(ValueError) as caught:
         check_attention_backend(attention, "GPT(attention=...)", 'attention="xla"')
     backend = jax.default_backend()
@@ -245,7 +297,7 @@ def test_the_run_file_passes_attention_to_the_module(write):
         == dataclasses.replace(model, attention="xla").parameter_shapes()
     )
     default = evaluate_file(write(MINIMAL, "plain.sx")).value("model")
-    assert default.attention == "xla"
+    assert default.attention == "auto"
 
 
 @pytest.mark.parametrize(
@@ -260,12 +312,11 @@ def test_the_run_file_refuses_an_unknown_attention(write, value, shown):
     assert caught.value.codes == ["E-EVAL-007"]
     message = str(caught.value)
     assert (
-        "`:attention` of `gpt` is :xla, :flash, :cudnn (how each block computes its "
-        f"causal attention), got {shown}"
+        "`:attention` of `gpt` is :auto, :xla, :flash, :cudnn (how each block "
+        f"computes its causal attention), got {shown}"
     ) in message
-    assert "write :attention :flash for the Pallas TPU flash attention kernel" in (
-        message
-    )
+    assert "write :attention :xla for the attention written out in JAX" in message
+    assert "or leave it out (:auto, :flash on a TPU and :xla elsewhere)" in message
 
 
 def test_attention_moves_the_graph_key(write):
@@ -274,8 +325,8 @@ def test_attention_moves_the_graph_key(write):
         model = f"(gpt :vocab 32 :layers 2 :dim 32 :heads 2 :attention :{attention})"
         keys[attention] = compile_run(write(with_model(model), f"{attention}.sx")).graph
     assert len(set(keys.values())) == len(ATTENTION)
-    # Leaving it out is :xla exactly: the same programs, served from the cache.
-    assert graph_key(evaluate_file(write(MINIMAL, "plain.sx"))) == keys["xla"]
+    # Leaving it out is :auto exactly: the same programs, served from the cache.
+    assert graph_key(evaluate_file(write(MINIMAL, "plain.sx"))) == keys["auto"]
 
 
 @pytest.mark.parametrize(

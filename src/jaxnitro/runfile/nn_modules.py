@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .nn_attention import AUTO_ATTENTION
 from .nn_cudnn import cudnn_causal_attention
 from .nn_flash import flash_causal_attention
 from .nn_xent import ChunkedLogits, check_chunked_time, check_loss_chunks
@@ -100,10 +101,13 @@ def check_remat(value: object, owner: str, example: str) -> str:
 
 
 ATTENTIONS: dict[str, str] = {
+    "auto": "the attention chosen for the backend the program is compiled for: "
+    '"flash" on a TPU (measured faster there), "xla" elsewhere',
     "xla": "the attention written out in JAX (two einsums, a causal mask and a "
     "softmax), which XLA compiles on any backend",
-    "flash": "the Pallas TPU flash attention kernel (`nn_flash`), which never "
-    "holds the [time, time] scores in memory; it compiles for a TPU only",
+    "flash": "the Pallas TPU flash attention kernel for sparse masks (`nn_flash`), "
+    "which never holds the [time, time] scores in memory and skips the blocks "
+    "above the causal diagonal; it compiles for a TPU only",
     "cudnn": "cuDNN's fused attention (`nn_cudnn`), which never holds the "
     "[time, time] scores in memory either; on an NVIDIA GPU only, in bfloat16 or "
     "float16",
@@ -112,9 +116,41 @@ ATTENTIONS: dict[str, str] = {
 and (up to rounding) the values are the same; only the program differs."""
 
 
+def written_out_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal softmax attention of q, k, v [batch, time, heads, head_dim] written
+    out in JAX ("xla"): the scores [batch, heads, time, time], the causal mask, a
+    softmax and the weighted sum."""
+    # Written out rather than jax.nn.dot_product_attention, whose XLA form (the
+    # one it picks by default) moves about 2% more bytes on the minimal model.
+    time, head_dim = q.shape[1], q.shape[3]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
+    causal = jnp.tril(jnp.ones((time, time), bool))[None, None]
+    weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def automatic_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """The attention "auto" names: each platform's of
+    `nn_attention.AUTO_ATTENTION`, chosen when the program is lowered for its
+    platform (`jax.lax.platform_dependent`), so neither building nor tracing the
+    module asks for the backend. Every branch is traced; XLA keeps only the chosen
+    one, and the residuals the others would have saved for the backward pass are
+    dead code it removes (measured on a CPU: the temporary memory of the chosen
+    branch alone, 0 bytes where the other's would have been 100 MB)."""
+    chosen = {platform: FUSED[name] for platform, name in AUTO_ATTENTION.items()}
+    return jax.lax.platform_dependent(q, k, v, default=written_out_attention, **chosen)
+
+
 FUSED = {"flash": flash_causal_attention, "cudnn": cudnn_causal_attention}
 """The attentions computed by a kernel of their own, [batch, time, heads, head_dim]
 in and out."""
+
+ATTENTION_FUNCTIONS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "auto": automatic_attention,
+    "xla": written_out_attention,
+    **FUSED,
+}
+"""Each of ATTENTIONS as a function of q, k, v [batch, time, heads, head_dim]."""
 
 
 def check_attention(value: object, owner: str, example: str) -> str:
@@ -129,9 +165,9 @@ def check_attention(value: object, owner: str, example: str) -> str:
         ATTENTIONS,
         owner,
         "how each block computes its causal attention",
-        '"xla": written out in JAX, on any backend; "flash": the Pallas TPU flash '
-        'attention kernel, on a TPU only; "cudnn": cuDNN\'s fused attention, on an '
-        "NVIDIA GPU only",
+        '"auto": "flash" on a TPU, "xla" elsewhere; "xla": written out in JAX, on '
+        'any backend; "flash": the Pallas TPU flash attention kernel, on a TPU '
+        'only; "cudnn": cuDNN\'s fused attention, on an NVIDIA GPU only',
         example,
     )
 
@@ -164,7 +200,7 @@ class Attention(nnx.Module):
         heads: int,
         residual_std: float,
         *,
-        attention: str = "xla",
+        attention: str = "auto",
         rngs: nnx.Rngs,
     ):
         init = nnx.initializers.normal(GPT_STD)
@@ -180,20 +216,12 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """[batch, time, dim] -> [batch, time, dim]; a position sees itself and the
         positions before it."""
-        # Written out rather than jax.nn.dot_product_attention, whose XLA form (the
-        # one it picks by default) moves about 2% more bytes on the minimal model.
         batch, time, dim = x.shape
         head_dim = dim // self.heads
         split = (batch, time, self.heads, head_dim)
         q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
-        if self.attention in FUSED:  # in tiles, never the [time, time] scores
-            mixed = FUSED[self.attention](q, k, v)
-            return self.out(mixed.reshape(batch, time, dim))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim**0.5
-        causal = jnp.tril(jnp.ones((time, time), bool))[None, None]
-        weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
-        mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-        return self.out(mixed.reshape(batch, time, dim))
+        mix = ATTENTION_FUNCTIONS[self.attention]
+        return self.out(mix(q, k, v).reshape(batch, time, dim))
 
 
 class FeedForward(nnx.Module):
@@ -221,7 +249,7 @@ class Block(nnx.Module):
         heads: int,
         residual_std: float,
         *,
-        attention: str = "xla",
+        attention: str = "auto",
         rngs: nnx.Rngs,
     ):
         self.attn_norm = nnx.RMSNorm(dim, epsilon=1e-6, rngs=rngs)
@@ -246,14 +274,15 @@ class GPT(nnx.Module):
     and recomputes the rest. It changes no parameter, only the traced program.
 
     `attention` (a name in ATTENTIONS) says how each block computes its causal
-    attention: "xla" (the default) writes it out in JAX; "flash" calls the Pallas
-    TPU flash attention kernel (`nn_flash`), "cudnn" cuDNN's fused attention
-    (`nn_cudnn`). The parameters are the same, the loss and the gradient equal up
-    to rounding. Each kernel compiles on one backend (a TPU; an NVIDIA GPU), and
-    constructing the module does not ask for the backend (a run file builds it
-    before its processes join): call `nn_attention.check_attention_backend` before
-    compiling, as the fronts do when they build the parameters, or the compile
-    fails in the kernel's lowering.
+    attention: "auto" (the default) compiles to "flash" on a TPU and to "xla"
+    elsewhere, chosen when the program is lowered; "xla" writes it out in JAX;
+    "flash" calls the Pallas TPU flash attention kernel (`nn_flash`), "cudnn"
+    cuDNN's fused attention (`nn_cudnn`). The parameters are the same, the loss
+    and the gradient equal up to rounding. Each kernel compiles on one backend (a
+    TPU; an NVIDIA GPU), and constructing the module does not ask for the backend
+    (a run file builds it before its processes join): when naming a kernel, call
+    `nn_attention.check_attention_backend` before compiling, as the fronts do when
+    they build the parameters, or the compile fails in the kernel's lowering.
 
     `loss_chunks` (0, the default, or a divisor of `context`) says how the
     training loss reads the head: `loss_logits` gives the logits when it is 0, and
@@ -283,7 +312,7 @@ class GPT(nnx.Module):
         context: int,
         *,
         remat: str = "none",
-        attention: str = "xla",
+        attention: str = "auto",
         loss_chunks: int = 0,
         rngs: nnx.Rngs,
     ):

@@ -42,7 +42,7 @@ ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 REMAT = ("none", "blocks", "dots")
 """What `gpt :remat` takes (`nn_modules.REMAT_POLICIES` holds the policies)."""
 
-ATTENTION = ("xla", "flash", "cudnn")
+ATTENTION = ("auto", "xla", "flash", "cudnn")
 """What `gpt :attention` takes (`nn_modules.ATTENTIONS` describes them)."""
 
 LOSS_CHUNKS_UNEVEN = (
@@ -86,7 +86,7 @@ class GPTSpec(ModelSpec):
     heads: int
     context: int
     remat: str = "none"
-    attention: str = "xla"
+    attention: str = "auto"
     loss_chunks: int = 0
     name = "gpt"
 
@@ -240,9 +240,10 @@ def _gpt(values: list[Any], kwargs: dict[str, Any], span: Span) -> GPTSpec:
         "attention",
         ATTENTION,
         "how each block computes its causal attention",
-        "write :attention :flash for the Pallas TPU flash attention kernel (a "
-        "TPU only), :cudnn for cuDNN's fused attention (an NVIDIA GPU only), or "
-        "leave it out (:xla, written out in JAX, any backend)",
+        "write :attention :xla for the attention written out in JAX (any "
+        "backend), :flash for the Pallas TPU flash attention kernel (a TPU only), "
+        ":cudnn for cuDNN's fused attention (an NVIDIA GPU only), or leave it out "
+        "(:auto, :flash on a TPU and :xla elsewhere)",
         span,
     )
     spec = GPTSpec(
