@@ -3,8 +3,8 @@ the Pallas TPU kernels' block sizes, at GPT-2 small's shapes by default.
 
 Rows: the attention written out in JAX (`nn_modules.written_out_attention`,
 `:xla`); jaxnitro's `:flash` (`nn_flash.flash_causal_attention`: the splash kernel,
-blocks of 512, one fused backward kernel); the splash kernel at other blocks and
-with two backward kernels; the dense Pallas flash kernel
+blocks of 512, one fused backward kernel); the same at other blocks and with two
+backward kernels; the dense Pallas flash kernel
 (`jax.experimental.pallas.ops.tpu.flash_attention`) at blocks of 128, 512 and 1024.
 Each row: the median wall time of a jitted forward pass and of a jitted forward and
 backward pass (the gradient of a random projection of the output with respect to
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from _common import banner
 
-from jaxnitro.runfile.nn_flash import flash_causal_attention
+from jaxnitro.runfile.nn_flash import flash_causal_attention, splash_on_one_device
 from jaxnitro.runfile.nn_modules import written_out_attention
 
 Attention = Callable[[Any, Any, Any], Any]
@@ -40,31 +40,11 @@ def heads_first(x: jax.Array) -> jax.Array:
 
 
 def splash(block: int, fused: bool) -> Attention:
-    """The splash kernel over a causal mask, blocks of `block` (forward and
-    backward), its backward pass in one kernel when `fused`, vmapped over the
-    batch."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    """jaxnitro's `flash` on one device with the splash kernel's blocks `block`
+    and its backward pass in one kernel when `fused`, else two."""
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        time, heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
-        sizes: dict[str, Any] = dict(
-            block_q=block,
-            block_kv=block,
-            block_kv_compute=block,
-            block_q_dkv=block,
-            block_kv_dkv=block,
-            block_kv_dkv_compute=block,
-            use_fused_bwd_kernel=fused,
-        )
-        if not fused:
-            sizes.update(block_q_dq=block, block_kv_dq=block)
-        mask = sa.MultiHeadMask([sa.CausalMask((time, time))] * heads)
-        kernel = sa.make_splash_mha_single_device(
-            mask, block_sizes=sa.BlockSizes(**sizes)
-        )
-        scaled = (q.astype(jnp.float32) * head_dim**-0.5).astype(q.dtype)
-        mixed = jax.vmap(kernel)(heads_first(scaled), heads_first(k), heads_first(v))
-        return heads_first(mixed)
+        return splash_on_one_device(q, k, v, block=block, fused=fused)
 
     return attend
 

@@ -78,7 +78,7 @@ def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
     """
     mesh = jax.typeof(q).sharding.mesh
     if mesh.size <= 1:
-        return _one_device(q, k, v)
+        return splash_on_one_device(q, k, v)
     # XLA cannot partition a Mosaic kernel across devices (the lowering refuses
     # it), so under data parallelism each device runs it on its own examples:
     # the batch split over every axis of the program's mesh, the heads whole. A
@@ -87,7 +87,7 @@ def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
     shared = q.shape[0] % mesh.size == 0
     split = PartitionSpec(mesh.axis_names) if shared else PartitionSpec()
     per_device = jax.shard_map(
-        _one_device,
+        splash_on_one_device,
         mesh=mesh,
         in_specs=(split, split, split),
         out_specs=split,
@@ -96,11 +96,23 @@ def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
     return per_device(q, k, v)
 
 
-def _one_device(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """`flash_causal_attention` on one device's examples."""
+def splash_on_one_device(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    block: int | None = None,
+    fused: bool = True,
+) -> jax.Array:
+    """`flash_causal_attention` on one device's examples. `block` (a multiple of
+    FLASH_TILE dividing the padded time; by default the largest of FLASH_BLOCKS
+    that does) and `fused` (the backward pass in one kernel, else two) choose the
+    kernel: `benchmarks/attention.py` times the others."""
     batch, time, heads, head_dim = q.shape
     padded = -(-time // FLASH_TILE) * FLASH_TILE
-    kernel = _splash_kernel(padded, batch * heads)
+    if block is None:
+        block = next(b for b in FLASH_BLOCKS if padded % b == 0)
+    kernel = _splash_kernel(padded, batch * heads, block, fused)
 
     def rows(x: jax.Array) -> jax.Array:
         """[batch, time, heads, head_dim] -> [batch * heads, padded, head_dim]."""
@@ -120,27 +132,30 @@ def _one_device(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=16)
-def _splash_kernel(time: int, heads: int) -> Any:
-    """The splash kernel of a causal mask over `time` (a multiple of FLASH_TILE)
-    for `heads` heads, one mask for all: built once per shape (its mask's block
-    tables are NumPy work), its backward pass fused into one kernel (dq, dk and dv
-    together: 4.37 ms against 5.07 in two kernels, FLASH_BLOCKS)."""
+def _splash_kernel(time: int, heads: int, block: int, fused: bool) -> Any:
+    """The splash kernel of a causal mask over `time` for `heads` heads, one mask
+    for all, in blocks of `block`, its backward pass in one kernel when `fused` (dq,
+    dk and dv together: 4.37 ms against 5.07 in two kernels, FLASH_BLOCKS): built
+    once per shape, its mask's block tables being NumPy work."""
     # Imported here: Pallas is loaded only by a model that traces the kernel
     # ("flash", or "auto", which traces it on every backend and keeps it on a TPU).
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-    block = next(b for b in FLASH_BLOCKS if time % b == 0)
-    sizes = splash.BlockSizes(
+    sizes: dict[str, Any] = dict(
         block_q=block,
         block_kv=block,
         block_kv_compute=block,
         block_q_dkv=block,
         block_kv_dkv=block,
         block_kv_dkv_compute=block,
-        use_fused_bwd_kernel=True,
+        use_fused_bwd_kernel=fused,
     )
+    if not fused:  # the dq kernel's own blocks
+        sizes.update(block_q_dq=block, block_kv_dq=block)
     mask = splash.MultiHeadMask([splash.CausalMask((time, time))] * heads)
     # The kernel holds its mask's tables as arrays: made concrete here, never
     # tracers of the trace that first asked (this kernel outlives it).
     with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha_single_device(mask, block_sizes=sizes)
+        return splash.make_splash_mha_single_device(
+            mask, block_sizes=splash.BlockSizes(**sizes)
+        )
