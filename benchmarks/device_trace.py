@@ -39,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from _common import WORKLOADS, banner, make_experiment
+from _device_parts import merged_ns
 from steps_per_call import reference_scan, workload
 from throughput import reference_loop
 
@@ -108,23 +109,6 @@ class Trace:
         if not found:
             raise RuntimeError(f"jax.profiler wrote no .xplane.pb under {self.folder}")
         return found[-1]
-
-
-def merged_ns(spans: Iterable[tuple[int, int]]) -> int:
-    """Nanoseconds covered by `(start, end)` spans, overlaps counted once.
-
-    >>> merged_ns([(0, 10), (5, 15), (20, 25)])
-    20
-    """
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            total += end - start
-            reach = end
-        elif end > reach:
-            total += end - reach
-            reach = end
-    return total
 
 
 def by_name(events: Iterable) -> dict[str, tuple[int, int]]:

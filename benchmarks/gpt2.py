@@ -60,6 +60,13 @@ each probe compiles and trains 2 steps from fresh weights, at most `--max-probes
 a side. One line a side: the largest batch, the step program's memory there (XLA's
 analysis) and the tokens/s of its second step. On a CPU it reaches the cap.
 
+`--profile` trains the reference and the Python API once more each under
+`jax.profiler` (their programs already compiled) and reads the traces back
+(`_device_parts.py`): how busy the device was, how long it waited for the host, and
+its ops' time by part of the step, told apart by the named scopes the model and the
+step trace them under: attention, mlp, head, loss, optimizer, and the rest (the
+embeddings, the norms, the residual adds). A CPU backend's trace has no device plane.
+
 The exactness lines compare each jaxnitro side with the reference: the losses at the
 logged steps (every block end; every step for the Python API with `--log-every 1`),
 the block means, and the largest parameter difference at the end. `--resume-check`
@@ -72,6 +79,7 @@ with the uninterrupted run, bit for bit.
     python benchmarks/gpt2.py --config gpt2-small --attention xla     # like for like
     python benchmarks/gpt2.py --config gpt2-small --attention cudnn   # a GPU
     python benchmarks/gpt2.py --config gpt2-small --loss-chunks 4
+    python benchmarks/gpt2.py --config gpt2-small --steps 50 --cadence 25 --profile
 
 GPT-2 small's data (2048 windows of 1025 tokens below 50304) is written on first
 use with `examples/runfiles/make_data.py --gpt2` (a few seconds); the tiny windows
@@ -83,6 +91,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import glob
 import importlib.util
 import json
 import os
@@ -327,13 +336,15 @@ def reference(work: Workload, tokens: list[Any], *, rewritten: bool = False) -> 
                 logp = jax.nn.log_softmax(logits)
                 picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
                 return -picked.mean()
-            losses = optax.softmax_cross_entropy_with_integer_labels(
-                logits, tokens[:, 1:]
-            )
-            return losses.mean()
+            with jax.named_scope("loss"):  # the scopes jaxnitro's profile parts use
+                losses = optax.softmax_cross_entropy_with_integer_labels(
+                    logits, tokens[:, 1:]
+                )
+                return losses.mean()
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
+        with jax.named_scope("optimizer"):
+            optimizer.update(model, grads)
         return loss, nnx.state((model, optimizer))
 
     key = (graphdef, work.precision, rewritten)
@@ -838,6 +849,36 @@ def refuse_loss_chunks(work: Workload) -> None:
         raise SystemExit(str(error)) from None
 
 
+def profile(work: Workload, tokens: list[Any], source: Any, folder: str) -> None:
+    """`--profile`: the reference and the Python API trained once more each under
+    `jax.profiler`, their device time by part of the model (`_device_parts`)."""
+    import jax
+    from _device_parts import device_parts
+
+    print(
+        f"profile, {work.steps} steps a side (programs compiled before): device time "
+        "by part, named scopes of the model and the step"
+    )
+    for name in ("reference", "python api"):
+        gc.collect()
+        trace = os.path.join(folder, f"trace-{name.replace(' ', '-')}")
+        start = time.perf_counter()
+        jax.profiler.start_trace(trace)
+        try:
+            if name == "reference":
+                reference(work, tokens)
+            else:
+                python_api(work, source, os.path.join(folder, "profiled-api"))
+        finally:
+            jax.profiler.stop_trace()
+        wall = time.perf_counter() - start
+        found = sorted(
+            glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True)
+        )
+        print(f"  {name}: {wall / work.steps * 1e3:.1f} ms a step traced, setup in")
+        print("\n".join(device_parts(found[-1], wall, work.steps)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=("tiny", "gpt2-small"), default="tiny")
@@ -880,6 +921,12 @@ def main() -> None:
         "--max-batch",
         action="store_true",
         help="find each side's largest batch instead of timing --steps",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also trace one more run of the reference and the Python API: device "
+        "time by part (attention, mlp, head, loss, optimizer) and the host's gaps",
     )
     parser.add_argument("--max-batch-cap", type=int, default=256, metavar="B")
     parser.add_argument("--max-probes", type=int, default=10, metavar="N")
@@ -957,6 +1004,8 @@ def main() -> None:
             report_yardstick(
                 work, rewritten, last["reference"], last["python api"].logged
             )
+        if args.profile:
+            profile(work, tokens, source, folder)
         if args.resume_check:
             report_resumed(work, resume_check(path, work, folder, runs[-1]["run file"]))
     finally:

@@ -171,6 +171,7 @@ RUNS = (
             "--yardstick",
             "--loss-chunks",
             "4",
+            "--profile",
         ),
         (  # two blocks
             r"workload: tiny, .*, attention auto: xla on cpu, loss chunks 4 "
@@ -181,6 +182,10 @@ RUNS = (
             r"python api data_wait_frac: median \d+\.\d+%, largest .*",
             r"reference vs itself with its cross-entropy through log_softmax, 8 "
             r"bf16 steps \(.*\): loss at 2 logged steps within .*",
+            r"profile, 8 steps a side \(programs compiled before\): device time by "
+            r"part, named scopes of the model and the step",
+            rf"  python api: {F} ms a step traced, setup in",
+            r"    no device plane in this backend's trace: no time by part",
         ),
     ),
     Run(

@@ -219,9 +219,11 @@ class Attention(nnx.Module):
         batch, time, dim = x.shape
         head_dim = dim // self.heads
         split = (batch, time, self.heads, head_dim)
-        q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
-        mix = ATTENTION_FUNCTIONS[self.attention]
-        return self.out(mix(q, k, v).reshape(batch, time, dim))
+        # Named for profiles: a trace tells this block's ops apart by it.
+        with jax.named_scope("attention"):
+            q, k, v = (f(x).reshape(split) for f in (self.query, self.key, self.value))
+            mix = ATTENTION_FUNCTIONS[self.attention]
+            return self.out(mix(q, k, v).reshape(batch, time, dim))
 
 
 class FeedForward(nnx.Module):
@@ -236,7 +238,8 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., dim] -> [..., dim]."""
-        return self.down(jax.nn.gelu(self.up(x)))
+        with jax.named_scope("mlp"):  # named for profiles, as "attention"
+            return self.down(jax.nn.gelu(self.up(x)))
 
 
 class Block(nnx.Module):
@@ -342,7 +345,9 @@ class GPT(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, time] integer tokens -> [batch, time, vocab] logits."""
-        return self.head(self.features(tokens))
+        hidden = self.features(tokens)
+        with jax.named_scope("head"):  # named for profiles, as "attention"
+            return self.head(hidden)
 
     def loss_logits(self, tokens: jax.Array) -> jax.Array | ChunkedLogits:
         """What the training loss reads of [batch, time] integer tokens: the

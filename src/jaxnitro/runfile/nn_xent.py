@@ -180,6 +180,12 @@ def token_cross_entropy(logits: Any, targets: jax.Array) -> jax.Array:
         >>> losses.shape, round(float(losses[0, 3]), 3)
         ((1, 4), 1.099)
     """
+    with jax.named_scope("loss"):  # named for profiles (`nn_modules.Attention`)
+        return _cross_entropy(logits, targets)
+
+
+def _cross_entropy(logits: Any, targets: jax.Array) -> jax.Array:
+    """`token_cross_entropy`'s computation."""
     if not isinstance(logits, ChunkedLogits):
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     batch, time, dim = logits.hidden.shape
