@@ -147,6 +147,20 @@ def test_under_data_parallelism_each_device_runs_the_kernel_on_its_examples(atte
     assert "shard_map" in str(jax.make_jaxpr(step)(q, k, v))
     lowered = step.trace(q, k, v).lower(lowering_platforms=("tpu",))
     assert lowered.as_text().count("tpu_custom_call") == 2
+    # Inside a shard_map of the caller's, q is already one device's: no map of
+    # its own (a second map over the same axis would split the batch again).
+    mapped = jax.jit(
+        jax.shard_map(
+            lambda *a: attend(*a) * 2,
+            mesh=mesh,
+            in_specs=PartitionSpec("data"),
+            out_specs=PartitionSpec("data"),
+            check_vma=False,  # a Pallas kernel's output carries no varying axes
+        )
+    )
+    assert str(jax.make_jaxpr(mapped)(q, k, v)).count("shard_map") == 1
+    lowered = mapped.trace(q, k, v).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") == 1
     # A batch of 2 over 4 devices: the kernel runs whole on each, still lowered.
     two = [
         jax.device_put(x[:2], NamedSharding(mesh, PartitionSpec())) for x in (q, k, v)

@@ -29,6 +29,7 @@ It is never chosen for a user.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -77,15 +78,18 @@ def flash_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
         (1, 8, 2, 4)
     """
     mesh = jax.typeof(q).sharding.mesh
-    if mesh.size <= 1:
+    # Axes a shard_map around this call already maps are per device here.
+    axes = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+    devices = math.prod(mesh.shape[a] for a in axes)
+    if devices <= 1:
         return splash_on_one_device(q, k, v)
     # XLA cannot partition a Mosaic kernel across devices (the lowering refuses
     # it), so under data parallelism each device runs it on its own examples:
     # the batch split over every axis of the program's mesh, the heads whole. A
     # batch the devices cannot share evenly (a prediction of one example) runs
     # whole on each.
-    shared = q.shape[0] % mesh.size == 0
-    split = PartitionSpec(mesh.axis_names) if shared else PartitionSpec()
+    shared = q.shape[0] % devices == 0
+    split = PartitionSpec(axes) if shared else PartitionSpec()
     per_device = jax.shard_map(
         splash_on_one_device,
         mesh=mesh,
