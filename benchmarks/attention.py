@@ -19,14 +19,12 @@ the script says so.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _common import banner
+from _common import banner, median_seconds
 
 from jaxnitro.runfile.nn_flash import flash_causal_attention, splash_on_one_device
 from jaxnitro.runfile.nn_modules import written_out_attention
@@ -103,14 +101,13 @@ def rows(time: int) -> dict[str, Attention]:
 def median_ms(fn: Callable[..., Any], args: tuple[Any, ...], reps: int) -> float:
     """The median wall time of `reps` calls of `fn(*args)`, each waited for,
     after three untimed calls (the compile among them)."""
+
+    def call() -> None:
+        jax.block_until_ready(fn(*args))
+
     for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        call()
+    return median_seconds(call, reps) * 1e3
 
 
 def measure(
