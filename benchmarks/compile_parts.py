@@ -10,8 +10,8 @@ the persistent cache off) and reports the train program's compile seconds from
 JAX's own log lines (`jax_log_compiles`):
 
 - packed: the state in flat buffers, one per dtype, as jaxnitro passes a small
-  state off a CPU (`compile/packed.py`);
-- unpacked: the state passed leaf by leaf, as on a CPU;
+  state off a CPU (`compile/packed.py`: unpacked and packed around the call);
+- unpacked: the state passed leaf by leaf, as a larger state;
 - each again with the step's loss not written into the loss ring, so that XLA
   drops the loss's own computation (what the ring and the reported loss cost);
 - hand-written step: `throughput.py`'s reference, compiled fresh each time.
@@ -51,14 +51,18 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
     import jaxnitro.compile.scanned as scanned
     import jaxnitro.loop.calls as calls
     from jaxnitro.compile.cache import cache_reset
+    from jaxnitro.compile.packed import ACCELERATOR_PACKING
 
     compiled = jax_compile_log()
-    record, packs = scanned._record_losses, calls.packs_state
+    record, packs = scanned._record_losses, calls.pack_rule
     variants: dict[str, dict[str, Callable[..., Any]]] = {
-        "packed": {"packs": lambda: True},
-        "unpacked": {"packs": lambda: False},
-        "packed, no loss ring write": {"packs": lambda: True, "record": unused_loss},
-        "unpacked, no loss ring write": {"packs": lambda: False, "record": unused_loss},
+        "packed": {"packs": lambda: ACCELERATOR_PACKING},
+        "unpacked": {"packs": lambda: None},
+        "packed, no loss ring write": {
+            "packs": lambda: ACCELERATOR_PACKING,
+            "record": unused_loss,
+        },
+        "unpacked, no loss ring write": {"packs": lambda: None, "record": unused_loss},
     }
     widths, batch, _ = WORKLOADS[name]
     batches = synthetic_batches(batch, 1)
@@ -77,7 +81,7 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
 
     def ours(variant: dict[str, Callable[..., Any]]) -> None:
         scanned._record_losses = variant.get("record", record)
-        calls.packs_state = variant.get("packs", packs)
+        calls.pack_rule = variant.get("packs", packs)
         try:
             with tempfile.TemporaryDirectory(prefix="nitro-parts-") as run_dir:
                 nitro = nx.Nitro(
@@ -89,7 +93,7 @@ def measure(name: str, reps: int) -> dict[str, list[float]]:
                 )
                 nitro.train()
         finally:
-            scanned._record_losses, calls.packs_state = record, packs
+            scanned._record_losses, calls.pack_rule = record, packs
 
     def reference() -> None:
         _, first = reference_loop(widths, batches)

@@ -197,7 +197,7 @@ def measure(name: str, side: str, phases: bool) -> dict[str, Any]:
         if os.environ.get("FIRST_STEP_UNPACKED"):
             import jaxnitro.loop.calls as calls
 
-            calls.packs_state = lambda: False  # the state passed leaf by leaf
+            calls.pack_rule = lambda: None  # the state passed leaf by leaf
 
         settle, settle_losses = steps.EpochLog.settle, steps.EpochLog.settle_losses
         first_loss: list[float] = []

@@ -11,6 +11,7 @@ from compile_counts import kinds_compiled
 from experiments import N_CLASSES, N_FEATURES, QuietLogger, Tiny
 
 import jaxnitro as nx
+from jaxnitro.compile.packed import ACCELERATOR_PACKING
 from jaxnitro.loop import calls
 
 
@@ -138,7 +139,9 @@ def test_rules_built_anew_by_each_handle_compile_the_manual_step_once(
     the first one's manual step; with the state packed too (an accelerator's path,
     where the program is keyed by the packed tree's repr: on the TPU a second handle
     compiled again until the rules' repr followed their key)."""
-    monkeypatch.setattr(calls, "packs_state", lambda: packed)
+    monkeypatch.setattr(
+        calls, "pack_rule", lambda: ACCELERATOR_PACKING if packed else None
+    )
     first = nx.Nitro(TwoNets(max_epochs=1), **quiet())
     first.train()
     again = nx.Nitro(TwoNets(max_epochs=1), **quiet())

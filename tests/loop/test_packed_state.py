@@ -1,10 +1,13 @@
 """A small train state passed to the train program packed (compile/packed.py).
 
 On an accelerator the calls loop passes the weights, optimizer state, model state
-and accumulator as one flat buffer per dtype. A CPU backend does not pack, so these
-tests turn it on (`packs_state`) and check that a packed run trains what an
-unpacked one does, that an epoch starts from the last epoch's flat buffers, and
-that the handle always holds the state as trees.
+and accumulator as one flat buffer per dtype, unpacked and packed once around a
+call's loop of steps. A CPU backend packs only a small state, around each step.
+Most tests here pack as an accelerator does (`pack_rule`) and check that a packed
+run trains what an unpacked one does, that an epoch starts from the last epoch's
+flat buffers, and that the handle always holds the state as trees; the CPU's own
+rule is checked at the end (its bitwise promise across steps_per_call in
+tests/loop/test_steps_per_call.py).
 """
 
 import json
@@ -22,13 +25,20 @@ import jaxnitro as nx
 import jaxnitro.compile.packed as packed
 import jaxnitro.loop.calls as calls
 import jaxnitro.loop.carried as carried
-from jaxnitro.compile.packed import packing_of
+from jaxnitro.compile.packed import (
+    ACCELERATOR_PACKING,
+    CPU_PACK_MOST_BYTES,
+    CPU_PACKING,
+    PackRule,
+    pack_rule,
+    packing_of,
+)
 
 
 @pytest.fixture
 def packing_on(monkeypatch):
     """Pack as on an accelerator, and count the states packed."""
-    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    monkeypatch.setattr(calls, "pack_rule", lambda: ACCELERATOR_PACKING)
     counted = {"pack": 0}
     real = carried.packed_flats
 
@@ -120,8 +130,9 @@ def assert_close_states(a, b):
 def test_a_packed_run_trains_what_an_unpacked_one_does(
     tmp_path, monkeypatch, per_call, accum
 ):
+    monkeypatch.setattr(calls, "pack_rule", lambda: None)
     plain = trained(tmp_path, "plain", steps_per_call=per_call, accum=accum)
-    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    monkeypatch.setattr(calls, "pack_rule", lambda: ACCELERATOR_PACKING)
     carried.CARRIED.clear()
     got = trained(tmp_path, "packed", steps_per_call=per_call, accum=accum)
     assert got.current_step == plain.current_step == 12 // accum
@@ -143,7 +154,7 @@ def test_an_epoch_starts_from_the_last_epochs_flat_buffers(
     walked = []
     real = carried.packing_of
     monkeypatch.setattr(
-        carried, "packing_of", lambda trees: walked.append(1) or real(trees)
+        carried, "packing_of", lambda *args: walked.append(1) or real(*args)
     )
     nitro = trained(tmp_path, "run", steps_per_call=2)
     assert nitro.current_epoch == 2
@@ -173,14 +184,15 @@ def test_a_state_changed_between_epochs_is_packed_again(
 
     got = run("packed")
     assert packing_on["pack"] == 2  # the halved trees, not the stale flat buffers
-    monkeypatch.setattr(calls, "packs_state", lambda: False)
+    monkeypatch.setattr(calls, "pack_rule", lambda: None)
     assert_close_states(run("plain"), got)
 
 
 def test_mid_epoch_validation_sees_the_weights_of_its_step(tmp_path, monkeypatch):
     kw = {"steps_per_call": 2, "val_every_n_steps": 3}
+    monkeypatch.setattr(calls, "pack_rule", lambda: None)
     plain = trained(tmp_path, "plain", **kw)
-    monkeypatch.setattr(calls, "packs_state", lambda: True)
+    monkeypatch.setattr(calls, "pack_rule", lambda: ACCELERATOR_PACKING)
     carried.CARRIED.clear()
     got = trained(tmp_path, "packed", **kw)
     assert_close_states(plain, got)
@@ -277,3 +289,29 @@ def test_a_first_unpack_waits_until_the_epochs_last_losses_are_read(
     second = order[len(first) + 1 : -1]
     assert first[-2:] == ["read", "unpack"]  # its last losses, then the compile
     assert second[-2:] == ["unpack", "read"]  # compiled: the device unpacks meanwhile
+
+
+def test_a_cpu_packs_a_small_state_around_each_step(tmp_path, monkeypatch):
+    assert pack_rule() == CPU_PACKING  # this test runs on a CPU
+    carried.CARRIED.clear()
+    nitro = trained(tmp_path, "small", steps_per_call=2)
+    packing = carried.CARRIED["packed"][0]  # what the next epoch would start from
+    assert packing.each_step and packing.nbytes <= CPU_PACK_MOST_BYTES
+    assert nitro.train_state.weights.params["w1"].shape == (8, 16)  # trees again
+    # A state over the CPU's limit travels as it is.
+    monkeypatch.setattr(calls, "pack_rule", lambda: PackRule(100, each_step=True))
+    carried.CARRIED.clear()
+    trained(tmp_path, "large", steps_per_call=2)
+    assert "packed" not in carried.CARRIED
+
+
+def test_a_state_packed_around_each_step_trains_what_an_unpacked_one_does(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(calls, "pack_rule", lambda: None)
+    plain = trained(tmp_path, "plain", steps_per_call=3, accum=2)
+    monkeypatch.setattr(calls, "pack_rule", pack_rule)
+    carried.CARRIED.clear()
+    got = trained(tmp_path, "packed", steps_per_call=3, accum=2)
+    assert got.current_step == plain.current_step == 6
+    assert_close_states(plain, got)

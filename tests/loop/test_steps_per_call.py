@@ -88,8 +88,17 @@ def assert_same_state(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("accum", [1, 2])
-def test_every_per_step_input_trains_bitwise_as_one_step_per_call(tmp_path, accum):
+def test_every_per_step_input_trains_bitwise_as_one_step_per_call(
+    tmp_path, monkeypatch, accum, packed
+):
+    """Packed around each step (a small state on a CPU, `compile/packed.py`) and
+    passed as it is (a larger one): each the same bits at every steps_per_call."""
+    import jaxnitro.loop.calls as calls
+
+    if not packed:
+        monkeypatch.setattr(calls, "pack_rule", lambda: None)
     steps = 2 * 10 // accum  # two epochs; 10 (or 5) steps each: k=3, 4 leave tails
     kw = {
         "accum": accum,

@@ -10,6 +10,7 @@ from experiments import StopsAtStep, Tiny
 
 import jaxnitro as nx
 from jaxnitro.compile.boundary import StepOutputs, Weights
+from jaxnitro.compile.packed import ACCELERATOR_PACKING
 from jaxnitro.loop import calls
 from jaxnitro.loop.state import TrainState
 
@@ -70,9 +71,11 @@ def test_a_warm_start_copies_and_leaves_the_source_state_whole():
 def test_the_programs_return_typed_outputs(monkeypatch, packed):
     """The train program returns (Weights, model state, accumulator, StepOutputs,
     ring), not a flat tuple of arrays: read off the compiled program the loop ran.
-    Unpacked (a CPU's path), the Weights come back as a tree; packed (an
-    accelerator's), as one flat buffer per dtype in the Weights' place."""
-    monkeypatch.setattr(calls, "packs_state", lambda: packed)
+    Unpacked (a large state's path), the Weights come back as a tree; packed (a
+    small one's), as one flat buffer per dtype in the Weights' place."""
+    monkeypatch.setattr(
+        calls, "pack_rule", lambda: ACCELERATOR_PACKING if packed else None
+    )
     nitro = nx.Nitro(Tiny(max_epochs=1), **quiet())
     nitro.train()
     state = nitro.train_state

@@ -17,9 +17,10 @@ microseconds of dispatch, so a call takes and returns as few as it can.
         -> (Weights, model_state, accumulator, StepOutputs stacked, ring)
         donates: Weights and the accumulator
 
-A state of at most a few tens of megabytes (`compile/packed.py`) comes in and goes
-out packed: its flat buffers in the Weights' place (donated), `()` for model_state
-and the accumulator.
+A small state (`compile/packed.py`) comes in and goes out packed: its flat buffers
+in the Weights' place (donated), `()` for model_state and the accumulator. Off a
+CPU the program unpacks it on entry and packs it on exit; on a CPU around each step,
+so that a step's fusions are the same at every call length.
 
 - `block`: every routed field stacked `(K, B, ...)`, or `(K, accum, B, ...)` under
   accumulation; steps past the epoch's end are padding a call never reaches.
@@ -264,7 +265,7 @@ def scanned_fn(
     CPU step about 10% (its carried state copied in and out). `packing`: the
     state `(Weights, model_state, accumulator)` comes in and goes out as its flat
     buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
-    two.
+    two; unpacked and packed around each step where `packing.each_step`.
     """
     values_def, values_stacked, hp_def, hp_stacked = layout
     micro_index = np.arange(accum, dtype=np.uint32)
@@ -282,8 +283,11 @@ def scanned_fn(
         count,
         ring,
     ):
-        if packing is not None:
-            weights, state, accumulator = packing.unpack(weights)
+        # Packed around the call's loop, or around each step (`Packing.each_step`).
+        around_call = None if packing is None or packing.each_step else packing
+        around_step = packing if packing is not None and packing.each_step else None
+        if around_call is not None:
+            weights, state, accumulator = around_call.unpack(weights)
         seed, first = ring[0], ring[1]
 
         def inputs(j):
@@ -298,7 +302,15 @@ def scanned_fn(
 
         def run(j, weights, state, accumulator):
             values, batch, hp, rng, step = inputs(j)
-            return one_step(values, weights, state, accumulator, batch, hp, rng), step
+            if around_step is None:
+                return one_step(
+                    values, weights, state, accumulator, batch, hp, rng
+                ), step
+            weights, state, accumulator, reported = one_step(
+                values, *around_step.unpack(weights), batch, hp, rng
+            )
+            packed = _packed(around_step, weights, state, accumulator)
+            return (*packed, reported), step
 
         def record(ring, step, reported):
             return _record_losses(ring, step, reported.loss, accum, micro_index)
@@ -309,7 +321,7 @@ def scanned_fn(
             )
             stacked = jax.tree.map(lambda x: x[None], _without_loss(reported))
             ring = record(ring, step, reported).at[1].add(jnp.uint32(1))
-            return (*_packed(packing, weights, state, accumulator), stacked, ring)
+            return (*_packed(around_call, weights, state, accumulator), stacked, ring)
 
         # The reported tree's shapes, for the stacked buffers the loop fills.
         shapes = jax.eval_shape(
@@ -334,6 +346,6 @@ def scanned_fn(
             0, count, body, (weights, state, accumulator, stacked, ring)
         )
         ring = ring.at[1].add(count.astype(jnp.uint32))
-        return (*_packed(packing, weights, state, accumulator), stacked, ring)
+        return (*_packed(around_call, weights, state, accumulator), stacked, ring)
 
     return program

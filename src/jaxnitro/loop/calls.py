@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 
 from ..compile.compile_clock import compile_seconds
-from ..compile.packed import packs_state
+from ..compile.packed import pack_rule
 from ..compile.scanned import RING_HEAD, TrainCallArgs
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
@@ -230,9 +230,8 @@ class _EpochCalls:
         self.start = context.current()
         self.step = self.start.step
         # Packed only on one device: a flat buffer would undo the mesh's layout.
-        self.packing, self.carry = carry_in(
-            self.start, packs_state() and placement is None
-        )
+        self.pack_rule = pack_rule() if placement is None else None
+        self.packing, self.carry = carry_in(self.start, self.pack_rule)
         self.program: Any = None  # the train program, found at the first call
         # The placed step inputs: (device values, the block's first step, inputs).
         self.made: tuple[Any, int | None, CallInputs] | None = None
@@ -546,7 +545,8 @@ class _EpochCalls:
         self.made = None  # a validation may have moved a Plateau's rate
         now = context.current()  # the events only read it
         if not same_trees(state_trees(now), committed):
-            self.packing, self.carry = carry_in(now, self.packing is not None)
+            rule = self.pack_rule if self.packing is not None else None
+            self.packing, self.carry = carry_in(now, rule)
         return leave
 
     def _read_all(self) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from ..compile.packed import (
     PACK_MOST_BYTES,
     Packing,
+    PackRule,
     pack_program,
     packing_of,
     unpack_program,
@@ -96,20 +97,27 @@ def same_trees(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return all(x is y for x, y in zip(a, b, strict=True))
 
 
-def carry_in(state: Any, packed: bool) -> tuple[Packing | None, tuple[Any, Any, Any]]:
+def carry_in(
+    state: Any, rule: PackRule | None
+) -> tuple[Packing | None, tuple[Any, Any, Any]]:
     """How the calls pass `state`, and their state arguments (`compile/scanned.py`):
-    `(None, its trees)`, or packed (`compile/packed.py`) its packing and flat
-    buffers: the last epoch's both when the handle still holds the trees they were
-    unpacked into, so an epoch starts without a dispatch or a walk of the trees
-    (that walk cost a short epoch about 0.3 ms on the chip's host)."""
+    `(None, its trees)`, or packed by `rule` (`compile/packed.py`; None: never) its
+    packing and flat buffers: the last epoch's both when the handle still holds the
+    trees they were unpacked into, so an epoch starts without a dispatch or a walk
+    of the trees (that walk cost a short epoch about 0.3 ms on the chip's host)."""
     trees = state_trees(state)
     held = CARRIED.pop("packed", None)
-    if not packed:
+    if rule is None:
         return None, trees
-    if held is not None and same_trees(held[1], trees):
+    if (
+        held is not None
+        and same_trees(held[1], trees)
+        and held[0].each_step == rule.each_step
+        and held[0].nbytes <= rule.most_bytes
+    ):
         packing, carry = held[0], held[2]
     else:
-        packing = packing_of(trees)
+        packing = packing_of(trees, rule.most_bytes, rule.each_step)
         if packing is None:  # too large, or leaves that have no buffer
             return None, trees
         carry = packed_flats(packing, trees), (), ()
