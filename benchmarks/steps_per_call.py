@@ -98,31 +98,44 @@ def reference_scan(widths, batches, per_call: int):
     return run_epoch
 
 
+VARIANTS = {
+    "unpacked": "its state passed leaf by leaf (what packing it gains or costs)",
+    "no read-ahead": "each epoch reading its own first block (`loop/read_ahead.py`: "
+    "on an accelerator an epoch reads the next one's while it ends)",
+    "packed each step": "a state of up to 64 MB packed around each step, as a CPU "
+    "packs one of up to 256 KB (off a CPU the default packs around the call)",
+}
+"""The jaxnitro variants a run may add, each at K=1 and K (`compile/packed.py`)."""
+
+
 def measure(
-    name: str,
-    per_call: int,
-    reps: int,
-    scratch: str,
-    unpacked: bool = False,
-    no_read_ahead: bool = False,
+    name: str, per_call: int, reps: int, scratch: str, variants: tuple[str, ...] = ()
 ) -> dict[str, float]:
     """Seconds per epoch of the reference and of jaxnitro at 1 and `per_call`, and
-    the paired ratios reference / jaxnitro; with `unpacked`, jaxnitro at both again
-    with its state passed leaf by leaf (what packing it gains or costs here); with
-    `no_read_ahead`, again with each epoch reading its own first block
-    (`loop/read_ahead.py`: on an accelerator an epoch reads the next one's).
-    jaxnitro's run directories (its logs) go in the folder `scratch`."""
+    the paired ratios reference / jaxnitro; each of `variants` (`VARIANTS`) adds
+    jaxnitro at both again, changed so. jaxnitro's run directories (its logs) go
+    in the folder `scratch`."""
     import jaxnitro as nx
     import jaxnitro.loop.calls as calls_module
     import jaxnitro.run.training as training_module
+    from jaxnitro.compile.packed import PACK_MOST_BYTES, PackRule
 
     packs = calls_module.pack_rule
     read_ahead = training_module.ReadAhead
+    changes = {  # variant: (the calls loop's packing rule, the read-ahead)
+        "": (packs, read_ahead),
+        "unpacked": (lambda: None, read_ahead),
+        "no read-ahead": (packs, lambda: None),
+        "packed each step": (
+            lambda: PackRule(PACK_MOST_BYTES, each_step=True),
+            read_ahead,
+        ),
+    }
 
     widths, batches = workload(name)
     exp = make_experiment(widths, batches)
 
-    def ours(k: int, packed: bool = True, ahead: bool = True) -> float:
+    def ours(k: int, variant: str = "") -> float:
         run_dir = tempfile.mkdtemp(dir=scratch)
         nitro = nx.Nitro(
             exp(max_epochs=1 + EPOCHS),
@@ -130,13 +143,11 @@ def measure(
             checkpointer=None,
             steps_per_call=k,
         )
-        calls_module.pack_rule = packs if packed else lambda: None
-        training_module.ReadAhead = read_ahead if ahead else lambda: None
+        calls_module.pack_rule, training_module.ReadAhead = changes[variant]
         try:
             nitro.train()
         finally:
-            calls_module.pack_rule = packs
-            training_module.ReadAhead = read_ahead
+            calls_module.pack_rule, training_module.ReadAhead = packs, read_ahead
         # Epochs 2 on (the history slices by epoch number): the first carries the
         # once-per-train() work.
         return statistics.median(row["seconds"] for row in nitro.history[2:])
@@ -151,29 +162,20 @@ def measure(
     def timed(run) -> float:
         return median_seconds(run, EPOCHS)
 
-    sides: dict[str, list[float]] = {
-        "reference": [],
-        "reference scan": [],
-        "k=1": [],
-        f"k={per_call}": [],
+    ours_sides = {
+        f"k={k}{' ' + variant if variant else ''}": (k, variant)
+        for variant in ("", *variants)
+        for k in (1, per_call)
     }
-    ours(1), ours(per_call)  # compile once: every later handle hits the cache
-    if unpacked:
-        sides["k=1 unpacked"], sides[f"k={per_call} unpacked"] = [], []
-        ours(1, packed=False), ours(per_call, packed=False)
-    if no_read_ahead:
-        sides["k=1 no read-ahead"], sides[f"k={per_call} no read-ahead"] = [], []
+    sides: dict[str, list[float]] = {"reference": [], "reference scan": []}
+    sides.update({side: [] for side in ours_sides})
+    for k, variant in ours_sides.values():  # compile once: later handles hit the cache
+        ours(k, variant)
     for _ in range(reps):
         sides["reference"].append(timed(lambda: ref_epochs(1)))
         sides["reference scan"].append(timed(scan_epoch))
-        sides["k=1"].append(ours(1))
-        sides[f"k={per_call}"].append(ours(per_call))
-        if unpacked:
-            sides["k=1 unpacked"].append(ours(1, packed=False))
-            sides[f"k={per_call} unpacked"].append(ours(per_call, packed=False))
-        if no_read_ahead:
-            sides["k=1 no read-ahead"].append(ours(1, ahead=False))
-            sides[f"k={per_call} no read-ahead"].append(ours(per_call, ahead=False))
+        for side, (k, variant) in ours_sides.items():
+            sides[side].append(ours(k, variant))
     result = {side: statistics.median(times) for side, times in sides.items()}
     for side in sides:
         if side == "reference":
@@ -194,17 +196,17 @@ def main() -> None:
         "--workload", choices=[*sorted(WORKLOADS), "tiny_mlp"], action="append"
     )
     parser.add_argument(
-        "--unpacked",
-        action="store_true",
-        help="also time jaxnitro with its state passed leaf by leaf (the calls "
-        "loop packs a small state into one buffer per dtype: up to 64 MB off a "
-        "CPU, 256 KB on one)",
+        "--unpacked", action="store_true", help="also: " + VARIANTS["unpacked"]
     )
     parser.add_argument(
         "--no-read-ahead",
         action="store_true",
-        help="also time jaxnitro with each epoch reading its own first block (on an "
-        "accelerator an epoch reads the next one's while it ends)",
+        help="also: " + VARIANTS["no read-ahead"],
+    )
+    parser.add_argument(
+        "--packed-each-step",
+        action="store_true",
+        help="also: " + VARIANTS["packed each step"],
     )
     args = parser.parse_args()
     if args.cores is not None:
@@ -213,9 +215,11 @@ def main() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
     print(banner())
     k = args.steps_per_call
+    flags = (args.unpacked, args.no_read_ahead, args.packed_each_step)
+    variants = tuple(v for v, on in zip(VARIANTS, flags, strict=True) if on)
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
         with tempfile.TemporaryDirectory(prefix="nitro-spc-") as scratch:
-            r = measure(name, k, args.reps, scratch, args.unpacked, args.no_read_ahead)
+            r = measure(name, k, args.reps, scratch, variants)
         print(
             f"{name}: speed over the reference, paired: jaxnitro k=1 "
             f"{r['k=1 paired']:.3f}x, k={k} {r[f'k={k} paired']:.3f}x, hand-written "
@@ -224,18 +228,12 @@ def main() -> None:
             f"{r['reference']:.4f}, scan {r['reference scan']:.4f}, k=1 "
             f"{r['k=1']:.4f}, k={k} {r[f'k={k}']:.4f})"
         )
-        if args.unpacked:
+        for variant in variants:
+            one, many = f"k=1 {variant}", f"k={k} {variant}"
             print(
-                f"{name}: unpacked state: k=1 {r['k=1 unpacked paired']:.3f}x, "
-                f"k={k} {r[f'k={k} unpacked paired']:.3f}x (s/epoch medians "
-                f"{r['k=1 unpacked']:.4f}, {r[f'k={k} unpacked']:.4f})"
-            )
-        if args.no_read_ahead:
-            print(
-                f"{name}: each epoch reading its own first block: k=1 "
-                f"{r['k=1 no read-ahead paired']:.3f}x, k={k} "
-                f"{r[f'k={k} no read-ahead paired']:.3f}x (s/epoch medians "
-                f"{r['k=1 no read-ahead']:.4f}, {r[f'k={k} no read-ahead']:.4f})"
+                f"{name}: {variant}: k=1 {r[one + ' paired']:.3f}x, k={k} "
+                f"{r[many + ' paired']:.3f}x (s/epoch medians {r[one]:.4f}, "
+                f"{r[many]:.4f})"
             )
 
 

@@ -294,11 +294,12 @@ RUNS = (
     ),
     Run(
         "steps_per_call.py",
-        ("--reps", "1", "--workload", "tiny_mlp", "--unpacked"),
+        ("--reps", "1", "--workload", "tiny_mlp", "--unpacked", "--packed-each-step"),
         (
             rf"tiny_mlp: speed over the reference, paired: jaxnitro k=1 {F}x, k=8 "
             rf"{F}x, hand-written scan k=8 {F}x; .*",
-            rf"tiny_mlp: unpacked state: k=1 {F}x, k=8 {F}x .*",
+            rf"tiny_mlp: unpacked: k=1 {F}x, k=8 {F}x .*",
+            rf"tiny_mlp: packed each step: k=1 {F}x, k=8 {F}x .*",
         ),
     ),
     Run(
