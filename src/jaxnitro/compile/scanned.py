@@ -262,7 +262,8 @@ def scanned_fn(
     `split_inputs`, fixed for the program (it is part of its key). `single`: every
     call runs one step (steps_per_call=1), so the program runs it without a loop
     (`count` is ignored) and reports it stacked `(1, ...)`: a loop of one cost a
-    CPU step about 10% (its carried state copied in and out). `packing`: the
+    CPU step about 10% (its carried state copied in and out; not so for a state
+    packed around each step, whose one-step calls take the loop). `packing`: the
     state `(Weights, model_state, accumulator)` comes in and goes out as its flat
     buffers (`compile/packed.py`), in the Weights' place, with `()` in the other
     two; unpacked and packed around each step where `packing.each_step`.
@@ -323,12 +324,19 @@ def scanned_fn(
             ring = record(ring, step, reported).at[1].add(jnp.uint32(1))
             return (*_packed(around_call, weights, state, accumulator), stacked, ring)
 
+        steps = jax.tree.leaves(block)[0].shape[0]
+        if steps == 1:
+            # Looped over as a block of two (its inputs repeated; the call's count
+            # stays 1): XLA specializes a loop over a block of one position, and
+            # there a packed state's update rounded differently in the last bit
+            # from the same step in a longer block (measured on a CPU).
+            block, values_steps, hp_steps = _twice((block, values_steps, hp_steps))
         # The reported tree's shapes, for the stacked buffers the loop fills.
         shapes = jax.eval_shape(
             lambda: _without_loss(run(jnp.int32(0), weights, state, accumulator)[0][3])
         )
-        steps = jax.tree.leaves(block)[0].shape[0]
-        stacked = jax.tree.map(lambda s: jnp.zeros((steps, *s.shape), s.dtype), shapes)
+        rows = max(steps, 2)
+        stacked = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
 
         def body(j, carry):
             weights, state, accumulator, stacked, ring = carry
@@ -346,6 +354,12 @@ def scanned_fn(
             0, count, body, (weights, state, accumulator, stacked, ring)
         )
         ring = ring.at[1].add(count.astype(jnp.uint32))
+        stacked = jax.tree.map(lambda rows: rows[:steps], stacked)
         return (*_packed(around_call, weights, state, accumulator), stacked, ring)
 
     return program
+
+
+def _twice(tree: Any) -> Any:
+    """Every leaf of `tree` stacked on itself along its leading axis."""
+    return jax.tree.map(lambda leaf: jnp.concatenate([leaf, leaf]), tree)
