@@ -293,6 +293,7 @@ def test_a_first_unpack_waits_until_the_epochs_last_losses_are_read(
 
 def test_a_cpu_packs_a_small_state_around_each_step(tmp_path, monkeypatch):
     assert pack_rule() == CPU_PACKING  # this test runs on a CPU
+    monkeypatch.setattr(calls, "pack_rule", pack_rule)  # (--staged turns it off)
     carried.CARRIED.clear()
     nitro = trained(tmp_path, "small", steps_per_call=2)
     packing = carried.CARRIED["packed"][0]  # what the next epoch would start from

@@ -19,7 +19,6 @@ from handle_parts import parts_of
 from jax.sharding import PartitionSpec as P
 
 import jaxnitro as nx
-from jaxnitro.compile.packed import pack_rule
 from jaxnitro.loop import step_programs
 from jaxnitro.loop.call_count import steps_per_call
 from jaxnitro.loop.calls import call_length
@@ -818,6 +817,7 @@ def test_a_train_keys_its_program_once_and_the_next_train_checks_it_again(
     other arguments (a longer block) and looks its program up; the next train()
     looks it up again, so the optimizer's constants are checked again there."""
     import jaxnitro.loop.call_count as call_count
+    import jaxnitro.loop.calls as calls
 
     looked_up = []
     real = step_programs._looked_up
@@ -843,7 +843,7 @@ def test_a_train_keys_its_program_once_and_the_next_train_checks_it_again(
     # Epoch 1 at one step a call, epochs 2 and 3 at 4: one lookup each. (A CPU
     # packs Tiny's state around each step, and then one-step calls run the loop's
     # program too: `compile/packed.py`.)
-    rule = pack_rule()
+    rule = calls.pack_rule()
     single = rule is None or not rule.each_step
     assert looked_up == [single, False]
     nitro.train()  # the rest of epoch 3, and epoch 4
