@@ -292,8 +292,10 @@ def test_a_first_unpack_waits_until_the_epochs_last_losses_are_read(
 
 
 def test_a_cpu_packs_a_small_state_around_each_step(tmp_path, monkeypatch):
-    assert pack_rule() == CPU_PACKING  # this test runs on a CPU
-    monkeypatch.setattr(calls, "pack_rule", pack_rule)  # (--staged turns it off)
+    on_cpu = jax.default_backend() == "cpu"
+    assert pack_rule() == (CPU_PACKING if on_cpu else ACCELERATOR_PACKING)
+    # The CPU's rule, on any backend (and under --staged, which turns packing off).
+    monkeypatch.setattr(calls, "pack_rule", lambda: CPU_PACKING)
     carried.CARRIED.clear()
     nitro = trained(tmp_path, "small", steps_per_call=2)
     packing = carried.CARRIED["packed"][0]  # what the next epoch would start from
@@ -311,7 +313,7 @@ def test_a_state_packed_around_each_step_trains_what_an_unpacked_one_does(
 ):
     monkeypatch.setattr(calls, "pack_rule", lambda: None)
     plain = trained(tmp_path, "plain", steps_per_call=3, accum=2)
-    monkeypatch.setattr(calls, "pack_rule", pack_rule)
+    monkeypatch.setattr(calls, "pack_rule", lambda: CPU_PACKING)
     carried.CARRIED.clear()
     got = trained(tmp_path, "packed", steps_per_call=3, accum=2)
     assert got.current_step == plain.current_step == 6
