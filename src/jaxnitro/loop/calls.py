@@ -457,10 +457,8 @@ class _EpochCalls:
         if self.program is None:  # the epoch's first call
             # (Its batches need no check against the signature: they were stacked,
             # which refuses a changed shape or dtype, or it is the one batch the
-            # signature was read from.) A state packed around each step runs the
-            # loop's program at one step a call too: the program without a loop
-            # fused the packing with the step and rounded differently in the last
-            # bit, where a CPU trains the same bits at every steps_per_call.
+            # signature was read from.) Packed around each step, one-step calls
+            # take the loop's program too, for the same bits (`compile/packed.py`).
             each_step = self.packing is not None and self.packing.each_step
             self.program = self.log.program = call_program(
                 self.context,
