@@ -13,6 +13,7 @@ from handle_parts import parts_of
 from toy_sources import FannedOut, prefetch_threads, surviving_threads
 
 import jaxnitro as nx
+import jaxnitro.loop.assembly as assembly
 import jaxnitro.loop.blocks as blocks
 import jaxnitro.loop.feed as feed
 
@@ -290,10 +291,10 @@ def test_a_batch_changing_shape_or_dtype_mid_epoch_is_named_and_trains_nothing(
         f"Batch 2 of split `train` (epoch 1) changes the {what} of field `x`: "
         f"expected float32[16, 8] as in the first batch, received {received}."
     )
-    # The refused batch ran nothing: on a CPU each step's batch is its own block,
-    # so batches 0 and 1 trained; staged as on an accelerator, the block of the
-    # epoch's first 8 batches is refused before any of its steps runs.
-    assert nitro.current_step == (0 if feed.stages_on_device() else 2 // accum)
+    # The refused batch ran nothing: small batches are stacked into blocks on
+    # every backend, and the block of the epoch's first 8 steps is refused before
+    # any of its steps runs.
+    assert nitro.current_step == 0
 
 
 def test_a_divergence_on_non_finite_inputs_says_the_data_is_at_fault():
@@ -354,9 +355,11 @@ def test_with_an_agreement_the_loop_stops_at_its_point_not_at_the_request(
 
     monkeypatch.setattr(agreement, "AGREE_MOST_STEPS", 4)
     monkeypatch.setattr(agreement, "AGREE_SECONDS", 1e9)  # every 4 steps
-    # The request comes as the loop reads batch 1: the inline feed pins that
-    # moment (staging threads read ahead, so under --staged it would come sooner).
+    # The request comes as the loop reads batch 1: the inline feed and blocks of
+    # one batch pin that moment (staging threads, or a block of 8 read before its
+    # first step, read ahead, so the request would come sooner).
     monkeypatch.setattr(feed, "stages_on_device", lambda: False)
+    monkeypatch.setattr(assembly, "CPU_DIRECT_BATCH_BYTES", 0)
     data = _AsksToStopAtBatch1(make_batches(128, 16))
     nitro = nx.Nitro(Tiny(), data={"train": data}, logger=None, checkpointer=None)
     data.nitro = nitro

@@ -38,6 +38,7 @@ from ..data.signature import batch_signature
 from ..data.transfer import transfer
 from .accumulation import Accumulation
 from .blocks import (
+    CPU_DIRECT_BATCH_BYTES,
     DIRECT_BATCH_BYTES,
     block_steps,
     host_bytes,
@@ -174,10 +175,11 @@ class BlockAssembler:
             Accumulation(s.accum).refuse_epoch(count, s.epoch)
         batch_bytes = host_bytes(routed) * s.accum
         size = block_steps(s.per_call, batch_bytes)
-        if s.per_call == 1 and (not s.on_device or batch_bytes >= DIRECT_BATCH_BYTES):
+        direct = DIRECT_BATCH_BYTES if s.on_device else CPU_DIRECT_BATCH_BYTES
+        if s.per_call == 1 and batch_bytes >= direct:
             # The executable takes each host batch as it is (a view) and transfers
-            # it itself: on a CPU a block buys nothing, and a large batch's stack
-            # costs more than the transfers it saves.
+            # it itself: a large batch's stack costs more than the transfers it
+            # saves (on a CPU, more than the conversion of its host arrays).
             size = 1
         # Never more steps than the epoch holds: a one-batch epoch (a first step)
         # reads its batch as it is, and an epoch shorter than steps_per_call is one

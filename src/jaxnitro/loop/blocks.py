@@ -30,6 +30,15 @@ executable as they are, one transfer a step, not stacked into blocks: on a TPU v
 host blocks took a 314 KB tutorial batch from 0.99x to 1.15x of the hand-written
 loop, but an 800 KB one from 0.90x down to 0.71x (the stack's copy outweighs the
 transfers it saves)."""
+CPU_DIRECT_BATCH_BYTES = 64 * 2**10
+"""`DIRECT_BATCH_BYTES` on a CPU backend. There a transfer is a host copy, but the
+executable's conversion of each host argument costs a dispatch about as much as the
+step of a small model: a block of 8 small batches, stacked and placed once, took a
+tiny MLP's one step a call from 0.71-0.77x of the hand-written loop to 0.79-0.82x
+at 2.7 KB a batch, from 0.65-0.78x to 0.88-1.00x at 21 KB, 0.78x to 0.88x at 42
+KB, and about even at 84 and 168 KB; the tutorial MLP's 317 KB batches went from
+0.91-0.97x down to 0.80-0.83x (interleaved in one process, 2 cores,
+2026-12-07)."""
 BLOCK_BYTES = 256 * 2**20
 """A block holds fewer than BLOCK_STEPS batches (down to steps_per_call) where that
 many would pass this many bytes on the device."""

@@ -15,9 +15,9 @@ host arrays, one read by several is placed once (`_staged`). Calls are
 `steps_per_call` steps, cut short at the epoch's end and at the next step event.
 One program serves every call length, so steps_per_call=1 is a call of length 1 of
 this same loop, and a run compiles one train program (at steps_per_call=1 one
-without the loop around its step, which cost a CPU step about 10%). On a CPU backend
-at steps_per_call=1 a block is one batch, handed to the executable as a view of the
-host arrays: there a transfer costs nothing to batch, and a stack would only copy.
+without the loop around its step, which cost a CPU step about 10%). At
+steps_per_call=1 a large batch is a block of its own, handed to the executable as a
+view of the host arrays (`blocks.DIRECT_BATCH_BYTES`, less on a CPU backend).
 
 Per call the host transfers nothing: the block's position and the call's length are
 device constants, the step number and the step rng are carried on the device, and the
