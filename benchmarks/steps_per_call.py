@@ -104,6 +104,9 @@ VARIANTS = {
     "on an accelerator an epoch reads the next one's while it ends)",
     "packed each step": "a state of up to 64 MB packed around each step, as a CPU "
     "packs one of up to 256 KB (off a CPU the default packs around the call)",
+    "one-batch blocks": "at one step a call, each batch a block of its own, handed "
+    "to the program as host arrays (a CPU stacks batches under 64 KB into blocks "
+    "of 8 placed once, `loop/blocks.py`)",
 }
 """The jaxnitro variants a run may add, each at K=1 and K (`compile/packed.py`)."""
 
@@ -116,20 +119,24 @@ def measure(
     jaxnitro at both again, changed so. jaxnitro's run directories (its logs) go
     in the folder `scratch`."""
     import jaxnitro as nx
+    import jaxnitro.loop.assembly as assembly_module
     import jaxnitro.loop.calls as calls_module
     import jaxnitro.run.training as training_module
     from jaxnitro.compile.packed import PACK_MOST_BYTES, PackRule
 
     packs = calls_module.pack_rule
     read_ahead = training_module.ReadAhead
-    changes = {  # variant: (the calls loop's packing rule, the read-ahead)
-        "": (packs, read_ahead),
-        "unpacked": (lambda: None, read_ahead),
-        "no read-ahead": (packs, lambda: None),
+    direct = assembly_module.CPU_DIRECT_BATCH_BYTES
+    changes = {  # variant: (the packing rule, the read-ahead, a CPU's direct bytes)
+        "": (packs, read_ahead, direct),
+        "unpacked": (lambda: None, read_ahead, direct),
+        "no read-ahead": (packs, lambda: None, direct),
         "packed each step": (
             lambda: PackRule(PACK_MOST_BYTES, each_step=True),
             read_ahead,
+            direct,
         ),
+        "one-batch blocks": (packs, read_ahead, 0),
     }
 
     widths, batches = workload(name)
@@ -143,11 +150,16 @@ def measure(
             checkpointer=None,
             steps_per_call=k,
         )
-        calls_module.pack_rule, training_module.ReadAhead = changes[variant]
+        (
+            calls_module.pack_rule,
+            training_module.ReadAhead,
+            assembly_module.CPU_DIRECT_BATCH_BYTES,
+        ) = changes[variant]
         try:
             nitro.train()
         finally:
             calls_module.pack_rule, training_module.ReadAhead = packs, read_ahead
+            assembly_module.CPU_DIRECT_BATCH_BYTES = direct
         # Epochs 2 on (the history slices by epoch number): the first carries the
         # once-per-train() work.
         return statistics.median(row["seconds"] for row in nitro.history[2:])
@@ -208,6 +220,11 @@ def main() -> None:
         action="store_true",
         help="also: " + VARIANTS["packed each step"],
     )
+    parser.add_argument(
+        "--one-batch-blocks",
+        action="store_true",
+        help="also: " + VARIANTS["one-batch blocks"],
+    )
     args = parser.parse_args()
     if args.cores is not None:
         # XLA sizes its CPU thread pool from the affinity when the backend starts,
@@ -215,7 +232,12 @@ def main() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
     print(banner())
     k = args.steps_per_call
-    flags = (args.unpacked, args.no_read_ahead, args.packed_each_step)
+    flags = (
+        args.unpacked,
+        args.no_read_ahead,
+        args.packed_each_step,
+        args.one_batch_blocks,
+    )
     variants = tuple(v for v, on in zip(VARIANTS, flags, strict=True) if on)
     for name in args.workload or [*WORKLOADS, "tiny_mlp"]:
         with tempfile.TemporaryDirectory(prefix="nitro-spc-") as scratch:

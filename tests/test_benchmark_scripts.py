@@ -294,12 +294,16 @@ RUNS = (
     ),
     Run(
         "steps_per_call.py",
-        ("--reps", "1", "--workload", "tiny_mlp", "--unpacked", "--packed-each-step"),
+        (
+            *("--reps", "1", "--workload", "tiny_mlp"),
+            *("--unpacked", "--packed-each-step", "--one-batch-blocks"),
+        ),
         (
             rf"tiny_mlp: speed over the reference, paired: jaxnitro k=1 {F}x, k=8 "
             rf"{F}x, hand-written scan k=8 {F}x; .*",
             rf"tiny_mlp: unpacked: k=1 {F}x, k=8 {F}x .*",
             rf"tiny_mlp: packed each step: k=1 {F}x, k=8 {F}x .*",
+            rf"tiny_mlp: one-batch blocks: k=1 {F}x, k=8 {F}x .*",
         ),
     ),
     Run(
