@@ -23,6 +23,7 @@ from jaxnitro.loop.assembly import (
     BlockSettings,
     PassEnd,
 )
+from jaxnitro.loop.blocks import CPU_DIRECT_BATCH_BYTES, DIRECT_BATCH_BYTES
 
 
 class Threaded(Tiny):
@@ -141,6 +142,27 @@ def test_a_block_never_holds_more_steps_than_the_epoch():
     assert (one.steps, one.plan.size, one.stacked["x"].shape) == (1, 1, (1, 16, 8))
     (five, _) = assembled(make_batches(16 * 5, 16), per_call=16)
     assert (five.steps, five.plan.size) == (5, 5)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_at_one_step_a_call_small_batches_travel_in_blocks_and_large_ones_alone(
+    on_device,
+):
+    """Small batches go in blocks of 8 on every backend (on a CPU too: there the
+    program's conversion of each host array cost a tiny model's step as much as
+    the block's stack and copy); a batch of `CPU_DIRECT_BATCH_BYTES` or more
+    (`DIRECT_BATCH_BYTES` off a CPU) goes to the program alone."""
+    small = make_batches(16 * 9, 16)  # 16 x 8 float32 and 16 x 2: 640 bytes
+    blocks = assembled(small, per_call=1, on_device=on_device)[:-1]
+    assert [(b.steps, b.plan.size) for b in blocks] == [(8, 8), (1, 8)]
+    bound = DIRECT_BATCH_BYTES if on_device else CPU_DIRECT_BATCH_BYTES
+    width = bound // (16 * 4)  # float32 columns: x alone reaches the bound
+    large = [
+        {"x": np.zeros((16, width), np.float32), "y": np.zeros((16, 2), np.float32)}
+        for _ in range(3)
+    ]
+    items = assembled(large, per_call=1, on_device=on_device)
+    assert [b.plan.size for b in items[:-1]] == [1, 1, 1]
 
 
 def test_a_batch_of_another_size_is_refused_naming_it():

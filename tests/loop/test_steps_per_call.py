@@ -96,7 +96,6 @@ def test_every_per_step_input_trains_bitwise_as_one_step_per_call(
 ):
     """Packed around each step (a small state on a CPU, `compile/packed.py`) and
     passed as it is (a larger one): each the same bits at every steps_per_call."""
-
     if not packed:
         monkeypatch.setattr(calls, "pack_rule", lambda: None)
     steps = 2 * 10 // accum  # two epochs; 10 (or 5) steps each: k=3, 4 leave tails
@@ -164,7 +163,6 @@ class Linear(nx.Experiment):
 def test_a_linear_model_trains_bitwise_at_every_steps_per_call(
     tmp_path, monkeypatch, packed
 ):
-
     if not packed:
         monkeypatch.setattr(calls, "pack_rule", lambda: None)
     runs = {}
@@ -703,7 +701,6 @@ def test_the_loop_reads_losses_back_once_a_log_line_not_once_a_step(
     """64 steps at log_every_n_steps=16: the loss ring is read a call after each
     line's step and at the epoch's end, not once a step, and every step's loss
     still reaches the lines and the epoch's mean."""
-
     reads = []
     settle = calls.settle_calls
 
