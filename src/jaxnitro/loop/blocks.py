@@ -74,7 +74,7 @@ def stacked_block(
     the host stacks are allocated (reused once free: `host_buffers.py`).
 
     Raises ValueError when a field's batches differ in shape or dtype."""
-    if size == steps == accum == 1:  # one batch (a CPU at one step a call)
+    if size == steps == accum == 1:  # one batch (a large one at one step a call)
         (batch,) = routed
         if all(type(value) is np.ndarray for value in batch.values()):
             return {name: value[None] for name, value in batch.items()}  # views
