@@ -12,6 +12,9 @@ On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
 - jaxnitro's own train call replayed alone (the executable the loop calls, with the
   arguments of its last call, outputs fed back in): the loop's floor, all Python
   of the loop taken away;
+- the loop's own Python alone: jaxnitro's epochs with the train program replaced,
+  after each epoch's first call, by one that hands its state arguments back at
+  once (microseconds a step inside the hot loop, and around it in the epoch);
 - where an epoch's wall time goes at steps_per_call 1 and K: from the hot loop's
   entry to its first dispatch, the calls, from the last call to the loop's exit,
   and around the loop;
@@ -162,6 +165,52 @@ def replay(
     return (time.perf_counter() - start) / calls * 1e6, steps, n_in, n_out
 
 
+def python_alone(
+    exp, per_call: int, count: int, *, scratch: str
+) -> tuple[float, float]:
+    """`(inside, around)`: microseconds a step of jaxnitro's epochs of `count`
+    steps (medians after a first) inside the hot loop and around it, the train
+    program replaced from each epoch's second call on by one that hands back its
+    state and ring arguments and the first call's reports: what the loop's Python
+    costs without the device. (It trains nothing past each epoch's first call:
+    for timing only.)"""
+    import jaxnitro.loop.calls as calls_module
+    import jaxnitro.loop.steps as steps_module
+
+    real_loop, real_program = steps_module.call_steps, calls_module.call_program
+    spans: list[float] = []
+
+    def loop(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real_loop(*args, **kwargs)
+        finally:
+            spans.append(time.perf_counter() - start)
+
+    def program_of(*args, **kwargs):
+        program = real_program(*args, **kwargs)
+        first: list = []
+
+        def handed_back(*call_args):
+            if not first:  # the epoch's first call runs: its outputs' shapes
+                first.append(program(*call_args))
+                return first[0]
+            return (*call_args[2:5], first[0][3], call_args[10])
+
+        return handed_back
+
+    steps_module.call_steps, calls_module.call_program = loop, program_of
+    try:
+        nitro = handle(exp, per_call, scratch, epochs=1 + 4 * EPOCHS)
+        nitro.train()
+    finally:
+        steps_module.call_steps, calls_module.call_program = real_loop, real_program
+    # Epochs 2 on (the history slices by epoch number): the first compiles.
+    inside = statistics.median(spans[1:]) / count * 1e6
+    epoch = statistics.median(r["seconds"] for r in nitro.history[2:]) / count * 1e6
+    return inside, epoch - inside
+
+
 def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
     """Where an epoch's wall time goes, in microseconds (medians over `EPOCHS`
     epochs after a first): `lead-in` from the hot loop's entry to its first
@@ -284,6 +333,13 @@ def main() -> None:
             print(
                 f"jaxnitro's train call alone, {steps} steps a call ({n_in} buffers "
                 f"in, {n_out} out): {us:.1f} us a call, {us / steps:.1f} us a step"
+            )
+        for k in sorted({1, args.steps_per_call}):
+            inside, around = python_alone(exp, k, count, scratch=scratch)
+            print(
+                f"jaxnitro steps_per_call={k}, the loop's Python alone (the program "
+                f"handing its state back): {inside:.1f} us a step inside the loop, "
+                f"{around:.1f} around it"
             )
         for k in sorted({1, args.steps_per_call}):
             parts = timeline(exp, k, scratch=scratch)

@@ -221,6 +221,8 @@ RUNS = (
             rf"jaxnitro steps_per_call=1: {F} us a step",
             r"jaxnitro's train call alone, 1 steps a call \(\d+ buffers in, \d+ out\)"
             rf": {F} us a call, {F} us a step",
+            rf"jaxnitro steps_per_call=1, the loop's Python alone \(the program "
+            rf"handing its state back\): {F} us a step inside the loop, {F} around it",
             rf"jaxnitro steps_per_call=8, an epoch of 60 steps: epoch {F}, lead-in "
             rf"{F}, calls {F}, tail {F}, around {F} us",
             rf"cProfile, steps_per_call=1: {F} us a step",
