@@ -74,9 +74,9 @@ ACCELERATOR_PACKING = PackRule(PACK_MOST_BYTES, each_step=False)
 CPU_PACKING = PackRule(CPU_PACK_MOST_BYTES, each_step=True)
 
 
-def pack_rule() -> PackRule | None:
+def pack_rule() -> PackRule:
     """How the calls loop packs a small state on the default backend (module
-    docstring); None: it passes the state as it is."""
+    docstring)."""
     return CPU_PACKING if jax.default_backend() == "cpu" else ACCELERATOR_PACKING
 
 
