@@ -188,6 +188,36 @@ def test_a_state_changed_between_epochs_is_packed_again(
     assert_close_states(run("plain"), got)
 
 
+def test_a_state_left_unpacked_is_judged_once_and_not_held(tmp_path, monkeypatch):
+    walked = []
+    real = carried.packing_of
+    monkeypatch.setattr(
+        carried, "packing_of", lambda *args: walked.append(1) or real(*args)
+    )
+    monkeypatch.setattr(calls, "pack_rule", lambda: PackRule(100, each_step=True))
+    carried.CARRIED.clear()
+
+    def replace(nitro, epoch, observations):
+        if epoch == 2:  # other trees: judged again at the next epoch's start
+            state = nitro.train_state
+            params = jax.tree.map(lambda p: p * 1.0, state.weights.params)
+            parts_of(nitro).values.commit(
+                state._replace(weights=state.weights._replace(params=params))
+            )
+
+    nitro = nx.Nitro(
+        Tiny(n_train=16 * 4, max_epochs=4),
+        run_dir=str(tmp_path / "run"),
+        checkpointer=None,
+    ).on_epoch_end(replace)
+    nitro.train()
+    assert len(walked) == 2  # epochs 1 and 3: 2 and 4 took the last epoch's word
+    held = carried.CARRIED["packed"]
+    assert held.packing is None
+    assert held.kept == held.carry == ()  # nothing of the state outlives its handle
+    assert held.tree_ids == tuple(map(id, carried.state_trees(nitro.train_state)))
+
+
 def test_mid_epoch_validation_sees_the_weights_of_its_step(tmp_path, monkeypatch):
     kw = {"steps_per_call": 2, "val_every_n_steps": 3}
     monkeypatch.setattr(calls, "pack_rule", lambda: None)
@@ -298,14 +328,14 @@ def test_a_cpu_packs_a_small_state_around_each_step(tmp_path, monkeypatch):
     monkeypatch.setattr(calls, "pack_rule", lambda: CPU_PACKING)
     carried.CARRIED.clear()
     nitro = trained(tmp_path, "small", steps_per_call=2)
-    packing = carried.CARRIED["packed"][0]  # what the next epoch would start from
+    packing = carried.CARRIED["packed"].packing  # what the next epoch starts from
     assert packing.each_step and packing.nbytes <= CPU_PACK_MOST_BYTES
     assert nitro.train_state.weights.params["w1"].shape == (8, 16)  # trees again
     # A state over the CPU's limit travels as it is.
     monkeypatch.setattr(calls, "pack_rule", lambda: PackRule(100, each_step=True))
     carried.CARRIED.clear()
     trained(tmp_path, "large", steps_per_call=2)
-    assert "packed" not in carried.CARRIED
+    assert carried.CARRIED["packed"].packing is None
 
 
 def test_a_state_packed_around_each_step_trains_what_an_unpacked_one_does(

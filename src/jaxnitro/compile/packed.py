@@ -158,9 +158,9 @@ def packing_of(
     total = 0
     for leaf in leaves:
         dtype = getattr(leaf, "dtype", None)
-        if dtype is None or jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        if not isinstance(dtype, np.dtype):  # none, or extended (a PRNG key's)
             return None
-        total += int(np.prod(leaf.shape)) * np.dtype(dtype).itemsize
+        total += math.prod(leaf.shape) * dtype.itemsize
     if total > (PACK_MOST_BYTES if most_bytes is None else most_bytes):
         return None
     dtypes: list[np.dtype] = []

@@ -74,6 +74,7 @@ from .blocks import host_bytes, refuse_changed, stacked_block
 from .cadence import NEVER
 from .carried import (
     CARRIED,
+    HeldState,
     carried_positions,
     carried_ring,
     carry_in,
@@ -589,9 +590,10 @@ class _EpochCalls:
         for the next epoch (`CARRIED`)."""
         context = self.context
         context.commit(reached)
-        if self.packing is not None:  # the next epoch starts from these buffers
-            held = state_trees(context.current())
-            CARRIED["packed"] = (self.packing, held, self.carry)
+        if self.pack_rule is not None:  # the next epoch starts from its decision
+            CARRIED["packed"] = HeldState.of(
+                self.pack_rule, self.packing, context.current(), self.carry
+            )
         if self.ring is not None:
             losses = self.ring.shape[0] - RING_HEAD
             key = (context.seed % 2**32, self.step, losses)
