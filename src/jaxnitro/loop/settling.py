@@ -39,40 +39,30 @@ def settle_calls(log: EpochLog, calls: list[UnreadCall], accum: int) -> None:
     if not calls:
         return
     ring = ring_losses(calls[-1].ring)
-    run: list[UnreadCall] = []  # consecutive calls carrying only their losses
+    every = log.every if log.logging else 0  # 0: no train line anywhere
+    # Runs of consecutive calls carrying only their losses, no train line among
+    # their steps, are settled together (at one step a call, an epoch's reads
+    # settle tens of calls: the test is written out here, a call costs it
+    # about a microsecond).
+    run: list[UnreadCall] = []
+    run_end = 0  # the optimizer steps done once the run's last call is
     for call in calls:
-        joins = _losses_only(call, log, accum)
-        if run and not (joins and call.first == _after(run[-1], accum)):
+        reported, first = call.reported, call.first
+        end = first + len(call.batches) // accum
+        plain = not (reported.terms or reported.stats or reported.outputs is not None)
+        joins = plain and (not every or end // every == first // every)
+        if run and not (joins and first == run_end):
             _settle_run(log, run, ring, accum)
             run = []
         if joins:
             run.append(call)
-        elif _plain(call):  # a train line among its steps: settled around it
+            run_end = end
+        elif plain:  # a train line among its steps: settled around it
             _settle_logged(log, call, ring, accum)
         else:
             _settle_each(log, call, ring, accum)
     _settle_run(log, run, ring, accum)
     log.show_latest()
-
-
-def _after(call: UnreadCall, accum: int) -> int:
-    """The optimizer steps done once `call` is."""
-    return call.first + len(call.batches) // accum
-
-
-def _plain(call: UnreadCall) -> bool:
-    """Whether `call` reported nothing but its losses."""
-    reported = call.reported
-    return not (reported.terms or reported.stats or reported.outputs is not None)
-
-
-def _losses_only(call: UnreadCall, log: EpochLog, accum: int) -> bool:
-    """Whether `call` reported nothing but its losses, and no train line falls in it."""
-    if not _plain(call):
-        return False
-    if not log.logging:
-        return True
-    return _after(call, accum) // log.every == call.first // log.every
 
 
 def _settle_run(
