@@ -16,8 +16,12 @@ On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
   after each epoch's first call, by one that hands its state arguments back at
   once (microseconds a step inside the hot loop, and around it in the epoch);
 - where an epoch's wall time goes at steps_per_call 1 and K: from the hot loop's
-  entry to its first dispatch, the calls, from the last call to the loop's exit,
-  and around the loop;
+  entry to its first dispatch, the calls, from the last call until its losses are
+  on the host (the device draining its queue), from there to the loop's exit, and
+  around the loop; then the device's span (first dispatch to the last losses read)
+  a step beside the hand-written step, and the host's time alone at the epoch's
+  edges (the epoch's seconds outside that span, when the device has nothing
+  queued);
 - a cProfile of jaxnitro epochs at steps_per_call 1 (`--profile-steps-per-call`):
   the functions with the most own time, in microseconds a step.
 
@@ -28,11 +32,14 @@ On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from _common import (
     WORKLOADS,
@@ -99,6 +106,46 @@ def per_buffer(counts: tuple[int, ...], calls: int = 400) -> dict[int, float]:
     return out
 
 
+@contextlib.contextmanager
+def patched(module: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """`module.name` replaced by `make(the real one)` inside the block."""
+    real = getattr(module, name)
+    setattr(module, name, make(real))
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
+
+
+def programs_through(wrap: Callable[[Any], Any]) -> Any:
+    """The calls loop's train programs passed through `wrap(program)` inside the
+    block (`patched` on `call_program`)."""
+    import jaxnitro.loop.calls as calls_module
+
+    def make(real):
+        return lambda *args, **kwargs: wrap(real(*args, **kwargs))
+
+    return patched(calls_module, "call_program", make)
+
+
+def loops_through(before: Callable[[], Any], after: Callable[[Any], None]) -> Any:
+    """Each epoch's hot loop (`call_steps`) bracketed inside the block: `before()`
+    at its entry, `after(what before returned)` at its exit."""
+    import jaxnitro.loop.steps as steps_module
+
+    def make(real):
+        def loop(*args, **kwargs):
+            token = before()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                after(token)
+
+        return loop
+
+    return patched(steps_module, "call_steps", make)
+
+
 def handle(exp, per_call: int, scratch: str, epochs: int = 1 + EPOCHS):
     """A jaxnitro handle on `exp` at `per_call`, no checkpointer, its run directory
     (its log) in the folder `scratch`."""
@@ -128,14 +175,9 @@ def replay(
     train call replayed with its last call's arguments, outputs fed back in."""
     import jax
 
-    import jaxnitro.loop.calls as calls_module
-
     captured: dict[str, object] = {}
-    real = calls_module.call_program
 
-    def capturing(*args, **kwargs):
-        program = real(*args, **kwargs)
-
+    def capturing(program):
         def wrapper(*call_args):
             # Copies of the state the call donates, for the replay.
             kept = list(call_args)
@@ -146,11 +188,8 @@ def replay(
 
         return wrapper
 
-    calls_module.call_program = capturing
-    try:
+    with programs_through(capturing):
         handle(exp, per_call, scratch, epochs=1).train()
-    finally:
-        calls_module.call_program = real
     program, args = captured["program"], list(captured["args"])  # type: ignore[arg-type]
     n_in = len(jax.tree.leaves(args))
     steps = 1 if per_call == 1 else int(args[9])
@@ -174,21 +213,9 @@ def python_alone(
     state and ring arguments and the first call's reports: what the loop's Python
     costs without the device. (It trains nothing past each epoch's first call:
     for timing only.)"""
-    import jaxnitro.loop.calls as calls_module
-    import jaxnitro.loop.steps as steps_module
-
-    real_loop, real_program = steps_module.call_steps, calls_module.call_program
     spans: list[float] = []
 
-    def loop(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return real_loop(*args, **kwargs)
-        finally:
-            spans.append(time.perf_counter() - start)
-
-    def program_of(*args, **kwargs):
-        program = real_program(*args, **kwargs)
+    def handing_back(program):
         first: list = []
 
         def handed_back(*call_args):
@@ -199,12 +226,12 @@ def python_alone(
 
         return handed_back
 
-    steps_module.call_steps, calls_module.call_program = loop, program_of
-    try:
+    def ended(start: float) -> None:
+        spans.append(time.perf_counter() - start)
+
+    with loops_through(time.perf_counter, ended), programs_through(handing_back):
         nitro = handle(exp, per_call, scratch, epochs=1 + 4 * EPOCHS)
         nitro.train()
-    finally:
-        steps_module.call_steps, calls_module.call_program = real_loop, real_program
     # Epochs 2 on (the history slices by epoch number): the first compiles.
     inside = statistics.median(spans[1:]) / count * 1e6
     epoch = statistics.median(r["seconds"] for r in nitro.history[2:]) / count * 1e6
@@ -214,28 +241,27 @@ def python_alone(
 def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
     """Where an epoch's wall time goes, in microseconds (medians over `EPOCHS`
     epochs after a first): `lead-in` from the hot loop's entry to its first
-    dispatch, `calls` from there to the last dispatch's return, `tail` from there
-    to the loop's exit (the last losses read back, the state handed back),
-    `around` the rest of the history's epoch seconds (the feed opened and closed,
-    the epoch's summary)."""
-    import jaxnitro.loop.calls as calls_module
-    import jaxnitro.loop.steps as steps_module
+    dispatch, `calls` from there to the last dispatch's return, `drain` from there
+    until the epoch's last losses are on the host (the device runs what is queued;
+    the host unpacks the state, reads the next epoch's first block ahead),
+    `after` from there to the loop's exit, `around` the rest of the history's
+    epoch seconds (the feed opened and closed, the epoch's summary); and `span`,
+    the first dispatch to the last losses read (the device at work), and `edges`,
+    the epoch's seconds outside it (the host alone, the device idle)."""
+    import jaxnitro.loop.settling as settling_module
 
     marks: list[dict[str, float]] = []
-    real_loop, real_program = steps_module.call_steps, calls_module.call_program
 
-    def loop(*args, **kwargs):
+    def entered() -> dict[str, float]:
         mark = {"enter": time.perf_counter()}
         marks.append(mark)
-        try:
-            return real_loop(*args, **kwargs)
-        finally:
-            mark["exit"] = time.perf_counter()
+        return mark
 
-    def program_of(*args, **kwargs):
-        program = real_program(*args, **kwargs)
+    def exited(mark: dict[str, float]) -> None:
+        mark["exit"] = time.perf_counter()
 
-        def timed(*call_args):
+    def timed(program):
+        def timed_call(*call_args):
             mark = marks[-1]
             mark.setdefault("first", time.perf_counter())
             try:
@@ -243,14 +269,23 @@ def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
             finally:
                 mark["last"] = time.perf_counter()
 
-        return timed
+        return timed_call
 
-    steps_module.call_steps, calls_module.call_program = loop, program_of
-    try:
+    def reading(real):
+        def read(ring):
+            losses = real(ring)  # waits for the call that wrote the ring
+            marks[-1]["read"] = time.perf_counter()
+            return losses
+
+        return read
+
+    with (
+        loops_through(entered, exited),
+        programs_through(timed),
+        patched(settling_module, "ring_losses", reading),
+    ):
         nitro = handle(exp, per_call, scratch)
         nitro.train()
-    finally:
-        steps_module.call_steps, calls_module.call_program = real_loop, real_program
     # The history slices by epoch number: epochs 2 on.
     rows = list(zip(nitro.history[2:], marks[1:], strict=True))
 
@@ -261,8 +296,11 @@ def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
         "epoch": median(r["seconds"] for r, _ in rows),
         "lead-in": median(m["first"] - m["enter"] for _, m in rows),
         "calls": median(m["last"] - m["first"] for _, m in rows),
-        "tail": median(m["exit"] - m["last"] for _, m in rows),
+        "drain": median(m["read"] - m["last"] for _, m in rows),
+        "after": median(m["exit"] - m["read"] for _, m in rows),
         "around": median(r["seconds"] - (m["exit"] - m["enter"]) for r, m in rows),
+        "span": median(m["read"] - m["first"] for _, m in rows),
+        "edges": median(r["seconds"] - (m["read"] - m["first"]) for r, m in rows),
     }
 
 
@@ -320,7 +358,8 @@ def main() -> None:
     count = len(batches)
     exp = make_experiment(widths, batches)
 
-    for name, us in floors(widths, batches, args.reps).items():
+    floor = floors(widths, batches, args.reps)
+    for name, us in floor.items():
         print(f"hand-written, {name}: {us:.1f} us a step")
     for n, us in per_buffer((1, 4, 16, 64)).items():
         print(f"jit of {n} device scalars -> {n}: {us:.1f} us a call")
@@ -343,10 +382,16 @@ def main() -> None:
             )
         for k in sorted({1, args.steps_per_call}):
             parts = timeline(exp, k, scratch=scratch)
+            span, edges = parts.pop("span"), parts.pop("edges")
             print(
                 f"jaxnitro steps_per_call={k}, an epoch of {count} steps: "
                 + ", ".join(f"{name} {us:.1f}" for name, us in parts.items())
                 + " us"
+            )
+            print(
+                f"jaxnitro steps_per_call={k}: the device's span {span / count:.1f} "
+                f"us a step (hand-written {floor['numpy batch']:.1f}), the host "
+                f"alone at the epoch's edges {edges:.1f} us an epoch"
             )
         profile(exp, args.profile_steps_per_call, args.top, count, scratch=scratch)
 

@@ -224,7 +224,10 @@ RUNS = (
             rf"jaxnitro steps_per_call=1, the loop's Python alone \(the program "
             rf"handing its state back\): {F} us a step inside the loop, {F} around it",
             rf"jaxnitro steps_per_call=8, an epoch of 60 steps: epoch {F}, lead-in "
-            rf"{F}, calls {F}, tail {F}, around {F} us",
+            rf"{F}, calls {F}, drain {F}, after {F}, around {F} us",
+            rf"jaxnitro steps_per_call=1: the device's span {F} us a step "
+            rf"\(hand-written {F}\), the host alone at the epoch's edges {F} us an "
+            r"epoch",
             rf"cProfile, steps_per_call=1: {F} us a step",
         ),
     ),
