@@ -15,6 +15,10 @@ On the tutorial MLP (784-128-10, batch 100, RAdam; `--workload` picks another of
 - the loop's own Python alone: jaxnitro's epochs with the train program replaced,
   after each epoch's first call, by one that hands its state arguments back at
   once (microseconds a step inside the hot loop, and around it in the epoch);
+- the main thread's CPU time a step, the hand-written loop's and jaxnitro's hot
+  loop's (its wait for the device included), and how much of it is spent inside
+  the jit or program calls: on a CPU backend the device's threads share the cores,
+  so the host's CPU is taken from the steps;
 - where an epoch's wall time goes at steps_per_call 1 and K: from the hot loop's
   entry to its first dispatch, the calls, from the last call until its losses are
   on the host (the device draining its queue), from there to the loop's exit, and
@@ -54,8 +58,12 @@ from steps_per_call import workload
 EPOCHS = 3
 
 
-def floors(widths, batches: list[dict], reps: int) -> dict[str, float]:
-    """Microseconds a step of the hand-written loop, NumPy and device batches."""
+def floors(
+    widths, batches: list[dict], reps: int
+) -> tuple[dict[str, float], tuple[float, float]]:
+    """Microseconds a step of the hand-written loop, NumPy and device batches; and
+    over NumPy batches, the main thread's CPU microseconds a step and those inside
+    its jit calls (`host_cpu`'s floor)."""
     import jax
     import optax
 
@@ -71,6 +79,7 @@ def floors(widths, batches: list[dict], reps: int) -> dict[str, float]:
     jitted = jax.jit(step, donate_argnums=(0, 1))
     placed = [jax.device_put(b) for b in batches]
     out: dict[str, float] = {}
+    cpu: list[tuple[float, float]] = []  # over NumPy batches: (a step, its calls)
     for name, feed in (("numpy batch", batches), ("device batch", placed)):
         params = init_params(widths)
         opt = tx.init(params)
@@ -78,13 +87,19 @@ def floors(widths, batches: list[dict], reps: int) -> dict[str, float]:
         loss.block_until_ready()
         times = []
         for _ in range(reps):
-            start = time.perf_counter()
+            start, cpu_start, in_calls = time.perf_counter(), time.thread_time(), 0.0
             for b in feed:
+                called = time.thread_time()
                 params, opt, loss = jitted(params, opt, b["x"], b["y"])
+                in_calls += time.thread_time() - called
             loss.block_until_ready()
             times.append((time.perf_counter() - start) / len(feed))
+            if name == "numpy batch":
+                used = time.thread_time() - cpu_start
+                cpu.append((used / len(feed) * 1e6, in_calls / len(feed) * 1e6))
         out[name] = statistics.median(times) * 1e6
-    return out
+    step_cpu = statistics.median(c[0] for c in cpu)
+    return out, (step_cpu, statistics.median(c[1] for c in cpu))
 
 
 def per_buffer(counts: tuple[int, ...], calls: int = 400) -> dict[int, float]:
@@ -238,6 +253,43 @@ def python_alone(
     return inside, epoch - inside
 
 
+def host_cpu(exp, per_call: int, count: int, *, scratch: str) -> tuple[float, float]:
+    """`(a step, its calls)`: the main thread's CPU microseconds a step inside
+    jaxnitro's hot loop at `per_call` (medians over epochs after a first), and
+    those inside its train program's calls. On a machine whose cores the device's
+    threads share (a CPU backend) every microsecond of it is taken from the
+    steps; beside the hand-written loop's (`floors`), what the loop's host work
+    costs, waiting for the device included."""
+    spans: list[float] = []
+    in_calls = [0.0]
+    epochs: list[float] = []
+
+    def measured(program):
+        def call(*call_args):
+            called = time.thread_time()
+            try:
+                return program(*call_args)
+            finally:
+                in_calls[0] += time.thread_time() - called
+
+        return call
+
+    def entered() -> float:
+        in_calls[0] = 0.0
+        return time.thread_time()
+
+    def exited(start: float) -> None:
+        spans.append(time.thread_time() - start)
+        epochs.append(in_calls[0])
+
+    with loops_through(entered, exited), programs_through(measured):
+        handle(exp, per_call, scratch, epochs=1 + 4 * EPOCHS).train()
+    return (
+        statistics.median(spans[1:]) / count * 1e6,
+        statistics.median(epochs[1:]) / count * 1e6,
+    )
+
+
 def timeline(exp, per_call: int, *, scratch: str) -> dict[str, float]:
     """Where an epoch's wall time goes, in microseconds (medians over `EPOCHS`
     epochs after a first): `lead-in` from the hot loop's entry to its first
@@ -358,9 +410,13 @@ def main() -> None:
     count = len(batches)
     exp = make_experiment(widths, batches)
 
-    floor = floors(widths, batches, args.reps)
+    floor, floor_cpu = floors(widths, batches, args.reps)
     for name, us in floor.items():
         print(f"hand-written, {name}: {us:.1f} us a step")
+    print(
+        f"hand-written, numpy batch: the main thread's CPU {floor_cpu[0]:.1f} us a "
+        f"step, {floor_cpu[1]:.1f} of it in its jit calls"
+    )
     for n, us in per_buffer((1, 4, 16, 64)).items():
         print(f"jit of {n} device scalars -> {n}: {us:.1f} us a call")
     # jaxnitro's run directories (its default logger's files), removed at the end.
@@ -379,6 +435,12 @@ def main() -> None:
                 f"jaxnitro steps_per_call={k}, the loop's Python alone (the program "
                 f"handing its state back): {inside:.1f} us a step inside the loop, "
                 f"{around:.1f} around it"
+            )
+        for k in sorted({1, args.steps_per_call}):
+            used, in_calls = host_cpu(exp, k, count, scratch=scratch)
+            print(
+                f"jaxnitro steps_per_call={k}: the main thread's CPU {used:.1f} us a "
+                f"step inside the hot loop, {in_calls:.1f} of it in its program calls"
             )
         for k in sorted({1, args.steps_per_call}):
             parts = timeline(exp, k, scratch=scratch)

@@ -223,6 +223,10 @@ RUNS = (
             rf": {F} us a call, {F} us a step",
             rf"jaxnitro steps_per_call=1, the loop's Python alone \(the program "
             rf"handing its state back\): {F} us a step inside the loop, {F} around it",
+            rf"hand-written, numpy batch: the main thread's CPU {F} us a step, {F} of "
+            r"it in its jit calls",
+            rf"jaxnitro steps_per_call=8: the main thread's CPU {F} us a step inside "
+            rf"the hot loop, {F} of it in its program calls",
             rf"jaxnitro steps_per_call=8, an epoch of 60 steps: epoch {F}, lead-in "
             rf"{F}, calls {F}, drain {F}, after {F}, around {F} us",
             rf"jaxnitro steps_per_call=1: the device's span {F} us a step "
