@@ -216,6 +216,24 @@ def test_a_state_left_unpacked_is_judged_once_and_not_held(tmp_path, monkeypatch
     assert held.packing is None
     assert held.kept == held.carry == ()  # nothing of the state outlives its handle
     assert held.tree_ids == tuple(map(id, carried.state_trees(nitro.train_state)))
+    # Another train() judges its own: here a small state whose trees' ids the
+    # decision names (as a freed state's ids may be reused) is packed all the same.
+    monkeypatch.setattr(calls, "pack_rule", lambda: CPU_PACKING)
+    other = nx.Nitro(
+        Tiny(n_train=16 * 2, max_epochs=1),
+        run_dir=str(tmp_path / "other"),
+        checkpointer=None,
+    )
+    real_carry_in = calls.carry_in
+
+    def colliding(state, rule, train):
+        ids = tuple(map(id, carried.state_trees(state)))
+        carried.CARRIED["packed"] = held._replace(rule=rule, tree_ids=ids)
+        return real_carry_in(state, rule, train)
+
+    monkeypatch.setattr(calls, "carry_in", colliding)
+    other.train()
+    assert carried.CARRIED["packed"].packing is not None
 
 
 def test_mid_epoch_validation_sees_the_weights_of_its_step(tmp_path, monkeypatch):

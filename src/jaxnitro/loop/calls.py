@@ -232,7 +232,9 @@ class _EpochCalls:
         self.step = self.start.step
         # Packed only on one device: a flat buffer would undo the mesh's layout.
         self.pack_rule = pack_rule() if placement is None else None
-        self.packing, self.carry = carry_in(self.start, self.pack_rule)
+        self.packing, self.carry = carry_in(
+            self.start, self.pack_rule, context.programs
+        )
         self.program: Any = None  # the train program, found at the first call
         # The placed step inputs: (device values, the block's first step, inputs).
         self.made: tuple[Any, int | None, CallInputs] | None = None
@@ -549,7 +551,7 @@ class _EpochCalls:
         now = context.current()  # the events only read it
         if not same_trees(state_trees(now), committed):
             rule = self.pack_rule if self.packing is not None else None
-            self.packing, self.carry = carry_in(now, rule)
+            self.packing, self.carry = carry_in(now, rule, self.context.programs)
         return leave
 
     def _read_all(self) -> None:
@@ -592,7 +594,11 @@ class _EpochCalls:
         context.commit(reached)
         if self.pack_rule is not None:  # the next epoch starts from its decision
             CARRIED["packed"] = HeldState.of(
-                self.pack_rule, self.packing, context.current(), self.carry
+                self.pack_rule,
+                self.packing,
+                context.current(),
+                self.carry,
+                context.programs,
             )
         if self.ring is not None:
             losses = self.ring.shape[0] - RING_HEAD

@@ -45,25 +45,44 @@ class HeldState(NamedTuple):
     """Its packing; None: it travels as it is (too large, or not packable)."""
     tree_ids: tuple[int, ...]
     """The ids of the trees the handle was handed (`state_trees`). Packed, `kept`
-    holds those trees, so an id names one of them; unpacked nothing is kept (a
-    large state is not held past its handle), and an id reused by a new tree at
-    worst leaves that tree unpacked for an epoch."""
+    holds those trees, so an id names one of them. Unpacked nothing is kept (a
+    large state is not held past its handle), and the decision holds only within
+    its `train()`, where the model is the same: there an id reused by a new tree
+    names a tree of the same shapes, judged the same."""
     kept: tuple[Any, ...]
     """The trees, while packed; () unpacked."""
     carry: tuple[Any, ...]
     """The calls' state arguments while packed (the flat buffers, (), ()); ()
     unpacked."""
+    train: object = None
+    """Unpacked, the `train()` that judged it (its `EpochContext.programs`, one
+    object per `train()`, held like "inputs" until another train() replaces it):
+    another train(), whose weights may reuse the ids of a state gone since,
+    judges its own; None packed."""
 
     @classmethod
     def of(
-        cls, rule: PackRule, packing: Packing | None, state: Any, carry: Any
+        cls,
+        rule: PackRule,
+        packing: Packing | None,
+        state: Any,
+        carry: Any,
+        train: object,
     ) -> HeldState:
-        """How `state` (committed) and the calls' `carry` are held."""
+        """How `state` (committed) and the calls' `carry` are held at the end of
+        an epoch of `train` (`EpochContext.programs`)."""
         trees = state_trees(state)
         ids = tuple(map(id, trees))
         if packing is None:
-            return cls(rule, None, ids, (), ())
+            return cls(rule, None, ids, (), (), train)
         return cls(rule, packing, ids, trees, carry)
+
+    def holds(self, rule: PackRule, trees: tuple[Any, ...], train: object) -> bool:
+        """Whether this decision (and these buffers) stand for `trees` packed by
+        `rule` in `train`."""
+        if self.rule != rule or self.tree_ids != tuple(map(id, trees)):
+            return False
+        return self.packing is not None or self.train is train
 
 
 def _placed(value: Any, placement: Placement | None) -> Any:
@@ -129,19 +148,20 @@ def same_trees(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 
 def carry_in(
-    state: Any, rule: PackRule | None
+    state: Any, rule: PackRule | None, train: object
 ) -> tuple[Packing | None, tuple[Any, Any, Any]]:
     """How the calls pass `state`, and their state arguments (`compile/scanned.py`):
     `(None, its trees)`, or packed by `rule` (`compile/packed.py`; None: never) its
     packing and flat buffers. The last epoch's decision and buffers (`HeldState`)
-    when the handle still holds the trees it was handed, so an epoch starts
+    when the handle still holds the trees it was handed (a decision to leave the
+    state unpacked: in the same `train`, `EpochContext.programs`), so an epoch starts
     without a dispatch or a walk of the trees (that walk cost a short epoch about
     0.3 ms on the chip's host, and 0.17 ms on a CPU for a state left unpacked)."""
     trees = state_trees(state)
     held: HeldState | None = CARRIED.pop("packed", None)
     if rule is None:
         return None, trees
-    if held is None or held.rule != rule or held.tree_ids != tuple(map(id, trees)):
+    if held is None or not held.holds(rule, trees, train):
         packing = packing_of(trees, rule.most_bytes, rule.each_step)
         if packing is None:  # too large, or leaves that have no buffer
             return None, trees
