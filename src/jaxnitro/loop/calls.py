@@ -64,7 +64,7 @@ import jax
 
 from ..compile.compile_clock import compile_seconds
 from ..compile.packed import pack_rule
-from ..compile.scanned import RING_HEAD, TrainCallArgs
+from ..compile.scanned import TrainCallArgs
 from ..data.transfer import transfer
 from ..devices.agreement import StopAgreement
 from ..observe.counter import advance_progress_counter
@@ -73,12 +73,14 @@ from .assembly import Block, BlockAssembler, BlockSettings, PassEnd
 from .blocks import host_bytes, refuse_changed, stacked_block
 from .cadence import NEVER
 from .carried import (
-    CARRIED,
-    HeldState,
+    carried_inputs,
     carried_positions,
     carried_ring,
     carry_in,
     carry_out,
+    hold_inputs,
+    hold_ring,
+    hold_state,
     same_trees,
     state_trees,
     unpacks_at_once,
@@ -356,15 +358,10 @@ class _EpochCalls:
         # A ring in host memory (the CPU backend) is read where it is: starting its
         # copy to the host would only cost the call (about 4 us on a CPU).
         self.copies_ring = any(d.platform != "cpu" for d in self.ring.devices())
-        held = CARRIED.get("inputs")
-        if (
-            self.constant
-            and held is not None
-            and held[0] is self.plan
-            and held[1] is self.context.device_values()
-            and held[2] == size
-        ):
-            self.made = (held[1], None, held[3])
+        device = self.context.device_values()
+        held = carried_inputs(self.plan, device, size) if self.constant else None
+        if held is not None:
+            self.made = (device, None, held)
 
     def _staged(self, block: Block) -> dict[str, Any]:
         """A block's batches stacked (unless the feed's thread stacked them), placed
@@ -433,7 +430,7 @@ class _EpochCalls:
             # Without varying schedules one placed copy serves every block.
             made = self.made = (device, None if self.constant else block_first, inputs)
             if self.constant:
-                CARRIED["inputs"] = (self.plan, device, self.size, inputs)
+                hold_inputs(self.plan, device, self.size, inputs)
         return made[2]
 
     def _call(self, block: Block, batches: Any, done_in_block: int) -> int:
@@ -592,15 +589,12 @@ class _EpochCalls:
         for the next epoch (`CARRIED`)."""
         context = self.context
         context.commit(reached)
-        if self.pack_rule is not None:  # the next epoch starts from its decision
-            CARRIED["packed"] = HeldState.of(
-                self.pack_rule,
-                self.packing,
-                context.current(),
-                self.carry,
-                context.programs,
-            )
+        hold_state(
+            self.pack_rule,
+            self.packing,
+            context.current(),
+            self.carry,
+            context.programs,
+        )
         if self.ring is not None:
-            losses = self.ring.shape[0] - RING_HEAD
-            key = (context.seed % 2**32, self.step, losses)
-            CARRIED["ring"] = (key, self.ring)
+            hold_ring(context.seed, self.step, self.ring)

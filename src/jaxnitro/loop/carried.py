@@ -24,9 +24,9 @@ from ..compile.packed import (
     packing_of,
     unpack_program,
 )
-from ..compile.scanned import call_positions, new_ring
+from ..compile.scanned import RING_HEAD, call_positions, new_ring
 from ..devices.placement import Placement
-from .step_programs import current_state
+from .step_programs import CallInputs, current_state
 
 CARRIED: dict[str, Any] = {}
 """What one epoch's calls leave for the next, so an epoch starts without placing
@@ -102,6 +102,29 @@ def carried_ring(seed: int, step: int, size: int, placement: Placement | None) -
     return _placed(new_ring(seed, step, size), placement)
 
 
+def hold_ring(seed: int, step: int, ring: Any) -> None:
+    """Leave the device `ring` an epoch ended with at optimizer `step` for the
+    next epoch's `carried_ring`."""
+    losses = ring.shape[0] - RING_HEAD
+    CARRIED["ring"] = ((seed % 2**32, step, losses), ring)
+
+
+def carried_inputs(plan: Any, device: Any, size: int) -> CallInputs | None:
+    """The step inputs the last epoch placed for blocks of `size` steps under
+    `plan` (one with no varying schedule) and the Device values `device`, if it
+    left them."""
+    held = CARRIED.get("inputs")
+    if held is None or held[0] is not plan or held[1] is not device:
+        return None
+    return held[3] if held[2] == size else None
+
+
+def hold_inputs(plan: Any, device: Any, size: int, inputs: CallInputs) -> None:
+    """Leave the step inputs placed for `plan` (no varying schedule), `device`
+    and blocks of `size` steps to the epochs after (`carried_inputs`)."""
+    CARRIED["inputs"] = (plan, device, size, inputs)
+
+
 def carried_positions(size: int, placement: Placement | None) -> tuple[Any, ...]:
     """The block positions 0..size as device scalars (`call_positions`), on the
     run's mesh when there is one."""
@@ -136,6 +159,21 @@ def packed_flats(packing: Packing, trees: Any) -> tuple[Any, ...]:
             (device,) = placed_on
             return tuple(jax.device_put(f, device) for f in packing.pack_on_host(trees))
     return pack_program(packing)(trees)
+
+
+def hold_state(
+    rule: PackRule | None,
+    packing: Packing | None,
+    state: Any,
+    carry: Any,
+    train: object,
+) -> None:
+    """Leave how an epoch of `train` (`EpochContext.programs`) passed the state it
+    committed, `state` (packed by `rule`, or not: `packing`), and its calls' state
+    arguments `carry`, for the next epoch's `carry_in`; nothing where nothing packs
+    (`rule` None)."""
+    if rule is not None:
+        CARRIED["packed"] = HeldState.of(rule, packing, state, carry, train)
 
 
 def state_trees(state: Any) -> tuple[Any, Any, Any]:
