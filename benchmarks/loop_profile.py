@@ -436,7 +436,6 @@ def main() -> None:
                 f"handing its state back): {inside:.1f} us a step inside the loop, "
                 f"{around:.1f} around it"
             )
-        for k in sorted({1, args.steps_per_call}):
             used, in_calls = host_cpu(exp, k, count, scratch=scratch)
             print(
                 f"jaxnitro steps_per_call={k}: the main thread's CPU {used:.1f} us a "
